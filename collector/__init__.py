@@ -1,0 +1,1 @@
+"""``tuneplane-collector``: TensorBoard and JSONL readers, tailer, spool and shipper."""

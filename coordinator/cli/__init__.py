@@ -1,0 +1,1 @@
+"""Command-line front ends of the coordinator: ``tp`` (researchers) and ``tuneplane-coordinator`` (admins)."""

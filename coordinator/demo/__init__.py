@@ -1,0 +1,1 @@
+"""``tuneplane demo``: a real coordinator and real agents on loopback running a bundled example."""

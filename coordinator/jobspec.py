@@ -1,0 +1,261 @@
+"""The JobSpec (``tuneplane/v1``): the JSON ``tp`` builds and the coordinator admits.
+
+Rules:
+- One converter (:func:`make_converter`) reads JobSpec JSON; unknown keys are errors, and every
+  error names the field path, the value, why it is wrong and how to fix it (:class:`JobSpecError`).
+- The digest is sha256 over the *canonical* JSON (sorted keys, no whitespace, UTF-8), so the same
+  intent always has the same digest and any edit, however small, changes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+
+API_VERSION = "tuneplane/v1"
+MAX_MEMBERS = 32
+MAX_SOURCE_BYTES = 8 * 1024 * 1024
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class JobSpecError(ValueError):
+    """A JobSpec field is wrong. ``str()`` is a sentence a researcher can act on."""
+
+    def __init__(self, field: str, value: object, why: str, fix: str) -> None:
+        self.field = field
+        self.value = value
+        self.why = why
+        self.fix = fix
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"JobSpec field '{field}' = {shown}: {why}. {fix}")
+
+
+@attrs.frozen
+class Resources:
+    """What the Job asks for: ``gpus`` cards of one Series, in one homogeneous Resource Pool.
+
+    ``members`` and ``gpus_per_member`` are optional: when absent, placement uses as few members
+    as the Nodes' free healthy GPUs allow, every member with the same number of GPUs.
+    """
+
+    profile: str
+    series: str
+    gpus: int
+    members: int | None = None
+    gpus_per_member: int | None = None
+
+
+@attrs.frozen
+class JobSpec:
+    api_version: str
+    project: str
+    experiment: str
+    method_id: str
+    recipe_digest: str
+    runtime_id: str
+    entrypoint: tuple[str, ...]
+    resources: Resources
+    parameters: Mapping[str, Any] = attrs.field(factory=dict)
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    grace_period_s: int = 30
+    init_from: str | None = None
+    # Experiment files, relative path -> base64 content; materialised in the member's work dir.
+    source_files: Mapping[str, str] = attrs.field(factory=dict)
+
+
+def make_converter() -> cattrs.Converter:
+    """The converter for JobSpec JSON: typos are errors, tuples stay tuples."""
+    conv = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+
+    # cattrs would turn 1 into "1" and "8" into 8; a JobSpec must say what it means.
+    def exact(kind: type) -> Any:
+        def hook(value: object, _: type) -> object:
+            if type(value) is not kind:
+                raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+            return value
+
+        return hook
+
+    conv.register_structure_hook(str, exact(str))
+    conv.register_structure_hook(int, exact(int))
+    conv.register_structure_hook(bool, exact(bool))
+    return conv
+
+
+_CONVERTER = make_converter()
+
+
+def _first_error(exc: Exception) -> tuple[str, str]:
+    """cattrs reports ``why @ $.path.to[0].field``; take the first as (field path, why)."""
+    for line in cattrs.transform_error(exc):
+        why, _, where = line.rpartition(" @ ")
+        path = where.removeprefix("$").removeprefix(".") or "<root>"
+        return path, why or line
+    return "<root>", str(exc)
+
+
+def _lookup(raw: object, path: str) -> object:
+    node: object = raw
+    for part in re.findall(r"[^.\[\]]+", path):
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list | tuple) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def parse(raw: Mapping[str, Any]) -> JobSpec:
+    """Build and validate a JobSpec from decoded JSON. Raises :class:`JobSpecError`."""
+    if not isinstance(raw, Mapping):
+        raise JobSpecError("<root>", raw, "a JobSpec is a JSON object", "Send a JSON object.")
+    try:
+        spec = _CONVERTER.structure(dict(raw), JobSpec)
+    except (ClassValidationError, IterableValidationError, ForbiddenExtraKeysError) as exc:
+        path, why = _first_error(exc)
+        raise JobSpecError(
+            path, _lookup(raw, path), why, "Rebuild the JobSpec with `tp submit`."
+        ) from None
+    except (TypeError, ValueError) as exc:
+        raise JobSpecError(
+            "<root>", None, str(exc), "Rebuild the JobSpec with `tp submit`."
+        ) from None
+    validate(spec)
+    return spec
+
+
+def validate(spec: JobSpec) -> None:
+    """Check the rules no type can express. Raises :class:`JobSpecError` on the first violation."""
+    if spec.api_version != API_VERSION:
+        raise JobSpecError(
+            "api_version",
+            spec.api_version,
+            f"only {API_VERSION} is understood",
+            "Upgrade `tp` or the coordinator so both speak the same version.",
+        )
+    for field in ("project", "experiment"):
+        value = getattr(spec, field)
+        if not _NAME.match(value):
+            raise JobSpecError(
+                field,
+                value,
+                "must be 1-63 lowercase letters, digits, '.', '_' or '-'",
+                f"Rename the {field}.",
+            )
+    if spec.method_id.count("/") != 1 or not all(spec.method_id.split("/")):
+        raise JobSpecError(
+            "method_id",
+            spec.method_id,
+            "must look like <framework>/<method>",
+            "Use a method id from `tp recipe ls`, e.g. custom/custom.",
+        )
+    if not spec.entrypoint:
+        raise JobSpecError("entrypoint", spec.entrypoint, "is empty", "Name the program to run.")
+    res = spec.resources
+    if res.gpus < 0:
+        raise JobSpecError("resources.gpus", res.gpus, "must be zero or more", "Ask for >= 0 GPUs.")
+    if res.members is not None and not 1 <= res.members <= MAX_MEMBERS:
+        raise JobSpecError(
+            "resources.members",
+            res.members,
+            f"a Resource Pool on the Node backend has 1 to {MAX_MEMBERS} members",
+            f"Ask for at most {MAX_MEMBERS} members (one per Node).",
+        )
+    if res.gpus_per_member is not None and res.gpus_per_member < 0:
+        raise JobSpecError(
+            "resources.gpus_per_member",
+            res.gpus_per_member,
+            "must be zero or more",
+            "Ask for >= 0 GPUs per member.",
+        )
+    if res.members is not None and res.gpus_per_member is not None:
+        if res.members * res.gpus_per_member != res.gpus:
+            raise JobSpecError(
+                "resources.gpus",
+                res.gpus,
+                f"does not equal members ({res.members}) x gpus_per_member ({res.gpus_per_member})",
+                "Make the three agree, or leave members and gpus_per_member out.",
+            )
+    if not 0 <= spec.grace_period_s <= 3600:
+        raise JobSpecError(
+            "grace_period_s",
+            spec.grace_period_s,
+            "must be between 0 and 3600 seconds",
+            "Pick a grace period of at most an hour.",
+        )
+    for key in spec.env:
+        if not _ENV_NAME.match(key) or key.startswith("TUNEPLANE_"):
+            raise JobSpecError(
+                f"env.{key}",
+                spec.env[key],
+                "is not a valid environment variable name or uses the reserved TUNEPLANE_ prefix",
+                "Rename the variable.",
+            )
+    total = 0
+    for name, content in spec.source_files.items():
+        if name.startswith("/") or ".." in name.split("/") or not name:
+            raise JobSpecError(
+                f"source_files.{name}",
+                name,
+                "must be a relative path inside the experiment",
+                "Keep experiment files inside experiments/<name>/.",
+            )
+        try:
+            total += len(base64.b64decode(content, validate=True))
+        except ValueError:
+            raise JobSpecError(
+                f"source_files.{name}",
+                content[:16],
+                "is not valid base64",
+                "Rebuild the JobSpec with `tp submit`.",
+            ) from None
+    if total > MAX_SOURCE_BYTES:
+        raise JobSpecError(
+            "source_files",
+            f"{total} bytes",
+            f"exceeds the {MAX_SOURCE_BYTES} byte limit",
+            "Keep datasets and checkpoints out of the experiment directory.",
+        )
+
+
+def to_json_obj(spec: JobSpec) -> dict[str, Any]:
+    """The JobSpec as plain JSON data (lists, dicts, str, int, None)."""
+    data = _CONVERTER.unstructure(spec)
+    data["entrypoint"] = list(spec.entrypoint)
+    return json.loads(json.dumps(data))  # type: ignore[no-any-return]
+
+
+def canonical_json(spec: JobSpec) -> str:
+    """Sorted keys, no insignificant whitespace: equal intents give equal bytes."""
+    return json.dumps(to_json_obj(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest(spec: JobSpec) -> str:
+    """``sha256:<hex>`` of :func:`canonical_json`."""
+    return "sha256:" + hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()
+
+
+def loads(text: str) -> JobSpec:
+    """Parse JobSpec JSON text; a syntax error is a :class:`JobSpecError` too."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JobSpecError(
+            "<root>",
+            text[:40],
+            f"is not JSON ({exc.msg} at line {exc.lineno})",
+            "Send the JSON that `tp` builds.",
+        ) from None
+    return parse(raw)

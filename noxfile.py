@@ -1,0 +1,55 @@
+"""Sessions people run: ``nox -s tests``, ``lint``, ``proto``, ``bench``, ``demo``."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.default_venv_backend = "venv"
+
+PYTHON = "3.11"
+# The generator is pinned exactly: its output is committed and checked for drift.
+PROTO_TOOLS = [
+    "betterproto[compiler]==2.0.0b7",
+    "grpcio-tools==1.85.1",
+    "black==26.10.1",
+    "isort==5.13.2",
+]
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Install TunePlane with its test extras and run the whole suite."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff (style, imports, bugs) and mypy --strict over every package."""
+    session.install("-e", ".[lint,test]")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("python", "tools/typecheck.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def proto(session: nox.Session) -> None:
+    """Regenerate proto/v1 from proto/tuneplane/v1/*.proto; ``-- --check`` fails on drift."""
+    session.install(*PROTO_TOOLS)
+    session.run("python", "proto/generate.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks: ``nox -s bench -- agent|coordinator|telemetry`` (all when none is named)."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "bench", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """A real coordinator and two real agents on loopback running the bundled example job."""
+    session.install("-e", ".")
+    session.run("tuneplane", "demo", *session.posargs)

@@ -1,0 +1,1 @@
+"""``tuneplane.report``: the metrics SDK a workload imports (``init``, ``log``, ``finish``)."""
