@@ -180,14 +180,17 @@ def validate(spec: JobSpec) -> None:
             "must be zero or more",
             "Ask for >= 0 GPUs per member.",
         )
-    if res.members is not None and res.gpus_per_member is not None:
-        if res.members * res.gpus_per_member != res.gpus:
-            raise JobSpecError(
-                "resources.gpus",
-                res.gpus,
-                f"does not equal members ({res.members}) x gpus_per_member ({res.gpus_per_member})",
-                "Make the three agree, or leave members and gpus_per_member out.",
-            )
+    if (
+        res.members is not None
+        and res.gpus_per_member is not None
+        and res.members * res.gpus_per_member != res.gpus
+    ):
+        raise JobSpecError(
+            "resources.gpus",
+            res.gpus,
+            f"does not equal members ({res.members}) x gpus_per_member ({res.gpus_per_member})",
+            "Make the three agree, or leave members and gpus_per_member out.",
+        )
     if not 0 <= spec.grace_period_s <= 3600:
         raise JobSpecError(
             "grace_period_s",

@@ -1,1 +1,4 @@
-"""Command-line front ends of the coordinator: ``tp`` (researchers) and ``tuneplane-coordinator`` (admins)."""
+"""Command-line front ends of the coordinator.
+
+``tp`` is for researchers; ``tuneplane-coordinator`` is for the people who run the coordinator.
+"""

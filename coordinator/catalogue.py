@@ -1,0 +1,102 @@
+"""The Catalogue: the recipes this coordinator publishes, bundled as JSON beside this module.
+
+A recipe's digest is sha256 over its canonical JSON; ``recipe.lock.json`` pins it, and submit
+refuses a lock whose digest the Catalogue no longer holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from importlib import resources
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class Parameter:
+    name: str
+    type: str  # "str" | "int" | "float" | "bool"
+    default: Any = None
+    min: float | None = None
+    max: float | None = None
+    description: str = ""
+
+
+@attrs.frozen
+class Recipe:
+    method_id: str
+    version: str
+    category: str
+    description: str
+    framework_name: str
+    framework_version: str
+    runtime_id: str
+    # "member": one process per member; "process-group": one local process per assigned GPU.
+    launcher: str
+    entrypoint: tuple[str, ...]
+    parameters: Mapping[str, Parameter]
+    digest: str
+    raw: Mapping[str, Any] = attrs.field(repr=False, eq=False)
+
+
+def recipe_digest(raw: Mapping[str, Any]) -> str:
+    """``sha256:<hex>`` of the recipe's canonical JSON."""
+    text = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _recipe(raw: Mapping[str, Any]) -> Recipe:
+    params = {
+        name: Parameter(
+            name=name,
+            type=p["type"],
+            default=p.get("default"),
+            min=p.get("min"),
+            max=p.get("max"),
+            description=p.get("description", ""),
+        )
+        for name, p in raw.get("parameters", {}).items()
+    }
+    return Recipe(
+        method_id=raw["method_id"],
+        version=raw["version"],
+        category=raw["category"],
+        description=raw.get("description", ""),
+        framework_name=raw["framework"]["name"],
+        framework_version=raw["framework"]["version"],
+        runtime_id=raw["runtime_id"],
+        launcher=raw["launcher"],
+        entrypoint=tuple(raw["entrypoint"]),
+        parameters=params,
+        digest=recipe_digest(raw),
+        raw=raw,
+    )
+
+
+@attrs.frozen
+class Catalogue:
+    recipes: Mapping[str, Recipe]
+
+    @classmethod
+    def bundled(cls) -> Catalogue:
+        """The recipes shipped with this TunePlane (``coordinator/catalogue/*.json``)."""
+        found: dict[str, Recipe] = {}
+        folder = resources.files(__package__ or "tuneplane.coordinator") / "catalogue"
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".json"):
+                recipe = _recipe(json.loads(entry.read_text(encoding="utf-8")))
+                found[recipe.method_id] = recipe
+        return cls(found)
+
+    def get(self, method_id: str) -> Recipe | None:
+        return self.recipes.get(method_id)
+
+    def is_current(self, method_id: str, digest: str) -> bool:
+        recipe = self.recipes.get(method_id)
+        return recipe is not None and recipe.digest == digest
+
+    def __iter__(self) -> Iterator[Recipe]:
+        return iter(self.recipes.values())
