@@ -1,0 +1,1 @@
+"""TunePlane tests: unit, integration (real processes on loopback) and fault tests."""

@@ -1,0 +1,1 @@
+"""Helpers that start real TunePlane processes for tests and wait on them."""
