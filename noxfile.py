@@ -8,7 +8,6 @@ nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "venv"
 
-PYTHON = "3.11"
 # The generator is pinned exactly: its output is committed and checked for drift.
 PROTO_TOOLS = [
     "betterproto[compiler]==2.0.0b7",
@@ -18,14 +17,14 @@ PROTO_TOOLS = [
 ]
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def tests(session: nox.Session) -> None:
     """Install TunePlane with its test extras and run the whole suite."""
     session.install("-e", ".[test]")
     session.run("pytest", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff (style, imports, bugs) and mypy --strict over every package."""
     session.install("-e", ".[lint,test]")
@@ -34,21 +33,21 @@ def lint(session: nox.Session) -> None:
     session.run("python", "tools/typecheck.py", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def proto(session: nox.Session) -> None:
     """Regenerate proto/v1 from proto/tuneplane/v1/*.proto; ``-- --check`` fails on drift."""
     session.install(*PROTO_TOOLS)
     session.run("python", "proto/generate.py", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks: ``nox -s bench -- agent|coordinator|telemetry`` (all when none is named)."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "bench", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def demo(session: nox.Session) -> None:
     """A real coordinator and two real agents on loopback running the bundled example job."""
     session.install("-e", ".")
