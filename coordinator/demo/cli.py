@@ -1,0 +1,165 @@
+"""``tuneplane demo``: a real coordinator and two real agents on loopback run the bundled example.
+
+Everything here is what a person would do by hand (init, serve, token create, enroll, run, tp
+submit), done as real processes with a fresh dev CA, so the demo proves the product rather than
+imitating it. It exits 0 only when the Job succeeded and every process stopped cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from tuneplane.coordinator.demo.cluster import ClusterError, LocalCluster
+
+TERMINAL = {"succeeded", "failed", "aborted", "cancelled"}
+MARKER = ".tuneplane-demo"
+
+
+def _example_project(dest: Path) -> Path:
+    source = resources.files("tuneplane.coordinator.demo") / "example"
+    with resources.as_file(source) as path:
+        shutil.copytree(path, dest, ignore=shutil.ignore_patterns("__pycache__", ".tuneplane-data"))
+    return dest
+
+
+def _prepare_workdir(workdir: Path) -> None:
+    if workdir.exists():
+        if not (workdir / MARKER).exists():
+            raise click.UsageError(
+                f"{workdir} exists and was not made by `tuneplane demo`; "
+                "choose another --workdir or remove it."
+            )
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    (workdir / MARKER).write_text("made by tuneplane demo; safe to delete\n")
+
+
+def _job(cluster: LocalCluster, run_id: str) -> dict[str, Any]:
+    done = cluster.tp("job", "show", run_id, "--json")
+    if done.returncode != 0:
+        raise ClusterError(f"tp job show failed: {done.stderr.strip()}")
+    job: dict[str, Any] = json.loads(done.stdout)
+    return job
+
+
+def _members_table(job: dict[str, Any]) -> Table:
+    table = Table(title=f"Job {job['run_id']} — {job['state']}")
+    for column in ("attempt", "member (node rank)", "node", "GPUs", "state", "exit"):
+        table.add_column(column)
+    for attempt in job.get("attempts", []):
+        for member in attempt.get("members", []):
+            exit_text = ""
+            if member.get("has_exit"):
+                signum = member.get("signal")
+                exit_text = f"signal {signum}" if signum else str(member["exit_code"])
+            table.add_row(
+                str(attempt["number"]),
+                str(member["index"]),
+                str(member["node_id"]),
+                ",".join(str(g) for g in member.get("gpu_indexes", [])),
+                str(member["state"]),
+                exit_text,
+            )
+    return table
+
+
+@click.group()
+def main() -> None:
+    """TunePlane Node."""
+
+
+@main.command()
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("tuneplane-demo"),
+    show_default=True,
+    help="Where the demo keeps its coordinator, nodes, project and outputs (recreated each run).",
+)
+@click.option("--experiment", default="allreduce", show_default=True)
+@click.option("--profile", default="h200:4", show_default=True)
+@click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for the Job.")
+def demo(workdir: Path, experiment: str, profile: str, timeout: float) -> None:
+    """Start a coordinator and two agents on loopback and run the example Job end to end."""
+    console = Console()
+    workdir = workdir.resolve()
+    _prepare_workdir(workdir)
+    ok = False
+    with LocalCluster(workdir) as cluster:
+        try:
+            console.rule("TunePlane demo")
+            console.print(f"[bold]workdir[/] {workdir}")
+            cluster.start_coordinator()
+            console.print(
+                f"coordinator: api {cluster.endpoints['api']}, control "
+                f"{cluster.endpoints['control']}, telemetry {cluster.endpoints['telemetry']} (TLS)"
+            )
+            for name in ("node-a", "node-b"):
+                agent = cluster.add_agent(name, "h200:2")
+                console.print(f"enrolled {name} as Node {agent.node_id} with 2 simulated H200s")
+            cluster.wait_connected()
+            console.print("both agents connected")
+            project = _example_project(workdir / "project")
+            console.print(f"$ tp submit {experiment} --profile {profile} --yes")
+            done = cluster.tp("submit", experiment, "--profile", profile, "--yes", cwd=project)
+            console.print(done.stdout.rstrip())
+            if done.returncode != 0:
+                raise ClusterError(f"tp submit failed: {done.stderr.strip()}")
+            run_id = _find_run_id(done.stdout)
+            ok = _watch(console, cluster, run_id, timeout)
+        except ClusterError as exc:
+            console.print(f"[red]demo failed:[/] {exc}")
+            for proc in [cluster.coordinator, *(a.process for a in cluster.agents)]:
+                if proc is not None:
+                    console.print(f"logs of {proc.name}: {proc.log_path}")
+        console.print("stopping agents and coordinator ...")
+    stray = [a.name for a in cluster.agents if a.process.alive()]
+    if cluster.coordinator is not None and cluster.coordinator.alive():
+        stray.append("coordinator")
+    if stray:
+        console.print(f"[red]processes still running:[/] {', '.join(stray)}")
+        ok = False
+    console.print("[green]demo succeeded[/]" if ok else "[red]demo failed[/]")
+    sys.exit(0 if ok else 1)
+
+
+def _find_run_id(text: str) -> str:
+    for word in text.replace(",", " ").split():
+        if word.startswith("run-"):
+            return word.strip(".")
+    raise ClusterError(f"no run id in tp's receipt: {text!r}")
+
+
+def _watch(console: Console, cluster: LocalCluster, run_id: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    seen: set[tuple[str, str]] = set()
+    job = _job(cluster, run_id)
+    while time.monotonic() < deadline:
+        job = _job(cluster, run_id)
+        for change in job.get("history", []):
+            key = (change["state"], str(change["at_ms"]))
+            if key not in seen:
+                seen.add(key)
+                reason = f" — {change['reason']}" if change.get("reason") else ""
+                console.print(f"  job {change['state']}{reason}")
+        if job["state"] in TERMINAL:
+            break
+        time.sleep(0.3)
+    else:
+        console.print(f"[red]Job {run_id} did not finish within {timeout:.0f} s[/]")
+    console.print(_members_table(job))
+    for agent in cluster.agents:
+        outputs = sorted(p for p in agent.out_root.rglob("*") if p.is_file())
+        for path in outputs:
+            console.print(f"output on {agent.name}: {path}")
+    return bool(job["state"] == "succeeded")
