@@ -1,0 +1,609 @@
+"""The member journal: the agent's source of truth, one SQLite file (WAL, synchronous=FULL).
+
+Rules:
+- Every state change goes through :meth:`Journal.transition`, which checks it against the
+  lifecycle table and commits the new state, its event row, the GPU ownership change and the
+  report to the coordinator in ONE transaction, before the caller acts on it or acknowledges it.
+- A member owns GPUs exactly while its state is in ``OWNS_GPUS``; ``gpu_ownership.gpu_index`` is
+  the primary key, so SQLite itself refuses a GPU owned twice.
+- ``report_seq`` comes from a durable counter in ``meta``; it never goes back, across restarts.
+The schema is documented in docs/journal.md; aiosqlite runs through :mod:`tuneplane.agent.adapter`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import attrs
+import trio
+
+from tuneplane.agent.adapter import run_aio
+from tuneplane.agent.member_state import (
+    OWNS_GPUS,
+    MemberEvent,
+    MemberState,
+    next_state,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+# Migration n brings a journal from version n-1 to n. Append only; never edit a shipped one.
+MIGRATIONS: Sequence[str] = (
+    """
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    CREATE TABLE members (
+        member_key TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        member_index INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        updated_at_ms INTEGER NOT NULL,
+        member_count INTEGER NOT NULL,
+        gpu_indexes TEXT NOT NULL,
+        master_addr TEXT NOT NULL DEFAULT '',
+        master_port INTEGER NOT NULL DEFAULT 0,
+        member_dir TEXT NOT NULL,
+        out_dir TEXT NOT NULL,
+        grace_period_s INTEGER NOT NULL,
+        exit_code INTEGER,
+        signal INTEGER,
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at_ms INTEGER NOT NULL,
+        member_key TEXT,
+        kind TEXT NOT NULL,
+        from_state TEXT,
+        to_state TEXT,
+        reason TEXT NOT NULL DEFAULT '',
+        details TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX events_member ON events (member_key, id);
+    CREATE TABLE gpu_ownership (
+        gpu_index INTEGER PRIMARY KEY,
+        member_key TEXT NOT NULL REFERENCES members (member_key),
+        since_ms INTEGER NOT NULL
+    );
+    CREATE TABLE pending_reports (
+        report_seq INTEGER PRIMARY KEY,
+        member_key TEXT NOT NULL REFERENCES members (member_key),
+        state TEXT NOT NULL,
+        at_ms INTEGER NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        has_exit INTEGER NOT NULL DEFAULT 0,
+        exit_code INTEGER NOT NULL DEFAULT 0,
+        signal INTEGER NOT NULL DEFAULT 0,
+        out_dir TEXT NOT NULL DEFAULT ''
+    );
+    CREATE TABLE credentials (
+        name TEXT PRIMARY KEY,
+        created_at_ms INTEGER NOT NULL,
+        rotated_at_ms INTEGER
+    );
+    INSERT INTO meta (key, value) VALUES ('next_report_seq', '1');
+    """,
+)
+
+#: Member states the coordinator hears about through MemberReport. Prepared and a refused
+#: prepare are answered by PrepareReply instead.
+REPORTED: frozenset[MemberState] = frozenset(
+    {
+        MemberState.COMMITTED,
+        MemberState.STARTING,
+        MemberState.RUNNING,
+        MemberState.CANCELLING,
+        MemberState.EXITED,
+        MemberState.ABORTED,
+        MemberState.LOST,
+    }
+)
+
+
+class JournalError(Exception):
+    """The journal cannot do what was asked. ``str()`` is a sentence for the operator."""
+
+
+class JournalCorrupt(JournalError):
+    """The journal file failed its integrity check: the agent must enter safe mode."""
+
+
+class JournalTooNew(JournalError):
+    """The journal was written by a newer agent whose schema this one does not know."""
+
+
+class UnknownMember(JournalError):
+    pass
+
+
+class MemberExists(JournalError):
+    pass
+
+
+class GpuAlreadyOwned(JournalError):
+    """A GPU asked for is owned by another member (or does not appear twice in one request)."""
+
+
+@attrs.frozen
+class MemberKey:
+    """One member of one attempt of one Job; ``str()`` is its journal and directory name."""
+
+    run_id: str
+    attempt: int
+    member_index: int
+
+    def __str__(self) -> str:
+        return f"{self.run_id}.{self.attempt}.{self.member_index}"
+
+    @classmethod
+    def parse(cls, text: str) -> MemberKey:
+        """Read ``<run id>.<attempt>.<member>`` (the run id may itself contain dots)."""
+        run_id, _, rest = text.rpartition(".")
+        run_id, _, attempt = run_id.rpartition(".")
+        if not run_id or not attempt.isdigit() or not rest.isdigit():
+            raise ValueError(
+                f"member '{text}' is not of the form <run id>.<attempt>.<member index>; "
+                "copy it from `tuneplane-node journal members`."
+            )
+        return cls(run_id, int(attempt), int(rest))
+
+
+@attrs.frozen
+class Exit:
+    """How a member's runner ended: an exit code, or the signal that killed the workload."""
+
+    exit_code: int | None
+    signal: int | None
+
+
+@attrs.frozen
+class MemberRecord:
+    key: MemberKey
+    state: MemberState
+    created_at_ms: int
+    updated_at_ms: int
+    member_count: int
+    gpu_indexes: tuple[int, ...]
+    master_addr: str
+    master_port: int
+    member_dir: str
+    out_dir: str
+    grace_period_s: int
+    exit: Exit | None
+    reason: str
+
+
+@attrs.frozen
+class PendingReport:
+    report_seq: int
+    key: MemberKey
+    state: MemberState
+    at_ms: int
+    reason: str
+    exit: Exit | None
+    out_dir: str
+
+
+@attrs.frozen
+class NewMember:
+    """What a Prepare asks for, as the journal records it in ``preparing``."""
+
+    key: MemberKey
+    member_count: int
+    gpu_indexes: tuple[int, ...]
+    member_dir: str
+    out_dir: str
+    grace_period_s: int
+
+
+MEMBER_COLUMNS = (
+    "member_key, run_id, attempt, member_index, state, created_at_ms, updated_at_ms, "
+    "member_count, gpu_indexes, master_addr, master_port, member_dir, out_dir, grace_period_s, "
+    "exit_code, signal, reason"
+)
+REPORT_COLUMNS = (
+    "report_seq, member_key, state, at_ms, reason, has_exit, exit_code, signal, out_dir"
+)
+
+
+def member_from_row(row: Sequence[Any]) -> MemberRecord:
+    """A ``members`` row (selected as :data:`MEMBER_COLUMNS`) as a record."""
+    exit_code, sig = row[14], row[15]
+    return MemberRecord(
+        key=MemberKey(row[1], int(row[2]), int(row[3])),
+        state=MemberState(row[4]),
+        created_at_ms=int(row[5]),
+        updated_at_ms=int(row[6]),
+        member_count=int(row[7]),
+        gpu_indexes=tuple(int(i) for i in json.loads(row[8])),
+        master_addr=row[9],
+        master_port=int(row[10]),
+        member_dir=row[11],
+        out_dir=row[12],
+        grace_period_s=int(row[13]),
+        exit=None if exit_code is None and sig is None else Exit(exit_code, sig),
+        reason=row[16],
+    )
+
+
+def report_from_row(row: Sequence[Any]) -> PendingReport:
+    """A ``pending_reports`` row (selected as :data:`REPORT_COLUMNS`) as a record."""
+    has_exit = bool(row[5])
+    return PendingReport(
+        report_seq=int(row[0]),
+        key=MemberKey.parse(row[1]),
+        state=MemberState(row[2]),
+        at_ms=int(row[3]),
+        reason=row[4],
+        exit=Exit(row[6] if not row[7] else None, row[7] or None) if has_exit else None,
+        out_dir=row[8],
+    )
+
+
+async def _fetchall(db: aiosqlite.Connection, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+    cursor = await db.execute(sql, args)
+    rows = await cursor.fetchall()
+    await cursor.close()
+    return list(rows)
+
+
+class Journal:
+    """The open journal. Create with :meth:`open` inside ``adapter.open_aio_host()``.
+
+    Methods are Trio-async; each write is one SQLite transaction, serialised by a lock and shielded
+    from cancellation so a cancelled caller never leaves a half-written transaction behind.
+    """
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._lock = trio.Lock()
+
+    # --- opening -----------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, path: Path) -> Journal:
+        """Open (creating if absent), check integrity, and migrate the journal at ``path``.
+
+        Raises :class:`JournalCorrupt` when the file is not a sound SQLite database, and
+        :class:`JournalTooNew` when its schema is newer than this agent knows.
+        """
+        db = await run_aio(_aio_open, path)
+        return cls(db, path)
+
+    async def close(self) -> None:
+        async with self._lock:
+            with trio.CancelScope(shield=True):
+                await run_aio(self._db.close)
+
+    async def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        async with self._lock:
+            return await run_aio(_fetchall, self._db, sql, args)
+
+    async def _write(self, fn: Any, *args: Any) -> Any:
+        async with self._lock:
+            with trio.CancelScope(shield=True):
+                return await run_aio(_aio_transaction, self._db, fn, *args)
+
+    # --- meta and credentials ----------------------------------------------------------------
+
+    async def get_meta(self, key: str) -> str | None:
+        rows = await self._read("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    async def set_meta(self, key: str, value: str) -> None:
+        async def fn(db: aiosqlite.Connection) -> None:
+            await db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+        await self._write(fn)
+
+    async def record_credential(self, name: str, at_ms: int) -> None:
+        """Note that credential ``name`` was issued (first) or rotated (later); never its value."""
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            await db.execute(
+                "INSERT INTO credentials (name, created_at_ms) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET rotated_at_ms = excluded.created_at_ms",
+                (name, at_ms),
+            )
+
+        await self._write(fn)
+
+    async def node_event(self, at_ms: int, kind: str, reason: str = "", **details: Any) -> None:
+        """Append an event that concerns the Node, not one member (start, stop, safe mode)."""
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            await _insert_event(db, at_ms, None, kind, None, None, reason, details)
+
+        await self._write(fn)
+
+    # --- members -----------------------------------------------------------------------------
+
+    async def member(self, key: MemberKey) -> MemberRecord | None:
+        rows = await self._read(
+            f"SELECT {MEMBER_COLUMNS} FROM members WHERE member_key = ?", (str(key),)
+        )
+        return member_from_row(rows[0]) if rows else None
+
+    async def members(self) -> list[MemberRecord]:
+        rows = await self._read(f"SELECT {MEMBER_COLUMNS} FROM members ORDER BY created_at_ms")
+        return [member_from_row(r) for r in rows]
+
+    async def gpu_owners(self) -> dict[int, MemberKey]:
+        rows = await self._read("SELECT gpu_index, member_key FROM gpu_ownership")
+        return {int(r[0]): MemberKey.parse(r[1]) for r in rows}
+
+    async def create_member(self, new: NewMember, at_ms: int) -> MemberRecord:
+        """Journal a member in ``preparing``. Raises :class:`MemberExists` on a repeat."""
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            try:
+                await db.execute(
+                    "INSERT INTO members (member_key, run_id, attempt, member_index, state, "
+                    "created_at_ms, updated_at_ms, member_count, gpu_indexes, member_dir, "
+                    "out_dir, grace_period_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        str(new.key),
+                        new.key.run_id,
+                        new.key.attempt,
+                        new.key.member_index,
+                        MemberState.PREPARING.value,
+                        at_ms,
+                        at_ms,
+                        new.member_count,
+                        json.dumps(list(new.gpu_indexes)),
+                        new.member_dir,
+                        new.out_dir,
+                        new.grace_period_s,
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                raise MemberExists(f"Member {new.key} is already in the journal.") from None
+            await _insert_event(
+                db,
+                at_ms,
+                str(new.key),
+                "prepare-received",
+                None,
+                MemberState.PREPARING.value,
+                "",
+                {"gpu_indexes": list(new.gpu_indexes), "member_count": new.member_count},
+            )
+
+        await self._write(fn)
+        record = await self.member(new.key)
+        assert record is not None
+        return record
+
+    async def transition(
+        self,
+        key: MemberKey,
+        event: MemberEvent,
+        at_ms: int,
+        *,
+        reason: str = "",
+        exit: Exit | None = None,
+        rendezvous: tuple[str, int] | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> tuple[MemberRecord, PendingReport | None]:
+        """Apply ``event`` to the member and commit everything that follows from it at once.
+
+        Raises :class:`UnknownMember`, :class:`IllegalTransition` (nothing written), or
+        :class:`GpuAlreadyOwned` when entering ``prepared`` would own a GPU twice (nothing
+        written). Returns the new record and the report queued for the coordinator, if any.
+        """
+        report_seq: list[int] = []
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            rows = await _fetchall(
+                db, f"SELECT {MEMBER_COLUMNS} FROM members WHERE member_key = ?", (str(key),)
+            )
+            if not rows:
+                raise UnknownMember(f"Member {key} is not in the journal.")
+            before = member_from_row(rows[0])
+            after = next_state(before.state, event)
+            sets = ["state = ?", "updated_at_ms = ?"]
+            args: list[Any] = [after.value, at_ms]
+            if reason:
+                sets.append("reason = ?")
+                args.append(reason)
+            if exit is not None:
+                sets += ["exit_code = ?", "signal = ?"]
+                args += [exit.exit_code, exit.signal]
+            if rendezvous is not None:
+                sets += ["master_addr = ?", "master_port = ?"]
+                args += [rendezvous[0], rendezvous[1]]
+            await db.execute(
+                f"UPDATE members SET {', '.join(sets)} WHERE member_key = ?", [*args, str(key)]
+            )
+            event_details = dict(details or {})
+            if exit is not None:
+                event_details.update(exit_code=exit.exit_code, signal=exit.signal)
+            await _insert_event(
+                db, at_ms, str(key), event.value, before.state.value, after.value, reason,
+                event_details,
+            )  # fmt: skip
+            if after in OWNS_GPUS and before.state not in OWNS_GPUS:
+                for gpu in before.gpu_indexes:
+                    try:
+                        await db.execute(
+                            "INSERT INTO gpu_ownership (gpu_index, member_key, since_ms) "
+                            "VALUES (?, ?, ?)",
+                            (gpu, str(key), at_ms),
+                        )
+                    except sqlite3.IntegrityError:
+                        owner = await _fetchall(
+                            db, "SELECT member_key FROM gpu_ownership WHERE gpu_index = ?", (gpu,)
+                        )
+                        who = owner[0][0] if owner else "this same member (listed twice)"
+                        raise GpuAlreadyOwned(
+                            f"GPU {gpu} is already owned by member {who}; it cannot be assigned "
+                            f"to member {key}."
+                        ) from None
+            elif after not in OWNS_GPUS:
+                await db.execute("DELETE FROM gpu_ownership WHERE member_key = ?", (str(key),))
+            if after in REPORTED:
+                seq_rows = await _fetchall(
+                    db, "SELECT value FROM meta WHERE key = 'next_report_seq'"
+                )
+                seq = int(seq_rows[0][0])
+                await db.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'next_report_seq'", (str(seq + 1),)
+                )
+                await db.execute(
+                    f"INSERT INTO pending_reports ({REPORT_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        seq,
+                        str(key),
+                        after.value,
+                        at_ms,
+                        reason,
+                        int(exit is not None),
+                        (exit.exit_code or 0) if exit else 0,
+                        (exit.signal or 0) if exit else 0,
+                        before.out_dir,
+                    ),
+                )
+                report_seq.append(seq)
+
+        await self._write(fn)
+        record = await self.member(key)
+        assert record is not None
+        report = None
+        if report_seq:
+            rows = await self._read(
+                f"SELECT {REPORT_COLUMNS} FROM pending_reports WHERE report_seq = ?",
+                (report_seq[0],),
+            )
+            report = report_from_row(rows[0])
+        return record, report
+
+    # --- reports -----------------------------------------------------------------------------
+
+    async def pending_reports(self) -> list[PendingReport]:
+        """Every report the coordinator has not acknowledged, oldest first."""
+        rows = await self._read(f"SELECT {REPORT_COLUMNS} FROM pending_reports ORDER BY report_seq")
+        return [report_from_row(r) for r in rows]
+
+    async def ack_report(self, report_seq: int) -> bool:
+        """Drop an acknowledged report. A repeated or unknown acknowledgement is harmless."""
+        gone: list[int] = []
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            cursor = await db.execute(
+                "DELETE FROM pending_reports WHERE report_seq = ?", (report_seq,)
+            )
+            gone.append(cursor.rowcount)
+            await cursor.close()
+
+        await self._write(fn)
+        return bool(gone and gone[0])
+
+    async def events(self, member: MemberKey | None = None) -> list[dict[str, Any]]:
+        sql = (
+            "SELECT id, at_ms, member_key, kind, from_state, to_state, reason, details FROM events"
+        )
+        args: tuple[Any, ...] = ()
+        if member is not None:
+            sql += " WHERE member_key = ?"
+            args = (str(member),)
+        rows = await self._read(sql + " ORDER BY id", args)
+        names = ("id", "at_ms", "member_key", "kind", "from_state", "to_state", "reason")
+        return [dict(zip(names, r[:7], strict=True), details=json.loads(r[7])) for r in rows]
+
+
+async def _insert_event(
+    db: aiosqlite.Connection,
+    at_ms: int,
+    member_key: str | None,
+    kind: str,
+    from_state: str | None,
+    to_state: str | None,
+    reason: str,
+    details: Mapping[str, Any],
+) -> None:
+    await db.execute(
+        "INSERT INTO events (at_ms, member_key, kind, from_state, to_state, reason, details) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (at_ms, member_key, kind, from_state, to_state, reason, json.dumps(dict(details))),
+    )
+
+
+async def _aio_transaction(db: aiosqlite.Connection, fn: Any, *args: Any) -> Any:
+    """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT; roll back on any error."""
+    await db.execute("BEGIN IMMEDIATE")
+    try:
+        result = await fn(db, *args)
+    except BaseException:
+        await db.execute("ROLLBACK")
+        raise
+    await db.execute("COMMIT")
+    return result
+
+
+async def _aio_open(path: Path) -> aiosqlite.Connection:
+    try:
+        db = await aiosqlite.connect(str(path), isolation_level=None)
+    except sqlite3.DatabaseError as exc:
+        raise JournalCorrupt(f"The journal {path} cannot be opened: {exc}.") from None
+    try:
+        await db.execute("PRAGMA busy_timeout = 5000")
+        check = await _fetchall(db, "PRAGMA integrity_check")
+        if [tuple(r) for r in check] != [("ok",)]:
+            problems = "; ".join(str(r[0]) for r in check[:3])
+            raise JournalCorrupt(f"The journal {path} failed its integrity check: {problems}.")
+        mode = await _fetchall(db, "PRAGMA journal_mode = WAL")
+        if str(mode[0][0]).lower() != "wal":
+            raise JournalError(f"The journal {path} could not switch to WAL mode ({mode[0][0]}).")
+        await db.execute("PRAGMA synchronous = FULL")
+        await db.execute("PRAGMA foreign_keys = ON")
+        await _aio_migrate(db, path)
+    except sqlite3.DatabaseError as exc:
+        await db.close()
+        raise JournalCorrupt(f"The journal {path} is not a sound SQLite database: {exc}.") from None
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+async def _aio_migrate(db: aiosqlite.Connection, path: Path) -> None:
+    version = int((await _fetchall(db, "PRAGMA user_version"))[0][0])
+    if version > len(MIGRATIONS):
+        raise JournalTooNew(
+            f"The journal {path} has schema version {version}, but this agent knows only up to "
+            f"{len(MIGRATIONS)}; run the newer tuneplane-node that wrote it."
+        )
+    for number in range(version + 1, len(MIGRATIONS) + 1):
+
+        async def step(db: aiosqlite.Connection, number: int = number) -> None:
+            for statement in MIGRATIONS[number - 1].split(";"):
+                if statement.strip():
+                    await db.execute(statement)
+            await db.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(number),),
+            )
+            # PRAGMA user_version is transactional in SQLite, so it moves with the migration.
+            await db.execute(f"PRAGMA user_version = {number}")
+
+        await _aio_transaction(db, step)
+        log.info("journal migrated path=%s schema_version=%d", path, number)
