@@ -1,0 +1,84 @@
+"""What the readers produce: scalar points, read warnings, and the decoder contract.
+
+Rules:
+- A point's dedup key is (source identity, byte offset of its record or line, index within it);
+  the same bytes read twice give the same key, so a re-read after a crash never duplicates.
+- A warning names the file, the byte offset and why; ``data_loss`` says whether a value that the
+  writer meant to record will never be shipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+
+DedupKey = tuple[str, int, int]
+
+
+@attrs.frozen(slots=True)
+class ScalarPoint:
+    """One scalar value of one Series tag at one step.
+
+    ``source`` is the file path relative to the telemetry root at the time it was read;
+    ``source_id`` is the identity of the byte stream (stable across renames); ``offset`` is the
+    byte offset of the record or line that carried the value and ``index`` its position there.
+    ``wall_time`` is None when the source carried none (a JSONL line without ``wall_time``).
+    """
+
+    source: str
+    tag: str
+    step: int
+    wall_time: float | None
+    value: float
+    offset: int
+    index: int = 0
+    source_id: str = ""
+
+    @property
+    def dedup_key(self) -> DedupKey:
+        return (self.source_id or self.source, self.offset, self.index)
+
+
+@attrs.frozen(slots=True)
+class ReadWarning:
+    """Something a reader skipped. ``line`` is 1-based and set for line-oriented sources."""
+
+    source: str
+    offset: int
+    kind: str
+    message: str
+    data_loss: bool = True
+    line: int | None = None
+
+    def describe(self) -> str:
+        where = f"{self.source} at byte {self.offset}"
+        if self.line is not None:
+            where += f" (line {self.line})"
+        return f"{where}: {self.message}"
+
+
+@attrs.frozen
+class Decoded:
+    """The result of feeding bytes to a decoder: ``consumed`` bytes are done for good."""
+
+    points: list[ScalarPoint]
+    warnings: list[ReadWarning]
+    consumed: int
+
+
+class Decoder(Protocol):
+    """A sans-IO decoder for one byte stream.
+
+    ``feed(data, offset, final=False)`` decodes ``data`` that starts at byte ``offset`` of the
+    stream and reports how many leading bytes it consumed; the caller passes the unconsumed rest
+    again, with more bytes appended, on the next call. With ``final=True`` the writer is known to
+    be done, so an incomplete tail is reported as a warning and consumed. ``snapshot()`` is the
+    JSON-able state matching the end of the consumed bytes (restored through the constructor).
+    """
+
+    source: str
+
+    def feed(self, data: bytes, offset: int, *, final: bool = False) -> Decoded: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
