@@ -82,9 +82,9 @@ class Catalogue:
 
     @classmethod
     def bundled(cls) -> Catalogue:
-        """The recipes shipped with this TunePlane (``coordinator/catalogue/*.json``)."""
+        """The recipes shipped with this TunePlane (``coordinator/recipes/*.json``)."""
         found: dict[str, Recipe] = {}
-        folder = resources.files(__package__ or "tuneplane.coordinator") / "catalogue"
+        folder = resources.files(__package__ or "tuneplane.coordinator") / "recipes"
         for entry in sorted(folder.iterdir(), key=lambda e: e.name):
             if entry.name.endswith(".json"):
                 recipe = _recipe(json.loads(entry.read_text(encoding="utf-8")))
