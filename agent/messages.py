@@ -1,0 +1,113 @@
+"""The control-session messages as the agent's own frozen values (no betterproto here).
+
+Rules: :mod:`tuneplane.agent.wire` converts between these and the generated protobuf classes;
+everything else in the agent speaks only these. Times are epoch milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from tuneplane.agent.inventory import Inventory
+from tuneplane.agent.journal import MemberKey, PendingReport
+from tuneplane.agent.member_state import MemberState
+
+# --- coordinator -> node ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Welcome:
+    heartbeat_interval_ms: int
+    heartbeat_timeout_ms: int
+    server_time_ms: int
+
+
+@attrs.frozen
+class HeartbeatAck:
+    seq: int
+
+
+@attrs.frozen
+class ReportAck:
+    report_seq: int
+
+
+@attrs.frozen
+class Rendezvous:
+    master_addr: str
+    master_port: int
+
+
+@attrs.frozen
+class Prepare:
+    key: MemberKey
+    jobspec_json: str
+    member_count: int
+    gpu_indexes: tuple[int, ...]
+    pick_rendezvous: bool
+    capsule_digests: Mapping[str, str]
+    capsule_files: Mapping[str, bytes]
+
+
+@attrs.frozen
+class Commit:
+    key: MemberKey
+    rendezvous: Rendezvous | None
+
+
+@attrs.frozen
+class Abort:
+    key: MemberKey
+    reason: str
+
+
+@attrs.frozen
+class Cancel:
+    key: MemberKey
+    reason: str
+    grace_period_s: int
+
+
+Incoming = Welcome | HeartbeatAck | ReportAck | Prepare | Commit | Abort | Cancel
+MemberCommand = Prepare | Commit | Abort | Cancel
+
+# --- node -> coordinator ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Hello:
+    node_id: str
+    agent_version: str
+    inventory: Inventory
+    held: tuple[tuple[MemberKey, MemberState], ...]
+
+
+@attrs.frozen
+class Heartbeat:
+    seq: int
+    sent_at_ms: int
+    # Only when the inventory changed since the coordinator last saw it.
+    inventory: Inventory | None = None
+
+
+@attrs.frozen
+class Report:
+    report: PendingReport
+
+
+@attrs.frozen
+class PrepareReply:
+    key: MemberKey
+    ok: bool
+    reason: str
+    rendezvous: Rendezvous | None
+
+
+@attrs.frozen
+class DecisionQuery:
+    key: MemberKey
+
+
+Outgoing = Hello | Heartbeat | Report | PrepareReply | DecisionQuery

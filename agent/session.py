@@ -1,0 +1,214 @@
+"""The control-session protocol core (sans-IO): messages and time in, effects out.
+
+Rules:
+- Nothing here reads a clock, a socket or the journal: ``now`` (monotonic seconds) and
+  ``wall_ms`` are passed in, journal facts are arguments, and every decision comes back as a list
+  of effects that the daemon executes in order (journal first, then network, then processes).
+- Hello first; nothing but Welcome is accepted before it. After Welcome every unacknowledged
+  report is replayed in sequence order and every prepared member without a decision is asked
+  about with DecisionQuery.
+- Heartbeat every ``heartbeat_interval``; a peer silent for ``heartbeat_timeout`` closes the
+  session. :meth:`ControlSession.next_deadline` says when :meth:`ControlSession.tick` is due.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import attrs
+
+from tuneplane.agent import messages as m
+from tuneplane.agent.inventory import Inventory
+from tuneplane.agent.journal import MemberKey, PendingReport
+from tuneplane.agent.member_state import MemberState
+
+#: How long to wait for Welcome after Hello, before the coordinator has told us its timeouts.
+WELCOME_TIMEOUT_S = 10.0
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"
+    HELLO_SENT = "hello-sent"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+# --- effects -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Send:
+    """Send this message on the stream."""
+
+    message: m.Outgoing
+
+
+@attrs.frozen
+class DropReport:
+    """The coordinator acknowledged this report: delete it from ``pending_reports``."""
+
+    report_seq: int
+
+
+@attrs.frozen
+class HandleCommand:
+    """A member command for the member manager (prepare, commit, abort, cancel)."""
+
+    command: m.MemberCommand
+
+
+@attrs.frozen
+class Connected:
+    """The session is open (Welcome received): worth recording in the status file."""
+
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+
+
+@attrs.frozen
+class HeartbeatAcked:
+    seq: int
+
+
+@attrs.frozen
+class Close:
+    """End the session; the daemon reconnects with backoff. ``reason`` is a sentence."""
+
+    reason: str
+
+
+Effect = Send | DropReport | HandleCommand | Connected | HeartbeatAcked | Close
+
+
+class SessionError(Exception):
+    """The session core was driven out of order (a bug in the shell, not the peer)."""
+
+
+@attrs.define
+class ControlSession:
+    """One Connect stream's protocol state. A new stream gets a new session."""
+
+    node_id: str
+    agent_version: str
+    phase: Phase = Phase.IDLE
+    heartbeat_interval_s: float = 0.0
+    heartbeat_timeout_s: float = WELCOME_TIMEOUT_S
+    last_heard: float = 0.0
+    next_beat_at: float = float("inf")
+    beat_seq: int = 0
+    inventory_sent: Inventory | None = None
+
+    def start(
+        self,
+        now: float,
+        inventory: Inventory,
+        held: Sequence[tuple[MemberKey, MemberState]],
+    ) -> list[Effect]:
+        """Open the session: say Hello with the inventory and the members this Node holds."""
+        if self.phase is not Phase.IDLE:
+            raise SessionError(f"start() called in phase {self.phase.value}")
+        self.phase = Phase.HELLO_SENT
+        self.last_heard = now
+        self.inventory_sent = inventory
+        return [Send(m.Hello(self.node_id, self.agent_version, inventory, tuple(held)))]
+
+    def receive(
+        self,
+        now: float,
+        message: m.Incoming,
+        pending: Sequence[PendingReport] = (),
+        undecided: Sequence[MemberKey] = (),
+    ) -> list[Effect]:
+        """React to one coordinator message.
+
+        ``pending`` (unacknowledged reports, oldest first) and ``undecided`` (prepared members
+        with no decision) are read from the journal by the shell; they matter only for Welcome.
+        """
+        if self.phase is Phase.CLOSED:
+            return []
+        self.last_heard = now
+        if self.phase is Phase.HELLO_SENT:
+            if not isinstance(message, m.Welcome):
+                return self._close(
+                    f"the coordinator sent {type(message).__name__} before Welcome; "
+                    "reconnecting to start the session again"
+                )
+            return self._welcome(now, message, pending, undecided)
+        if isinstance(message, m.Welcome):
+            # A repeated Welcome only updates the timing; nothing is replayed twice.
+            self._timing(message)
+            return []
+        if isinstance(message, m.HeartbeatAck):
+            return [HeartbeatAcked(message.seq)]
+        if isinstance(message, m.ReportAck):
+            return [DropReport(message.report_seq)]
+        return [HandleCommand(message)]
+
+    def _timing(self, welcome: m.Welcome) -> None:
+        # A coordinator that sends zeros gets sane floors rather than a busy loop.
+        self.heartbeat_interval_s = max(welcome.heartbeat_interval_ms, 50) / 1000
+        self.heartbeat_timeout_s = max(
+            welcome.heartbeat_timeout_ms / 1000, 2 * self.heartbeat_interval_s
+        )
+
+    def _welcome(
+        self,
+        now: float,
+        welcome: m.Welcome,
+        pending: Sequence[PendingReport],
+        undecided: Sequence[MemberKey],
+    ) -> list[Effect]:
+        self._timing(welcome)
+        self.phase = Phase.OPEN
+        self.next_beat_at = now + self.heartbeat_interval_s
+        effects: list[Effect] = [Connected(self.heartbeat_interval_s, self.heartbeat_timeout_s)]
+        for report in sorted(pending, key=lambda r: r.report_seq):
+            effects.append(Send(m.Report(report)))
+        effects.extend(Send(m.DecisionQuery(key)) for key in undecided)
+        return effects
+
+    def outgoing(self, message: m.Outgoing) -> list[Effect]:
+        """A report or reply produced by the member manager: sent now if the session is open.
+
+        When it is not, nothing is lost: reports stay in the journal and are replayed after the
+        next Welcome, and the coordinator repeats an unanswered Prepare.
+        """
+        return [Send(message)] if self.phase is Phase.OPEN else []
+
+    def tick(self, now: float, wall_ms: int, inventory: Inventory) -> list[Effect]:
+        """Time passed: close a silent session, or send the heartbeat that is due."""
+        if self.phase in (Phase.IDLE, Phase.CLOSED):
+            return []
+        silent = now - self.last_heard
+        if silent >= self.heartbeat_timeout_s:
+            what = "Welcome" if self.phase is Phase.HELLO_SENT else "anything"
+            return self._close(
+                f"heard {what} from the coordinator for {silent:.1f} s "
+                f"(timeout {self.heartbeat_timeout_s:.1f} s)"
+            )
+        if self.phase is Phase.OPEN and now >= self.next_beat_at:
+            self.beat_seq += 1
+            changed = inventory if inventory != self.inventory_sent else None
+            self.inventory_sent = inventory
+            # Schedule from now, not from the missed slot: a stalled loop sends one beat, not many.
+            self.next_beat_at = now + self.heartbeat_interval_s
+            return [Send(m.Heartbeat(self.beat_seq, wall_ms, changed))]
+        return []
+
+    def stream_ended(self) -> list[Effect]:
+        """The coordinator ended the stream (or it broke)."""
+        if self.phase is Phase.CLOSED:
+            return []
+        return self._close("the coordinator ended the control stream")
+
+    def next_deadline(self) -> float:
+        """The monotonic time at which :meth:`tick` must next be called."""
+        if self.phase in (Phase.IDLE, Phase.CLOSED):
+            return float("inf")
+        silent_at = self.last_heard + self.heartbeat_timeout_s
+        return min(silent_at, self.next_beat_at) if self.phase is Phase.OPEN else silent_at
+
+    def _close(self, reason: str) -> list[Effect]:
+        self.phase = Phase.CLOSED
+        return [Close(reason)]

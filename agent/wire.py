@@ -1,0 +1,340 @@
+"""The wire edge: TLS, grpclib and betterproto, translated to the agent's own messages and errors.
+
+Rules:
+- The only agent module that imports grpclib or betterproto. Server verification is always on
+  (the CA from the Node's state dir), ALPN offers only h2, and a unary call has a 10 s deadline.
+- Exceptions are translated once, here (:func:`_translated`), into :class:`WireError` subclasses
+  whose ``str()`` says what failed and how to fix it.
+- grpclib is asyncio code: every call goes through :func:`tuneplane.agent.adapter.run_aio`.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import attrs
+import betterproto
+import trio
+from grpclib.client import Channel
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
+from tuneplane.agent import messages as m
+from tuneplane.agent.adapter import run_aio
+from tuneplane.agent.inventory import Gpu, Inventory
+from tuneplane.agent.journal import MemberKey
+from tuneplane.agent.member_state import MemberState
+from tuneplane.proto import v1
+
+UNARY_DEADLINE_S = 10.0
+CONNECT_METHOD = "/tuneplane.v1.Control/Connect"
+ENROLL_METHOD = "/tuneplane.v1.Control/Enroll"
+
+
+class WireError(Exception):
+    """Talking to the coordinator failed. ``str()`` is a sentence for the operator."""
+
+
+class CoordinatorUnreachable(WireError):
+    """No connection (refused, reset, timed out); worth retrying with backoff."""
+
+
+class TlsVerificationFailed(WireError):
+    """The coordinator's certificate does not verify against the CA file; retrying won't help."""
+
+
+class Refused(WireError):
+    """The coordinator answered and said no (bad token, unknown Node, revoked credential)."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@attrs.frozen
+class Endpoint:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Endpoint:
+        """Read ``HOST:PORT`` (``[::1]:PORT`` for IPv6). Raises :class:`ValueError` with the fix."""
+        host, sep, port = text.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"coordinator address {text!r} is not HOST:PORT; use the `control` address from "
+                "the coordinator's endpoints.json, for example 127.0.0.1:7443."
+            )
+        return cls(host, int(port))
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def client_tls(ca_path: Path) -> ssl.SSLContext:
+    """Verify the coordinator against ``ca_path``; there is deliberately no way to turn it off."""
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca_path))
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsVerificationFailed(
+            f"The CA file {ca_path} cannot be loaded ({exc}); pass the coordinator's tls/ca.pem."
+        ) from None
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+@contextmanager
+def _translated(endpoint: Endpoint, ca_path: Path) -> Iterator[None]:
+    """Map grpclib/ssl/socket failures to :class:`WireError` subclasses, once, at the edge."""
+    try:
+        yield
+    except ssl.SSLCertVerificationError as exc:
+        raise TlsVerificationFailed(
+            f"The coordinator at {endpoint} presented a certificate that does not verify against "
+            f"the CA {ca_path} ({exc.verify_message}); pass the coordinator's own tls/ca.pem."
+        ) from None
+    except GRPCError as exc:
+        status = exc.status.name if isinstance(exc.status, Status) else str(exc.status)
+        if exc.status in (Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED):
+            raise CoordinatorUnreachable(
+                f"The coordinator at {endpoint} is unavailable ({status}: {exc.message})."
+            ) from None
+        raise Refused(
+            f"The coordinator at {endpoint} refused: {exc.message or status}", status
+        ) from None
+    except (TimeoutError, trio.TooSlowError):
+        raise CoordinatorUnreachable(
+            f"The coordinator at {endpoint} did not answer within {UNARY_DEADLINE_S:.0f} s."
+        ) from None
+    except (OSError, ssl.SSLError, StreamTerminatedError, ProtocolError, EOFError) as exc:
+        raise CoordinatorUnreachable(
+            f"The connection to the coordinator at {endpoint} failed ({type(exc).__name__}: "
+            f"{exc}); check the address and that the coordinator is serving."
+        ) from None
+
+
+# --- conversion --------------------------------------------------------------------------------
+
+
+def inventory_to_wire(inv: Inventory) -> v1.Inventory:
+    return v1.Inventory(
+        hostname=inv.hostname,
+        cpu_count=inv.cpu_count,
+        memory_bytes=inv.memory_bytes,
+        gpus=[
+            v1.Gpu(
+                index=g.index,
+                uuid=g.uuid,
+                name=g.name,
+                series=g.series,
+                memory_bytes=g.memory_bytes,
+                mig_enabled=g.mig_enabled,
+                healthy=g.healthy,
+                health_reason=g.health_reason,
+            )
+            for g in inv.gpus
+        ],
+        gpu_source=inv.gpu_source,
+        driver_version=inv.driver_version,
+        cuda_version=inv.cuda_version,
+    )
+
+
+def inventory_from_wire(inv: v1.Inventory) -> Inventory:
+    gpus = tuple(
+        Gpu(g.index, g.uuid, g.name, g.series, g.memory_bytes, g.mig_enabled, g.healthy,
+            g.health_reason)
+        for g in inv.gpus
+    )  # fmt: skip
+    return Inventory(
+        inv.hostname, inv.cpu_count, inv.memory_bytes, gpus, inv.gpu_source,
+        inv.driver_version, inv.cuda_version,
+    )  # fmt: skip
+
+
+def _ref(key: MemberKey) -> v1.MemberRef:
+    return v1.MemberRef(run_id=key.run_id, attempt=key.attempt, member_index=key.member_index)
+
+
+def _key(ref: v1.MemberRef) -> MemberKey:
+    return MemberKey(ref.run_id, ref.attempt, ref.member_index)
+
+
+def _state(state: MemberState) -> v1.MemberState:
+    return v1.MemberState[f"MEMBER_STATE_{state.name}"]
+
+
+def _rendezvous(r: v1.Rendezvous | None) -> m.Rendezvous | None:
+    if r is None or not r.master_port:
+        return None
+    return m.Rendezvous(r.master_addr, r.master_port)
+
+
+def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
+    """One outgoing domain message as the NodeMessage that carries it."""
+    if isinstance(msg, m.Hello):
+        held = [v1.HeldMember(member=_ref(k), state=_state(s)) for k, s in msg.held]
+        return v1.NodeMessage(
+            hello=v1.Hello(
+                node_id=msg.node_id,
+                agent_version=msg.agent_version,
+                inventory=inventory_to_wire(msg.inventory),
+                held=held,
+            )
+        )
+    if isinstance(msg, m.Heartbeat):
+        beat = v1.Heartbeat(seq=msg.seq, sent_at_ms=msg.sent_at_ms)
+        if msg.inventory is not None:
+            beat.inventory = inventory_to_wire(msg.inventory)
+        return v1.NodeMessage(heartbeat=beat)
+    if isinstance(msg, m.Report):
+        r = msg.report
+        exit = r.exit
+        return v1.NodeMessage(
+            report=v1.MemberReport(
+                report_seq=r.report_seq,
+                member=_ref(r.key),
+                state=_state(r.state),
+                at_ms=r.at_ms,
+                reason=r.reason,
+                has_exit=exit is not None,
+                exit_code=(exit.exit_code or 0) if exit else 0,
+                signal=(exit.signal or 0) if exit else 0,
+                out_dir=r.out_dir,
+            )
+        )
+    if isinstance(msg, m.PrepareReply):
+        reply = v1.PrepareReply(member=_ref(msg.key), ok=msg.ok, reason=msg.reason)
+        if msg.rendezvous is not None:
+            reply.rendezvous = v1.Rendezvous(
+                master_addr=msg.rendezvous.master_addr, master_port=msg.rendezvous.master_port
+            )
+        return v1.NodeMessage(prepare_reply=reply)
+    return v1.NodeMessage(decision_query=v1.DecisionQuery(member=_ref(msg.key)))
+
+
+class UnknownMessage(WireError):
+    """The coordinator sent a message this agent does not know (a newer protocol)."""
+
+
+def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
+    """The domain message carried by one CoordinatorMessage; :class:`UnknownMessage` if none."""
+    name, body = betterproto.which_one_of(msg, "body")
+    if isinstance(body, v1.Welcome):
+        return m.Welcome(body.heartbeat_interval_ms, body.heartbeat_timeout_ms, body.server_time_ms)
+    if isinstance(body, v1.HeartbeatAck):
+        return m.HeartbeatAck(body.seq)
+    if isinstance(body, v1.ReportAck):
+        return m.ReportAck(body.report_seq)
+    if isinstance(body, v1.Prepare):
+        return m.Prepare(
+            key=_key(body.member),
+            jobspec_json=body.jobspec_json,
+            member_count=body.member_count,
+            gpu_indexes=tuple(body.gpu_indexes),
+            pick_rendezvous=body.pick_rendezvous,
+            capsule_digests=dict(body.capsule_digests),
+            capsule_files=dict(body.capsule_files),
+        )
+    if isinstance(body, v1.Commit):
+        return m.Commit(_key(body.member), _rendezvous(body.rendezvous))
+    if isinstance(body, v1.Abort):
+        return m.Abort(_key(body.member), body.reason)
+    if isinstance(body, v1.Cancel):
+        return m.Cancel(_key(body.member), body.reason, body.grace_period_s)
+    raise UnknownMessage(
+        f"The coordinator sent a message this agent does not understand ({name or 'empty'}); "
+        "upgrade tuneplane-node to the coordinator's version."
+    )
+
+
+# --- calls -------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Enrolled:
+    node_id: str
+    fleet: str
+    node_credential: str
+
+
+async def _aio_channel(endpoint: Endpoint, ctx: ssl.SSLContext) -> Channel:
+    return Channel(endpoint.host, endpoint.port, ssl=ctx)
+
+
+async def enroll(
+    endpoint: Endpoint, ca_path: Path, join_token: str, inventory: Inventory
+) -> Enrolled:
+    """Trade a one-time join token for a node id and control credential (unary, 10 s deadline)."""
+    ctx = client_tls(ca_path)
+    request = v1.EnrollRequest(
+        join_token=join_token, hostname=inventory.hostname, inventory=inventory_to_wire(inventory)
+    )
+    with _translated(endpoint, ca_path):
+        channel = await run_aio(_aio_channel, endpoint, ctx)
+        try:
+            with trio.fail_after(UNARY_DEADLINE_S + 1):
+                reply = await run_aio(
+                    v1.ControlStub(channel, timeout=UNARY_DEADLINE_S).enroll, request
+                )
+        finally:
+            channel.close()
+    return Enrolled(reply.node_id, reply.fleet, reply.node_credential)
+
+
+class ControlStream:
+    """One open ``Connect`` stream. ``send`` and ``receive`` may run in two tasks at once."""
+
+    def __init__(self, stream: Any, endpoint: Endpoint, ca_path: Path) -> None:
+        self._stream = stream
+        self._endpoint = endpoint
+        self._ca_path = ca_path
+        self._send_lock = trio.Lock()
+
+    async def send(self, msg: m.Outgoing) -> None:
+        async with self._send_lock:
+            with _translated(self._endpoint, self._ca_path):
+                await run_aio(self._stream.send_message, to_wire(msg))
+
+    async def receive(self) -> m.Incoming | None:
+        """The next message, or ``None`` when the coordinator ended the stream."""
+        with _translated(self._endpoint, self._ca_path):
+            raw = await run_aio(self._stream.recv_message)
+        return None if raw is None else from_wire(raw)
+
+
+@asynccontextmanager
+async def open_control_stream(
+    endpoint: Endpoint, ca_path: Path, credential: str
+) -> AsyncIterator[ControlStream]:
+    """Open ``Connect`` with the Node's credential; the stream is reset when the block exits."""
+    ctx = client_tls(ca_path)
+    with _translated(endpoint, ca_path):
+        channel = await run_aio(_aio_channel, endpoint, ctx)
+    stream = channel.request(
+        CONNECT_METHOD,
+        Cardinality.STREAM_STREAM,
+        v1.NodeMessage,
+        v1.CoordinatorMessage,
+        metadata={"authorization": f"Bearer {credential}"},
+    )
+    try:
+        with _translated(endpoint, ca_path):
+            await run_aio(stream.__aenter__)
+            with trio.fail_after(UNARY_DEADLINE_S):
+                await run_aio(stream.send_request)
+        yield ControlStream(stream, endpoint, ca_path)
+    finally:
+        # Leaving always resets the stream (an exception tells grpclib not to wait for trailers
+        # from a peer that may be gone) and closes the connection; nothing here may block long.
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            closing = ConnectionResetError("the agent closed the control stream")
+            with suppress(Exception):
+                await run_aio(stream.__aexit__, ConnectionResetError, closing, None)
+        channel.close()

@@ -1,0 +1,135 @@
+"""The control-session core, driven with plain values for time (no sockets, no clocks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuneplane.agent import messages as m
+from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
+from tuneplane.agent.journal import MemberKey, PendingReport
+from tuneplane.agent.member_state import MemberState
+from tuneplane.agent.session import (
+    Close,
+    Connected,
+    ControlSession,
+    DropReport,
+    HandleCommand,
+    HeartbeatAcked,
+    Send,
+    SessionError,
+)
+
+INV = simulated_inventory("node-a", SimulatedGpus("h200", 2))
+KEY = MemberKey("run-1", 1, 0)
+WELCOME = m.Welcome(heartbeat_interval_ms=500, heartbeat_timeout_ms=3000, server_time_ms=0)
+
+
+def report(seq: int) -> PendingReport:
+    return PendingReport(seq, KEY, MemberState.RUNNING, 1, "", None, "/o")
+
+
+def opened(now: float = 0.0) -> ControlSession:
+    s = ControlSession("node-1", "0.1.0")
+    s.start(now, INV, [])
+    s.receive(now, WELCOME)
+    return s
+
+
+def test_hello_carries_inventory_and_held_members() -> None:
+    s = ControlSession("node-1", "0.1.0")
+    (effect,) = s.start(0.0, INV, [(KEY, MemberState.PREPARED)])
+    assert effect == Send(m.Hello("node-1", "0.1.0", INV, ((KEY, MemberState.PREPARED),)))
+    with pytest.raises(SessionError):
+        s.start(0.0, INV, [])
+
+
+def test_welcome_replays_reports_in_order_then_asks_for_decisions() -> None:
+    s = ControlSession("node-1", "0.1.0")
+    s.start(0.0, INV, [])
+    other = MemberKey("run-2", 1, 0)
+    effects = s.receive(1.0, WELCOME, pending=[report(7), report(3)], undecided=[other])
+    assert effects == [
+        Connected(0.5, 3.0),
+        Send(m.Report(report(3))),
+        Send(m.Report(report(7))),
+        Send(m.DecisionQuery(other)),
+    ]
+    # A second Welcome replays nothing.
+    assert s.receive(1.1, WELCOME, pending=[report(3)]) == []
+
+
+def test_anything_before_welcome_closes() -> None:
+    s = ControlSession("node-1", "0.1.0")
+    s.start(0.0, INV, [])
+    (effect,) = s.receive(0.1, m.HeartbeatAck(1))
+    assert isinstance(effect, Close) and "before Welcome" in effect.reason
+    assert s.receive(0.2, WELCOME) == []
+
+
+def test_no_welcome_within_the_first_timeout_closes() -> None:
+    s = ControlSession("node-1", "0.1.0")
+    s.start(100.0, INV, [])
+    assert s.next_deadline() == 110.0
+    assert s.tick(109.9, 0, INV) == []
+    (effect,) = s.tick(110.0, 0, INV)
+    assert isinstance(effect, Close) and "Welcome" in effect.reason
+
+
+def test_heartbeats_every_interval_with_inventory_only_when_changed() -> None:
+    s = opened(0.0)
+    assert s.next_deadline() == 0.5
+    assert s.tick(0.4, 0, INV) == []
+    assert s.tick(0.5, 500, INV) == [Send(m.Heartbeat(1, 500, None))]
+    s.receive(0.6, m.HeartbeatAck(1))
+    changed = simulated_inventory("node-a", SimulatedGpus("h200", 1))
+    assert s.tick(1.0, 1000, changed) == [Send(m.Heartbeat(2, 1000, changed))]
+    s.receive(1.1, m.HeartbeatAck(2))
+    assert s.tick(1.5, 1500, changed) == [Send(m.Heartbeat(3, 1500, None))]
+
+
+def test_a_stalled_loop_sends_one_heartbeat_not_a_burst() -> None:
+    s = opened(0.0)
+    s.receive(2.0, m.HeartbeatAck(0))
+    assert len(s.tick(2.4, 0, INV)) == 1
+    assert s.tick(2.45, 0, INV) == []
+
+
+def test_a_silent_peer_closes_after_the_timeout() -> None:
+    s = opened(0.0)
+    s.tick(0.5, 0, INV)
+    s.receive(1.0, m.HeartbeatAck(1))
+    assert s.next_deadline() == 1.0  # the next beat is due before the silence limit
+    s.tick(1.0, 0, INV)
+    s.tick(1.5, 0, INV)
+    assert s.next_deadline() == 2.0
+    assert not any(isinstance(e, Close) for e in s.tick(3.9, 0, INV))
+    (effect,) = s.tick(4.0, 0, INV)
+    assert isinstance(effect, Close) and "3.0 s" in effect.reason
+    assert s.tick(5.0, 0, INV) == [] and s.next_deadline() == float("inf")
+
+
+def test_acks_and_commands_become_effects() -> None:
+    s = opened(0.0)
+    assert s.receive(0.1, m.HeartbeatAck(4)) == [HeartbeatAcked(4)]
+    assert s.receive(0.1, m.ReportAck(9)) == [DropReport(9)]
+    abort = m.Abort(KEY, "another member refused")
+    assert s.receive(0.1, abort) == [HandleCommand(abort)]
+
+
+def test_outgoing_is_sent_only_while_open() -> None:
+    s = ControlSession("node-1", "0.1.0")
+    reply = m.PrepareReply(KEY, True, "", None)
+    assert s.outgoing(reply) == []
+    s.start(0.0, INV, [])
+    assert s.outgoing(reply) == []
+    s.receive(0.0, WELCOME)
+    assert s.outgoing(reply) == [Send(reply)]
+    assert isinstance(s.stream_ended()[0], Close)
+    assert s.outgoing(reply) == []
+
+
+def test_zero_timings_get_floors_instead_of_a_busy_loop() -> None:
+    s = ControlSession("node-1", "0.1.0")
+    s.start(0.0, INV, [])
+    (connected,) = s.receive(0.0, m.Welcome(0, 0, 0))
+    assert connected == Connected(0.05, 0.1)
