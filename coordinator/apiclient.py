@@ -1,0 +1,317 @@
+"""The client of the coordinator's ``tuneplane.v1.Api`` service, as ``tp`` uses it.
+
+Rules: TLS with server verification against one CA file, always; every call has a deadline and
+carries ``authorization: Bearer <token>``; gRPC, TLS and socket errors are translated here, once,
+into :class:`ApiError` subclasses whose ``str()`` is a sentence (the server's own when it refused);
+messages are converted to attrs values here so nothing above imports betterproto.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import attrs
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
+from tuneplane.proto import v1
+
+log = logging.getLogger(__name__)
+DEFAULT_TIMEOUT_S = 10.0
+T = TypeVar("T")
+
+# Statuses that mean the coordinator understood the request and said no.
+_REFUSALS = {
+    Status.INVALID_ARGUMENT,
+    Status.FAILED_PRECONDITION,
+    Status.NOT_FOUND,
+    Status.ALREADY_EXISTS,
+    Status.PERMISSION_DENIED,
+    Status.UNAUTHENTICATED,
+    Status.RESOURCE_EXHAUSTED,
+    Status.OUT_OF_RANGE,
+    Status.ABORTED,
+}
+
+
+class ApiError(Exception):
+    """A call to the coordinator did not succeed; ``str()`` says why and what to do."""
+
+
+class RequestRefused(ApiError):
+    """The coordinator answered and refused the request; ``str()`` is its sentence."""
+
+    def __init__(self, status: str, message: str) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class CoordinatorUnreachable(ApiError):
+    """No answer: the address is wrong, the coordinator is down, TLS failed or time ran out."""
+
+
+class ClientConfigError(ApiError):
+    """The CA file cannot be used to set up TLS."""
+
+
+@attrs.frozen
+class Endpoint:
+    """A coordinator API address, the CA that must vouch for it, and the caller's token."""
+
+    host: str
+    port: int
+    ca_path: Path
+    token: str = attrs.field(repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+# -- values ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class PreviewSummary:
+    fleet: str
+    backend: str
+    series: str
+    gpus_per_member: int
+    members: int
+    profile: str
+
+
+@attrs.frozen
+class Preview:
+    preview_id: str
+    digest: str
+    resolved_jobspec_json: str
+    summary: PreviewSummary
+    created_at_ms: int
+
+
+@attrs.frozen
+class Receipt:
+    run_id: str
+    preview_id: str
+    digest: str
+    retry_key: str
+    admitted_at_ms: int
+    # False when the coordinator returned the receipt of an earlier identical confirmation.
+    created: bool
+
+
+@attrs.frozen
+class StateChange:
+    state: str
+    at_ms: int
+    reason: str
+
+
+@attrs.frozen
+class Member:
+    index: int
+    node_id: str
+    state: str
+    has_exit: bool
+    exit_code: int
+    signal: int
+    out_dir: str
+    gpu_indexes: tuple[int, ...]
+    history: tuple[StateChange, ...]
+
+
+@attrs.frozen
+class Attempt:
+    number: int
+    state: str
+    members: tuple[Member, ...]
+    master_addr: str
+    master_port: int
+    created_at_ms: int
+
+
+@attrs.frozen
+class Job:
+    run_id: str
+    project: str
+    experiment: str
+    owner: str
+    state: str
+    fleet: str
+    profile: str
+    method_id: str
+    preview_id: str
+    digest: str
+    history: tuple[StateChange, ...]
+    attempts: tuple[Attempt, ...]
+    created_at_ms: int
+    init_from: str
+
+
+def _changes(items: list[v1.StateChange]) -> tuple[StateChange, ...]:
+    return tuple(StateChange(c.state, c.at_ms, c.reason) for c in items)
+
+
+def job_from_wire(msg: v1.Job) -> Job:
+    attempts = []
+    for a in msg.attempts:
+        members = tuple(
+            Member(
+                index=m.index,
+                node_id=m.node_id,
+                state=m.state,
+                has_exit=m.has_exit,
+                exit_code=m.exit_code,
+                signal=m.signal,
+                out_dir=m.out_dir,
+                gpu_indexes=tuple(m.gpu_indexes),
+                history=_changes(m.history),
+            )
+            for m in a.members
+        )
+        rdv = a.rendezvous
+        attempts.append(
+            Attempt(
+                number=a.number,
+                state=a.state,
+                members=members,
+                master_addr=rdv.master_addr if rdv else "",
+                master_port=rdv.master_port if rdv else 0,
+                created_at_ms=a.created_at_ms,
+            )
+        )
+    return Job(
+        run_id=msg.run_id,
+        project=msg.project,
+        experiment=msg.experiment,
+        owner=msg.owner,
+        state=msg.state,
+        fleet=msg.fleet,
+        profile=msg.profile,
+        method_id=msg.method_id,
+        preview_id=msg.preview_id,
+        digest=msg.digest,
+        history=_changes(msg.history),
+        attempts=tuple(attempts),
+        created_at_ms=msg.created_at_ms,
+        init_from=msg.init_from,
+    )
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+def tls_context(ca_path: Path) -> ssl.SSLContext:
+    """Verify the server against ``ca_path`` only, and speak HTTP/2."""
+    try:
+        ctx = ssl.create_default_context(cafile=str(ca_path))
+    except (OSError, ssl.SSLError) as exc:
+        raise ClientConfigError(
+            f"The CA file {ca_path} cannot be loaded ({exc.__class__.__name__}: {exc}); it must "
+            "be a PEM certificate such as the coordinator's tls/ca.pem."
+        ) from None
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+class ApiClient:
+    """Use as ``async with ApiClient(endpoint) as api: await api.preview(...)``."""
+
+    def __init__(self, endpoint: Endpoint, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._endpoint = endpoint
+        self._timeout_s = timeout_s
+        self._channel = Channel(endpoint.host, endpoint.port, ssl=tls_context(endpoint.ca_path))
+        self._stub = v1.ApiStub(
+            self._channel, metadata={"authorization": f"Bearer {endpoint.token}"}
+        )
+
+    async def __aenter__(self) -> ApiClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._channel.close()
+
+    async def preview(self, jobspec_json: str) -> Preview:
+        reply = await self._call(
+            "Preview", lambda t: self._stub.preview(v1.PreviewRequest(jobspec_json), timeout=t)
+        )
+        s = reply.summary or v1.PreviewSummary()
+        return Preview(
+            preview_id=reply.preview_id,
+            digest=reply.digest,
+            resolved_jobspec_json=reply.resolved_jobspec_json,
+            summary=PreviewSummary(
+                s.fleet, s.backend, s.series, s.gpus_per_member, s.members, s.profile
+            ),
+            created_at_ms=reply.created_at_ms,
+        )
+
+    async def commit(self, preview_id: str, digest: str, retry_key: str) -> Receipt:
+        request = v1.CommitRequest(preview_id=preview_id, digest=digest, retry_key=retry_key)
+        r = await self._call("Commit", lambda t: self._stub.commit(request, timeout=t))
+        return Receipt(r.run_id, r.preview_id, r.digest, r.retry_key, r.admitted_at_ms, r.created)
+
+    async def get_job(self, run_id: str) -> Job:
+        msg = await self._call(
+            "GetJob", lambda t: self._stub.get_job(v1.GetJobRequest(run_id), timeout=t)
+        )
+        return job_from_wire(msg)
+
+    async def list_jobs(
+        self, project: str = "", state: str = "", mine: bool = False, limit: int = 0
+    ) -> list[Job]:
+        request = v1.ListJobsRequest(project=project, state=state, mine=mine, limit=limit)
+        reply = await self._call("ListJobs", lambda t: self._stub.list_jobs(request, timeout=t))
+        return [job_from_wire(j) for j in reply.jobs]
+
+    async def _call(self, name: str, call: Callable[[float], Awaitable[T]]) -> T:
+        try:
+            return await call(self._timeout_s)
+        except (GRPCError, OSError, TimeoutError, StreamTerminatedError, ProtocolError) as exc:
+            raise self._translate(name, exc) from None
+
+    def _translate(self, name: str, exc: Exception) -> ApiError:
+        """The one place a transport or gRPC error becomes a sentence for the researcher."""
+        where = f"the coordinator at {self._endpoint.address}"
+        if isinstance(exc, GRPCError):
+            text = exc.message or f"{name} failed with gRPC status {exc.status.name}"
+            log.debug("api call failed rpc=%s status=%s", name, exc.status.name)
+            if exc.status in _REFUSALS:
+                return RequestRefused(exc.status.name, text)
+            if exc.status is Status.DEADLINE_EXCEEDED:
+                return CoordinatorUnreachable(
+                    f"{where} did not answer {name} within {self._timeout_s:g} s; try again."
+                )
+            return CoordinatorUnreachable(f"{where} failed {name} ({exc.status.name}): {text}")
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return CoordinatorUnreachable(
+                f"TLS verification of {where} failed ({exc.verify_message}): its certificate "
+                f"is not signed by the CA in {self._endpoint.ca_path}. Use the CA of that "
+                "coordinator (its state directory holds tls/ca.pem) with --ca or --context."
+            )
+        if isinstance(exc, ssl.SSLError):
+            return CoordinatorUnreachable(
+                f"TLS with {where} failed ({exc.reason or exc}); check that the address is the "
+                "coordinator's API listener."
+            )
+        if isinstance(exc, TimeoutError):
+            return CoordinatorUnreachable(
+                f"{where} did not answer {name} within {self._timeout_s:g} s; check that it is "
+                "running and reachable, then try again."
+            )
+        if isinstance(exc, OSError):
+            reason = exc.strerror or exc.__class__.__name__
+            return CoordinatorUnreachable(
+                f"Cannot reach {where} ({reason}); check that it is running and that "
+                "--coordinator or the context file names its API listener."
+            )
+        return CoordinatorUnreachable(
+            f"{where} closed the {name} call ({exc}); check that the address is the "
+            "coordinator's API listener, then try again."
+        )
