@@ -1,0 +1,207 @@
+"""How ``tp`` shows things: rich tables for people, stable JSON for scripts.
+
+Rules: ``--json`` output is built only from the attrs values here (field names follow the API
+messages) with sorted keys, so scripts can rely on it; human output never hides state (an empty
+list says so, an unknown time shows '-'); text from the server is printed without markup.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import cattrs
+from rich.console import Console, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from tuneplane.coordinator.apiclient import Attempt, Job, Preview, Receipt
+from tuneplane.coordinator.catalogue import Catalogue, Recipe
+
+_CONVERTER = cattrs.Converter()
+
+
+def to_json(value: Any) -> str:
+    """Stable JSON text of an attrs value (or plain data): sorted keys, two-space indent."""
+    return json.dumps(_CONVERTER.unstructure(value), indent=2, sort_keys=True)
+
+
+def console() -> Console:
+    """stdout; when it is not a terminal, wide enough that a table never folds a run id."""
+    out = Console(highlight=False)
+    if not out.is_terminal:
+        out = Console(highlight=False, width=200)
+    return out
+
+
+def when(ms: int) -> str:
+    if ms <= 0:
+        return "-"
+    stamp = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _pairs(rows: Iterable[tuple[str, str]]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for key, value in rows:
+        grid.add_row(key, Text(value))
+    return grid
+
+
+# -- recipes ---------------------------------------------------------------------------------
+
+
+def recipe_json(recipe: Recipe) -> dict[str, Any]:
+    return {
+        "method_id": recipe.method_id,
+        "version": recipe.version,
+        "category": recipe.category,
+        "description": recipe.description,
+        "framework": {"name": recipe.framework_name, "version": recipe.framework_version},
+        "runtime_id": recipe.runtime_id,
+        "launcher": recipe.launcher,
+        "entrypoint": list(recipe.entrypoint),
+        "digest": recipe.digest,
+        "parameters": {
+            name: {
+                "type": p.type,
+                "default": p.default,
+                "min": p.min,
+                "max": p.max,
+                "description": p.description,
+            }
+            for name, p in recipe.parameters.items()
+        },
+    }
+
+
+def recipes_table(catalogue: Catalogue) -> Table:
+    table = Table(title="Catalogue (bundled with this tp)", title_justify="left")
+    for column in ("METHOD ID", "VERSION", "CATEGORY", "FRAMEWORK", "RUNTIME", "PARAMETERS"):
+        table.add_column(column)
+    for recipe in catalogue:
+        params = ", ".join(f"{p.name}:{p.type}" for p in recipe.parameters.values()) or "-"
+        table.add_row(
+            recipe.method_id,
+            recipe.version,
+            recipe.category,
+            f"{recipe.framework_name} {recipe.framework_version}",
+            recipe.runtime_id,
+            params,
+        )
+    return table
+
+
+# -- submit ----------------------------------------------------------------------------------
+
+
+def preview_view(preview: Preview, experiment: str, project: str, saved: str) -> RenderableType:
+    s = preview.summary
+    total = s.gpus_per_member * s.members
+    rows = [
+        ("Preview", preview.preview_id),
+        ("Experiment", f"{experiment} (project {project})"),
+        ("Fleet", f"{s.fleet or '-'} (backend {s.backend or '-'})"),
+        ("Profile", s.profile or "-"),
+        ("Series", s.series or "-"),
+        ("GPUs", f"{s.gpus_per_member} per member x {s.members} members = {total}"),
+        ("Digest", preview.digest),
+        ("Saved", saved),
+    ]
+    return _pairs(rows)
+
+
+def receipt_line(receipt: Receipt) -> str:
+    """One sentence with the run id as its first word that starts with 'run'."""
+    if receipt.created:
+        how = "admitted now"
+    else:
+        how = "already admitted by an earlier identical confirmation; no new Job was created"
+    admitted = when(receipt.admitted_at_ms)
+    return f"Job {receipt.run_id} {how} (preview {receipt.preview_id}, {admitted})."
+
+
+# -- jobs ------------------------------------------------------------------------------------
+
+
+def jobs_table(jobs: list[Job]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for column in ("RUN ID", "PROJECT", "EXPERIMENT", "STATE", "PROFILE", "FLEET", "OWNER"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("CREATED", no_wrap=True)
+    for job in jobs:
+        table.add_row(
+            job.run_id,
+            job.project,
+            job.experiment,
+            job.state,
+            job.profile or "-",
+            job.fleet or "-",
+            job.owner or "-",
+            when(job.created_at_ms),
+        )
+    return table
+
+
+def _members_table(attempt: Attempt) -> Table:
+    rdv = f", rendezvous {attempt.master_addr}:{attempt.master_port}" if attempt.master_addr else ""
+    since = when(attempt.created_at_ms)
+    table = Table(
+        title=f"Attempt {attempt.number}: {attempt.state} (since {since}{rdv})",
+        title_justify="left",
+    )
+    for column in ("MEMBER (RANK)", "NODE", "GPUS", "STATE", "EXIT", "OUT DIR"):
+        table.add_column(column)
+    for m in attempt.members:
+        if not m.has_exit:
+            exit_text = "-"
+        elif m.signal:
+            exit_text = f"signal {m.signal}"
+        else:
+            exit_text = str(m.exit_code)
+        table.add_row(
+            str(m.index),
+            m.node_id or "-",
+            ",".join(str(g) for g in m.gpu_indexes) or "-",
+            m.state,
+            exit_text,
+            m.out_dir or "-",
+        )
+    if not attempt.members:
+        table.add_row("(no members placed yet)", "", "", "", "", "")
+    return table
+
+
+def job_view(job: Job) -> list[RenderableType]:
+    derivation = f"began from run {job.init_from}" if job.init_from else "none"
+    parts: list[RenderableType] = [
+        _pairs(
+            [
+                ("Job", job.run_id),
+                ("State", job.state),
+                ("Project", job.project),
+                ("Experiment", job.experiment),
+                ("Method", job.method_id),
+                ("Owner", job.owner or "-"),
+                ("Fleet", job.fleet or "-"),
+                ("Profile", job.profile or "-"),
+                ("Derivation", derivation),
+                ("Preview", f"{job.preview_id} ({job.digest})"),
+                ("Created", when(job.created_at_ms)),
+            ]
+        )
+    ]
+    history = Table(title="State history", title_justify="left")
+    for column in ("AT", "STATE", "REASON"):
+        history.add_column(column)
+    for change in job.history:
+        history.add_row(when(change.at_ms), change.state, Text(change.reason or "-"))
+    parts.append(history)
+    if not job.attempts:
+        parts.append(Text("No attempts yet: the Job is waiting to be placed."))
+    parts.extend(_members_table(a) for a in job.attempts)
+    return parts
