@@ -1,0 +1,99 @@
+"""The demo's process-group Job, with no torch: every rank meets rank 0 over TCP and they sum ranks.
+
+Each local process gets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torch.distributed would.
+Rank 0 listens on MASTER_PORT; every other rank connects (retrying until rank 0 is up) and sends
+its rank; rank 0 checks that the ranks are exactly 0..WORLD_SIZE-1 by their sum and count, and
+sends the sum back. Every rank writes its result into $TUNEPLANE_OUT_DIR and exits 0 only if the
+sum is right. ALLREDUCE_TIMEOUT_S (default 60) bounds the whole exchange.
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def log(rank: int, text: str) -> None:
+    print(f"[rank {rank}] {text}", flush=True)
+
+
+def write_result(rank: int, result: dict[str, Any]) -> None:
+    out = Path(os.environ["TUNEPLANE_OUT_DIR"]) / f"allreduce-rank-{rank}.json"
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, sort_keys=True) + "\n")
+    os.replace(tmp, out)
+    log(rank, f"wrote {out}")
+
+
+def read_line(conn: socket.socket, deadline: float) -> dict[str, Any]:
+    data = b""
+    while not data.endswith(b"\n"):
+        conn.settimeout(max(0.1, deadline - time.monotonic()))
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise ConnectionError("peer closed the connection mid-message")
+        data += chunk
+    message: dict[str, Any] = json.loads(data)
+    return message
+
+
+def serve(rank: int, world: int, addr: str, port: int, deadline: float) -> int:
+    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+    with socket.create_server(("", port), family=family, backlog=world) as server:
+        log(rank, f"listening on port {port} for {world - 1} peers")
+        peers: dict[int, socket.socket] = {}
+        while len(peers) < world - 1:
+            server.settimeout(max(0.1, deadline - time.monotonic()))
+            conn, _ = server.accept()
+            hello = read_line(conn, deadline)
+            peers[int(hello["rank"])] = conn
+            log(rank, f"rank {hello['rank']} joined")
+        total = rank + sum(peers)
+        expected = world * (world - 1) // 2
+        ok = total == expected and sorted(peers) == list(range(1, world))
+        for conn in peers.values():
+            conn.sendall((json.dumps({"sum": total, "ok": ok}) + "\n").encode())
+            conn.close()
+    log(rank, f"sum of ranks {total}, expected {expected}: {'ok' if ok else 'WRONG'}")
+    write_result(rank, {"rank": rank, "world_size": world, "sum": total, "ok": ok})
+    return 0 if ok else 1
+
+
+def join(rank: int, world: int, addr: str, port: int, deadline: float) -> int:
+    while True:
+        try:
+            conn = socket.create_connection((addr, port), timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    with conn:
+        conn.sendall((json.dumps({"rank": rank}) + "\n").encode())
+        reply = read_line(conn, deadline)
+    ok = bool(reply["ok"]) and reply["sum"] == world * (world - 1) // 2
+    log(rank, f"rank 0 says the sum is {reply['sum']}: {'ok' if ok else 'WRONG'}")
+    write_result(rank, {"rank": rank, "world_size": world, "sum": reply["sum"], "ok": ok})
+    return 0 if ok else 1
+
+
+def main() -> int:
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    addr = os.environ["MASTER_ADDR"]
+    port = int(os.environ["MASTER_PORT"])
+    deadline = time.monotonic() + float(os.environ.get("ALLREDUCE_TIMEOUT_S", "60"))
+    log(rank, f"world size {world}, meeting at {addr}:{port}")
+    if world == 1:
+        write_result(rank, {"rank": rank, "world_size": 1, "sum": 0, "ok": True})
+        return 0
+    if rank == 0:
+        return serve(rank, world, addr, port, deadline)
+    return join(rank, world, addr, port, deadline)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
