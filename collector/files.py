@@ -59,20 +59,18 @@ def telemetry_files(root: Path) -> Iterator[Path]:
 def read_chunks(
     handle: Any, decoder: Decoder, start: int, *, final: bool, limit: int | None = None
 ) -> Iterator[Decoded]:
-    """Feed ``handle`` from byte ``start`` to its end (or ``limit`` bytes) through ``decoder``.
+    """Feed ``handle`` from byte ``start`` to its end through ``decoder``.
 
     Yields one :class:`Decoded` per chunk whose ``consumed`` is absolute: the stream position
-    the caller may resume from. With ``final`` the last chunk reports an incomplete tail.
+    the caller may resume from (``handle.tell()`` is how far was read). ``limit`` bounds how far
+    decoding advances in one call, but a record larger than it is still read to its end. With
+    ``final`` the last chunk reports an incomplete tail.
     """
     handle.seek(start)
     pending = b""
     position = start
-    budget = limit
-    while True:
-        want = CHUNK_BYTES if budget is None else min(CHUNK_BYTES, budget)
-        chunk = handle.read(want) if want > 0 else b""
-        if budget is not None:
-            budget -= len(chunk)
+    while limit is None or position - start < limit:
+        chunk = handle.read(CHUNK_BYTES)
         at_end = not chunk
         if at_end and not final:
             return

@@ -28,7 +28,7 @@ _MASK_DELTA = 0xA282EAD8
 
 def masked_crc32c(data: bytes) -> int:
     """TFRecord's masked CRC32C: rotate right by 15 bits, then add a constant (mod 2**32)."""
-    crc = google_crc32c.value(data)
+    crc: int = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 

@@ -1,0 +1,345 @@
+"""The tailer: follows one member's telemetry directory and hands out batches of points.
+
+Rules:
+- Hand-off: every :class:`Batch` carries the decoded position of every stream *after* it. The
+  consumer makes the batch's points durable first (the spool), then calls :meth:`Tailer.commit`;
+  only then does the checkpoint advance. A crash in between re-reads those bytes, and the points
+  come back with the same dedup keys. Committing batch N declares every batch up to N durable;
+  committing it again, or an older one, changes nothing.
+- The stream table (which inode is which source identity) is checkpointed before any point of
+  a new stream is handed out, so identities are stable across restarts.
+- While the writers run, each poll decodes a bounded amount per stream; once ``writers_done``
+  is set, the tailer drains every stream to its end, reports incomplete tails, and finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from tuneplane.collector.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from tuneplane.collector.files import make_decoder, read_chunks, telemetry_files
+from tuneplane.collector.points import Decoder, ReadWarning, ScalarPoint
+from tuneplane.collector.tracking import (
+    HEAD_BYTES,
+    Adopted,
+    Change,
+    FileStat,
+    Moved,
+    Opened,
+    Restarted,
+    SkippedCopy,
+    Stream,
+    Tracker,
+    Vanished,
+)
+
+log = logging.getLogger(__name__)
+
+POLL_BYTES = 8 * 1024 * 1024
+
+
+@attrs.frozen
+class Position:
+    """Where a stream's decoding stands: byte offset and the decoder state there."""
+
+    offset: int
+    state: Mapping[str, Any]
+
+
+@attrs.frozen
+class Batch:
+    """Points and warnings to make durable, then :meth:`Tailer.commit`. ``seq`` grows by one."""
+
+    seq: int
+    points: list[ScalarPoint]
+    warnings: list[ReadWarning]
+    positions: Mapping[str, Position]
+
+
+@attrs.frozen
+class TailerStatistics:
+    streams: int
+    live_streams: int
+    points: int
+    warnings: int
+    data_loss_warnings: int
+    truncations: int
+    replacements: int
+    adoptions: int
+    skipped_copies: int
+    batches_sent: int
+    batches_committed: int
+
+
+@attrs.define
+class _Counters:
+    points: int = 0
+    warnings: int = 0
+    data_loss: int = 0
+    truncations: int = 0
+    replacements: int = 0
+    adoptions: int = 0
+    skipped_copies: int = 0
+
+
+class Tailer:
+    """Follows ``root`` (a member's telemetry directory), checkpointing into ``checkpoint``.
+
+    Use::
+
+        send, receive = trio.open_memory_channel[Batch](0)
+        nursery.start_soon(tailer.run, send, writers_done)
+        async for batch in receive:
+            await spool.append(batch.points)   # durable first
+            await tailer.commit(batch)         # then the read position advances
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        checkpoint: Path,
+        *,
+        poll_interval: float = 0.5,
+        poll_bytes: int = POLL_BYTES,
+    ) -> None:
+        self._root = root
+        self._checkpoint = checkpoint
+        self._poll_interval = poll_interval
+        self._poll_bytes = poll_bytes
+        body = load_checkpoint(checkpoint)
+        if body is not None and body.get("root") != str(root):
+            raise CheckpointError(
+                f"checkpoint {checkpoint} belongs to telemetry directory {body.get('root')!r}, "
+                f"not {str(root)!r}; give each member its own checkpoint file"
+            )
+        self._tracker = Tracker.from_json(body["tracker"]) if body else Tracker()
+        self._decoders: dict[str, Decoder] = {}
+        self._positions: dict[str, Position] = {
+            s.source_id: Position(s.committed, s.committed_state)
+            for s in self._tracker.streams.values()
+        }
+        self._seq = 0
+        self._committed_seq = 0
+        self._skipped_copies: set[str] = set()
+        self._counters = _Counters()
+        self._persist_lock = trio.Lock()
+
+    def statistics(self) -> TailerStatistics:
+        c = self._counters
+        return TailerStatistics(
+            streams=len(self._tracker.streams),
+            live_streams=len(self._tracker.live()),
+            points=c.points,
+            warnings=c.warnings,
+            data_loss_warnings=c.data_loss,
+            truncations=c.truncations,
+            replacements=c.replacements,
+            adoptions=c.adoptions,
+            skipped_copies=c.skipped_copies,
+            batches_sent=self._seq,
+            batches_committed=self._committed_seq,
+        )
+
+    async def run(self, send: trio.MemorySendChannel[Batch], writers_done: trio.Event) -> None:
+        """Poll until ``writers_done`` is set, then drain every stream and close ``send``."""
+        async with send:
+            while not writers_done.is_set():
+                await self._poll(send, final=False)
+                with trio.move_on_after(self._poll_interval):
+                    await writers_done.wait()
+            # Drain: repeat until a whole pass decodes nothing more.
+            while await self._poll(send, final=True):
+                pass
+            if any(
+                p.offset != s.committed
+                for sid, p in self._positions.items()
+                if (s := self._tracker.streams.get(sid)) is not None
+            ):
+                await self._send(send, [], [])
+        log.info(
+            "telemetry drained root=%s points=%d warnings=%d",
+            self._root,
+            self._counters.points,
+            self._counters.warnings,
+        )
+
+    async def commit(self, batch: Batch) -> None:
+        """Record that ``batch`` (and every earlier one) is durable; persists the checkpoint."""
+        if batch.seq <= self._committed_seq:
+            return
+        for source_id, position in batch.positions.items():
+            stream = self._tracker.streams.get(source_id)
+            if stream is not None:
+                stream.committed = position.offset
+                stream.committed_state = dict(position.state)
+        self._committed_seq = batch.seq
+        await self._persist()
+
+    async def _persist(self) -> None:
+        body = {"root": str(self._root), "tracker": self._tracker.to_json()}
+        async with self._persist_lock:
+            await trio.to_thread.run_sync(save_checkpoint, self._checkpoint, body)
+
+    async def _send(
+        self,
+        send: trio.MemorySendChannel[Batch],
+        points: list[ScalarPoint],
+        warnings: list[ReadWarning],
+    ) -> None:
+        self._seq += 1
+        self._counters.points += len(points)
+        self._counters.warnings += len(warnings)
+        for warning in warnings:
+            if warning.data_loss:
+                self._counters.data_loss += 1
+                log.warning(
+                    "telemetry data loss source=%s offset=%d kind=%s line=%s",
+                    warning.source,
+                    warning.offset,
+                    warning.kind,
+                    warning.line,
+                )
+        await send.send(Batch(self._seq, points, warnings, dict(self._positions)))
+
+    async def _poll(self, send: trio.MemorySendChannel[Batch], *, final: bool) -> bool:
+        """One pass: scan, update identities, decode new bytes. True when anything advanced."""
+        stats = await trio.to_thread.run_sync(self._scan)
+        changes = self._tracker.observe(stats, final=final)
+        notices = self._apply(changes)
+        if any(not isinstance(c, Vanished | SkippedCopy) for c in changes):
+            await self._persist()
+        if notices:
+            await self._send(send, [], notices)
+        advanced = False
+        for stream in self._tracker.live():
+            decoder = self._decoder(stream)
+            chunks = await trio.to_thread.run_sync(self._read, stream, decoder, final)
+            for points, warnings, position, state, seen in chunks:
+                advanced = advanced or position != stream.position
+                self._tracker.advance(stream.source_id, position, seen)
+                self._positions[stream.source_id] = Position(position, state)
+                if points or warnings:
+                    await self._send(send, points, warnings)
+        return advanced
+
+    def _decoder(self, stream: Stream) -> Decoder:
+        decoder = self._decoders.get(stream.source_id)
+        if decoder is None:
+            position = self._positions.get(stream.source_id)
+            state = dict(position.state) if position else None
+            decoder = make_decoder(stream.kind, stream.path, stream.source_id, state)
+            self._decoders[stream.source_id] = decoder
+        decoder.source = stream.path
+        return decoder
+
+    def _apply(self, changes: list[Change]) -> list[ReadWarning]:
+        notices: list[ReadWarning] = []
+        for change in changes:
+            if isinstance(change, Opened):
+                self._positions[change.source_id] = Position(0, {})
+                log.info("telemetry stream opened source_id=%s", change.source_id)
+            elif isinstance(change, Moved):
+                log.info(
+                    "telemetry file renamed source_id=%s from=%s to=%s",
+                    change.source_id,
+                    change.old_path,
+                    change.path,
+                )
+            elif isinstance(change, Restarted):
+                self._positions[change.new_id] = Position(0, {})
+                if change.reason == "truncated":
+                    self._counters.truncations += 1
+                else:
+                    self._counters.replacements += 1
+                notices.append(
+                    ReadWarning(
+                        change.path,
+                        0,
+                        change.reason,
+                        f"the file was {change.reason} ({change.size} bytes now, {change.seen} "
+                        f"read before); it is read again from byte 0 as {change.new_id!r}. Bytes "
+                        "written after the last read are lost unless a rotated copy turns up",
+                        data_loss=False,
+                    )
+                )
+                log.info(
+                    "telemetry stream restarted old=%s new=%s reason=%s",
+                    change.old_id,
+                    change.new_id,
+                    change.reason,
+                )
+            elif isinstance(change, Adopted):
+                self._counters.adoptions += 1
+                log.info(
+                    "telemetry copy continues stream source_id=%s path=%s",
+                    change.source_id,
+                    change.path,
+                )
+            elif isinstance(change, Vanished):
+                log.info(
+                    "telemetry file vanished source_id=%s path=%s", change.source_id, change.path
+                )
+            elif change.path not in self._skipped_copies:
+                self._skipped_copies.add(change.path)
+                self._counters.skipped_copies += 1
+                notices.append(
+                    ReadWarning(
+                        change.path,
+                        0,
+                        "copy-skipped",
+                        f"the file starts with the same {HEAD_BYTES} bytes as "
+                        f"{change.source_id!r}, which is still read; it is taken for a copy and "
+                        "not read, so its points are not counted twice",
+                        data_loss=False,
+                    )
+                )
+        return notices
+
+    def _scan(self) -> list[FileStat]:
+        stats: list[FileStat] = []
+        for path in telemetry_files(self._root):
+            try:
+                with path.open("rb") as handle:
+                    info = os.fstat(handle.fileno())
+                    head = handle.read(HEAD_BYTES)
+            except (FileNotFoundError, IsADirectoryError):
+                continue
+            rel = path.relative_to(self._root).as_posix()
+            stats.append(FileStat(rel, info.st_dev, info.st_ino, info.st_size, head))
+        return stats
+
+    def _read(
+        self, stream: Stream, decoder: Decoder, final: bool
+    ) -> list[tuple[list[ScalarPoint], list[ReadWarning], int, dict[str, Any], int]]:
+        """Decode new bytes of ``stream`` (in a worker thread): per chunk, its points,
+        warnings, position, decoder state there, and how far the file was read."""
+        out: list[tuple[list[ScalarPoint], list[ReadWarning], int, dict[str, Any], int]] = []
+        try:
+            handle = (self._root / stream.path).open("rb")
+        except FileNotFoundError:
+            return out
+        with handle:
+            info = os.fstat(handle.fileno())
+            if (info.st_dev, info.st_ino) != stream.inode:
+                # Renamed or replaced since the scan: the next scan sorts it out.
+                return out
+            for decoded in read_chunks(
+                handle, decoder, stream.position, final=final, limit=self._poll_bytes
+            ):
+                out.append(
+                    (
+                        decoded.points,
+                        decoded.warnings,
+                        decoded.consumed,
+                        decoder.snapshot(),
+                        handle.tell(),
+                    )
+                )
+        return out
