@@ -1,0 +1,360 @@
+"""``python -m tuneplane.runner <member_dir>``: start one member; outlive the agent.
+
+Rules: the launch is claimed (``launch.claim``, exclusive create) before anything starts, so a
+second runner for the same member refuses itself and touches nothing; the runner detaches into
+its own session so the agent's death never reaches it; ``exit.json`` is written atomically
+before the runner exits. Stdlib + psutil only: this ships inside ``runner.pex``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import FrameType
+
+import psutil
+
+from tuneplane.runner import lifecycle as lc
+from tuneplane.runner.durable import create_exclusive, write_json_atomic
+from tuneplane.runner.member_file import MemberFile, MemberFileError, read_member_file
+from tuneplane.runner.records import (
+    CLAIM_FILE,
+    EXIT_FILE,
+    RUNNER_FILE,
+    RUNNER_LOG,
+    ExitRecord,
+    ProcessIdentity,
+    RecordError,
+    RunnerRecord,
+    read_claim,
+)
+from tuneplane.runner.sdk_path import SdkNotFound, sdk_root, with_sdk_on_path
+
+log = logging.getLogger(__name__)
+
+# Exit codes of the foreground process the agent starts (the detached runner's own code is moot).
+EXIT_STARTED = 0
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+EXIT_BAD_MEMBER_FILE = 3
+EXIT_USAGE = 64
+
+# A process that could not be exec'd gets the shell's "command not found" code.
+EXIT_NOT_STARTED = 127
+_STARTED = b"started\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Validate ``member.json``, then fork the detached runner and wait only until it started.
+
+    Returns EXIT_STARTED once the runner has written ``runner.json`` and started every local
+    process; EXIT_REFUSED when the launch was already claimed; otherwise a failure code, with a
+    sentence on stderr.
+    """
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m tuneplane.runner <member_dir>", file=sys.stderr)
+        return EXIT_USAGE
+    member_dir = Path(args[0]).resolve()
+    try:
+        member = read_member_file(member_dir)
+    except MemberFileError as exc:
+        print(f"tuneplane runner: {exc}", file=sys.stderr)
+        return EXIT_BAD_MEMBER_FILE
+    return _fork_runner(member_dir, member)
+
+
+def _fork_runner(member_dir: Path, member: MemberFile) -> int:
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        os.close(write_fd)
+        status = _read_all(read_fd)
+        if status == _STARTED:
+            # The runner goes on alone; init (or a subreaper) reaps it, never the agent.
+            return EXIT_STARTED
+        _, wait_status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(wait_status)
+        message = status.decode("utf-8", "replace").strip()
+        print(
+            f"tuneplane runner: {message or 'the runner died before starting the member'}",
+            file=sys.stderr,
+        )
+        return code if code > 0 else EXIT_FAILED
+    os.close(read_fd)
+    code = EXIT_FAILED
+    try:
+        # A new session: no controlling terminal and no signals aimed at the agent's group.
+        os.setsid()
+        code = _run_detached(member_dir, member, write_fd)
+    except BaseException:
+        # Whatever happens the forked child must not return into the caller's stack.
+        traceback.print_exc()
+        _report(write_fd, "the runner failed unexpectedly; see runner.log in the member directory")
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def _report(fd: int, message: str | bytes) -> None:
+    """Tell the foreground process how the start went, once; closing the pipe ends its wait."""
+    try:
+        os.write(fd, message if isinstance(message, bytes) else message.encode("utf-8"))
+        os.close(fd)
+    except OSError:
+        # Already reported and closed, or the foreground process is gone: nobody to tell.
+        return
+
+
+def _run_detached(member_dir: Path, member: MemberFile, ready_fd: int) -> int:
+    me = psutil.Process()
+    try:
+        create_exclusive(
+            member_dir / CLAIM_FILE,
+            {"pid": me.pid, "start_time": me.create_time(), "claimed_at": time.time()},
+        )
+    except FileExistsError:
+        try:
+            claimed = read_claim(member_dir)
+            holder = f"runner pid {claimed[0]}" if claimed else "another runner"
+        except RecordError:
+            holder = "another runner"
+        _report(
+            ready_fd,
+            f"the launch of member {member.member_index} of run {member.run_id} attempt "
+            f"{member.attempt} is already claimed by {holder} ({member_dir / CLAIM_FILE} "
+            f"exists); a member starts at most once per attempt, so start a new attempt instead.",
+        )
+        return EXIT_REFUSED
+    _redirect_stdio(member_dir / RUNNER_LOG)
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    os.chdir("/")
+    runner = MemberRunner(member_dir, member)
+    try:
+        runner.start()
+    except (OSError, SdkNotFound) as exc:
+        log.exception("member start failed run_id=%s member=%d", member.run_id, member.member_index)
+        _report(ready_fd, f"the runner could not start member {member.member_index}: {exc}")
+        return EXIT_FAILED
+    _report(ready_fd, _STARTED)
+    runner.supervise()
+    return 0
+
+
+def _redirect_stdio(log_path: Path) -> None:
+    # The foreground process's pipes belong to the agent; after the claim the runner only
+    # writes to its own log, so the agent sees EOF as soon as the foreground process exits.
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(null)
+    os.close(out)
+
+
+class MemberRunner:
+    """Starts the member's local processes, forwards stops and records how the member ended."""
+
+    def __init__(self, member_dir: Path, member: MemberFile) -> None:
+        self.member_dir = member_dir
+        self.member = member
+        self.lifecycle = lc.MemberLifecycle(p.local_rank for p in member.processes)
+        self.live: dict[int, subprocess.Popen[bytes]] = {}
+        self.pgids: dict[int, int] = {}
+        self.pending: list[lc.Event] = []
+        self.grace_deadline: float | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.pending.append(lc.StopRequested(f"runner received {signal.Signals(signum).name}"))
+
+    def _on_wake_signal(self, signum: int, frame: FrameType | None) -> None:
+        # SIGCHLD only needs to wake the loop (the wakeup fd does that); SIGHUP must not kill us.
+        return
+
+    def _install_signals(self) -> None:
+        for sock in (self._wake_r, self._wake_w):
+            sock.setblocking(False)
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGCHLD, self._on_wake_signal)
+        signal.signal(signal.SIGHUP, self._on_wake_signal)
+
+    def _record(self) -> None:
+        me = psutil.Process()
+        identities = []
+        for rank, popen in self.live.items():
+            try:
+                started = psutil.Process(popen.pid).create_time()
+            except psutil.Error:
+                # Not reaped yet, so /proc still has it; this is only a guard against races.
+                started = time.time()
+            identities.append(ProcessIdentity(rank, popen.pid, self.pgids[rank], started))
+        record = RunnerRecord(me.pid, me.create_time(), tuple(identities))
+        write_json_atomic(self.member_dir / RUNNER_FILE, record.to_json())
+
+    def start(self) -> None:
+        """Install signal handling, record the runner, start every local process, record them.
+
+        Signals arrive from here on (a stop that comes before the processes exist is queued).
+        A process that cannot be exec'd is a member failure (exit code 127), not a start failure.
+        """
+        member = self.member
+        self._install_signals()
+        self._record()
+        Path(member.out_dir).mkdir(parents=True, exist_ok=True)
+        root = sdk_root(self.member_dir / "sdk")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        out = os.open(member.stdout_path, flags, 0o644)
+        err = os.open(member.stderr_path, flags, 0o644)
+        try:
+            for index, proc in enumerate(member.processes):
+                try:
+                    popen = subprocess.Popen(
+                        proc.argv,
+                        env=with_sdk_on_path(dict(proc.env), root),
+                        cwd=proc.cwd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        process_group=0,
+                        close_fds=True,
+                    )
+                except OSError as exc:
+                    self._not_started(index, exc)
+                    break
+                self.live[proc.local_rank] = popen
+                self.pgids[proc.local_rank] = popen.pid
+                log.info(
+                    "local process started run_id=%s member=%d local_rank=%d pid=%d",
+                    member.run_id,
+                    member.member_index,
+                    proc.local_rank,
+                    popen.pid,
+                )
+        finally:
+            os.close(out)
+            os.close(err)
+        self._record()
+
+    def _not_started(self, index: int, exc: OSError) -> None:
+        procs = self.member.processes
+        log.error("local process not started local_rank=%d error=%s", index, exc)
+        self.pending.append(
+            lc.ProcessExited(procs[index].local_rank, EXIT_NOT_STARTED, None, f"{exc}")
+        )
+        for later in procs[index + 1 :]:
+            self.pending.append(
+                lc.ProcessExited(
+                    later.local_rank,
+                    None,
+                    None,
+                    f"not started because local rank {procs[index].local_rank} failed to start",
+                )
+            )
+
+    def supervise(self) -> None:
+        """Wait for every local process, carrying out the lifecycle's effects; write exit.json."""
+        while True:
+            events, self.pending = self.pending, []
+            for rank, popen in list(self.live.items()):
+                code = popen.poll()
+                if code is None:
+                    continue
+                del self.live[rank]
+                # Stragglers the process left in its group would hold the member's GPUs.
+                self._signal_groups((rank,), signal.SIGKILL)
+                exit_code, signum = (code, None) if code >= 0 else (None, -code)
+                log.info(
+                    "local process exited local_rank=%d exit_code=%s signal=%s",
+                    rank,
+                    exit_code,
+                    signum,
+                )
+                events.append(lc.ProcessExited(rank, exit_code, signum))
+            if self.grace_deadline is not None and time.monotonic() >= self.grace_deadline:
+                self.grace_deadline = None
+                events.append(lc.GraceExpired())
+            for event in events:
+                for effect in self.lifecycle.handle(event):
+                    if isinstance(effect, lc.Finish):
+                        self._finish(effect)
+                        return
+                    self._carry_out(effect)
+            self._wait()
+
+    def _carry_out(self, effect: lc.Terminate | lc.Kill) -> None:
+        if isinstance(effect, lc.Terminate):
+            log.info(
+                "member stopping local_ranks=%s reason=%s",
+                effect.local_ranks,
+                self.lifecycle.stop_reason,
+            )
+            self._signal_groups(effect.local_ranks, signal.SIGTERM)
+            self.grace_deadline = time.monotonic() + self.member.grace_period_s
+        else:
+            log.info("member grace expired local_ranks=%s", effect.local_ranks)
+            self._signal_groups(effect.local_ranks, signal.SIGKILL)
+
+    def _signal_groups(self, ranks: tuple[int, ...], signum: int) -> None:
+        for rank in ranks:
+            pgid = self.pgids.get(rank)
+            if pgid is None:
+                continue
+            try:
+                os.killpg(pgid, signum)
+            except (ProcessLookupError, PermissionError):
+                # The group is empty already: nothing left to stop.
+                continue
+
+    def _wait(self) -> None:
+        timeout = 1.0
+        if self.grace_deadline is not None:
+            timeout = min(timeout, max(self.grace_deadline - time.monotonic(), 0.0))
+        select.select([self._wake_r], [], [], timeout)
+        try:
+            while self._wake_r.recv(4096):
+                continue
+        except BlockingIOError:
+            return
+
+    def _finish(self, finish: lc.Finish) -> None:
+        record = ExitRecord(
+            exit_code=finish.exit_code,
+            signal=finish.signal,
+            finished_at=time.time(),
+            stop_reason=finish.stop_reason,
+            processes=finish.processes,
+        )
+        write_json_atomic(self.member_dir / EXIT_FILE, record.to_json())
+        log.info(
+            "member exited run_id=%s attempt=%d member=%d exit_code=%s signal=%s",
+            self.member.run_id,
+            self.member.attempt,
+            self.member.member_index,
+            finish.exit_code,
+            finish.signal,
+        )
