@@ -1,0 +1,122 @@
+"""``tuneplane-collector``: the collector's command line.
+
+``inspect`` decodes telemetry files exactly as the collector would ship them, with every
+warning, and needs no coordinator.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from tuneplane.collector.files import kind_of, read_file, telemetry_files
+from tuneplane.collector.points import ReadWarning, ScalarPoint
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log what the collector does to stderr.")
+def main(verbose: bool) -> None:
+    """TunePlane's telemetry collector: TensorBoard event files and JSONL metrics."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _collect(path: Path) -> tuple[list[ScalarPoint], list[ReadWarning]]:
+    if path.is_dir():
+        root = path
+        files = list(telemetry_files(path))
+    else:
+        root = path.parent
+        files = [path]
+        if kind_of(path.name) is None:
+            raise click.BadParameter(
+                f"{path} is not a telemetry file: names must contain 'tfevents' (TensorBoard) "
+                "or '.jsonl' (JSON lines). Rename it or give its directory",
+                param_hint="PATH",
+            )
+    points: list[ScalarPoint] = []
+    warnings: list[ReadWarning] = []
+    for file in files:
+        source = file.relative_to(root).as_posix()
+        try:
+            found, problems = read_file(file, source)
+        except OSError as exc:
+            raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
+        points += found
+        warnings += problems
+    return points, warnings
+
+
+def _when(wall_time: float | None) -> str:
+    if wall_time is None:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(wall_time, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per line instead of a table."
+)
+def inspect(path: Path, as_json: bool) -> None:
+    """Decode PATH (a telemetry file, or a directory searched recursively) as the collector
+    would: every scalar point (source file and byte offset, tag, step, wall time, value) and
+    every warning about data that will not be shipped."""
+    points, warnings = _collect(path)
+    if as_json:
+        out = sys.stdout
+        for p in points:
+            record = {
+                "type": "point",
+                "source": p.source,
+                "offset": p.offset,
+                "index": p.index,
+                "tag": p.tag,
+                "step": p.step,
+                "wall_time": p.wall_time,
+                "value": p.value,
+            }
+            out.write(json.dumps(record) + "\n")
+        for w in warnings:
+            record = {
+                "type": "warning",
+                "source": w.source,
+                "offset": w.offset,
+                "line": w.line,
+                "kind": w.kind,
+                "data_loss": w.data_loss,
+                "message": w.message,
+            }
+            out.write(json.dumps(record) + "\n")
+        return
+    console = Console()
+    table = Table(title=f"scalars in {path}")
+    for column in ("source", "offset", "tag", "step", "wall time (UTC)", "value"):
+        table.add_column(
+            column, justify="right" if column in ("offset", "step", "value") else "left"
+        )
+    for p in points:
+        table.add_row(
+            p.source, str(p.offset), p.tag, str(p.step), _when(p.wall_time), repr(p.value)
+        )
+    console.print(table)
+    for w in warnings:
+        label = "data loss" if w.data_loss else "note"
+        console.print(f"[bold red]{label}[/] ({w.kind}) {w.describe()}", highlight=False)
+    lost = sum(1 for w in warnings if w.data_loss)
+    console.print(f"{len(points)} points, {len(warnings)} warnings ({lost} data loss)")
+
+
+if __name__ == "__main__":
+    main()
