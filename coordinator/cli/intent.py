@@ -86,6 +86,10 @@ def _error(source: str, text: str) -> Exception:
     return ProjectError(f"{source}: {text}.")
 
 
+def _article(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
 def type_value(param: Parameter, value: object, source: str) -> Any:
     """Check a YAML value against the recipe's type; ints are accepted for float parameters."""
     kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
@@ -96,7 +100,7 @@ def type_value(param: Parameter, value: object, source: str) -> Any:
     if not ok:
         raise _error(
             source,
-            f"parameter '{param.name}' must be a {param.type}, not {value!r} "
+            f"parameter '{param.name}' must be {_article(param.type)}, not {value!r} "
             f"({type(value).__name__})",
         )
     if param.type == "float":
@@ -218,9 +222,11 @@ def parse_profile(text: str, source: str) -> tuple[str, int | None]:
 def resolve_resources(profile_text: str, source: str, members: int | None) -> jobspec.Resources:
     """The Resource Pool: GPUS is the Job's total; ``--members`` splits it evenly across Nodes.
 
-    Without GPUS the Job asks for one GPU per member (one member when --members is not given).
+    ``resources.profile`` keeps the text as written (``h200:8``); the coordinator checks that its
+    count agrees with ``resources.gpus``. Without GPUS the Job asks for one GPU per member (one
+    member when --members is not given).
     """
-    profile, gpus = parse_profile(profile_text, source)
+    _, gpus = parse_profile(profile_text, source)
     if members is not None and not 1 <= members <= jobspec.MAX_MEMBERS:
         raise IntentError(
             f"--members {members}: a Resource Pool on the Node backend has 1 to "
@@ -238,7 +244,7 @@ def resolve_resources(profile_text: str, source: str, members: int | None) -> jo
             )
         per_member = gpus // members
     return jobspec.Resources(
-        profile=profile, series="", gpus=gpus, members=members, gpus_per_member=per_member
+        profile=profile_text, series="", gpus=gpus, members=members, gpus_per_member=per_member
     )
 
 

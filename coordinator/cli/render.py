@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import cattrs
@@ -19,6 +20,7 @@ from rich.text import Text
 
 from tuneplane.coordinator.apiclient import Attempt, Job, Preview, Receipt
 from tuneplane.coordinator.catalogue import Catalogue, Recipe
+from tuneplane.coordinator.cli.submissions import Submission
 
 _CONVERTER = cattrs.Converter()
 
@@ -26,6 +28,11 @@ _CONVERTER = cattrs.Converter()
 def to_json(value: Any) -> str:
     """Stable JSON text of an attrs value (or plain data): sorted keys, two-space indent."""
     return json.dumps(_CONVERTER.unstructure(value), indent=2, sort_keys=True)
+
+
+def json_line(data: dict[str, Any]) -> str:
+    """One compact JSON object on one line, for outputs that stream several objects."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def console() -> Console:
@@ -99,16 +106,57 @@ def recipes_table(catalogue: Catalogue) -> Table:
 # -- submit ----------------------------------------------------------------------------------
 
 
+def preview_json(record: Submission, path: Path) -> dict[str, Any]:
+    """The preview as scripts see it; the resolved JobSpec (with the files) stays in the file."""
+    p = record.preview
+    return {
+        "kind": "preview",
+        "preview_id": p.preview_id,
+        "digest": p.digest,
+        "summary": _CONVERTER.unstructure(p.summary),
+        "created_at_ms": p.created_at_ms,
+        "project": record.project,
+        "experiment": record.experiment,
+        "coordinator": record.coordinator,
+        "file": str(path),
+    }
+
+
+def receipt_json(receipt: Receipt) -> dict[str, Any]:
+    data: dict[str, Any] = _CONVERTER.unstructure(receipt)
+    return {"kind": "receipt", **data}
+
+
+def _total_gpus(preview: Preview) -> int | None:
+    """resources.gpus of the resolved JobSpec, or None when it cannot be read."""
+    try:
+        gpus = json.loads(preview.resolved_jobspec_json)["resources"]["gpus"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return gpus if isinstance(gpus, int) else None
+
+
+def _gpu_shape(preview: Preview) -> str:
+    s = preview.summary
+    if s.members:
+        product = s.members * s.gpus_per_member
+        return f"{s.gpus_per_member} per member x {s.members} members = {product}"
+    total = _total_gpus(preview)
+    shown = "?" if total is None else str(total)
+    if s.gpus_per_member:
+        return f"{shown} in total, {s.gpus_per_member} per member"
+    return f"{shown} in total, split over members at placement"
+
+
 def preview_view(preview: Preview, experiment: str, project: str, saved: str) -> RenderableType:
     s = preview.summary
-    total = s.gpus_per_member * s.members
     rows = [
         ("Preview", preview.preview_id),
         ("Experiment", f"{experiment} (project {project})"),
         ("Fleet", f"{s.fleet or '-'} (backend {s.backend or '-'})"),
         ("Profile", s.profile or "-"),
         ("Series", s.series or "-"),
-        ("GPUs", f"{s.gpus_per_member} per member x {s.members} members = {total}"),
+        ("GPUs", _gpu_shape(preview)),
         ("Digest", preview.digest),
         ("Saved", saved),
     ]

@@ -222,6 +222,8 @@ def submit(
     """Preview EXPERIMENT (--preview), or preview and commit it (--yes); or --commit a preview.
 
     A preview creates no Job. Committing the same preview again returns the same receipt.
+    With --json, prints one JSON object per line: the preview ("kind": "preview"), then the
+    receipt ("kind": "receipt") once committed.
     """
     if commit_target is not None:
         shaping = (experiment, profile, members, init_from) != (None, None, None, None)
@@ -259,7 +261,9 @@ def submit(
         submissions.save(path, record)
         log.debug("preview saved preview_id=%s path=%s", preview.preview_id, path)
         saved = project.shown(path)
-        if not as_json:
+        if as_json:
+            click.echo(render.json_line(render.preview_json(record, path)))
+        else:
             out = render.console()
             out.print(render.preview_view(preview, experiment, project.name, saved))
         if yes:
@@ -267,11 +271,9 @@ def submit(
                 record = await _confirm(api, path, record)
             except ApiError as exc:
                 raise _with_retry_hint(exc, preview.preview_id) from None
-        if as_json:
-            click.echo(render.to_json({"file": str(path), "submission": record}))
-        elif record.receipt is not None:
-            _print_receipt(record.receipt)
-        else:
+        if record.receipt is not None:
+            _print_receipt(record.receipt, as_json)
+        elif not as_json:
             click.echo(f"Commit it with: tp submit --commit {preview.preview_id}")
 
     _run(endpoint, work)
@@ -298,7 +300,10 @@ def _with_retry_hint(exc: ApiError, preview_id: str) -> ApiError:
     return CoordinatorUnreachable(f"{exc}{hint}")
 
 
-def _print_receipt(receipt: Receipt) -> None:
+def _print_receipt(receipt: Receipt, as_json: bool) -> None:
+    if as_json:
+        click.echo(render.json_line(render.receipt_json(receipt)))
+        return
     click.echo(render.receipt_line(receipt))
     click.echo(f"Follow it with: tp job show {receipt.run_id}")
 
@@ -322,10 +327,8 @@ def _commit(options: Options, target: str, as_json: bool) -> None:
         return await _confirm(api, path, record)
 
     record = _run(endpoint, work)
-    if as_json:
-        click.echo(render.to_json({"file": str(path), "submission": record}))
-    elif record.receipt is not None:
-        _print_receipt(record.receipt)
+    if record.receipt is not None:
+        _print_receipt(record.receipt, as_json)
 
 
 # -- jobs ------------------------------------------------------------------------------------
@@ -353,7 +356,7 @@ def job_ls(
 
     jobs = _run(options.endpoint(), work)
     if as_json:
-        click.echo(render.to_json({"jobs": jobs}))
+        click.echo(render.to_json(jobs))
     elif not jobs:
         click.echo("No Jobs match.")
     else:
