@@ -1,0 +1,201 @@
+"""The researcher API (``tuneplane.v1.Api``): Preview, Commit, GetJob, ListJobs.
+
+Rules:
+- Every call is authenticated from ``authorization: Bearer <user token>`` before its request is
+  read; only user tokens work here (a Node credential is refused).
+- Preview stores an immutable preview and creates no Job; Commit is idempotent per retry key and
+  the store's UNIQUE constraint, not this process's memory, decides what "the same" means.
+- Handlers are registered through ``__mapping__`` so they can read the call's metadata; grpclib
+  cancels a handler when the client's deadline passes, and the store finishes or rolls back.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from grpclib import GRPCError
+from grpclib.const import Cardinality, Handler, Status
+
+from tuneplane.coordinator import jobspec
+from tuneplane.coordinator.admission import resolve
+from tuneplane.coordinator.auth import AuthError, Principal, bearer_token, hash_credential
+from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.config import CoordinatorConfig
+from tuneplane.coordinator.records import PreviewRecord
+from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.wire import grpc_errors, job_message
+from tuneplane.proto import v1
+
+log = logging.getLogger(__name__)
+
+MAX_RETRY_KEY = 200
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 1000
+
+
+async def user_principal(store: Store, stream: Any) -> Principal:
+    """The user a call's bearer token belongs to, or :class:`AuthError`."""
+    token = bearer_token(stream.metadata.items() if stream.metadata else ())
+    name = await store.user_for_token(hash_credential(token))
+    if name is None:
+        raise AuthError(
+            "this token is not a user token of this coordinator. Use the admin.token written by "
+            "`tuneplane-coordinator init`, or the token file named in your tp context."
+        )
+    return Principal("user", name)
+
+
+class ApiService:
+    """grpclib handlers for ``tuneplane.v1.Api``."""
+
+    def __init__(
+        self,
+        store: Store,
+        config: CoordinatorConfig,
+        catalogue: Catalogue,
+        on_admitted: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._config = config
+        self._catalogue = catalogue
+        self._on_admitted = on_admitted
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            "/tuneplane.v1.Api/Preview": Handler(
+                self._preview, Cardinality.UNARY_UNARY, v1.PreviewRequest, v1.PreviewReply
+            ),
+            "/tuneplane.v1.Api/Commit": Handler(
+                self._commit, Cardinality.UNARY_UNARY, v1.CommitRequest, v1.Receipt
+            ),
+            "/tuneplane.v1.Api/GetJob": Handler(
+                self._get_job, Cardinality.UNARY_UNARY, v1.GetJobRequest, v1.Job
+            ),
+            "/tuneplane.v1.Api/ListJobs": Handler(
+                self._list_jobs, Cardinality.UNARY_UNARY, v1.ListJobsRequest, v1.ListJobsReply
+            ),
+        }
+
+    async def _preview(self, stream: Any) -> None:
+        with grpc_errors():
+            principal = await user_principal(self._store, stream)
+            request: v1.PreviewRequest = await stream.recv_message()
+            spec = jobspec.loads(request.jobspec_json)
+            resolved = resolve(spec, self._config, self._catalogue)
+            fleets = await self._store.fleet_names()
+            if resolved.summary.fleet not in fleets:
+                raise jobspec.JobSpecError(
+                    "resources.profile",
+                    spec.resources.profile,
+                    f"places Jobs on the Fleet {resolved.summary.fleet!r}, which does not exist",
+                    "Ask the coordinator's operator to create it or fix the Profile.",
+                )
+            created = now_ms()
+            preview = PreviewRecord(
+                id="pv-" + secrets.token_hex(8),
+                digest=jobspec.digest(resolved.spec),
+                resolved_json=jobspec.canonical_json(resolved.spec),
+                summary=resolved.summary.as_dict(),
+                owner=principal.name,
+                created_at_ms=created,
+            )
+            await self._store.save_preview(preview)
+            log.info(
+                "preview stored preview_id=%s digest=%s owner=%s",
+                preview.id,
+                preview.digest,
+                principal.name,
+            )
+            s = resolved.summary
+            await stream.send_message(
+                v1.PreviewReply(
+                    preview_id=preview.id,
+                    digest=preview.digest,
+                    resolved_jobspec_json=preview.resolved_json,
+                    summary=v1.PreviewSummary(
+                        fleet=s.fleet,
+                        backend=s.backend,
+                        series=s.series,
+                        gpus_per_member=s.gpus_per_member,
+                        members=s.members,
+                        profile=s.profile,
+                    ),
+                    created_at_ms=created,
+                )
+            )
+
+    async def _commit(self, stream: Any) -> None:
+        with grpc_errors():
+            principal = await user_principal(self._store, stream)
+            request: v1.CommitRequest = await stream.recv_message()
+            for field, value in (
+                ("preview_id", request.preview_id),
+                ("digest", request.digest),
+                ("retry_key", request.retry_key),
+            ):
+                if not value:
+                    raise GRPCError(
+                        Status.INVALID_ARGUMENT,
+                        f"CommitRequest.{field} is empty. Send the {field} from the preview "
+                        "(tp does this for you).",
+                    )
+            if len(request.retry_key) > MAX_RETRY_KEY:
+                raise GRPCError(
+                    Status.INVALID_ARGUMENT,
+                    f"CommitRequest.retry_key is longer than {MAX_RETRY_KEY} characters. "
+                    "Use a shorter key.",
+                )
+            receipt = await self._store.commit(
+                request.preview_id,
+                request.digest,
+                request.retry_key,
+                principal.name,
+                "run-" + secrets.token_hex(6),
+                now_ms(),
+            )
+            if receipt.created:
+                log.info(
+                    "job admitted run_id=%s preview_id=%s owner=%s",
+                    receipt.run_id,
+                    receipt.preview_id,
+                    principal.name,
+                )
+                self._on_admitted()
+            await stream.send_message(
+                v1.Receipt(
+                    run_id=receipt.run_id,
+                    preview_id=receipt.preview_id,
+                    digest=receipt.digest,
+                    retry_key=receipt.retry_key,
+                    admitted_at_ms=receipt.admitted_at_ms,
+                    created=receipt.created,
+                )
+            )
+
+    async def _get_job(self, stream: Any) -> None:
+        with grpc_errors():
+            await user_principal(self._store, stream)
+            request: v1.GetJobRequest = await stream.recv_message()
+            if not request.run_id:
+                raise GRPCError(
+                    Status.INVALID_ARGUMENT, "GetJobRequest.run_id is empty. Name a run id."
+                )
+            job = await self._store.get_job(request.run_id)
+            await stream.send_message(job_message(job))
+
+    async def _list_jobs(self, stream: Any) -> None:
+        with grpc_errors():
+            principal = await user_principal(self._store, stream)
+            request: v1.ListJobsRequest = await stream.recv_message()
+            limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+            jobs = await self._store.list_jobs(
+                project=request.project,
+                state=request.state,
+                owner=principal.name if request.mine else "",
+                limit=limit,
+            )
+            await stream.send_message(v1.ListJobsReply(jobs=[job_message(j) for j in jobs]))

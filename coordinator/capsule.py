@@ -1,0 +1,69 @@
+"""The Job Capsule the coordinator seals for an attempt: ``capsule.json`` and ``bootstrap.sh``.
+
+Rules:
+- Pure: the same attempt gives the same bytes, so every member receives identical files and the
+  sha256 digests sent beside them (``capsule_digests``) let each Node verify what it wrote.
+- ``runner.pex`` is not sealed here; the Node supplies the runner it ships with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+from tuneplane.coordinator.jobspec import JobSpec, digest
+
+CAPSULE_JSON = "capsule.json"
+BOOTSTRAP_SH = "bootstrap.sh"
+
+BOOTSTRAP = """\
+#!/bin/sh
+# Job Capsule bootstrap, sealed by the TunePlane coordinator.
+# Runs the entrypoint recorded in capsule.json from the member's work directory; the runner sets
+# TUNEPLANE_OUT_DIR and the rendezvous variables before it calls this script.
+set -eu
+exec "$@"
+"""
+
+
+def entrypoint_for(spec: JobSpec) -> list[str]:
+    """The JobSpec's entrypoint with ``{parameter}`` placeholders filled from its parameters."""
+    values = {name: str(value) for name, value in spec.parameters.items()}
+    filled = []
+    for arg in spec.entrypoint:
+        try:
+            filled.append(arg.format_map(values))
+        except (KeyError, ValueError, IndexError):
+            filled.append(arg)
+    return filled
+
+
+def seal(
+    spec: JobSpec, launcher: str, run_id: str, attempt: int, member_count: int
+) -> dict[str, str]:
+    """The capsule files (name -> text) for one attempt of a Job; ``launcher`` is the recipe's."""
+    capsule = {
+        "run_id": run_id,
+        "attempt": attempt,
+        "member_count": member_count,
+        "jobspec_digest": digest(spec),
+        "method_id": spec.method_id,
+        "runtime_id": spec.runtime_id,
+        "entrypoint": entrypoint_for(spec),
+        "launcher": launcher,
+        "gpus_per_member": spec.resources.gpus_per_member,
+        "grace_period_s": spec.grace_period_s,
+    }
+    return {
+        CAPSULE_JSON: json.dumps(capsule, sort_keys=True, indent=2) + "\n",
+        BOOTSTRAP_SH: BOOTSTRAP,
+    }
+
+
+def digests(files: Mapping[str, str]) -> dict[str, str]:
+    """``name -> sha256:<hex>`` of each capsule file's UTF-8 bytes."""
+    return {
+        name: "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+        for name, text in files.items()
+    }

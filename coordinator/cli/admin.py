@@ -1,0 +1,213 @@
+"""``tuneplane-coordinator``: the commands the people who run a coordinator use.
+
+Rules: every failure is one sentence on stderr naming the file or option, what is wrong and how
+to fix it, with exit status 1 (2 for a malformed command line, as click does). Commands that touch
+the store open the same SQLite file a running ``serve`` uses (WAL, busy timeout), so they work
+while it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import click
+
+from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
+from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.config import ConfigError
+from tuneplane.coordinator.server import ServeError, ServeOptions, serve
+from tuneplane.coordinator.state_dir import StateDirError, initialise, require_initialised
+from tuneplane.coordinator.store import Store, StoreError, db_path
+from tuneplane.coordinator.tls import TlsError
+
+T = TypeVar("T")
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_FLEET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_ERRORS = (StateDirError, StoreError, ConfigError, TlsError, ServeError)
+
+state_dir_option = click.option(
+    "--state-dir",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="The coordinator's state directory.",
+)
+
+
+def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    try:
+        return anyio.run(fn, *args, backend="asyncio")
+    except _ERRORS as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def parse_ttl(text: str) -> int:
+    """``30s``, ``15m``, ``1h``, ``7d`` -> seconds."""
+    match = _DURATION.match(text.strip())
+    if not match or int(match.group(1)) == 0:
+        raise click.BadParameter(
+            f"{text!r} is not a duration. Write a whole number and a unit: 30s, 15m, 1h or 7d.",
+            param_hint="--ttl",
+        )
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log debug detail to stderr.")
+def main(verbose: bool) -> None:
+    """Run and administer a TunePlane coordinator."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("hpack").setLevel(logging.WARNING)
+
+
+@main.command()
+@state_dir_option
+@click.option("--san", multiple=True, help="Extra name or IP address for the server certificate.")
+def init(state_dir: Path, san: tuple[str, ...]) -> None:
+    """Create a state directory: dev CA, server certificate, admin token, store, config."""
+    state_dir = state_dir.absolute()
+    _run(initialise, state_dir, san)
+    click.echo(f"Initialised a coordinator in {state_dir}.")
+    click.echo(f"  CA certificate: {state_dir / 'tls' / 'ca.pem'}")
+    click.echo(f"  admin token:    {state_dir / 'admin.token'} (0600)")
+    click.echo(f"Start it with: tuneplane-coordinator serve --state-dir {state_dir}")
+
+
+@main.command(name="serve")
+@state_dir_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--api-port", default=0, show_default=True, help="API port (0: pick a free one).")
+@click.option("--control-port", default=0, show_default=True, help="Control gateway port.")
+@click.option("--telemetry-port", default=0, show_default=True, help="Telemetry gateway port.")
+@click.option(
+    "--heartbeat-interval",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0.05),
+    help="Seconds between a Node's heartbeats.",
+)
+@click.option(
+    "--heartbeat-timeout",
+    default=15.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds of silence after which a Node's control stream is closed.",
+)
+@click.option(
+    "--prepare-timeout",
+    default=120.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds every member has to be prepared before the launch is aborted.",
+)
+def serve_command(
+    state_dir: Path,
+    host: str,
+    api_port: int,
+    control_port: int,
+    telemetry_port: int,
+    heartbeat_interval: float,
+    heartbeat_timeout: float,
+    prepare_timeout: float,
+) -> None:
+    """Serve the API, control and telemetry listeners until SIGTERM or SIGINT."""
+    if heartbeat_timeout <= heartbeat_interval:
+        raise click.BadParameter(
+            f"--heartbeat-timeout ({heartbeat_timeout:g}) must be longer than "
+            f"--heartbeat-interval ({heartbeat_interval:g}), or every Node looks dead.",
+            param_hint="--heartbeat-timeout",
+        )
+    _run(
+        serve,
+        ServeOptions(
+            state_dir=state_dir,
+            host=host,
+            api_port=api_port,
+            control_port=control_port,
+            telemetry_port=telemetry_port,
+            heartbeat_interval_s=heartbeat_interval,
+            heartbeat_timeout_s=heartbeat_timeout,
+            prepare_timeout_s=prepare_timeout,
+        ),
+    )
+
+
+async def _with_store(state_dir: Path, work: Callable[[Store], Awaitable[T]]) -> T:
+    require_initialised(state_dir)
+    store = await Store.open(db_path(state_dir))
+    try:
+        return await work(store)
+    finally:
+        await store.close()
+
+
+@main.group()
+def token() -> None:
+    """Join tokens that let a Node enroll into a Fleet."""
+
+
+@token.command(name="create")
+@state_dir_option
+@click.option("--fleet", default="default", show_default=True, help="Fleet the Node joins.")
+@click.option("--ttl", default="1h", show_default=True, help="How long the token is valid.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the token.")
+def token_create(state_dir: Path, fleet: str, ttl: str, as_json: bool) -> None:
+    """Print a one-time join token (stored hashed, usable once, until it expires)."""
+    seconds = parse_ttl(ttl)
+    secret = new_credential(JOIN_PREFIX)
+    now = now_ms()
+    expires = now + seconds * 1000
+
+    async def work(store: Store) -> None:
+        await store.create_join_token(hash_credential(secret), fleet, now, expires)
+
+    _run(_with_store, state_dir, work)
+    if as_json:
+        click.echo(json.dumps({"token": secret, "fleet": fleet, "expires_at_ms": expires}))
+    else:
+        click.echo(secret)
+
+
+@main.group()
+def fleet() -> None:
+    """Fleets: named execution targets that Nodes enroll into."""
+
+
+@fleet.command(name="create")
+@click.argument("name")
+@state_dir_option
+@click.option(
+    "--kind",
+    default="node",
+    show_default=True,
+    type=click.Choice(["node"]),
+    help="Fleet kind (only node is supported by this backend).",
+)
+def fleet_create(name: str, state_dir: Path, kind: str) -> None:
+    """Create a Fleet called NAME."""
+    if not _FLEET_NAME.match(name):
+        raise click.BadParameter(
+            f"{name!r} is not a Fleet name: use 1-63 lowercase letters, digits, '.', '_' or '-'.",
+            param_hint="NAME",
+        )
+
+    async def work(store: Store) -> None:
+        await store.create_fleet(name, kind, now_ms())
+
+    _run(_with_store, state_dir, work)
+    click.echo(f"Created Fleet {name} (kind {kind}).")
+
+
+if __name__ == "__main__":
+    main()

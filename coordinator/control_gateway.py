@@ -1,0 +1,261 @@
+"""The node control gateway (``tuneplane.v1.Control``): Enroll and the Connect stream.
+
+Rules:
+- Enroll spends a single-use, unexpired join token and hands out a fresh Node id and a random
+  control credential (stored hashed). Connect is authenticated by that credential only.
+- On Connect the first message must be Hello; the coordinator answers Welcome and then acks every
+  Heartbeat and every MemberReport (a report is applied once, acked always).
+- Dead peers are found by silence, not TCP: nothing heard for ``heartbeat_timeout`` closes the
+  stream. Whatever ends a stream, the Node is recorded ``disconnected`` and its members
+  ``unknown`` (never failed) - unless a newer stream of the same Node already replaced it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import betterproto
+from grpclib import GRPCError
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import StreamTerminatedError
+
+from tuneplane.coordinator import wire
+from tuneplane.coordinator.auth import (
+    NODE_PREFIX,
+    AuthError,
+    PermissionDenied,
+    bearer_token,
+    hash_credential,
+    new_credential,
+)
+from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.records import AbortOrder, NodeRecord
+from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
+from tuneplane.coordinator.store import Store
+from tuneplane.proto import v1
+
+log = logging.getLogger(__name__)
+
+
+class ControlGateway:
+    """grpclib handlers for ``tuneplane.v1.Control``."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: SessionRegistry,
+        wake_scheduler: Callable[[], None],
+        heartbeat_interval_s: float,
+        heartbeat_timeout_s: float,
+    ) -> None:
+        self._store = store
+        self._registry = registry
+        self._wake = wake_scheduler
+        self._interval = heartbeat_interval_s
+        self._timeout = heartbeat_timeout_s
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            "/tuneplane.v1.Control/Enroll": Handler(
+                self._enroll, Cardinality.UNARY_UNARY, v1.EnrollRequest, v1.EnrollReply
+            ),
+            "/tuneplane.v1.Control/Connect": Handler(
+                self._connect, Cardinality.STREAM_STREAM, v1.NodeMessage, v1.CoordinatorMessage
+            ),
+        }
+
+    async def _enroll(self, stream: Any) -> None:
+        with wire.grpc_errors():
+            request: v1.EnrollRequest = await stream.recv_message()
+            if not request.join_token:
+                raise AuthError(
+                    "EnrollRequest.join_token is empty. Pass the join token from "
+                    "`tuneplane-coordinator token create` to `tuneplane-node enroll`."
+                )
+            node_id = "node-" + secrets.token_hex(8)
+            credential = new_credential(NODE_PREFIX)
+            inventory = wire.inventory(request.inventory, request.hostname)
+            fleet = await self._store.enroll(
+                hash_credential(request.join_token),
+                node_id,
+                inventory,
+                hash_credential(credential),
+                now_ms(),
+            )
+            log.info(
+                "node enrolled node=%s fleet=%s hostname=%s", node_id, fleet, inventory.hostname
+            )
+            await stream.send_message(
+                v1.EnrollReply(node_id=node_id, fleet=fleet, node_credential=credential)
+            )
+
+    async def _authenticate(self, stream: Any) -> NodeRecord:
+        token = bearer_token(stream.metadata.items() if stream.metadata else ())
+        node = await self._store.node_for_credential(hash_credential(token))
+        if node is None:
+            raise AuthError(
+                "this Node is not enrolled with this coordinator (its control credential is "
+                "unknown). Enroll it again with `tuneplane-node enroll` and a new join token."
+            )
+        return node
+
+    async def _hello(self, stream: Any, node: NodeRecord) -> v1.Hello:
+        with anyio.move_on_after(self._timeout):
+            first: v1.NodeMessage | None = await stream.recv_message()
+            if first is None:
+                raise GRPCError(
+                    Status.INVALID_ARGUMENT, "the Connect stream ended before its Hello."
+                )
+            kind, body = betterproto.which_one_of(first, "body")
+            if kind != "hello":
+                raise GRPCError(
+                    Status.FAILED_PRECONDITION,
+                    f"the first message on Connect must be Hello, not {kind or 'an empty message'}."
+                    " Upgrade the Node.",
+                )
+            assert isinstance(body, v1.Hello)
+            if body.node_id and body.node_id != node.id:
+                raise PermissionDenied(
+                    f"Hello names Node {body.node_id!r}, but the credential belongs to Node "
+                    f"{node.id!r}. Check the Node's state directory (node.json)."
+                )
+            return body
+        raise GRPCError(
+            Status.DEADLINE_EXCEEDED,
+            f"no Hello within {self._timeout:g} s of opening Connect. Send Hello first.",
+        )
+
+    async def _connect(self, stream: Any) -> None:
+        with wire.grpc_errors():
+            node = await self._authenticate(stream)
+            hello = await self._hello(stream, node)
+            session = NodeSession.create(node.id)
+            self._registry.attach(session)
+            log.info("control stream opened node=%s agent=%s", node.id, hello.agent_version)
+            try:
+                with session.scope:
+                    await self._run_session(stream, session, node, hello)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if self._registry.detach(session):
+                        await self._store.node_disconnected(
+                            node.id, now_ms(), session.close_reason or "the stream ended"
+                        )
+                    session.finished.set()
+                log.info(
+                    "control stream closed node=%s why=%s",
+                    node.id,
+                    session.close_reason or "the stream ended",
+                )
+            if session.close_reason:
+                raise GRPCError(Status.UNAVAILABLE, session.close_reason)
+
+    async def _run_session(
+        self, stream: Any, session: NodeSession, node: NodeRecord, hello: v1.Hello
+    ) -> None:
+        orders = await self._store.node_connected(
+            node.id,
+            wire.inventory(hello.inventory, node.hostname),
+            wire.held_members(hello),
+            now_ms(),
+        )
+        await stream.send_message(
+            v1.CoordinatorMessage(
+                welcome=v1.Welcome(
+                    heartbeat_interval_ms=int(self._interval * 1000),
+                    heartbeat_timeout_ms=int(self._timeout * 1000),
+                    server_time_ms=now_ms(),
+                )
+            )
+        )
+        self._registry.dispatch(orders)
+        self._wake()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._pump, stream, session)
+            why = await self._read(stream, session)
+            if why:
+                session.close_reason = why
+            tg.cancel_scope.cancel()
+
+    async def _pump(self, stream: Any, session: NodeSession) -> None:
+        async for message in session.inbox:
+            await stream.send_message(message)
+
+    async def _read(self, stream: Any, session: NodeSession) -> str:
+        """Handle messages until the stream ends; returns why it should close ("" if cleanly)."""
+        while True:
+            try:
+                with anyio.move_on_after(self._timeout) as waited:
+                    message: v1.NodeMessage | None = await stream.recv_message()
+            except StreamTerminatedError:
+                return "the Node reset the stream"
+            if waited.cancelled_caught:
+                log.warning(
+                    "node silent; closing its control stream node=%s timeout_s=%g",
+                    session.node_id,
+                    self._timeout,
+                )
+                return (
+                    f"the coordinator heard nothing from this Node for {self._timeout:g} s "
+                    "(heartbeat timeout); reconnect"
+                )
+            if message is None:
+                return ""
+            await self._handle(session, message)
+
+    async def _handle(self, session: NodeSession, message: v1.NodeMessage) -> None:
+        node_id = session.node_id
+        kind, body = betterproto.which_one_of(message, "body")
+        now = now_ms()
+        if isinstance(body, v1.Heartbeat):
+            changed = None
+            if betterproto.serialized_on_wire(body.inventory):
+                changed = wire.inventory(body.inventory)
+            await self._store.node_heartbeat(node_id, now, changed)
+            self._registry.send(
+                node_id, v1.CoordinatorMessage(heartbeat_ack=v1.HeartbeatAck(seq=body.seq))
+            )
+            if changed is not None:
+                self._wake()
+        elif isinstance(body, v1.MemberReport):
+            report = wire.report(body)
+            applied = await self._store.apply_report(node_id, report, now)
+            log.info(
+                "member report node=%s seq=%d run_id=%s member=%d state=%s applied=%s",
+                node_id,
+                report.report_seq,
+                report.member.run_id,
+                report.member.member_index,
+                report.state,
+                applied,
+            )
+            self._registry.send(
+                node_id,
+                v1.CoordinatorMessage(report_ack=v1.ReportAck(report_seq=body.report_seq)),
+            )
+            if applied:
+                self._wake()
+        elif isinstance(body, v1.PrepareReply):
+            rendezvous = body.rendezvous or v1.Rendezvous()
+            orders = await self._store.record_prepare_reply(
+                node_id,
+                wire.member_key(body.member),
+                body.ok,
+                body.reason,
+                rendezvous.master_addr,
+                rendezvous.master_port,
+                now,
+            )
+            self._registry.dispatch(orders)
+            if any(isinstance(o, AbortOrder) for o in orders):
+                self._wake()
+        elif isinstance(body, v1.DecisionQuery):
+            order = await self._store.decision_for(node_id, wire.member_key(body.member))
+            if order is not None:
+                self._registry.dispatch([order])
+        else:
+            log.warning("unexpected message on control stream node=%s kind=%s", node_id, kind)

@@ -1,0 +1,196 @@
+"""Domain values the store, the scheduler and the gateways pass to each other.
+
+Rules: frozen attrs values only; no betterproto type crosses this line (the gateways convert at
+the wire edge), so the store and the scheduler never import the generated protocol code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import cattrs
+
+_CONVERTER = cattrs.Converter(forbid_extra_keys=False)
+
+
+@attrs.frozen
+class GpuInfo:
+    index: int
+    series: str
+    healthy: bool
+    uuid: str = ""
+    name: str = ""
+    memory_bytes: int = 0
+    mig_enabled: bool = False
+    health_reason: str = ""
+
+
+@attrs.frozen
+class InventoryInfo:
+    hostname: str
+    gpus: tuple[GpuInfo, ...] = ()
+    gpu_source: str = "none"
+    cpu_count: int = 0
+    memory_bytes: int = 0
+    driver_version: str = ""
+    cuda_version: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(_CONVERTER.unstructure(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> InventoryInfo:
+        return _CONVERTER.structure(json.loads(text), cls)
+
+
+@attrs.frozen
+class NodeRecord:
+    id: str
+    fleet: str
+    hostname: str
+    connected: bool
+    last_report_seq: int
+
+
+@attrs.frozen
+class MemberKey:
+    run_id: str
+    attempt: int
+    member_index: int
+
+
+@attrs.frozen
+class HeldMember:
+    """A member a Node says it holds (from Hello), with its last journaled state."""
+
+    member: MemberKey
+    state: str
+
+
+@attrs.frozen
+class Report:
+    """One MemberReport as the control gateway hands it to the store."""
+
+    report_seq: int
+    member: MemberKey
+    state: str
+    at_ms: int
+    reason: str = ""
+    has_exit: bool = False
+    exit_code: int = 0
+    signal: int = 0
+    out_dir: str = ""
+
+
+@attrs.frozen
+class PrepareOrder:
+    node_id: str
+    member: MemberKey
+    jobspec_json: str
+    member_count: int
+    gpu_indexes: tuple[int, ...]
+    pick_rendezvous: bool
+    capsule_files: Mapping[str, str]
+
+
+@attrs.frozen
+class CommitOrder:
+    node_id: str
+    member: MemberKey
+    master_addr: str
+    master_port: int
+
+
+@attrs.frozen
+class AbortOrder:
+    node_id: str
+    member: MemberKey
+    reason: str
+
+
+Order = PrepareOrder | CommitOrder | AbortOrder
+
+
+@attrs.frozen
+class PreviewRecord:
+    id: str
+    digest: str
+    resolved_json: str
+    summary: Mapping[str, Any]
+    owner: str
+    created_at_ms: int
+
+
+@attrs.frozen
+class ReceiptRecord:
+    run_id: str
+    preview_id: str
+    digest: str
+    retry_key: str
+    admitted_at_ms: int
+    created: bool
+
+
+@attrs.frozen
+class StateChangeRecord:
+    state: str
+    at_ms: int
+    reason: str
+
+
+@attrs.frozen
+class MemberView:
+    index: int
+    node_id: str
+    state: str
+    has_exit: bool
+    exit_code: int
+    signal: int
+    out_dir: str
+    gpu_indexes: tuple[int, ...]
+    history: tuple[StateChangeRecord, ...]
+
+
+@attrs.frozen
+class AttemptView:
+    number: int
+    state: str
+    members: tuple[MemberView, ...]
+    master_addr: str
+    master_port: int
+    created_at_ms: int
+
+
+@attrs.frozen
+class JobView:
+    run_id: str
+    project: str
+    experiment: str
+    owner: str
+    state: str
+    fleet: str
+    profile: str
+    method_id: str
+    preview_id: str
+    digest: str
+    init_from: str
+    created_at_ms: int
+    history: tuple[StateChangeRecord, ...] = ()
+    attempts: tuple[AttemptView, ...] = ()
+
+
+@attrs.frozen
+class QueuedJob:
+    """What the scheduler needs to place a queued Job."""
+
+    run_id: str
+    fleet: str
+    series: str
+    gpus: int
+    members: int | None
+    gpus_per_member: int | None
+    resolved_json: str
+    digest: str

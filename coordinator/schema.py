@@ -1,0 +1,157 @@
+"""The coordinator store's schema, as numbered migrations applied in order.
+
+Rules:
+- A migration is never edited once released; a change is a new migration with the next number.
+  ``schema_version`` holds the version reached; each migration runs in its own transaction.
+- Plain SQL that PostgreSQL also accepts: no ``INSERT OR ...``, no SQLite-only types.
+- GPU over-commit is impossible by construction: a reservation's primary key is (node, GPU), and
+  a Job has at most one member per Node (UNIQUE on run, attempt, node).
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            """CREATE TABLE fleets (
+                name TEXT PRIMARY KEY,
+                kind TEXT NOT NULL CHECK (kind IN ('node', 'kubernetes', 'slurm')),
+                created_at_ms BIGINT NOT NULL
+            )""",
+            """CREATE TABLE users (
+                name TEXT PRIMARY KEY,
+                token_hash TEXT NOT NULL UNIQUE,
+                role TEXT NOT NULL,
+                created_at_ms BIGINT NOT NULL
+            )""",
+            """CREATE TABLE join_tokens (
+                token_hash TEXT PRIMARY KEY,
+                fleet TEXT NOT NULL REFERENCES fleets(name),
+                created_at_ms BIGINT NOT NULL,
+                expires_at_ms BIGINT NOT NULL,
+                used_at_ms BIGINT,
+                used_by_node TEXT
+            )""",
+            """CREATE TABLE nodes (
+                id TEXT PRIMARY KEY,
+                fleet TEXT NOT NULL REFERENCES fleets(name),
+                hostname TEXT NOT NULL,
+                inventory_json TEXT NOT NULL,
+                scheduling TEXT NOT NULL DEFAULT 'schedulable',
+                connected INTEGER NOT NULL DEFAULT 0,
+                last_heartbeat_ms BIGINT,
+                disconnected_since_ms BIGINT,
+                last_report_seq BIGINT NOT NULL DEFAULT 0,
+                credential_hash TEXT NOT NULL UNIQUE,
+                enrolled_at_ms BIGINT NOT NULL
+            )""",
+        ),
+    ),
+    (
+        2,
+        (
+            """CREATE TABLE previews (
+                id TEXT PRIMARY KEY,
+                digest TEXT NOT NULL,
+                resolved_json TEXT NOT NULL,
+                summary_json TEXT NOT NULL,
+                owner TEXT NOT NULL,
+                created_at_ms BIGINT NOT NULL
+            )""",
+            """CREATE TABLE jobs (
+                run_id TEXT PRIMARY KEY,
+                preview_id TEXT NOT NULL REFERENCES previews(id),
+                digest TEXT NOT NULL,
+                retry_key TEXT NOT NULL UNIQUE,
+                owner TEXT NOT NULL,
+                project TEXT NOT NULL,
+                experiment TEXT NOT NULL,
+                method_id TEXT NOT NULL,
+                profile TEXT NOT NULL,
+                fleet TEXT NOT NULL REFERENCES fleets(name),
+                series TEXT NOT NULL,
+                gpus INTEGER NOT NULL,
+                members_wanted INTEGER,
+                gpus_per_member INTEGER,
+                init_from TEXT,
+                state TEXT NOT NULL,
+                state_reason TEXT NOT NULL,
+                created_at_ms BIGINT NOT NULL,
+                updated_at_ms BIGINT NOT NULL
+            )""",
+            "CREATE INDEX jobs_by_fleet_state ON jobs (fleet, state, created_at_ms)",
+            """CREATE TABLE job_states (
+                id INTEGER PRIMARY KEY,
+                run_id TEXT NOT NULL REFERENCES jobs(run_id),
+                state TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                at_ms BIGINT NOT NULL
+            )""",
+            "CREATE INDEX job_states_by_run ON job_states (run_id, id)",
+            """CREATE TABLE attempts (
+                run_id TEXT NOT NULL REFERENCES jobs(run_id),
+                number INTEGER NOT NULL,
+                decision TEXT CHECK (decision IN ('commit', 'abort')),
+                decision_reason TEXT NOT NULL DEFAULT '',
+                decided_at_ms BIGINT,
+                prepare_deadline_ms BIGINT NOT NULL,
+                master_addr TEXT NOT NULL DEFAULT '',
+                master_port INTEGER NOT NULL DEFAULT 0,
+                capsule_json TEXT NOT NULL,
+                created_at_ms BIGINT NOT NULL,
+                PRIMARY KEY (run_id, number)
+            )""",
+            """CREATE TABLE members (
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                member_index INTEGER NOT NULL,
+                node_id TEXT NOT NULL REFERENCES nodes(id),
+                gpu_indexes_json TEXT NOT NULL,
+                state TEXT NOT NULL,
+                known_state TEXT NOT NULL,
+                prepared INTEGER NOT NULL DEFAULT 0,
+                has_exit INTEGER NOT NULL DEFAULT 0,
+                exit_code INTEGER NOT NULL DEFAULT 0,
+                signal INTEGER NOT NULL DEFAULT 0,
+                out_dir TEXT NOT NULL DEFAULT '',
+                updated_at_ms BIGINT NOT NULL,
+                PRIMARY KEY (run_id, attempt, member_index),
+                UNIQUE (run_id, attempt, node_id),
+                FOREIGN KEY (run_id, attempt) REFERENCES attempts(run_id, number)
+            )""",
+            "CREATE INDEX members_by_node ON members (node_id, state)",
+            """CREATE TABLE member_states (
+                id INTEGER PRIMARY KEY,
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                member_index INTEGER NOT NULL,
+                state TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                at_ms BIGINT NOT NULL
+            )""",
+            "CREATE INDEX member_states_by_member ON member_states (run_id, attempt, member_index)",
+            """CREATE TABLE reservations (
+                node_id TEXT NOT NULL REFERENCES nodes(id),
+                gpu_index INTEGER NOT NULL,
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                member_index INTEGER NOT NULL,
+                created_at_ms BIGINT NOT NULL,
+                PRIMARY KEY (node_id, gpu_index)
+            )""",
+            """CREATE TABLE decisions (
+                id INTEGER PRIMARY KEY,
+                at_ms BIGINT NOT NULL,
+                kind TEXT NOT NULL,
+                run_id TEXT,
+                attempt INTEGER,
+                member_index INTEGER,
+                node_id TEXT,
+                detail_json TEXT NOT NULL
+            )""",
+        ),
+    ),
+)
+
+LATEST_VERSION = MIGRATIONS[-1][0]

@@ -1,0 +1,181 @@
+"""``serve``: the coordinator process - three TLS listeners, the scheduler and the Node sessions.
+
+Rules:
+- One anyio task group owns everything long-lived: a task per listener, the scheduler, the signal
+  watcher. SIGTERM or SIGINT cancels the group; Node sessions are closed (and their Nodes recorded
+  disconnected) before the listeners stop and the store closes.
+- ``endpoints.json`` and ``tp-context.json`` appear only after all three listeners accept.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+from anyio.abc import TaskStatus
+from grpclib.server import Server
+
+from tuneplane.coordinator.api_service import ApiService
+from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.config import load_config
+from tuneplane.coordinator.control_gateway import ControlGateway
+from tuneplane.coordinator.scheduler import Scheduler
+from tuneplane.coordinator.sessions import SessionRegistry
+from tuneplane.coordinator.state_dir import Endpoints, publish, require_initialised, withdraw
+from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.telemetry_gateway import TelemetryGateway
+from tuneplane.coordinator.tls import TlsPaths, server_context
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ServeOptions:
+    state_dir: Path
+    host: str = "127.0.0.1"
+    api_port: int = 0
+    control_port: int = 0
+    telemetry_port: int = 0
+    heartbeat_interval_s: float = 5.0
+    heartbeat_timeout_s: float = 15.0
+    prepare_timeout_s: float = 120.0
+
+
+class ServeError(RuntimeError):
+    """``serve`` cannot start; ``str()`` says why and what to do."""
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound, listening socket; port 0 lets the kernel pick a free port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ServeError(
+            f"cannot listen on {host}:{port} ({exc.strerror}). Pick another port or stop the "
+            "process that holds it."
+        ) from None
+    sock.setblocking(False)
+    return sock
+
+
+def _address(host: str, port: int) -> str:
+    """The address clients dial: a wildcard bind is advertised as loopback."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]:{port}"
+    except ValueError:
+        pass
+    return f"{host}:{port}"
+
+
+async def _run_listener(
+    name: str,
+    handlers: list[Any],
+    host: str,
+    port: int,
+    ctx: ssl.SSLContext,
+    *,
+    task_status: TaskStatus[str],
+) -> None:
+    server = Server(handlers)
+    sock = _listen(host, port)
+    await server.start(sock=sock, ssl=ctx)
+    address = _address(host, sock.getsockname()[1])
+    log.info("listener started name=%s address=%s", name, address)
+    try:
+        task_status.started(address)
+        await anyio.sleep_forever()
+    finally:
+        with anyio.CancelScope(shield=True):
+            server.close()
+            await server.wait_closed()
+            log.info("listener stopped name=%s", name)
+
+
+async def _watch_signals(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("stop requested signal=%s", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+async def serve(opts: ServeOptions) -> None:
+    """Run the coordinator until SIGTERM/SIGINT (or until cancelled)."""
+    state_dir = opts.state_dir.absolute()
+    require_initialised(state_dir)
+    config = load_config(state_dir)
+    tls_paths = TlsPaths.under(state_dir)
+    ctx = server_context(tls_paths)
+    catalogue = Catalogue.bundled()
+    store = await Store.open(db_path(state_dir))
+    try:
+        await store.mark_all_disconnected(now_ms())
+        registry = SessionRegistry()
+        scheduler = Scheduler(store, registry, catalogue, opts.prepare_timeout_s)
+        api = ApiService(store, config, catalogue, scheduler.wake)
+        control = ControlGateway(
+            store,
+            registry,
+            scheduler.wake,
+            opts.heartbeat_interval_s,
+            opts.heartbeat_timeout_s,
+        )
+        telemetry = TelemetryGateway(store)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_signals, tg.cancel_scope)
+            try:
+                api_addr = await tg.start(
+                    _run_listener, "api", [api], opts.host, opts.api_port, ctx
+                )
+                control_addr = await tg.start(
+                    _run_listener, "control", [control], opts.host, opts.control_port, ctx
+                )
+                telemetry_addr = await tg.start(
+                    _run_listener, "telemetry", [telemetry], opts.host, opts.telemetry_port, ctx
+                )
+                tg.start_soon(scheduler.run)
+                publish(
+                    state_dir,
+                    Endpoints(
+                        api=api_addr,
+                        control=control_addr,
+                        telemetry=telemetry_addr,
+                        ca=str(tls_paths.ca_cert),
+                        pid=os.getpid(),
+                    ),
+                )
+                log.info(
+                    "coordinator ready api=%s control=%s telemetry=%s state_dir=%s",
+                    api_addr,
+                    control_addr,
+                    telemetry_addr,
+                    state_dir,
+                )
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await registry.close_all()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await store.close()
+            withdraw(state_dir, os.getpid())
+        log.info("coordinator stopped state_dir=%s", state_dir)

@@ -1,0 +1,1200 @@
+"""The coordinator store: every decision and its effects in one SQLite transaction.
+
+Rules:
+- One aiosqlite connection, WAL, ``synchronous=FULL``, ``busy_timeout``: a returned call is on
+  disk. The admin CLI opens the same file from another process while ``serve`` runs.
+- Each public method is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` under a lock, and runs *shielded*:
+  a caller's deadline may stop waiting for it, but never leaves half a transaction behind.
+- Every decision (admission, reservation, commit/abort, release, state change) appends a row to
+  ``decisions`` in the same transaction as its effects. Retried messages are applied once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+import anyio
+
+from tuneplane.coordinator import lifecycle as lc
+from tuneplane.coordinator.placement import NodeOffer, Placement
+from tuneplane.coordinator.records import (
+    AbortOrder,
+    AttemptView,
+    CommitOrder,
+    HeldMember,
+    InventoryInfo,
+    JobView,
+    MemberKey,
+    MemberView,
+    NodeRecord,
+    Order,
+    PrepareOrder,
+    PreviewRecord,
+    QueuedJob,
+    ReceiptRecord,
+    Report,
+    StateChangeRecord,
+)
+from tuneplane.coordinator.schema import LATEST_VERSION, MIGRATIONS
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "coordinator.db"
+BUSY_TIMEOUT_MS = 10_000
+T = TypeVar("T")
+
+
+async def _first(db: aiosqlite.Connection, sql: str, args: Sequence[Any] = ()) -> Any:
+    """The first row of a query, or None."""
+    rows = list(await db.execute_fetchall(sql, tuple(args)))
+    return rows[0] if rows else None
+
+
+class StoreError(Exception):
+    """Base of the store's typed errors; ``str()`` is a sentence for a person."""
+
+
+class NotFound(StoreError):
+    """The thing named does not exist (gRPC NOT_FOUND)."""
+
+
+class Conflict(StoreError):
+    """The request contradicts what is recorded (gRPC FAILED_PRECONDITION)."""
+
+
+class EnrollRefused(StoreError):
+    """The join token cannot enroll a Node (gRPC PERMISSION_DENIED)."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was written by a newer coordinator than this one."""
+
+
+class Store:
+    """The coordinator's durable state. Open with :meth:`open`; close with :meth:`close`."""
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._lock = anyio.Lock()
+        self._inflight: set[asyncio.Task[Any]] = set()
+
+    # ----- lifecycle of the store itself -------------------------------------------------------
+
+    @classmethod
+    async def open(cls, path: Path) -> Store:
+        """Open (creating if needed) the store at ``path`` and apply pending migrations."""
+        db = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=FULL")
+            await db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            await db.execute("PRAGMA foreign_keys=ON")
+            store = cls(db, path)
+            await store._migrate()
+        except BaseException:
+            await db.close()
+            raise
+        return store
+
+    async def close(self) -> None:
+        """Wait for shielded transactions still running, then close the connection."""
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        await self._db.close()
+
+    async def schema_version(self) -> int:
+        rows = await self._db.execute_fetchall("SELECT version FROM schema_version")
+        return int(next(iter(rows))[0])
+
+    async def _migrate(self) -> None:
+        await self._db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+        )
+        async with self._txn() as db:
+            rows = list(await db.execute_fetchall("SELECT version FROM schema_version"))
+            if not rows:
+                await db.execute("INSERT INTO schema_version (version) VALUES (0)")
+                current = 0
+            else:
+                current = int(rows[0][0])
+        if current > LATEST_VERSION:
+            raise SchemaTooNew(
+                f"the store {self.path} is at schema version {current}, newer than the "
+                f"{LATEST_VERSION} this coordinator understands. Run the newer coordinator."
+            )
+        for version, statements in MIGRATIONS:
+            if version <= current:
+                continue
+            async with self._txn() as db:
+                for sql in statements:
+                    await db.execute(sql)
+                await db.execute("UPDATE schema_version SET version = ?", (version,))
+            log.info("store migrated path=%s version=%d", self.path, version)
+
+    @asynccontextmanager
+    async def _txn(self) -> AsyncIterator[aiosqlite.Connection]:
+        async with self._lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            await self._db.execute("COMMIT")
+
+    async def _shielded(self, work: Awaitable[T]) -> T:
+        """Run ``work`` to completion even if the caller is cancelled (a deadline passed)."""
+
+        async def run() -> T:
+            return await work
+
+        task = asyncio.ensure_future(run())
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)
+
+    async def _log(
+        self,
+        db: aiosqlite.Connection,
+        now: int,
+        kind: str,
+        detail: dict[str, Any],
+        member: MemberKey | None = None,
+        run_id: str | None = None,
+        node_id: str | None = None,
+    ) -> None:
+        await db.execute(
+            "INSERT INTO decisions (at_ms, kind, run_id, attempt, member_index, node_id, "
+            "detail_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                now,
+                kind,
+                member.run_id if member else run_id,
+                member.attempt if member else None,
+                member.member_index if member else None,
+                node_id,
+                json.dumps(detail, sort_keys=True),
+            ),
+        )
+
+    # ----- fleets, users, join tokens ----------------------------------------------------------
+
+    async def bootstrap(self, admin_token_hash: str, now: int) -> None:
+        """Create the admin user and the Fleet ``default`` (kind ``node``). Run once by init."""
+
+        async def work() -> None:
+            async with self._txn() as db:
+                await db.execute(
+                    "INSERT INTO users (name, token_hash, role, created_at_ms) "
+                    "VALUES ('admin', ?, 'admin', ?)",
+                    (admin_token_hash, now),
+                )
+                await db.execute(
+                    "INSERT INTO fleets (name, kind, created_at_ms) VALUES ('default', 'node', ?)",
+                    (now,),
+                )
+                await self._log(db, now, "bootstrap", {"fleet": "default", "user": "admin"})
+
+        await self._shielded(work())
+
+    async def create_fleet(self, name: str, kind: str, now: int) -> None:
+        async def work() -> None:
+            async with self._txn() as db:
+                rows = await db.execute_fetchall("SELECT 1 FROM fleets WHERE name = ?", (name,))
+                if list(rows):
+                    raise Conflict(f"the Fleet {name!r} already exists. Pick another name.")
+                await db.execute(
+                    "INSERT INTO fleets (name, kind, created_at_ms) VALUES (?, ?, ?)",
+                    (name, kind, now),
+                )
+                await self._log(db, now, "fleet created", {"fleet": name, "kind": kind})
+
+        await self._shielded(work())
+
+    async def fleet_names(self) -> list[str]:
+        rows = await self._db.execute_fetchall("SELECT name FROM fleets ORDER BY name")
+        return [str(r[0]) for r in rows]
+
+    async def create_join_token(
+        self, token_hash: str, fleet: str, now: int, expires_at_ms: int
+    ) -> None:
+        async def work() -> None:
+            async with self._txn() as db:
+                rows = await db.execute_fetchall("SELECT 1 FROM fleets WHERE name = ?", (fleet,))
+                if not list(rows):
+                    raise NotFound(
+                        f"there is no Fleet {fleet!r}. Create it with "
+                        f"`tuneplane-coordinator fleet create {fleet}`."
+                    )
+                await db.execute(
+                    "INSERT INTO join_tokens (token_hash, fleet, created_at_ms, expires_at_ms) "
+                    "VALUES (?, ?, ?, ?)",
+                    (token_hash, fleet, now, expires_at_ms),
+                )
+                await self._log(
+                    db, now, "join token created", {"fleet": fleet, "expires_at_ms": expires_at_ms}
+                )
+
+        await self._shielded(work())
+
+    async def user_for_token(self, token_hash: str) -> str | None:
+        row = await _first(self._db, "SELECT name FROM users WHERE token_hash = ?", (token_hash,))
+        return None if row is None else str(row[0])
+
+    # ----- nodes -------------------------------------------------------------------------------
+
+    async def enroll(
+        self,
+        join_token_hash: str,
+        node_id: str,
+        inventory: InventoryInfo,
+        credential_hash: str,
+        now: int,
+    ) -> str:
+        """Spend a join token on a new Node; returns its Fleet. Raises :class:`EnrollRefused`."""
+
+        async def work() -> str:
+            async with self._txn() as db:
+                rows = list(
+                    await db.execute_fetchall(
+                        "SELECT fleet, expires_at_ms, used_at_ms FROM join_tokens "
+                        "WHERE token_hash = ?",
+                        (join_token_hash,),
+                    )
+                )
+                if not rows:
+                    raise EnrollRefused(
+                        "this join token is not known to the coordinator. Ask the coordinator's "
+                        "operator for a new one (`tuneplane-coordinator token create`)."
+                    )
+                fleet, expires, used = rows[0]
+                if used is not None:
+                    raise EnrollRefused(
+                        "this join token was already used to enroll a Node; a join token works "
+                        "once. Create a new one with `tuneplane-coordinator token create`."
+                    )
+                if int(expires) <= now:
+                    raise EnrollRefused(
+                        "this join token has expired. Create a new one with "
+                        "`tuneplane-coordinator token create --ttl <duration>`."
+                    )
+                await db.execute(
+                    "UPDATE join_tokens SET used_at_ms = ?, used_by_node = ? WHERE token_hash = ?",
+                    (now, node_id, join_token_hash),
+                )
+                await db.execute(
+                    "INSERT INTO nodes (id, fleet, hostname, inventory_json, credential_hash, "
+                    "enrolled_at_ms, disconnected_since_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        node_id,
+                        fleet,
+                        inventory.hostname,
+                        inventory.to_json(),
+                        credential_hash,
+                        now,
+                        now,
+                    ),
+                )
+                await self._log(
+                    db,
+                    now,
+                    "node enrolled",
+                    {"fleet": fleet, "hostname": inventory.hostname},
+                    node_id=node_id,
+                )
+                return str(fleet)
+
+        return await self._shielded(work())
+
+    async def node_for_credential(self, credential_hash: str) -> NodeRecord | None:
+        rows = list(
+            await self._db.execute_fetchall(
+                "SELECT id, fleet, hostname, connected, last_report_seq FROM nodes "
+                "WHERE credential_hash = ?",
+                (credential_hash,),
+            )
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return NodeRecord(str(r[0]), str(r[1]), str(r[2]), bool(r[3]), int(r[4]))
+
+    async def node(self, node_id: str) -> NodeRecord | None:
+        rows = list(
+            await self._db.execute_fetchall(
+                "SELECT id, fleet, hostname, connected, last_report_seq FROM nodes WHERE id = ?",
+                (node_id,),
+            )
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return NodeRecord(str(r[0]), str(r[1]), str(r[2]), bool(r[3]), int(r[4]))
+
+    async def mark_all_disconnected(self, now: int) -> None:
+        """At start-up no Node is connected yet, whatever the store said when it stopped."""
+
+        async def work() -> None:
+            async with self._txn() as db:
+                rows = await db.execute_fetchall("SELECT id FROM nodes WHERE connected = 1")
+                for (node_id,) in list(rows):
+                    await self._disconnect(db, str(node_id), now, "the coordinator restarted")
+
+        await self._shielded(work())
+
+    async def node_connected(
+        self, node_id: str, inventory: InventoryInfo, held: Sequence[HeldMember], now: int
+    ) -> list[Order]:
+        """Record a Hello: the Node is connected; unknown members get their real state back.
+
+        Returns the orders to (re)send: Prepare for members still waiting for one, and the
+        decision for members whose attempt is already decided.
+        """
+
+        async def work() -> list[Order]:
+            async with self._txn() as db:
+                await db.execute(
+                    "UPDATE nodes SET connected = 1, disconnected_since_ms = NULL, "
+                    "last_heartbeat_ms = ?, inventory_json = ?, hostname = ? WHERE id = ?",
+                    (now, inventory.to_json(), inventory.hostname, node_id),
+                )
+                await self._log(db, now, "node connected", {}, node_id=node_id)
+                held_states = {h.member: h.state for h in held}
+                rows = list(
+                    await db.execute_fetchall(
+                        "SELECT run_id, attempt, member_index, state, known_state FROM members "
+                        "WHERE node_id = ? AND state = 'unknown'",
+                        (node_id,),
+                    )
+                )
+                touched: set[str] = set()
+                for run_id, attempt, index, _state, known in rows:
+                    key = MemberKey(str(run_id), int(attempt), int(index))
+                    new_known = str(known)
+                    reported = held_states.get(key)
+                    if reported is not None and reported not in lc.TERMINAL_MEMBER_STATES:
+                        moved = lc.member_after_report(new_known, reported)
+                        new_known = moved or new_known
+                    await self._set_member_state(
+                        db, key, new_known, now, "its Node reconnected", known=new_known
+                    )
+                    touched.add(key.run_id)
+                for run_id in sorted(touched):
+                    await self._refresh_job(db, run_id, now)
+                return await self._orders_to_resend(db, node_id)
+
+        return await self._shielded(work())
+
+    async def node_heartbeat(self, node_id: str, now: int, inventory: InventoryInfo | None) -> None:
+        async def work() -> None:
+            async with self._txn() as db:
+                if inventory is None:
+                    await db.execute(
+                        "UPDATE nodes SET last_heartbeat_ms = ? WHERE id = ?", (now, node_id)
+                    )
+                else:
+                    await db.execute(
+                        "UPDATE nodes SET last_heartbeat_ms = ?, inventory_json = ? WHERE id = ?",
+                        (now, inventory.to_json(), node_id),
+                    )
+
+        await self._shielded(work())
+
+    async def node_disconnected(self, node_id: str, now: int, why: str) -> None:
+        """The Node's stream ended: it is ``disconnected`` and its live members ``unknown``."""
+
+        async def work() -> None:
+            async with self._txn() as db:
+                await self._disconnect(db, node_id, now, why)
+
+        await self._shielded(work())
+
+    async def _disconnect(self, db: aiosqlite.Connection, node_id: str, now: int, why: str) -> None:
+        await db.execute(
+            "UPDATE nodes SET connected = 0, disconnected_since_ms = ? WHERE id = ?",
+            (now, node_id),
+        )
+        await self._log(db, now, "node disconnected", {"why": why}, node_id=node_id)
+        terminal = tuple(sorted(lc.TERMINAL_MEMBER_STATES))
+        marks = ",".join("?" for _ in terminal)
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT run_id, attempt, member_index, known_state FROM members "
+                f"WHERE node_id = ? AND state <> 'unknown' AND known_state NOT IN ({marks})",
+                (node_id, *terminal),
+            )
+        )
+        touched: set[str] = set()
+        for run_id, attempt, index, known in rows:
+            key = MemberKey(str(run_id), int(attempt), int(index))
+            await self._set_member_state(
+                db, key, lc.M_UNKNOWN, now, f"its Node disconnected ({why})", known=str(known)
+            )
+            touched.add(key.run_id)
+        for run_id in sorted(touched):
+            await self._refresh_job(db, run_id, now)
+
+    # ----- previews and admission --------------------------------------------------------------
+
+    async def save_preview(self, preview: PreviewRecord) -> None:
+        async def work() -> None:
+            async with self._txn() as db:
+                await db.execute(
+                    "INSERT INTO previews (id, digest, resolved_json, summary_json, owner, "
+                    "created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        preview.id,
+                        preview.digest,
+                        preview.resolved_json,
+                        json.dumps(dict(preview.summary), sort_keys=True),
+                        preview.owner,
+                        preview.created_at_ms,
+                    ),
+                )
+
+        await self._shielded(work())
+
+    async def commit(
+        self, preview_id: str, digest: str, retry_key: str, owner: str, run_id: str, now: int
+    ) -> ReceiptRecord:
+        """Admit a preview as a Job, once per retry key (the UNIQUE constraint decides)."""
+
+        async def work() -> ReceiptRecord:
+            async with self._txn() as db:
+                earlier = await self._receipt_for_key(db, retry_key)
+                if earlier is not None:
+                    if (earlier.preview_id, earlier.digest) != (preview_id, digest):
+                        raise Conflict(
+                            f"the retry key {retry_key!r} already confirmed preview "
+                            f"{earlier.preview_id} (Job {earlier.run_id}); this confirmation "
+                            "names a different preview or digest. Use a new retry key."
+                        )
+                    return earlier
+                rows = list(
+                    await db.execute_fetchall(
+                        "SELECT digest, resolved_json, summary_json FROM previews WHERE id = ?",
+                        (preview_id,),
+                    )
+                )
+                if not rows:
+                    raise NotFound(
+                        f"there is no preview {preview_id!r}. Run `tp submit --preview` again."
+                    )
+                stored_digest, resolved_json, summary_json = rows[0]
+                if stored_digest != digest:
+                    raise Conflict(
+                        f"the digest {digest!r} does not match preview {preview_id} "
+                        f"({stored_digest}): the intent changed since it was previewed. "
+                        "Run `tp submit --preview` again and confirm the new preview."
+                    )
+                spec = json.loads(resolved_json)
+                summary = json.loads(summary_json)
+                res = spec["resources"]
+                await db.execute(
+                    "INSERT INTO jobs (run_id, preview_id, digest, retry_key, owner, project, "
+                    "experiment, method_id, profile, fleet, series, gpus, members_wanted, "
+                    "gpus_per_member, init_from, state, state_reason, created_at_ms, "
+                    "updated_at_ms) VALUES "
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        run_id,
+                        preview_id,
+                        digest,
+                        retry_key,
+                        owner,
+                        spec["project"],
+                        spec["experiment"],
+                        spec["method_id"],
+                        res["profile"],
+                        summary["fleet"],
+                        res["series"],
+                        res["gpus"],
+                        res.get("members"),
+                        res.get("gpus_per_member"),
+                        spec.get("init_from"),
+                        lc.QUEUED,
+                        "admitted; waiting for free GPUs",
+                        now,
+                        now,
+                    ),
+                )
+                await db.execute(
+                    "INSERT INTO job_states (run_id, state, reason, at_ms) VALUES (?, ?, ?, ?)",
+                    (run_id, lc.QUEUED, "admitted; waiting for free GPUs", now),
+                )
+                await self._log(
+                    db,
+                    now,
+                    "admission",
+                    {"preview_id": preview_id, "digest": digest, "owner": owner},
+                    run_id=run_id,
+                )
+                return ReceiptRecord(run_id, preview_id, digest, retry_key, now, created=True)
+
+        try:
+            return await self._shielded(work())
+        except sqlite3.IntegrityError:
+            # Another process admitted the same retry key between our read and our insert: the
+            # UNIQUE constraint refused ours, so the earlier receipt is the answer.
+            async with self._txn() as db:
+                earlier = await self._receipt_for_key(db, retry_key)
+            if earlier is None:
+                raise
+            return earlier
+
+    async def _receipt_for_key(
+        self, db: aiosqlite.Connection, retry_key: str
+    ) -> ReceiptRecord | None:
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT run_id, preview_id, digest, created_at_ms FROM jobs WHERE retry_key = ?",
+                (retry_key,),
+            )
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return ReceiptRecord(str(r[0]), str(r[1]), str(r[2]), retry_key, int(r[3]), created=False)
+
+    async def get_job(self, run_id: str) -> JobView:
+        rows = list(
+            await self._db.execute_fetchall(
+                "SELECT run_id FROM jobs WHERE run_id = ?",
+                (run_id,),
+            )
+        )
+        if not rows:
+            raise NotFound(f"there is no Job with run id {run_id!r}. Check it with `tp ls`.")
+        return (await self._job_views([run_id], full=True))[0]
+
+    async def list_jobs(
+        self, project: str = "", state: str = "", owner: str = "", limit: int = 100
+    ) -> list[JobView]:
+        clauses: list[str] = []
+        args: list[Any] = []
+        for column, value in (("project", project), ("state", state), ("owner", owner)):
+            if value:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = await self._db.execute_fetchall(
+            f"SELECT run_id FROM jobs {where} ORDER BY created_at_ms DESC, run_id LIMIT ?",
+            (*args, limit),
+        )
+        return await self._job_views([str(r[0]) for r in rows], full=False)
+
+    async def _job_views(self, run_ids: Sequence[str], full: bool) -> list[JobView]:
+        views = []
+        for run_id in run_ids:
+            r = await _first(
+                self._db,
+                "SELECT run_id, project, experiment, owner, state, fleet, profile, method_id, "
+                "preview_id, digest, init_from, created_at_ms FROM jobs WHERE run_id = ?",
+                (run_id,),
+            )
+            history: tuple[StateChangeRecord, ...] = ()
+            attempts: tuple[AttemptView, ...] = ()
+            if full:
+                history = await self._history(
+                    "SELECT state, at_ms, reason FROM job_states WHERE run_id = ? ORDER BY id",
+                    (run_id,),
+                )
+                attempts = await self._attempt_views(run_id)
+            views.append(
+                JobView(
+                    run_id=str(r[0]),
+                    project=str(r[1]),
+                    experiment=str(r[2]),
+                    owner=str(r[3]),
+                    state=str(r[4]),
+                    fleet=str(r[5]),
+                    profile=str(r[6]),
+                    method_id=str(r[7]),
+                    preview_id=str(r[8]),
+                    digest=str(r[9]),
+                    init_from=str(r[10] or ""),
+                    created_at_ms=int(r[11]),
+                    history=history,
+                    attempts=attempts,
+                )
+            )
+        return views
+
+    async def _history(self, sql: str, args: Iterable[Any]) -> tuple[StateChangeRecord, ...]:
+        rows = await self._db.execute_fetchall(sql, tuple(args))
+        return tuple(StateChangeRecord(str(s), int(t), str(why)) for s, t, why in rows)
+
+    async def _attempt_views(self, run_id: str) -> tuple[AttemptView, ...]:
+        attempts = []
+        rows = await self._db.execute_fetchall(
+            "SELECT number, decision, master_addr, master_port, created_at_ms FROM attempts "
+            "WHERE run_id = ? ORDER BY number",
+            (run_id,),
+        )
+        for number, decision, addr, port, created in rows:
+            members = []
+            mrows = await self._db.execute_fetchall(
+                "SELECT member_index, node_id, state, has_exit, exit_code, signal, out_dir, "
+                "gpu_indexes_json FROM members WHERE run_id = ? AND attempt = ? "
+                "ORDER BY member_index",
+                (run_id, number),
+            )
+            for idx, node_id, state, has_exit, code, sig, out_dir, gpus in mrows:
+                history = await self._history(
+                    "SELECT state, at_ms, reason FROM member_states WHERE run_id = ? AND "
+                    "attempt = ? AND member_index = ? ORDER BY id",
+                    (run_id, number, idx),
+                )
+                members.append(
+                    MemberView(
+                        index=int(idx),
+                        node_id=str(node_id),
+                        state=str(state),
+                        has_exit=bool(has_exit),
+                        exit_code=int(code),
+                        signal=int(sig),
+                        out_dir=str(out_dir),
+                        gpu_indexes=tuple(json.loads(gpus)),
+                        history=history,
+                    )
+                )
+            state = {None: "preparing", lc.COMMIT: "committed", lc.ABORT: "aborted"}[decision]
+            attempts.append(
+                AttemptView(int(number), state, tuple(members), str(addr), int(port), int(created))
+            )
+        return tuple(attempts)
+
+    # ----- scheduling: reservation, prepare, commit/abort --------------------------------------
+
+    async def queued_jobs(self) -> list[QueuedJob]:
+        rows = await self._db.execute_fetchall(
+            "SELECT j.run_id, j.fleet, j.series, j.gpus, j.members_wanted, j.gpus_per_member, "
+            "p.resolved_json, j.digest FROM jobs j JOIN previews p ON p.id = j.preview_id "
+            "WHERE j.state = ? ORDER BY j.created_at_ms, j.run_id",
+            (lc.QUEUED,),
+        )
+        return [
+            QueuedJob(
+                run_id=str(r[0]),
+                fleet=str(r[1]),
+                series=str(r[2]),
+                gpus=int(r[3]),
+                members=None if r[4] is None else int(r[4]),
+                gpus_per_member=None if r[5] is None else int(r[5]),
+                resolved_json=str(r[6]),
+                digest=str(r[7]),
+            )
+            for r in rows
+        ]
+
+    async def offers(self, fleet: str, series: str) -> list[NodeOffer]:
+        """Connected, schedulable Nodes of ``fleet`` and their free healthy GPUs of ``series``."""
+        nodes = await self._db.execute_fetchall(
+            "SELECT id, inventory_json FROM nodes WHERE fleet = ? AND connected = 1 "
+            "AND scheduling = 'schedulable' ORDER BY id",
+            (fleet,),
+        )
+        offers = []
+        for node_id, inventory_json in nodes:
+            inventory = InventoryInfo.from_json(str(inventory_json))
+            taken = {
+                int(r[0])
+                for r in await self._db.execute_fetchall(
+                    "SELECT gpu_index FROM reservations WHERE node_id = ?", (node_id,)
+                )
+            }
+            free = tuple(
+                g.index
+                for g in inventory.gpus
+                if g.healthy and g.series == series and g.index not in taken
+            )
+            offers.append(NodeOffer(str(node_id), free))
+        return offers
+
+    async def reserve_launch(
+        self,
+        job: QueuedJob,
+        placement: Placement,
+        seal_capsule: Callable[[int], dict[str, str]],
+        prepare_deadline_ms: int,
+        now: int,
+    ) -> list[PrepareOrder] | None:
+        """Write the launch reservation, the attempt and its members in one transaction.
+
+        ``seal_capsule(attempt number)`` returns the capsule files recorded with the attempt.
+
+        Returns the Prepare orders, or None when the Job is no longer queued or a GPU was taken
+        meanwhile (the primary key on reservations refused it; nothing was written).
+        """
+
+        async def work() -> list[PrepareOrder] | None:
+            async with self._txn() as db:
+                row = await _first(db, "SELECT state FROM jobs WHERE run_id = ?", (job.run_id,))
+                if row is None or row[0] != lc.QUEUED:
+                    return None
+                (last,) = await _first(
+                    db,
+                    "SELECT COALESCE(MAX(number), 0) FROM attempts WHERE run_id = ?",
+                    (job.run_id,),
+                )
+                number = int(last) + 1
+                capsule_files = seal_capsule(number)
+                await db.execute(
+                    "INSERT INTO attempts (run_id, number, prepare_deadline_ms, capsule_json, "
+                    "created_at_ms) VALUES (?, ?, ?, ?, ?)",
+                    (
+                        job.run_id,
+                        number,
+                        prepare_deadline_ms,
+                        json.dumps(capsule_files, sort_keys=True),
+                        now,
+                    ),
+                )
+                orders = []
+                count = len(placement.members)
+                for m in placement.members:
+                    key = MemberKey(job.run_id, number, m.index)
+                    await db.execute(
+                        "INSERT INTO members (run_id, attempt, member_index, node_id, "
+                        "gpu_indexes_json, state, known_state, updated_at_ms) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            job.run_id,
+                            number,
+                            m.index,
+                            m.node_id,
+                            json.dumps(list(m.gpu_indexes)),
+                            lc.M_RESERVED,
+                            lc.M_RESERVED,
+                            now,
+                        ),
+                    )
+                    await self._member_history(db, key, lc.M_RESERVED, "GPUs reserved", now)
+                    for gpu in m.gpu_indexes:
+                        await db.execute(
+                            "INSERT INTO reservations (node_id, gpu_index, run_id, attempt, "
+                            "member_index, created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                            (m.node_id, gpu, job.run_id, number, m.index, now),
+                        )
+                    orders.append(
+                        PrepareOrder(
+                            node_id=m.node_id,
+                            member=key,
+                            jobspec_json=job.resolved_json,
+                            member_count=count,
+                            gpu_indexes=m.gpu_indexes,
+                            pick_rendezvous=m.index == 0,
+                            capsule_files=capsule_files,
+                        )
+                    )
+                await self._log(
+                    db,
+                    now,
+                    "reservation",
+                    {
+                        "members": [
+                            {"index": m.index, "node": m.node_id, "gpus": list(m.gpu_indexes)}
+                            for m in placement.members
+                        ],
+                        "prepare_deadline_ms": prepare_deadline_ms,
+                    },
+                    run_id=job.run_id,
+                )
+                await self._refresh_job(db, job.run_id, now)
+                return orders
+
+        try:
+            return await self._shielded(work())
+        except sqlite3.IntegrityError as exc:
+            log.warning("reservation refused run_id=%s why=%s", job.run_id, exc)
+            return None
+
+    async def record_prepare_reply(
+        self,
+        node_id: str,
+        member: MemberKey,
+        ok: bool,
+        reason: str,
+        master_addr: str,
+        master_port: int,
+        now: int,
+    ) -> list[Order]:
+        """Apply a PrepareReply; returns the Commit or Abort orders it caused (maybe none).
+
+        A repeated reply for a decided attempt gets that decision again, for this member only.
+        """
+
+        async def work() -> list[Order]:
+            async with self._txn() as db:
+                row = await self._member_row(db, member)
+                if row is None or row["node_id"] != node_id:
+                    log.warning(
+                        "prepare reply for a member this Node does not hold node=%s run_id=%s "
+                        "attempt=%d member=%d",
+                        node_id,
+                        member.run_id,
+                        member.attempt,
+                        member.member_index,
+                    )
+                    return []
+                decision, decision_reason, addr, port = await self._decision(db, member)
+                if decision == lc.COMMIT:
+                    return [CommitOrder(node_id, member, addr, port)]
+                if decision == lc.ABORT:
+                    return [AbortOrder(node_id, member, decision_reason)]
+                if not ok:
+                    why = (
+                        f"member {member.member_index} on Node {node_id} refused Prepare: "
+                        f"{reason or 'no reason given'}"
+                    )
+                    return await self._abort_attempt(db, member.run_id, member.attempt, why, now)
+                await db.execute(
+                    "UPDATE members SET prepared = 1 WHERE run_id = ? AND attempt = ? "
+                    "AND member_index = ?",
+                    (member.run_id, member.attempt, member.member_index),
+                )
+                moved = lc.member_after_report(row["known_state"], lc.M_PREPARED)
+                if moved is not None:
+                    await self._set_member_state(
+                        db, member, moved, now, "prepared on its Node", known=moved
+                    )
+                if member.member_index == 0:
+                    addr = master_addr
+                    if not addr:
+                        # The Node left the address to us: its reported host name is the best bet.
+                        (hostname,) = await _first(
+                            db, "SELECT hostname FROM nodes WHERE id = ?", (node_id,)
+                        )
+                        addr = str(hostname)
+                    await db.execute(
+                        "UPDATE attempts SET master_addr = ?, master_port = ? "
+                        "WHERE run_id = ? AND number = ?",
+                        (addr, master_port, member.run_id, member.attempt),
+                    )
+                (waiting,) = await _first(
+                    db,
+                    "SELECT COUNT(*) FROM members WHERE run_id = ? AND attempt = ? "
+                    "AND prepared = 0",
+                    (member.run_id, member.attempt),
+                )
+                if waiting:
+                    return []
+                return await self._commit_attempt(db, member.run_id, member.attempt, now)
+
+        return await self._shielded(work())
+
+    async def _commit_attempt(
+        self, db: aiosqlite.Connection, run_id: str, attempt: int, now: int
+    ) -> list[Order]:
+        await db.execute(
+            "UPDATE attempts SET decision = ?, decision_reason = ?, decided_at_ms = ? "
+            "WHERE run_id = ? AND number = ?",
+            (lc.COMMIT, "every member is prepared", now, run_id, attempt),
+        )
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT master_addr, master_port FROM attempts WHERE run_id = ? AND number = ?",
+                (run_id, attempt),
+            )
+        )
+        addr, port = str(rows[0][0]), int(rows[0][1])
+        await self._log(
+            db,
+            now,
+            "commit",
+            {"attempt": attempt, "master_addr": addr, "master_port": port},
+            run_id=run_id,
+        )
+        await self._refresh_job(db, run_id, now)
+        members = await db.execute_fetchall(
+            "SELECT member_index, node_id FROM members WHERE run_id = ? AND attempt = ? "
+            "ORDER BY member_index",
+            (run_id, attempt),
+        )
+        return [
+            CommitOrder(str(node), MemberKey(run_id, attempt, int(idx)), addr, port)
+            for idx, node in members
+        ]
+
+    async def _abort_attempt(
+        self, db: aiosqlite.Connection, run_id: str, attempt: int, reason: str, now: int
+    ) -> list[Order]:
+        await db.execute(
+            "UPDATE attempts SET decision = ?, decision_reason = ?, decided_at_ms = ? "
+            "WHERE run_id = ? AND number = ?",
+            (lc.ABORT, reason, now, run_id, attempt),
+        )
+        await self._log(db, now, "abort", {"attempt": attempt, "reason": reason}, run_id=run_id)
+        members = list(
+            await db.execute_fetchall(
+                "SELECT member_index, node_id FROM members WHERE run_id = ? AND attempt = ? "
+                "ORDER BY member_index",
+                (run_id, attempt),
+            )
+        )
+        orders: list[Order] = []
+        for idx, node in members:
+            key = MemberKey(run_id, attempt, int(idx))
+            await self._set_member_state(db, key, lc.M_ABORTED, now, reason, known=lc.M_ABORTED)
+            await self._release(db, key, now, "the launch was aborted")
+            orders.append(AbortOrder(str(node), key, reason))
+        await self._refresh_job(db, run_id, now)
+        return orders
+
+    async def abort_expired_prepares(self, now: int) -> list[Order]:
+        """Abort every undecided attempt whose prepare deadline has passed."""
+
+        async def work() -> list[Order]:
+            async with self._txn() as db:
+                rows = list(
+                    await db.execute_fetchall(
+                        "SELECT run_id, number FROM attempts WHERE decision IS NULL "
+                        "AND prepare_deadline_ms <= ?",
+                        (now,),
+                    )
+                )
+                orders: list[Order] = []
+                for run_id, number in rows:
+                    missing = [
+                        str(r[0])
+                        for r in await db.execute_fetchall(
+                            "SELECT member_index FROM members WHERE run_id = ? AND attempt = ? "
+                            "AND prepared = 0 ORDER BY member_index",
+                            (run_id, number),
+                        )
+                    ]
+                    why = (
+                        f"member(s) {', '.join(missing)} were not prepared before the prepare "
+                        "deadline"
+                    )
+                    orders += await self._abort_attempt(db, str(run_id), int(number), why, now)
+                return orders
+
+        return await self._shielded(work())
+
+    async def decision_for(self, node_id: str, member: MemberKey) -> Order | None:
+        """The recorded decision for a member this Node holds; None while undecided.
+
+        A member the coordinator has no record of (or that is another Node's) gets Abort, so the
+        Node can release what it reserved.
+        """
+        row = await self._member_row(self._db, member)
+        if row is None or row["node_id"] != node_id:
+            return AbortOrder(
+                node_id, member, "the coordinator holds no record of this member on this Node"
+            )
+        decision, reason, addr, port = await self._decision(self._db, member)
+        if decision == lc.COMMIT:
+            return CommitOrder(node_id, member, addr, port)
+        if decision == lc.ABORT:
+            return AbortOrder(node_id, member, reason)
+        return None
+
+    async def _decision(
+        self, db: aiosqlite.Connection, member: MemberKey
+    ) -> tuple[str | None, str, str, int]:
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT decision, decision_reason, master_addr, master_port FROM attempts "
+                "WHERE run_id = ? AND number = ?",
+                (member.run_id, member.attempt),
+            )
+        )
+        d, reason, addr, port = rows[0]
+        return (None if d is None else str(d)), str(reason), str(addr), int(port)
+
+    async def _orders_to_resend(self, db: aiosqlite.Connection, node_id: str) -> list[Order]:
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT m.run_id, m.attempt, m.member_index, m.gpu_indexes_json, m.prepared, "
+                "m.known_state, a.decision, a.decision_reason, a.master_addr, a.master_port, "
+                "a.capsule_json, p.resolved_json, "
+                "(SELECT COUNT(*) FROM members o WHERE o.run_id = m.run_id "
+                " AND o.attempt = m.attempt) "
+                "FROM members m JOIN attempts a ON a.run_id = m.run_id AND a.number = m.attempt "
+                "JOIN jobs j ON j.run_id = m.run_id JOIN previews p ON p.id = j.preview_id "
+                "WHERE m.node_id = ? ORDER BY m.run_id, m.attempt, m.member_index",
+                (node_id,),
+            )
+        )
+        orders: list[Order] = []
+        for r in rows:
+            key = MemberKey(str(r[0]), int(r[1]), int(r[2]))
+            prepared, known, decision = bool(r[4]), str(r[5]), r[6]
+            if decision is None and not prepared:
+                orders.append(
+                    PrepareOrder(
+                        node_id=node_id,
+                        member=key,
+                        jobspec_json=str(r[11]),
+                        member_count=int(r[12]),
+                        gpu_indexes=tuple(json.loads(r[3])),
+                        pick_rendezvous=key.member_index == 0,
+                        capsule_files=json.loads(r[10]),
+                    )
+                )
+            elif decision == lc.COMMIT and known in (lc.M_RESERVED, lc.M_PREPARED):
+                orders.append(CommitOrder(node_id, key, str(r[8]), int(r[9])))
+        return orders
+
+    # ----- member reports ----------------------------------------------------------------------
+
+    async def apply_report(self, node_id: str, report: Report, now: int) -> bool:
+        """Apply a MemberReport at most once (by the Node's report_seq). True when applied."""
+
+        async def work() -> bool:
+            async with self._txn() as db:
+                rows = list(
+                    await db.execute_fetchall(
+                        "SELECT last_report_seq FROM nodes WHERE id = ?", (node_id,)
+                    )
+                )
+                if not rows or report.report_seq <= int(rows[0][0]):
+                    return False
+                await db.execute(
+                    "UPDATE nodes SET last_report_seq = ? WHERE id = ?",
+                    (report.report_seq, node_id),
+                )
+                key = report.member
+                row = await self._member_row(db, key)
+                if row is None or row["node_id"] != node_id:
+                    log.warning(
+                        "report for a member this Node does not hold node=%s run_id=%s "
+                        "attempt=%d member=%d seq=%d",
+                        node_id,
+                        key.run_id,
+                        key.attempt,
+                        key.member_index,
+                        report.report_seq,
+                    )
+                    return True
+                moved = lc.member_after_report(row["known_state"], report.state)
+                known = moved or row["known_state"]
+                why = report.reason or f"reported {report.state} by its Node"
+                if moved is not None or row["state"] == lc.M_UNKNOWN:
+                    await self._set_member_state(db, key, known, now, why, known=known)
+                if moved is not None and report.has_exit:
+                    await db.execute(
+                        "UPDATE members SET has_exit = 1, exit_code = ?, signal = ? "
+                        "WHERE run_id = ? AND attempt = ? AND member_index = ?",
+                        (
+                            report.exit_code,
+                            report.signal,
+                            key.run_id,
+                            key.attempt,
+                            key.member_index,
+                        ),
+                    )
+                if report.out_dir:
+                    await db.execute(
+                        "UPDATE members SET out_dir = ? WHERE run_id = ? AND attempt = ? "
+                        "AND member_index = ?",
+                        (report.out_dir, key.run_id, key.attempt, key.member_index),
+                    )
+                if moved in lc.TERMINAL_MEMBER_STATES:
+                    await self._release(db, key, now, f"the member {moved}")
+                await self._refresh_job(db, key.run_id, now)
+                return True
+
+        return await self._shielded(work())
+
+    # ----- helpers inside a transaction --------------------------------------------------------
+
+    async def _member_row(
+        self, db: aiosqlite.Connection, member: MemberKey
+    ) -> dict[str, str] | None:
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT node_id, state, known_state FROM members WHERE run_id = ? AND attempt = ? "
+                "AND member_index = ?",
+                (member.run_id, member.attempt, member.member_index),
+            )
+        )
+        if not rows:
+            return None
+        node_id, state, known = rows[0]
+        return {"node_id": str(node_id), "state": str(state), "known_state": str(known)}
+
+    async def _member_history(
+        self, db: aiosqlite.Connection, key: MemberKey, state: str, reason: str, now: int
+    ) -> None:
+        await db.execute(
+            "INSERT INTO member_states (run_id, attempt, member_index, state, reason, at_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (key.run_id, key.attempt, key.member_index, state, reason, now),
+        )
+
+    async def _set_member_state(
+        self,
+        db: aiosqlite.Connection,
+        key: MemberKey,
+        state: str,
+        now: int,
+        reason: str,
+        known: str,
+    ) -> None:
+        await db.execute(
+            "UPDATE members SET state = ?, known_state = ?, updated_at_ms = ? "
+            "WHERE run_id = ? AND attempt = ? AND member_index = ?",
+            (state, known, now, key.run_id, key.attempt, key.member_index),
+        )
+        await self._member_history(db, key, state, reason, now)
+
+    async def _release(self, db: aiosqlite.Connection, key: MemberKey, now: int, why: str) -> None:
+        cursor = await db.execute(
+            "DELETE FROM reservations WHERE run_id = ? AND attempt = ? AND member_index = ?",
+            (key.run_id, key.attempt, key.member_index),
+        )
+        if cursor.rowcount:
+            await self._log(db, now, "release", {"why": why, "gpus": cursor.rowcount}, member=key)
+
+    async def _refresh_job(self, db: aiosqlite.Connection, run_id: str, now: int) -> None:
+        """Derive the Job's state from its latest attempt; record a change with its reason."""
+        (current,) = await _first(db, "SELECT state FROM jobs WHERE run_id = ?", (run_id,))
+        attempt = list(
+            await db.execute_fetchall(
+                "SELECT number, decision, decision_reason FROM attempts WHERE run_id = ? "
+                "ORDER BY number DESC LIMIT 1",
+                (run_id,),
+            )
+        )
+        facts: list[lc.MemberFacts] = []
+        decision: str | None = None
+        decision_reason = ""
+        if attempt:
+            number, decision, decision_reason = attempt[0]
+            for idx, state, has_exit, code, sig in await db.execute_fetchall(
+                "SELECT member_index, state, has_exit, exit_code, signal FROM members "
+                "WHERE run_id = ? AND attempt = ? ORDER BY member_index",
+                (run_id, number),
+            ):
+                facts.append(lc.MemberFacts(int(idx), str(state), bool(has_exit), code, sig))
+        derived, reason = lc.derive_job_state(decision, str(decision_reason), facts)
+        new = lc.next_job_state(str(current), derived)
+        if new == current:
+            return
+        await db.execute(
+            "UPDATE jobs SET state = ?, state_reason = ?, updated_at_ms = ? WHERE run_id = ?",
+            (new, reason, now, run_id),
+        )
+        await db.execute(
+            "INSERT INTO job_states (run_id, state, reason, at_ms) VALUES (?, ?, ?, ?)",
+            (run_id, new, reason, now),
+        )
+        await self._log(
+            db, now, "state change", {"from": current, "to": new, "reason": reason}, run_id=run_id
+        )
+        log.info("job state run_id=%s from=%s to=%s reason=%s", run_id, current, new, reason)
+
+
+def db_path(state_dir: Path) -> Path:
+    return state_dir / DB_NAME
