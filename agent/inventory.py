@@ -109,12 +109,12 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _probe(fn: Callable[[], Any]) -> Any:
+def _probe(fn: Callable[..., Any], *args: Any) -> Any:
     """Call an NVML query that a card or driver may not support; ``None`` when it does not."""
     import pynvml
 
     try:
-        return fn()
+        return fn(*args)
     except pynvml.NVMLError:
         return None
 
@@ -126,13 +126,14 @@ def _health(handle: Any, xid_seen: dict[int, int], index: int) -> str:
     if index in xid_seen:
         return f"XID {xid_seen[index]} event reported by the driver"
     ecc = _probe(
-        lambda: pynvml.nvmlDeviceGetTotalEccErrors(
-            handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
-        )
+        pynvml.nvmlDeviceGetTotalEccErrors,
+        handle,
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
     )
     if ecc:
         return f"{ecc} uncorrected ECC errors since the driver loaded"
-    remapped = _probe(lambda: pynvml.nvmlDeviceGetRemappedRows(handle))
+    remapped = _probe(pynvml.nvmlDeviceGetRemappedRows, handle)
     if remapped is not None:
         _corr, _unc, pending, failure = remapped
         if failure:
@@ -162,7 +163,7 @@ class NvmlSource:
             except pynvml.NVMLError:
                 return
             xid = int(data.eventData)
-            uuid = _text(_probe(lambda d=data: pynvml.nvmlDeviceGetUUID(d.device)) or "")
+            uuid = _text(_probe(pynvml.nvmlDeviceGetUUID, data.device) or "")
             if xid in _XID_CRITICAL and uuid in self._uuid_index:
                 self._xid_seen[self._uuid_index[uuid]] = xid
                 log.warning("gpu xid event gpu=%d xid=%d", self._uuid_index[uuid], xid)
@@ -195,13 +196,14 @@ class NvmlSource:
             uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
             if uuid not in self._uuid_index and self._event_set is not None:
                 _probe(
-                    lambda h=handle: pynvml.nvmlDeviceRegisterEvents(
-                        h, pynvml.nvmlEventTypeXidCriticalError, self._event_set
-                    )
+                    pynvml.nvmlDeviceRegisterEvents,
+                    handle,
+                    pynvml.nvmlEventTypeXidCriticalError,
+                    self._event_set,
                 )
             self._uuid_index[uuid] = index
             name = _text(pynvml.nvmlDeviceGetName(handle))
-            mig = _probe(lambda h=handle: pynvml.nvmlDeviceGetMigMode(h))
+            mig = _probe(pynvml.nvmlDeviceGetMigMode, handle)
             reason = _health(handle, self._xid_seen, index)
             gpus.append(
                 Gpu(

@@ -37,6 +37,8 @@ class MemberEvent(enum.Enum):
     CANCEL_RECEIVED = "cancel-received"
     # The launch file is written and the runner is being started.
     SPAWN_REQUESTED = "spawn-requested"
+    # The member could not be launched (no plan, the runner refused); nothing of it started.
+    LAUNCH_FAILED = "launch-failed"
     # supervision observed the runner alive (pid and start time).
     RUNNER_STARTED = "runner-started"
     # supervision read the runner's durable exit record.
@@ -63,6 +65,7 @@ TRANSITIONS: Mapping[MemberState, Mapping[MemberEvent, MemberState]] = {
     },
     S.COMMITTED: {
         E.SPAWN_REQUESTED: S.STARTING,
+        E.LAUNCH_FAILED: S.ABORTED,
         E.CANCEL_RECEIVED: S.ABORTED,
     },
     S.STARTING: {
@@ -70,6 +73,7 @@ TRANSITIONS: Mapping[MemberState, Mapping[MemberEvent, MemberState]] = {
         # A workload that ends before the agent saw it running still has an exit record.
         E.EXIT_OBSERVED: S.EXITED,
         E.RUNNER_VANISHED: S.LOST,
+        E.LAUNCH_FAILED: S.ABORTED,
         E.CANCEL_RECEIVED: S.CANCELLING,
     },
     S.RUNNING: {

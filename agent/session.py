@@ -25,6 +25,20 @@ from tuneplane.agent.member_state import MemberState
 
 #: How long to wait for Welcome after Hello, before the coordinator has told us its timeouts.
 WELCOME_TIMEOUT_S = 10.0
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+def backoff_delay(failures: int, jitter: float) -> float:
+    """Seconds to wait before reconnect number ``failures`` (1, 2, ...).
+
+    0.5 s doubling to 30 s, scaled by ``jitter`` in [0, 1) into the upper half of that window so
+    a fleet that lost its coordinator together does not come back in lockstep.
+    """
+    if failures < 1:
+        return 0.0
+    ceiling = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * float(2 ** min(failures - 1, 16)))
+    return ceiling * (0.5 + jitter / 2)
 
 
 class Phase(enum.Enum):

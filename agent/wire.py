@@ -167,7 +167,8 @@ def _key(ref: v1.MemberRef) -> MemberKey:
 
 
 def _state(state: MemberState) -> v1.MemberState:
-    return v1.MemberState[f"MEMBER_STATE_{state.name}"]
+    wire_state: v1.MemberState = v1.MemberState[f"MEMBER_STATE_{state.name}"]
+    return wire_state
 
 
 def _rendezvous(r: v1.Rendezvous | None) -> m.Rendezvous | None:

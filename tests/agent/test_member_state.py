@@ -31,6 +31,8 @@ EXPECTED = {
     (S.PREPARED, E.CANCEL_RECEIVED): S.ABORTED,
     (S.COMMITTED, E.SPAWN_REQUESTED): S.STARTING,
     (S.COMMITTED, E.CANCEL_RECEIVED): S.ABORTED,
+    (S.COMMITTED, E.LAUNCH_FAILED): S.ABORTED,
+    (S.STARTING, E.LAUNCH_FAILED): S.ABORTED,
     (S.STARTING, E.RUNNER_STARTED): S.RUNNING,
     (S.STARTING, E.EXIT_OBSERVED): S.EXITED,
     (S.STARTING, E.RUNNER_VANISHED): S.LOST,
@@ -89,7 +91,9 @@ class Lifecycle(RuleBasedStateMachine):
         if m == "committed":
             if name == "spawn-requested":
                 return "starting"
-            return "aborted" if name == "cancel-received" else None
+            return "aborted" if name in ("cancel-received", "launch-failed") else None
+        if m == "starting" and name == "launch-failed":
+            return "aborted"
         if m in ("starting", "running", "cancelling"):
             if name == "exit-observed":
                 return "exited"

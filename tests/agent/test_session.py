@@ -17,6 +17,7 @@ from tuneplane.agent.session import (
     HeartbeatAcked,
     Send,
     SessionError,
+    backoff_delay,
 )
 
 INV = simulated_inventory("node-a", SimulatedGpus("h200", 2))
@@ -133,3 +134,11 @@ def test_zero_timings_get_floors_instead_of_a_busy_loop() -> None:
     s.start(0.0, INV, [])
     (connected,) = s.receive(0.0, m.Welcome(0, 0, 0))
     assert connected == Connected(0.05, 0.1)
+
+
+def test_backoff_doubles_from_half_a_second_to_thirty_with_jitter() -> None:
+    assert backoff_delay(0, 0.3) == 0.0
+    assert [backoff_delay(n, 0.999999) for n in (1, 2, 3)] == pytest.approx([0.5, 1.0, 2.0])
+    assert backoff_delay(1, 0.0) == 0.25
+    assert backoff_delay(50, 0.999999) == pytest.approx(30.0)
+    assert all(15.0 <= backoff_delay(50, j / 10) < 30.0 for j in range(10))

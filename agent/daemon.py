@@ -1,0 +1,331 @@
+"""The ``tuneplane-node run`` daemon: journal, replay, then the connect/reconnect loop.
+
+Rules:
+- One nursery owns every task: the command worker, the inventory and status loops, member
+  watchers and the control session. Cancelling it (SIGTERM/SIGINT) stops the agent and never
+  touches a member: runners live in their own sessions and the journal remembers them.
+- Effects from the session core run in order: journal, then network, then processes.
+- A journal that fails its integrity check puts the agent in SAFE MODE: it connects, refuses every
+  Prepare with the reason, touches no workload and says so in logs and the status file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from tuneplane.agent import messages as m
+from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.crashpoint import crashpoint
+from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource
+from tuneplane.agent.journal import Journal, JournalCorrupt, MemberKey, PendingReport
+from tuneplane.agent.member_state import MemberState
+from tuneplane.agent.members import MemberManager, now_ms
+from tuneplane.agent.prepare import node_address
+from tuneplane.agent.session import (
+    Close,
+    Connected,
+    ControlSession,
+    DropReport,
+    Effect,
+    HandleCommand,
+    HeartbeatAcked,
+    Phase,
+    Send,
+    backoff_delay,
+)
+from tuneplane.agent.state_dir import NodeConfig, StateDir, write_json_atomic
+from tuneplane.agent.wire import (
+    ControlStream,
+    Endpoint,
+    UnknownMessage,
+    WireError,
+    open_control_stream,
+)
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+INVENTORY_INTERVAL_S = 30.0
+STATUS_INTERVAL_S = 1.0
+COMMAND_QUEUE = 256
+
+
+class SessionClosed(Exception):
+    """The control session ended; the connect loop reconnects with backoff."""
+
+
+@attrs.define(eq=False)
+class Status:
+    """What ``tuneplane-node status`` shows; written atomically to status.json."""
+
+    pid: int
+    node_id: str
+    coordinator: str
+    started_at_ms: int
+    connected: bool = False
+    last_connected_ms: int | None = None
+    last_heartbeat_ack_ms: int | None = None
+    last_error: str = ""
+    reconnects: int = 0
+    safe_mode: bool = False
+    safe_mode_reason: str = ""
+    inventory: dict[str, Any] = attrs.field(factory=dict)
+
+
+def _inventory_summary(inv: Inventory) -> dict[str, Any]:
+    return {
+        "hostname": inv.hostname,
+        "gpu_source": inv.gpu_source,
+        "note": inv.note,
+        "driver_version": inv.driver_version,
+        "cuda_version": inv.cuda_version,
+        "cpu_count": inv.cpu_count,
+        "memory_bytes": inv.memory_bytes,
+        "gpus": [attrs.asdict(g) for g in inv.gpus],
+    }
+
+
+class Daemon:
+    def __init__(
+        self,
+        state: StateDir,
+        node: NodeConfig,
+        credential: str,
+        source: InventorySource,
+        out_root: Path,
+    ) -> None:
+        self.state = state
+        self.node = node
+        self.credential = credential
+        self.source = source
+        self.out_root = out_root
+        self.endpoint = Endpoint.parse(node.coordinator)
+        self.ca_path = Path(node.ca)
+        self.inventory = source.collect()
+        self.status = Status(os.getpid(), node.node_id, node.coordinator, now_ms())
+        self.status.inventory = _inventory_summary(self.inventory)
+        self.journal: Journal | None = None
+        self.manager: MemberManager | None = None
+        self._session: ControlSession | None = None
+        self._stream: ControlStream | None = None
+        self._wake = trio.Event()
+        self._welcomed = False
+        self._commands_send, self._commands_recv = trio.open_memory_channel[m.MemberCommand](
+            COMMAND_QUEUE
+        )
+
+    # --- main --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until cancelled. Members are left exactly as they are when it returns."""
+        async with open_aio_host():
+            try:
+                self.journal = await Journal.open(self.state.journal_path)
+            except JournalCorrupt as exc:
+                self.status.safe_mode = True
+                self.status.safe_mode_reason = (
+                    f"{exc} The agent is in SAFE MODE: it refuses new members and touches no "
+                    "running workload. Move the journal aside and run `tuneplane-node doctor`."
+                )
+                log.critical("safe mode reason=%s", self.status.safe_mode_reason)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._status_loop)
+                    if self.journal is not None:
+                        self.manager = MemberManager(
+                            self.journal, self.state.members_dir, self.out_root,
+                            lambda: self.inventory, self._node_address, self.publish, nursery,
+                        )  # fmt: skip
+                        await self.journal.node_event(now_ms(), "agent-started", pid=os.getpid())
+                        await self.manager.replay()
+                    nursery.start_soon(self._command_worker)
+                    nursery.start_soon(self._inventory_loop)
+                    await self._connect_loop()
+            finally:
+                with trio.CancelScope(shield=True):
+                    self.status.connected = False
+                    self._write_status()
+                    if self.journal is not None:
+                        await self.journal.node_event(now_ms(), "agent-stopped")
+                        await self.journal.close()
+                log.info("agent stopped node_id=%s", self.node.node_id)
+
+    def _node_address(self) -> str:
+        return node_address(self.endpoint.host, self.endpoint.port)
+
+    # --- background loops --------------------------------------------------------------------
+
+    async def _command_worker(self) -> None:
+        async for command in self._commands_recv:
+            if self.manager is None:
+                await self._refuse_in_safe_mode(command)
+                continue
+            await self.manager.handle(command)
+
+    async def _refuse_in_safe_mode(self, command: m.MemberCommand) -> None:
+        if isinstance(command, m.Prepare):
+            reason = (
+                "This Node's journal failed its integrity check (safe mode); it accepts no new "
+                "members until an operator repairs it."
+            )
+            await self.publish(m.PrepareReply(command.key, False, reason, None))
+        else:
+            log.warning("safe mode ignores command=%s member=%s", type(command).__name__,
+                        command.key)  # fmt: skip
+
+    async def _inventory_loop(self) -> None:
+        while True:
+            await trio.sleep(INVENTORY_INTERVAL_S)
+            try:
+                inventory = await trio.to_thread.run_sync(self.source.collect)
+            except InventoryError as exc:
+                log.error("inventory refresh failed reason=%s", exc)
+                continue
+            if inventory != self.inventory:
+                log.info("inventory changed gpus=%d source=%s", len(inventory.gpus),
+                         inventory.gpu_source)  # fmt: skip
+                self.inventory = inventory
+                self.status.inventory = _inventory_summary(inventory)
+
+    async def _status_loop(self) -> None:
+        while True:
+            self._write_status()
+            await trio.sleep(STATUS_INTERVAL_S)
+
+    def _write_status(self) -> None:
+        data = attrs.asdict(self.status)
+        data["updated_at_ms"] = now_ms()
+        write_json_atomic(self.state.status_path, data)
+
+    # --- connection --------------------------------------------------------------------------
+
+    async def _connect_loop(self) -> None:
+        failures = 0
+        while True:
+            self._welcomed = False
+            try:
+                async with open_control_stream(
+                    self.endpoint, self.ca_path, self.credential
+                ) as stream:
+                    await self._run_session(stream)
+            except (WireError, SessionClosed) as exc:
+                self.status.last_error = str(exc)
+                log.warning("control session ended coordinator=%s reason=%s", self.endpoint, exc)
+            finally:
+                self._session = None
+                self._stream = None
+                if self.status.connected:
+                    self.status.connected = False
+                    self._write_status()
+            # A session that got as far as Welcome starts the backoff over.
+            failures = 1 if self._welcomed else failures + 1
+            self.status.reconnects += 1
+            delay = backoff_delay(failures, random.random())
+            log.info("reconnecting coordinator=%s in_s=%.2f attempt=%d", self.endpoint, delay,
+                     failures)  # fmt: skip
+            await trio.sleep(delay)
+
+    async def _held(self) -> list[tuple[MemberKey, MemberState]]:
+        return await self.manager.held() if self.manager else []
+
+    async def _run_session(self, stream: ControlStream) -> None:
+        """Drive one session until it closes: raises SessionClosed or WireError, never returns."""
+        session = ControlSession(self.node.node_id, AGENT_VERSION)
+        self._session, self._stream = session, stream
+        await self._execute(session.start(trio.current_time(), self.inventory,
+                                          await self._held()))  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive_loop, session, stream)
+            while True:
+                with trio.move_on_at(session.next_deadline()):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                await self._execute(session.tick(trio.current_time(), now_ms(), self.inventory))
+
+    async def _receive_loop(self, session: ControlSession, stream: ControlStream) -> None:
+        while True:
+            try:
+                message = await stream.receive()
+            except UnknownMessage as exc:
+                log.warning("coordinator message skipped reason=%s", exc)
+                continue
+            if message is None:
+                await self._execute(session.stream_ended())
+                return
+            pending: list[PendingReport] = []
+            undecided: list[MemberKey] = []
+            welcome = isinstance(message, m.Welcome) and session.phase is Phase.HELLO_SENT
+            if welcome and self.journal is not None and self.manager is not None:
+                pending = await self.journal.pending_reports()
+                undecided = await self.manager.undecided()
+            await self._execute(session.receive(trio.current_time(), message, pending, undecided))
+            # The deadline may have moved (Welcome sets the heartbeat timing).
+            self._wake.set()
+
+    async def _execute(self, effects: list[Effect]) -> None:
+        """Carry out session effects in order; Close raises :class:`SessionClosed`."""
+        for effect in effects:
+            if isinstance(effect, Send):
+                assert self._stream is not None
+                await self._stream.send(effect.message)
+                if isinstance(effect.message, m.Report):
+                    crashpoint("after-report-sent")
+            elif isinstance(effect, DropReport):
+                if self.journal is not None:
+                    await self.journal.ack_report(effect.report_seq)
+            elif isinstance(effect, HandleCommand):
+                await self._commands_send.send(effect.command)
+            elif isinstance(effect, Connected):
+                self._welcomed = True
+                self.status.connected = True
+                self.status.last_connected_ms = now_ms()
+                self.status.last_error = ""
+                self._write_status()
+                log.info("connected coordinator=%s heartbeat_interval_s=%.2f timeout_s=%.2f",
+                         self.endpoint, effect.heartbeat_interval_s,
+                         effect.heartbeat_timeout_s)  # fmt: skip
+            elif isinstance(effect, HeartbeatAcked):
+                self.status.last_heartbeat_ack_ms = now_ms()
+            elif isinstance(effect, Close):
+                raise SessionClosed(effect.reason)
+
+    async def publish(self, message: m.Outgoing) -> None:
+        """Send a manager's reply or report now if a session is open, else drop it.
+
+        Nothing is lost by dropping: reports stay in the journal until acknowledged and are
+        replayed after the next Welcome; the coordinator repeats an unanswered Prepare.
+        """
+        session, stream = self._session, self._stream
+        if session is None or stream is None:
+            return
+        try:
+            for effect in session.outgoing(message):
+                await self._execute([effect])
+        except WireError as exc:
+            # The receive loop sees the same broken stream and closes the session.
+            log.warning("send failed message=%s reason=%s", type(message).__name__, exc)
+
+
+async def run_daemon(daemon: Daemon) -> None:
+    """Run ``daemon`` until SIGTERM or SIGINT, then stop cleanly without touching members."""
+    async with trio.open_nursery() as nursery:
+
+        async def on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("stopping on signal signal=%s; members keep running",
+                             signal.Signals(signum).name)  # fmt: skip
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(on_signal)
+        await daemon.run()
+        nursery.cancel_scope.cancel()

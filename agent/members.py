@@ -1,0 +1,429 @@
+"""The member manager: Prepare, Commit, Abort, Cancel and exits, executed journal-first.
+
+Rules:
+- Every change is journaled (and committed) before it is acted on or answered: the journal
+  transition first, then the message to the coordinator, then the process.
+- Every command is idempotent: a repeat for a member in a later state gets the answer the journal
+  already holds and never starts anything twice (the runner's launch claim is the last guard).
+- A lost connection changes nothing here; only the coordinator's decisions and the runner's
+  durable files move a member. Watchers are owned by the daemon's nursery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+
+from tuneplane.agent import messages as m
+from tuneplane.agent import supervision
+from tuneplane.agent.crashpoint import crashpoint
+from tuneplane.agent.inventory import Inventory
+from tuneplane.agent.journal import (
+    Exit,
+    GpuAlreadyOwned,
+    Journal,
+    MemberKey,
+    MemberRecord,
+    NewMember,
+    PendingReport,
+)
+from tuneplane.agent.launch_plan import LaunchPlanError, plan_processes
+from tuneplane.agent.member_state import COMMITTED_OR_LATER, TERMINAL, MemberEvent, MemberState
+from tuneplane.agent.prepare import (
+    JOBSPEC_FILE,
+    WORK_DIR,
+    PrepareRefused,
+    check_gpus,
+    materialise,
+    pick_port,
+)
+from tuneplane.coordinator import jobspec
+from tuneplane.coordinator.catalogue import Catalogue
+
+log = logging.getLogger(__name__)
+
+E = MemberEvent
+S = MemberState
+WATCH_INTERVAL_S = 0.25
+# Agent environment passed to workloads; nothing else of the agent's environment leaks in.
+PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME")
+
+Publish = Callable[[m.Outgoing], Awaitable[None]]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def out_dir_for(out_root: Path, key: MemberKey) -> Path:
+    """``$TUNEPLANE_OUT_DIR`` of a member: ``<out root>/<run id>/attempt-<n>/member-<i>``."""
+    return out_root / key.run_id / f"attempt-{key.attempt}" / f"member-{key.member_index}"
+
+
+class LaunchFailed(Exception):
+    """The member cannot be launched; ``str()`` is journaled as the reason it was aborted."""
+
+
+class MemberManager:
+    """Executes member commands against the journal and supervision.
+
+    ``publish`` sends a message if a session is open (and drops it otherwise: reports are
+    replayed from the journal after the next Welcome, and the coordinator repeats Prepare).
+    """
+
+    def __init__(
+        self,
+        journal: Journal,
+        members_dir: Path,
+        out_root: Path,
+        inventory: Callable[[], Inventory],
+        node_address: Callable[[], str],
+        publish: Publish,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.journal = journal
+        self.members_dir = members_dir
+        self.out_root = out_root
+        self._inventory = inventory
+        self._node_address = node_address
+        self._publish = publish
+        self._nursery = nursery
+        self._watched: set[MemberKey] = set()
+        self._catalogue = Catalogue.bundled()
+
+    # --- commands ----------------------------------------------------------------------------
+
+    async def handle(self, command: m.MemberCommand) -> None:
+        """Carry out one coordinator command (callers run them one at a time, in order)."""
+        if isinstance(command, m.Prepare):
+            await self.prepare(command)
+        elif isinstance(command, m.Commit):
+            await self.commit(command)
+        elif isinstance(command, m.Abort):
+            await self.abort(command)
+        else:
+            await self.cancel(command)
+
+    async def _report(self, report: PendingReport | None) -> None:
+        if report is not None:
+            await self._publish(m.Report(report))
+
+    @staticmethod
+    def prepare_answer(record: MemberRecord) -> m.PrepareReply:
+        """The reply a repeated Prepare gets: what the journal says happened the first time."""
+        rendezvous = (
+            m.Rendezvous(record.master_addr, record.master_port) if record.master_port else None
+        )
+        if record.state is S.PREPARED or record.state in COMMITTED_OR_LATER:
+            return m.PrepareReply(record.key, True, "", rendezvous)
+        reason = record.reason or f"the member is {record.state.value} on this Node"
+        return m.PrepareReply(record.key, False, reason, None)
+
+    async def prepare(self, cmd: m.Prepare) -> None:
+        key = cmd.key
+        existing = await self.journal.member(key)
+        if existing is not None:
+            log.info("prepare repeated run_id=%s member=%s state=%s", key.run_id, key,
+                     existing.state.value)  # fmt: skip
+            await self._publish(self.prepare_answer(existing))
+            return
+        spec: jobspec.JobSpec | None = None
+        spec_error = ""
+        try:
+            spec = jobspec.loads(cmd.jobspec_json)
+        except jobspec.JobSpecError as exc:
+            spec_error = f"The JobSpec cannot be read: {exc}"
+        member_dir = self.members_dir / str(key)
+        await self.journal.create_member(
+            NewMember(
+                key=key,
+                member_count=cmd.member_count,
+                gpu_indexes=cmd.gpu_indexes,
+                member_dir=str(member_dir),
+                out_dir=str(out_dir_for(self.out_root, key)),
+                grace_period_s=spec.grace_period_s if spec else 30,
+            ),
+            now_ms(),
+        )
+        rendezvous: m.Rendezvous | None = None
+        try:
+            if spec is None:
+                raise PrepareRefused(spec_error)
+            check_gpus(key, cmd.gpu_indexes, self._inventory(), await self.journal.gpu_owners())
+            await trio.to_thread.run_sync(
+                materialise, member_dir, cmd.jobspec_json, cmd.capsule_files,
+                cmd.capsule_digests, spec.source_files,
+            )  # fmt: skip
+            if cmd.pick_rendezvous:
+                address = self._node_address()
+                rendezvous = m.Rendezvous(address, pick_port(address))
+            await self.journal.transition(
+                key, E.PREPARE_SUCCEEDED, now_ms(),
+                rendezvous=(rendezvous.master_addr, rendezvous.master_port) if rendezvous else None,
+                details={"gpu_indexes": list(cmd.gpu_indexes)},
+            )  # fmt: skip
+        except (PrepareRefused, GpuAlreadyOwned, OSError) as exc:
+            reason = str(exc)
+            log.warning("prepare refused run_id=%s member=%s reason=%s", key.run_id, key, reason)
+            _, report = await self.journal.transition(
+                key, E.PREPARE_FAILED, now_ms(), reason=reason
+            )
+            await self._publish(m.PrepareReply(key, False, reason, None))
+            await self._report(report)
+            return
+        log.info("member prepared run_id=%s member=%s gpus=%s", key.run_id, key,
+                 list(cmd.gpu_indexes))  # fmt: skip
+        crashpoint("after-prepare-journaled")
+        await self._publish(m.PrepareReply(key, True, "", rendezvous))
+
+    async def commit(self, cmd: m.Commit) -> None:
+        key = cmd.key
+        record = await self.journal.member(key)
+        if record is None:
+            log.error("commit for a member this Node never prepared member=%s", key)
+            return
+        if record.state is S.PREPARED:
+            rendezvous = None
+            if cmd.rendezvous is not None:
+                rendezvous = (cmd.rendezvous.master_addr, cmd.rendezvous.master_port)
+            record, report = await self.journal.transition(
+                key, E.COMMIT_RECEIVED, now_ms(), rendezvous=rendezvous
+            )
+            await self._report(report)
+            crashpoint("after-commit-journaled")
+        if record.state in (S.COMMITTED, S.STARTING):
+            await self.launch(record)
+        elif record.state is S.ABORTED:
+            log.error("commit for an aborted member ignored member=%s reason=%s", key,
+                      record.reason)  # fmt: skip
+        else:
+            log.info("commit repeated member=%s state=%s", key, record.state.value)
+
+    async def abort(self, cmd: m.Abort) -> None:
+        key = cmd.key
+        record = await self.journal.member(key)
+        if record is None:
+            log.info("abort for a member this Node never prepared member=%s", key)
+            return
+        if record.state in (S.PREPARING, S.PREPARED):
+            _, report = await self.journal.transition(
+                key, E.ABORT_RECEIVED, now_ms(), reason=cmd.reason or "the coordinator aborted"
+            )
+            log.info("member aborted member=%s reason=%s", key, cmd.reason)
+            await self._report(report)
+        elif record.state in COMMITTED_OR_LATER:
+            log.error("abort after commit ignored member=%s state=%s", key, record.state.value)
+
+    async def cancel(self, cmd: m.Cancel) -> None:
+        key = cmd.key
+        record = await self.journal.member(key)
+        if record is None:
+            log.info("cancel for a member this Node never prepared member=%s", key)
+            return
+        reason = cmd.reason or "cancelled"
+        if record.state in (S.PREPARED, S.COMMITTED):
+            _, report = await self.journal.transition(
+                key, E.CANCEL_RECEIVED, now_ms(), reason=reason
+            )
+            await self._report(report)
+        elif record.state in (S.STARTING, S.RUNNING):
+            record, report = await self.journal.transition(
+                key, E.CANCEL_RECEIVED, now_ms(), reason=reason,
+                details={"grace_period_s": cmd.grace_period_s or record.grace_period_s},
+            )  # fmt: skip
+            await self._report(report)
+            self._stop(record, cmd.grace_period_s or record.grace_period_s)
+
+    def _stop(self, record: MemberRecord, grace_period_s: int) -> None:
+        log.info("member cancelling member=%s grace_s=%d", record.key, grace_period_s)
+        self._nursery.start_soon(supervision.cancel, Path(record.member_dir), grace_period_s)
+        self._watch(record.key)
+
+    # --- launch ------------------------------------------------------------------------------
+
+    def _plan(self, record: MemberRecord) -> supervision.MemberLaunch:
+        member_dir = Path(record.member_dir)
+        try:
+            spec = jobspec.loads((member_dir / JOBSPEC_FILE).read_text())
+        except (OSError, jobspec.JobSpecError) as exc:
+            raise LaunchFailed(f"The member's JobSpec cannot be read: {exc}") from None
+        recipe = self._catalogue.get(spec.method_id)
+        if recipe is None:
+            raise LaunchFailed(
+                f"Method id {spec.method_id} is not in this Node's Catalogue; upgrade the agent."
+            )
+        inventory = self._inventory()
+        uuids = []
+        for index in record.gpu_indexes:
+            gpu = inventory.gpu(index)
+            if gpu is None:
+                raise LaunchFailed(f"GPU {index} is no longer present on this Node.")
+            uuids.append(gpu.uuid)
+        addr, port = record.master_addr, record.master_port
+        if not port:
+            if record.member_count != 1:
+                raise LaunchFailed("The Commit carried no rendezvous for a multi-member attempt.")
+            addr = addr or "127.0.0.1"
+            port = pick_port(addr)
+        out_dir = Path(record.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        key = record.key
+        base_env = {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
+        base_env.update(spec.env)
+        base_env.update(
+            TUNEPLANE_RUN_ID=key.run_id,
+            TUNEPLANE_ATTEMPT=str(key.attempt),
+            TUNEPLANE_MEMBER_INDEX=str(key.member_index),
+            TUNEPLANE_MEMBER_COUNT=str(record.member_count),
+            TUNEPLANE_OUT_DIR=str(out_dir),
+        )
+        try:
+            processes = plan_processes(
+                recipe.launcher, spec.entrypoint, tuple(uuids), key.member_index,
+                record.member_count, addr, port, base_env, member_dir / WORK_DIR,
+            )  # fmt: skip
+        except LaunchPlanError as exc:
+            raise LaunchFailed(str(exc)) from None
+        return supervision.MemberLaunch(
+            member_dir=member_dir,
+            run_id=key.run_id,
+            attempt=key.attempt,
+            member_index=key.member_index,
+            processes=processes,
+            out_dir=out_dir,
+            grace_period_s=record.grace_period_s,
+            stdout_path=member_dir / "stdout.log",
+            stderr_path=member_dir / "stderr.log",
+        )
+
+    async def _launch_failed(self, key: MemberKey, reason: str) -> None:
+        log.error("member launch failed member=%s reason=%s", key, reason)
+        _, report = await self.journal.transition(key, E.LAUNCH_FAILED, now_ms(), reason=reason)
+        await self._report(report)
+
+    async def launch(self, record: MemberRecord) -> None:
+        """Start a committed member's runner, at most once; safe to call again after a crash."""
+        key = record.key
+        member_dir = Path(record.member_dir)
+        if record.state is S.COMMITTED:
+            try:
+                supervision.write_launch(self._plan(record))
+            except supervision.LaunchAlreadyClaimed:
+                log.info("launch already claimed member=%s", key)
+            except (LaunchFailed, supervision.LaunchSpecError, OSError) as exc:
+                await self._launch_failed(key, str(exc))
+                return
+            record, report = await self.journal.transition(key, E.SPAWN_REQUESTED, now_ms())
+            await self._report(report)
+        observation = supervision.observe(member_dir)
+        if isinstance(observation, supervision.NotStarted):
+            try:
+                observation = await supervision.start_runner(member_dir)
+            except supervision.LaunchAlreadyClaimed:
+                observation = supervision.observe(member_dir)
+            except (supervision.RunnerStartFailed, supervision.RunnerStartTimeout) as exc:
+                observation = supervision.observe(member_dir)
+                if isinstance(observation, supervision.NotStarted):
+                    await self._launch_failed(key, str(exc))
+                    return
+        crashpoint("after-spawn")
+        log.info("member spawned member=%s observation=%s", key, observation)
+        await self.apply(key, observation)
+
+    async def apply(self, key: MemberKey, observation: supervision.Observation) -> None:
+        """Journal what supervision observed, then keep watching a member that is still live."""
+        record = await self.journal.member(key)
+        if record is None or record.state in TERMINAL:
+            return
+        report = None
+        if isinstance(observation, supervision.Running):
+            if record.state is S.STARTING:
+                _, report = await self.journal.transition(
+                    key, E.RUNNER_STARTED, now_ms(),
+                    details={"runner_pid": observation.pid},
+                )  # fmt: skip
+        elif isinstance(observation, supervision.Exited):
+            exit = Exit(observation.exit_code, observation.signal)
+            _, report = await self.journal.transition(
+                key, E.EXIT_OBSERVED, now_ms(), exit=exit,
+                reason=f"exit code {exit.exit_code}" if exit.signal is None
+                else f"signal {exit.signal}",
+            )  # fmt: skip
+            log.info("member exited member=%s exit_code=%s signal=%s", key, exit.exit_code,
+                     exit.signal)  # fmt: skip
+            crashpoint("after-exit-observed")
+        else:
+            why = (
+                observation.reason
+                if isinstance(observation, supervision.Vanished)
+                else "the runner left no record of starting"
+            )
+            _, report = await self.journal.transition(
+                key, E.RUNNER_VANISHED, now_ms(), reason=f"member lost: {why}"
+            )
+            log.error("member lost member=%s reason=%s", key, why)
+        await self._report(report)
+        if isinstance(observation, supervision.Running):
+            self._watch(key)
+
+    def _watch(self, key: MemberKey) -> None:
+        if key not in self._watched:
+            self._watched.add(key)
+            self._nursery.start_soon(self._watch_member, key)
+
+    async def _watch_member(self, key: MemberKey) -> None:
+        """Poll the runner's files until the member ends (cheap: a few stats and a JSON read)."""
+        try:
+            while True:
+                await trio.sleep(WATCH_INTERVAL_S)
+                record = await self.journal.member(key)
+                if record is None or record.state not in (S.RUNNING, S.CANCELLING, S.STARTING):
+                    return
+                observation = supervision.observe(Path(record.member_dir))
+                if not isinstance(observation, supervision.Running):
+                    await self.apply(key, observation)
+                    return
+        finally:
+            self._watched.discard(key)
+
+    # --- restart -----------------------------------------------------------------------------
+
+    async def replay(self) -> None:
+        """Bring every unfinished member up to date after a (re)start, before connecting.
+
+        preparing -> refused (the prepare was cut short); committed/starting -> launch (the
+        claim prevents a second start); running/cancelling -> re-attach by pid and start time,
+        collecting exits that happened while the agent was down.
+        """
+        for record in await self.journal.members():
+            key = record.key
+            if record.state is S.PREPARING:
+                _, report = await self.journal.transition(
+                    key, E.PREPARE_FAILED, now_ms(),
+                    reason="the agent stopped while preparing this member; prepare it again",
+                )  # fmt: skip
+                await self._report(report)
+            elif record.state in (S.COMMITTED, S.STARTING):
+                log.info("replay resumes launch member=%s state=%s", key, record.state.value)
+                await self.launch(record)
+            elif record.state in (S.RUNNING, S.CANCELLING):
+                observation = supervision.observe(Path(record.member_dir))
+                log.info("replay re-attaches member=%s observation=%s", key, observation)
+                if record.state is S.CANCELLING and isinstance(observation, supervision.Running):
+                    self._stop(record, record.grace_period_s)
+                else:
+                    await self.apply(key, observation)
+
+    async def held(self) -> list[tuple[MemberKey, MemberState]]:
+        return [(r.key, r.state) for r in await self.journal.members() if r.state in _HELD]
+
+    async def undecided(self) -> list[MemberKey]:
+        return [r.key for r in await self.journal.members() if r.state is S.PREPARED]
+
+
+_HELD = frozenset({S.PREPARED, S.COMMITTED, S.STARTING, S.RUNNING, S.CANCELLING})

@@ -1,0 +1,142 @@
+"""Prepare steps: check the requested GPUs, materialise and verify the member's files, pick a port.
+
+Rules: each step either succeeds or raises :class:`PrepareRefused` with a sentence that goes back
+to the coordinator in PrepareReply.reason. Materialising is idempotent (the same Prepare writes
+the same bytes again) and every file is written atomically, then read back and checked against
+its sha256 digest.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import socket
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+from tuneplane.agent.inventory import Inventory
+from tuneplane.agent.journal import MemberKey
+from tuneplane.agent.state_dir import write_atomic
+
+#: Inside the member's work dir (the workload's cwd), where the Job Capsule goes.
+CAPSULE_DIR = ".tuneplane/capsule"
+WORK_DIR = "work"
+JOBSPEC_FILE = "jobspec.json"
+
+
+class PrepareRefused(Exception):
+    """This Node cannot prepare the member; ``str()`` is the reason sent to the coordinator."""
+
+
+def check_gpus(
+    key: MemberKey,
+    requested: tuple[int, ...],
+    inventory: Inventory,
+    owners: Mapping[int, MemberKey],
+) -> None:
+    """Every requested GPU exists, is healthy, is asked for once and is owned by nobody else."""
+    if len(set(requested)) != len(requested):
+        raise PrepareRefused(f"GPU indexes {list(requested)} name a GPU more than once.")
+    for index in requested:
+        gpu = inventory.gpu(index)
+        if gpu is None:
+            raise PrepareRefused(
+                f"GPU {index} does not exist on this Node (it has {len(inventory.gpus)} GPUs, "
+                f"source {inventory.gpu_source})."
+            )
+        if not gpu.healthy:
+            raise PrepareRefused(f"GPU {index} ({gpu.uuid}) is unhealthy: {gpu.health_reason}.")
+        owner = owners.get(index)
+        if owner is not None and owner != key:
+            raise PrepareRefused(f"GPU {index} is busy: member {owner} owns it.")
+
+
+def _safe_relative(name: str, what: str) -> PurePosixPath:
+    path = PurePosixPath(name)
+    if not name or path.is_absolute() or ".." in path.parts or "\\" in name:
+        raise PrepareRefused(f"The {what} name {name!r} is not a plain relative path.")
+    return path
+
+
+def _digest_matches(data: bytes, expected: str) -> bool:
+    algorithm, sep, value = expected.partition(":")
+    if not sep:
+        algorithm, value = "sha256", expected
+    return algorithm == "sha256" and hashlib.sha256(data).hexdigest() == value.lower()
+
+
+def _write_checked(path: Path, data: bytes, digest: str | None, what: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, data, 0o644)
+    if digest is not None and not _digest_matches(path.read_bytes(), digest):
+        raise PrepareRefused(
+            f"The {what} {path.name} does not match its digest {digest} after writing; the "
+            "coordinator must send the capsule again."
+        )
+
+
+def materialise(
+    member_dir: Path,
+    jobspec_json: str,
+    capsule_files: Mapping[str, bytes],
+    capsule_digests: Mapping[str, str],
+    source_files: Mapping[str, str],
+) -> Path:
+    """Write the member's JobSpec, capsule and experiment files; return the work dir.
+
+    Layout: ``<member_dir>/jobspec.json``, ``<member_dir>/work/`` (the workload's cwd, holding the
+    experiment files) and ``<member_dir>/work/.tuneplane/capsule/`` (the Job Capsule).
+    """
+    if set(capsule_files) != set(capsule_digests):
+        missing = sorted(set(capsule_digests) ^ set(capsule_files))
+        raise PrepareRefused(
+            f"The capsule files and their digests do not name the same files (differ on "
+            f"{', '.join(missing)}); the coordinator must seal the capsule again."
+        )
+    for name, data in capsule_files.items():
+        if not _digest_matches(data, capsule_digests[name]):
+            raise PrepareRefused(
+                f"The capsule file {name} arrived with content that does not match its digest "
+                f"{capsule_digests[name]}."
+            )
+    work = member_dir / WORK_DIR
+    work.mkdir(parents=True, exist_ok=True)
+    write_atomic(member_dir / JOBSPEC_FILE, jobspec_json.encode(), 0o644)
+    for name, content in source_files.items():
+        rel = _safe_relative(name, "experiment file")
+        try:
+            data = base64.b64decode(content, validate=True)
+        except ValueError:
+            raise PrepareRefused(f"The experiment file {name} is not valid base64.") from None
+        _write_checked(work / rel, data, None, "experiment file")
+    for name, data in capsule_files.items():
+        rel = _safe_relative(name, "capsule file")
+        _write_checked(work / CAPSULE_DIR / rel, data, capsule_digests[name], "capsule file")
+    return work
+
+
+def pick_port(address: str) -> int:
+    """A TCP port free on ``address`` right now, for member 0 to host the rendezvous."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError as exc:
+            raise PrepareRefused(
+                f"No TCP port can be bound on this Node's address {address} ({exc.strerror})."
+            ) from None
+        return int(sock.getsockname()[1])
+
+
+def node_address(coordinator_host: str, coordinator_port: int) -> str:
+    """The local address this Node uses to reach the coordinator (what other members can reach).
+
+    A UDP ``connect`` only chooses a route; it sends nothing.
+    """
+    family = socket.AF_INET6 if ":" in coordinator_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect((coordinator_host, coordinator_port))
+            return str(sock.getsockname()[0])
+        except OSError:
+            return "127.0.0.1" if family == socket.AF_INET else "::1"

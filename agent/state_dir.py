@@ -1,0 +1,197 @@
+"""The Node state directory: node.json, the control credential, the status file, the journal path.
+
+Rules: the directory is 0700 and the credential file 0600 in a 0700 ``credentials/``; every file
+here is written atomically (tmp, fsync, rename, fsync dir) so a crash leaves the old or the new
+version, never half of one. Errors name the file and say how to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+NODE_FILE = "node.json"
+CA_FILE = "ca.pem"
+CREDENTIALS_DIR = "credentials"
+CONTROL_TOKEN = "control.token"
+JOURNAL_FILE = "journal.db"
+STATUS_FILE = "status.json"
+MEMBERS_DIR = "members"
+
+
+class StateDirError(Exception):
+    """The state directory is missing something or holds something wrong; ``str()`` says what."""
+
+
+class NotEnrolled(StateDirError):
+    pass
+
+
+class AlreadyEnrolled(StateDirError):
+    pass
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves the old file or the new one, whole."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
+    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), mode)
+
+
+@attrs.frozen
+class NodeConfig:
+    """What ``enroll`` wrote to node.json."""
+
+    node_id: str
+    fleet: str
+    coordinator: str
+    name: str
+    ca: str
+    enrolled_at_ms: int
+
+
+@attrs.frozen
+class StateDir:
+    root: Path
+
+    @property
+    def node_file(self) -> Path:
+        return self.root / NODE_FILE
+
+    @property
+    def ca_path(self) -> Path:
+        return self.root / CA_FILE
+
+    @property
+    def credentials_dir(self) -> Path:
+        return self.root / CREDENTIALS_DIR
+
+    @property
+    def control_token(self) -> Path:
+        return self.credentials_dir / CONTROL_TOKEN
+
+    @property
+    def journal_path(self) -> Path:
+        return self.root / JOURNAL_FILE
+
+    @property
+    def status_path(self) -> Path:
+        return self.root / STATUS_FILE
+
+    @property
+    def members_dir(self) -> Path:
+        return self.root / MEMBERS_DIR
+
+    def create(self) -> None:
+        """Make the directory tree with private permissions (idempotent)."""
+        for folder in (self.root, self.credentials_dir, self.members_dir):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(folder, 0o700)
+
+    def load_node(self) -> NodeConfig:
+        """node.json as written by enroll. Raises :class:`NotEnrolled` when it is absent."""
+        try:
+            raw = json.loads(self.node_file.read_text())
+        except FileNotFoundError:
+            raise NotEnrolled(
+                f"{self.node_file} does not exist: this state directory is not enrolled. Run "
+                f"`tuneplane-node enroll --state-dir {self.root} --coordinator HOST:PORT --ca "
+                "FILE --token TOKEN` first."
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise StateDirError(
+                f"{self.node_file} cannot be read ({exc}); restore it from a backup or re-enroll "
+                "this machine as a new Node."
+            ) from None
+        try:
+            return NodeConfig(
+                node_id=str(raw["node_id"]),
+                fleet=str(raw["fleet"]),
+                coordinator=str(raw["coordinator"]),
+                name=str(raw["name"]),
+                ca=str(raw["ca"]),
+                enrolled_at_ms=int(raw["enrolled_at_ms"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateDirError(
+                f"{self.node_file} lacks or mangles the field {exc}; re-enroll this machine as a "
+                "new Node."
+            ) from None
+
+    def save_node(self, node: NodeConfig) -> None:
+        write_json_atomic(self.node_file, attrs.asdict(node), 0o644)
+
+    def read_credential(self) -> str:
+        try:
+            token = self.control_token.read_text().strip()
+        except OSError as exc:
+            raise NotEnrolled(
+                f"The control credential {self.control_token} cannot be read ({exc.strerror}); "
+                "re-enroll this machine with a new join token."
+            ) from None
+        if not token:
+            raise NotEnrolled(
+                f"The control credential {self.control_token} is empty; re-enroll this machine."
+            )
+        return token
+
+    def save_credential(self, token: str) -> None:
+        self.create()
+        write_atomic(self.control_token, (token + "\n").encode(), 0o600)
+
+    def permission_problems(self) -> list[str]:
+        """Sentences for every file or folder whose permissions let others read secrets."""
+        problems = []
+        for path, want in (
+            (self.root, 0o700),
+            (self.credentials_dir, 0o700),
+            (self.control_token, 0o600),
+        ):
+            try:
+                mode = stat.S_IMODE(path.stat().st_mode)
+            except FileNotFoundError:
+                problems.append(f"{path} is missing.")
+                continue
+            if mode & 0o077:
+                problems.append(
+                    f"{path} has mode {mode:04o}; others can read it. Run chmod {want:04o} {path}."
+                )
+        return problems
+
+    def member_dir(self, key: str) -> Path:
+        return self.members_dir / key
+
+
+def read_status(path: Path) -> dict[str, Any] | None:
+    """The daemon's last status file, or ``None`` when there is none (never started)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
