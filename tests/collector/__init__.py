@@ -1,0 +1,1 @@
+"""Tests of the telemetry readers, the tailer and ``tuneplane-collector``."""
