@@ -22,15 +22,19 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
     """Replace ``path`` with ``value`` as JSON; readers see the old file or the new, never a mix."""
     data = (json.dumps(value, indent=2, sort_keys=True) + "\n").encode("utf-8")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -47,7 +51,7 @@ def create_exclusive(path: Path, value: Any) -> None:
     data = (json.dumps(value, sort_keys=True) + "\n").encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, data)
+        _write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

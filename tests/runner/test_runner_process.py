@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 import trio
 
 from tests.runner.members import (
@@ -19,7 +20,13 @@ from tests.runner.members import (
     wait_until,
     workload,
 )
-from tuneplane.agent.supervision import Exited, Running, Vanished, observe
+from tuneplane.agent.supervision import (
+    START_TIME_TOLERANCE_S,
+    Exited,
+    Running,
+    Vanished,
+    observe,
+)
 from tuneplane.runner.main import EXIT_BAD_MEMBER_FILE, EXIT_REFUSED, EXIT_STARTED, EXIT_USAGE
 from tuneplane.runner.records import read_exit_record, read_runner_record
 
@@ -63,12 +70,13 @@ def test_the_runner_records_itself_and_its_groups_in_its_own_session(tmp_path: P
         record = read_runner_record(member_dir)
         assert record is not None
         me = psutil.Process(record.pid)
-        assert me.create_time() == record.start_time
+        assert me.create_time() == pytest.approx(record.start_time, abs=START_TIME_TOLERANCE_S)
         assert os.getsid(record.pid) == record.pid != os.getsid(0)
         assert [p.local_rank for p in record.processes] == [0, 1]
         for proc in record.processes:
             assert proc.pgid == proc.pid == os.getpgid(proc.pid)
-            assert psutil.Process(proc.pid).create_time() == proc.start_time
+            started = psutil.Process(proc.pid).create_time()
+            assert started == pytest.approx(proc.start_time, abs=START_TIME_TOLERANCE_S)
             assert psutil.Process(proc.pid).ppid() == record.pid
         assert observe(member_dir) == Running(record.pid, record.start_time)
     finally:
