@@ -1,0 +1,237 @@
+"""Start a real ``tuneplane-coordinator`` (init + serve) as a subprocess for integration tests.
+
+Rules: the process is real (no in-process shortcuts), its log goes to ``<state_dir>/serve.log``,
+and whoever starts it owns it: the context manager (or :meth:`CoordinatorProcess.stop`) always
+reaps it, so a failed test never leaves a stray coordinator behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+# Every coordinator this helper started and has not reaped; killed at exit as a last resort so
+# a test that forgot to stop one never leaves it running.
+_LIVE: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _reap_all() -> None:
+    for proc in list(_LIVE):
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    _LIVE.clear()
+
+
+def _admin(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tuneplane.coordinator.cli.admin", *args]
+
+
+class CoordinatorProcess:
+    """A running coordinator. Addresses are ``"127.0.0.1:<port>"``."""
+
+    def __init__(self, state_dir: Path, serve_args: list[str]) -> None:
+        self.state_dir = state_dir
+        self.ca_path = state_dir / "tls" / "ca.pem"
+        self.context_path = state_dir / "tp-context.json"
+        self.log_path = state_dir / "serve.log"
+        self.admin_token = (state_dir / "admin.token").read_text(encoding="utf-8").strip()
+        self.api = ""
+        self.control = ""
+        self.telemetry = ""
+        self._serve_args = serve_args
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "the coordinator is not running"
+        return self._proc.pid
+
+    def start(self, ports: tuple[int, int, int] | None = None) -> None:
+        """Start ``serve`` and wait for its endpoints.json (written once all listeners accept)."""
+        args = list(self._serve_args)
+        if ports is not None:
+            args += [
+                "--api-port",
+                str(ports[0]),
+                "--control-port",
+                str(ports[1]),
+                "--telemetry-port",
+                str(ports[2]),
+            ]
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                _admin("serve", "--state-dir", str(self.state_dir), *args),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _LIVE.add(self._proc)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        endpoints = self.state_dir / "endpoints.json"
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"tuneplane-coordinator serve exited with {self._proc.returncode} before it "
+                    f"was ready; its log:\n{self.read_log()}"
+                )
+            try:
+                data = json.loads(endpoints.read_text(encoding="utf-8"))
+            except (FileNotFoundError, ValueError):
+                data = {}
+            if data.get("pid") == self._proc.pid:
+                self.api, self.control, self.telemetry = (
+                    data["api"],
+                    data["control"],
+                    data["telemetry"],
+                )
+                return
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(
+            f"the coordinator was not ready in {START_TIMEOUT_S:g} s:\n{self.read_log()}"
+        )
+
+    def read_log(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def ports(self) -> tuple[int, int, int]:
+        api, control, telemetry = (
+            int(a.rsplit(":", 1)[1]) for a in (self.api, self.control, self.telemetry)
+        )
+        return api, control, telemetry
+
+    def create_join_token(self, fleet: str = "default", ttl: str = "1h") -> str:
+        """A one-time join token, made by the real ``token create`` command."""
+        out = subprocess.run(
+            _admin(
+                "token",
+                "create",
+                "--state-dir",
+                str(self.state_dir),
+                "--fleet",
+                fleet,
+                "--ttl",
+                ttl,
+                "--json",
+            ),
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        return str(json.loads(out.stdout)["token"])
+
+    def admin(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run another ``tuneplane-coordinator`` command against this state directory."""
+        return subprocess.run(
+            _admin(*args, "--state-dir", str(self.state_dir)),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    def stop(self) -> None:
+        """SIGTERM, wait, and check it stopped cleanly (exit status 0)."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._proc = None
+        _LIVE.discard(proc)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise AssertionError(
+                    f"the coordinator ignored SIGTERM for {STOP_TIMEOUT_S:g} s:\n{self.read_log()}"
+                ) from None
+        assert proc.returncode == 0, (
+            f"the coordinator exited with {proc.returncode}:\n{self.read_log()}"
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: the crash a durable store must survive."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._proc = None
+        _LIVE.discard(proc)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+    def restart(self) -> None:
+        """Stop (if running) and start again on the same ports, so Nodes can reconnect."""
+        ports = self.ports()
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self.stop()
+            else:
+                _LIVE.discard(self._proc)
+                self._proc = None
+        self.start(ports)
+
+    def __enter__(self) -> CoordinatorProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.stop()
+        else:
+            self.kill()
+
+
+def start_coordinator(
+    tmp_path: Path,
+    heartbeat_interval: float = 0.5,
+    heartbeat_timeout: float = 3,
+    **opts: Any,
+) -> CoordinatorProcess:
+    """``init`` a state directory under ``tmp_path`` and ``serve`` it.
+
+    Extra keyword options become ``serve`` flags: ``prepare_timeout=5`` -> ``--prepare-timeout 5``.
+    """
+    state_dir = tmp_path / "coordinator"
+    if not (state_dir / "admin.token").exists():
+        subprocess.run(
+            _admin("init", "--state-dir", str(state_dir)),
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    serve_args = [
+        "--heartbeat-interval",
+        str(heartbeat_interval),
+        "--heartbeat-timeout",
+        str(heartbeat_timeout),
+    ]
+    for name, value in opts.items():
+        serve_args += ["--" + name.replace("_", "-"), str(value)]
+    proc = CoordinatorProcess(state_dir, serve_args)
+    proc.start()
+    return proc
+
+
+__all__ = ["CoordinatorProcess", "start_coordinator"]
