@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +50,20 @@ def when(ms: int) -> str:
     return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _pairs(rows: Iterable[tuple[str, str]]) -> Table:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
-    for key, value in rows:
-        grid.add_row(key, Text(value))
-    return grid
+def _pairs(rows: Sequence[tuple[str, str]]) -> Text:
+    """Aligned ``key  value`` lines (no table padding, so they copy and grep cleanly)."""
+    width = max(len(key) for key, _ in rows) + 2
+    text = Text()
+    for i, (key, value) in enumerate(rows):
+        if i:
+            text.append("\n")
+        text.append(key.ljust(width), style="bold")
+        text.append(value)
+    return text
+
+
+def _heading(title: str) -> Text:
+    return Text(title, style="bold")
 
 
 # -- recipes ---------------------------------------------------------------------------------
@@ -87,7 +94,7 @@ def recipe_json(recipe: Recipe) -> dict[str, Any]:
 
 
 def recipes_table(catalogue: Catalogue) -> Table:
-    table = Table(title="Catalogue (bundled with this tp)", title_justify="left")
+    table = Table()
     for column in ("METHOD ID", "VERSION", "CATEGORY", "FRAMEWORK", "RUNTIME", "PARAMETERS"):
         table.add_column(column)
     for recipe in catalogue:
@@ -195,13 +202,14 @@ def jobs_table(jobs: list[Job]) -> Table:
     return table
 
 
-def _members_table(attempt: Attempt) -> Table:
+def _attempt_heading(attempt: Attempt) -> Text:
     rdv = f", rendezvous {attempt.master_addr}:{attempt.master_port}" if attempt.master_addr else ""
     since = when(attempt.created_at_ms)
-    table = Table(
-        title=f"Attempt {attempt.number}: {attempt.state} (since {since}{rdv})",
-        title_justify="left",
-    )
+    return _heading(f"Attempt {attempt.number}: {attempt.state} (since {since}{rdv})")
+
+
+def _members_table(attempt: Attempt) -> Table:
+    table = Table()
     for column in ("MEMBER (RANK)", "NODE", "GPUS", "STATE", "EXIT", "OUT DIR"):
         table.add_column(column)
     for m in attempt.members:
@@ -243,7 +251,8 @@ def job_view(job: Job) -> list[RenderableType]:
             ]
         )
     ]
-    history = Table(title="State history", title_justify="left")
+    parts.append(_heading("State history"))
+    history = Table()
     for column in ("AT", "STATE", "REASON"):
         history.add_column(column)
     for change in job.history:
@@ -251,5 +260,6 @@ def job_view(job: Job) -> list[RenderableType]:
     parts.append(history)
     if not job.attempts:
         parts.append(Text("No attempts yet: the Job is waiting to be placed."))
-    parts.extend(_members_table(a) for a in job.attempts)
+    for attempt in job.attempts:
+        parts += [_attempt_heading(attempt), _members_table(attempt)]
     return parts

@@ -164,7 +164,9 @@ def recipe_ls(as_json: bool) -> None:
         data = {"recipes": [render.recipe_json(r) for r in catalogue]}
         click.echo(render.to_json(data))
     else:
-        render.console().print(render.recipes_table(catalogue))
+        out = render.console()
+        click.echo("Catalogue bundled with this tp:")
+        out.print(render.recipes_table(catalogue))
 
 
 @recipe.command("upgrade")
