@@ -65,6 +65,7 @@ class Batch:
 
 @attrs.frozen
 class TailerStatistics:
+    polls: int
     streams: int
     live_streams: int
     points: int
@@ -80,6 +81,7 @@ class TailerStatistics:
 
 @attrs.define
 class _Counters:
+    polls: int = 0
     points: int = 0
     warnings: int = 0
     data_loss: int = 0
@@ -134,6 +136,7 @@ class Tailer:
     def statistics(self) -> TailerStatistics:
         c = self._counters
         return TailerStatistics(
+            polls=c.polls,
             streams=len(self._tracker.streams),
             live_streams=len(self._tracker.live()),
             points=c.points,
@@ -227,6 +230,7 @@ class Tailer:
                 self._positions[stream.source_id] = Position(position, state)
                 if points or warnings:
                     await self._send(send, points, warnings)
+        self._counters.polls += 1
         return advanced
 
     def _decoder(self, stream: Stream) -> Decoder:
