@@ -7,7 +7,7 @@ inside one :func:`open_aio_host` block, which the daemon (or a CLI command, or a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import ParamSpec, TypeVar
 
@@ -19,9 +19,27 @@ T = TypeVar("T")
 
 @asynccontextmanager
 async def open_aio_host() -> AsyncIterator[None]:
-    """Host an asyncio event loop inside the current Trio run for the block's duration."""
-    async with trio_asyncio.open_loop():
-        yield
+    """Host an asyncio event loop inside the current Trio run for the block's duration.
+
+    The loop's nurseries wrap whatever the block raises in an exception group; a group holding
+    a single exception is unwrapped so callers catch the typed error they expect.
+    """
+    try:
+        async with trio_asyncio.open_loop():
+            yield
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 async def run_aio(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -1,0 +1,502 @@
+"""``tuneplane-node``: enroll, run, status, doctor and journal (the on-call's offline reader).
+
+Rules: every failure is a typed error turned into one sentence on stderr and exit status 1;
+``journal``, ``status`` and ``doctor`` open the journal read-only and never need the daemon or
+the coordinator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import trio
+
+from tuneplane.agent import journal_read
+from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.daemon import Daemon, run_daemon
+from tuneplane.agent.inventory import (
+    Inventory,
+    InventoryError,
+    InventorySource,
+    SimulatedGpus,
+    default_node_name,
+    parse_simulate_gpus,
+)
+from tuneplane.agent.journal import Journal, JournalError, MemberKey
+from tuneplane.agent.state_dir import (
+    AlreadyEnrolled,
+    NodeConfig,
+    StateDir,
+    StateDirError,
+    read_status,
+    write_atomic,
+)
+from tuneplane.agent.wire import Endpoint, Enrolled, WireError, enroll
+
+F = TypeVar("F", bound=Callable[..., Any])
+EXPECTED_ERRORS = (
+    WireError,
+    StateDirError,
+    InventoryError,
+    JournalError,
+    journal_read.JournalUnreadable,
+    ValueError,
+)
+
+
+@contextmanager
+def _sentences() -> Iterator[None]:
+    """Turn the agent's typed errors into a one-line message and exit status 1."""
+    try:
+        yield
+    except EXPECTED_ERRORS as exc:
+        raise click.ClickException(str(exc)) from None
+    except BaseExceptionGroup as group:
+        # Trio nurseries group what their tasks raised; show the first expected one plainly.
+        matched, _rest = group.split(EXPECTED_ERRORS)
+        if matched is None:
+            raise
+        first: BaseException = matched
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise click.ClickException(str(first)) from None
+
+
+def _state_dir_option(fn: F) -> F:
+    return click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("/var/lib/tuneplane-node"),
+        show_default=True,
+        help="The Node's private state directory (node.json, credentials, journal.db).",
+    )(fn)
+
+
+def _simulate(value: str | None) -> SimulatedGpus | None:
+    if value is None:
+        return None
+    try:
+        return parse_simulate_gpus(value)
+    except InventoryError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _ms(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ago(value: int | None) -> str:
+    if value is None:
+        return "never"
+    return f"{max(0.0, time.time() - value / 1000):.1f} s ago"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@click.group()
+def main() -> None:
+    """The TunePlane agent on a GPU machine."""
+
+
+# --- enroll ------------------------------------------------------------------------------------
+
+
+@main.command("enroll")
+@click.option("--coordinator", required=True, help="The coordinator's control address HOST:PORT.")
+@click.option(
+    "--ca",
+    "ca",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The coordinator's CA certificate (its tls/ca.pem); copied into the state dir.",
+)
+@click.option("--token", required=True, help="A one-time join token from the coordinator.")
+@_state_dir_option
+@click.option("--simulate-gpus", default=None, help="Report N simulated GPUs of SERIES (h200:2).")
+@click.option("--name", default=None, help="The Node's host name as the coordinator shows it.")
+def enroll_command(
+    coordinator: str,
+    ca: Path,
+    token: str,
+    state_dir: Path,
+    simulate_gpus: str | None,
+    name: str | None,
+) -> None:
+    """Trade a join token for a node id and a private control credential."""
+    state = StateDir(state_dir)
+    with _sentences():
+        if state.node_file.exists():
+            existing = state.load_node()
+            raise AlreadyEnrolled(
+                f"{state.root} is already enrolled as Node {existing.node_id} with "
+                f"{existing.coordinator}; a Node's id does not survive a reinstall, so to enroll "
+                "again as a new Node use an empty --state-dir."
+            )
+        endpoint = Endpoint.parse(coordinator)
+        try:
+            ca_bytes = ca.read_bytes()
+        except OSError as exc:
+            raise StateDirError(
+                f"The CA file {ca} cannot be read ({exc.strerror}); pass the coordinator's "
+                "tls/ca.pem."
+            ) from None
+        node_name = name or default_node_name()
+        inventory = InventorySource(node_name, _simulate(simulate_gpus)).collect()
+        enrolled = trio.run(_enroll, endpoint, ca, token, inventory)
+        state.create()
+        write_atomic(state.ca_path, ca_bytes, 0o644)
+        state.save_credential(enrolled.node_credential)
+        at_ms = int(time.time() * 1000)
+        trio.run(_journal_enrolment, state, enrolled.node_id, at_ms)
+        # node.json last: its presence is what "enrolled" means.
+        state.save_node(
+            NodeConfig(
+                node_id=enrolled.node_id,
+                fleet=enrolled.fleet,
+                coordinator=str(endpoint),
+                name=node_name,
+                ca=str(state.ca_path.resolve()),
+                enrolled_at_ms=at_ms,
+            )
+        )
+    click.echo(f"enrolled as Node {enrolled.node_id} in Fleet {enrolled.fleet}")
+    click.echo(f"start it with: tuneplane-node run --state-dir {state.root}")
+
+
+async def _enroll(endpoint: Endpoint, ca: Path, token: str, inventory: Inventory) -> Enrolled:
+    async with open_aio_host():
+        return await enroll(endpoint, ca, token, inventory)
+
+
+async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int) -> None:
+    async with open_aio_host():
+        journal = await Journal.open(state.journal_path)
+        try:
+            await journal.set_meta("node_id", node_id)
+            await journal.record_credential("control", at_ms)
+            await journal.node_event(at_ms, "enrolled", node_id=node_id)
+        finally:
+            await journal.close()
+
+
+# --- run ---------------------------------------------------------------------------------------
+
+
+@main.command("run")
+@_state_dir_option
+@click.option("--simulate-gpus", default=None, help="Report N simulated GPUs of SERIES (h200:2).")
+@click.option(
+    "--out-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where $TUNEPLANE_OUT_DIR of every member lives (default: <state dir>/outputs).",
+)
+@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]))
+def run_command(
+    state_dir: Path, simulate_gpus: str | None, out_root: Path | None, log_level: str
+) -> None:
+    """Run the agent until SIGTERM/SIGINT (which stop it and leave every member running)."""
+    _setup_logging(log_level)
+    state = StateDir(state_dir)
+    with _sentences():
+        node = state.load_node()
+        credential = state.read_credential()
+        state.create()
+        outputs = (out_root or state.root / "outputs").resolve()
+        outputs.mkdir(parents=True, exist_ok=True)
+        source = InventorySource(node.name, _simulate(simulate_gpus))
+        daemon = Daemon(state, node, credential, source, outputs)
+        logging.getLogger(__name__).info(
+            "agent starting node_id=%s coordinator=%s gpus=%d gpu_source=%s pid=%d",
+            node.node_id, node.coordinator, len(daemon.inventory.gpus),
+            daemon.inventory.gpu_source, os.getpid(),
+        )  # fmt: skip
+        trio.run(run_daemon, daemon)
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@main.command("status")
+@_state_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status_command(state_dir: Path, as_json: bool) -> None:
+    """Connectivity, last heartbeat ack, members and GPUs, from the status file and journal."""
+    state = StateDir(state_dir)
+    with _sentences():
+        node = state.load_node()
+        status = read_status(state.status_path) or {}
+        running = _pid_alive(status.get("pid"))
+        members: list[dict[str, Any]] = []
+        reservations: list[dict[str, Any]] = []
+        journal_problem = ""
+        try:
+            with journal_read.open_readonly(state.journal_path) as db:
+                members = [journal_read.member_json(r) for r in journal_read.members(db)]
+                reservations = journal_read.reservations(db)
+        except journal_read.JournalUnreadable as exc:
+            journal_problem = str(exc)
+    data = {
+        "node_id": node.node_id,
+        "fleet": node.fleet,
+        "coordinator": node.coordinator,
+        "agent_running": running,
+        "connected": bool(running and status.get("connected")),
+        "last_heartbeat_ack_ms": status.get("last_heartbeat_ack_ms"),
+        "last_error": status.get("last_error", ""),
+        "safe_mode": bool(status.get("safe_mode")),
+        "safe_mode_reason": status.get("safe_mode_reason", ""),
+        "inventory": status.get("inventory", {}),
+        "members": members,
+        "reservations": reservations,
+        "journal_problem": journal_problem,
+    }
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(f"Node {node.node_id} (Fleet {node.fleet}), coordinator {node.coordinator}")
+    if not running:
+        click.echo("agent: NOT RUNNING (no live daemon for this state dir)")
+    else:
+        conn = "connected" if data["connected"] else "DISCONNECTED"
+        click.echo(f"agent: running (pid {status.get('pid')}), {conn}")
+        click.echo(f"last heartbeat ack: {_ago(status.get('last_heartbeat_ack_ms'))}")
+        if data["last_error"]:
+            click.echo(f"last error: {data['last_error']}")
+    if data["safe_mode"]:
+        click.echo(f"SAFE MODE: {data['safe_mode_reason']}")
+    if journal_problem:
+        click.echo(f"journal: {journal_problem}")
+    inv = data["inventory"]
+    owners = {r["gpu_index"]: r["member"] for r in reservations}
+    if inv:
+        click.echo(f"GPUs ({inv.get('gpu_source')}): {len(inv.get('gpus', []))}")
+        if inv.get("note"):
+            click.echo(f"  {inv['note']}")
+        for gpu in inv.get("gpus", []):
+            health = "healthy" if gpu["healthy"] else f"UNHEALTHY ({gpu['health_reason']})"
+            owner = owners.get(gpu["index"], "free")
+            click.echo(f"  {gpu['index']}  {gpu['uuid']}  {gpu['name']}  {health}  {owner}")
+    active = [mb for mb in members if mb["state"] not in ("exited", "aborted", "lost")]
+    click.echo(f"members: {len(active)} active, {len(members)} in the journal")
+    for mb in active:
+        click.echo(f"  {mb['member']}  {mb['state']}  gpus {mb['gpu_indexes']}")
+
+
+# --- doctor ------------------------------------------------------------------------------------
+
+
+def _nvml_line() -> tuple[bool, str]:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return True, "NVML not found: this Node reports 0 GPUs"
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return True, f"NVML found: {count} GPUs, driver {driver}"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+@main.command("doctor")
+@_state_dir_option
+def doctor_command(state_dir: Path) -> None:
+    """Check the state dir, the credential, the journal's integrity and NVML."""
+    state = StateDir(state_dir)
+    failures = 0
+
+    def line(ok: bool, text: str) -> None:
+        nonlocal failures
+        failures += not ok
+        click.echo(f"{'ok  ' if ok else 'FAIL'}  {text}")
+
+    problems = state.permission_problems()
+    line(not problems, "state dir permissions" + (": " + " ".join(problems) if problems else ""))
+    try:
+        node = state.load_node()
+        line(True, f"enrolled as Node {node.node_id} with {node.coordinator}")
+        line(Path(node.ca).is_file(), f"CA file {node.ca}")
+    except StateDirError as exc:
+        line(False, str(exc))
+    try:
+        state.read_credential()
+        line(True, f"control credential present ({state.control_token})")
+    except StateDirError as exc:
+        line(False, str(exc))
+    try:
+        with journal_read.open_readonly(state.journal_path) as db:
+            bad = journal_read.integrity_problems(db)
+        detail = (": " + "; ".join(bad[:3])) if bad else ""
+        line(not bad, f"journal integrity {state.journal_path}{detail}")
+    except journal_read.JournalUnreadable as exc:
+        line(False, str(exc))
+    ok, text = _nvml_line()
+    line(ok, text)
+    if failures:
+        raise SystemExit(1)
+
+
+# --- journal -----------------------------------------------------------------------------------
+
+
+@main.group("journal")
+def journal_group() -> None:
+    """Read this Node's member journal (read-only; works with the agent stopped or running)."""
+
+
+def _since(value: str | None) -> int | None:
+    if value is None:
+        return None
+    match = re.fullmatch(r"(\d+)([smhd])", value.strip())
+    if match:
+        seconds = int(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
+        return int((time.time() - seconds) * 1000)
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration (30s, 10m, 2h, 1d) nor an ISO time "
+            "(2026-01-31T12:00); pass one of those.",
+            param_hint="--since",
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
+
+
+def _emit(rows: list[dict[str, Any]], columns: list[str], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("(none)")
+        return
+    cells = [[("-" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _journal_path(state_dir: Path) -> Path:
+    return StateDir(state_dir).journal_path
+
+
+@journal_group.command("members")
+@_state_dir_option
+@click.option("--json", "as_json", is_flag=True)
+def journal_members(state_dir: Path, as_json: bool) -> None:
+    """Every member this Node has held, with its current state."""
+    with _sentences(), journal_read.open_readonly(_journal_path(state_dir)) as db:
+        rows = [journal_read.member_json(r) for r in journal_read.members(db)]
+    for row in rows:
+        row["updated"] = _ms(row["updated_at_ms"])
+        row["exit"] = f"signal {row['signal']}" if row["signal"] is not None else row["exit_code"]
+    _emit(rows, ["member", "state", "gpu_indexes", "updated", "exit", "reason"], as_json)
+
+
+@journal_group.command("show")
+@click.argument("member")
+@_state_dir_option
+def journal_show(member: str, state_dir: Path) -> None:
+    """One member: its record and its whole history."""
+    with _sentences():
+        key = MemberKey.parse(member)
+        with journal_read.open_readonly(_journal_path(state_dir)) as db:
+            record = journal_read.member(db, key)
+            history = journal_read.events(db, key=key)
+        if record is None:
+            raise ValueError(
+                f"Member {member} is not in this journal; list them with "
+                "`tuneplane-node journal members`."
+            )
+    for name, value in journal_read.member_json(record).items():
+        click.echo(f"{name:>15}: {value}")
+    click.echo("history:")
+    for event in history:
+        move = f"{event['from_state'] or '-'} -> {event['to_state'] or '-'}"
+        click.echo(f"  {_ms(event['at_ms'])}  {event['kind']:<18} {move:<26} {event['reason']}")
+
+
+@journal_group.command("events")
+@_state_dir_option
+@click.option("--since", default=None, help="A duration (10m, 2h) or an ISO time.")
+@click.option("--member", default=None, help="Only this member (<run id>.<attempt>.<index>).")
+@click.option("--json", "as_json", is_flag=True)
+def journal_events(state_dir: Path, since: str | None, member: str | None, as_json: bool) -> None:
+    """The append-only event log, oldest first."""
+    with _sentences():
+        key = MemberKey.parse(member) if member else None
+        with journal_read.open_readonly(_journal_path(state_dir)) as db:
+            rows = journal_read.events(db, since_ms=_since(since), key=key)
+    if not as_json:
+        for row in rows:
+            row["at"] = _ms(row["at_ms"])
+    _emit(rows, ["id", "at", "member", "kind", "from_state", "to_state", "reason"], as_json)
+
+
+@journal_group.command("reservations")
+@_state_dir_option
+@click.option("--json", "as_json", is_flag=True)
+def journal_reservations(state_dir: Path, as_json: bool) -> None:
+    """Which member owns which GPU, and the reports the coordinator has not acknowledged."""
+    with _sentences(), journal_read.open_readonly(_journal_path(state_dir)) as db:
+        rows = journal_read.reservations(db)
+        pending = [journal_read.report_json(r) for r in journal_read.pending_reports(db)]
+    if as_json:
+        click.echo(json.dumps({"gpus": rows, "pending_reports": pending}, indent=2))
+        return
+    for row in rows:
+        row["since"] = _ms(row["since_ms"])
+    _emit(rows, ["gpu_index", "member", "state", "since"], False)
+    click.echo(f"pending reports: {len(pending)}")
+    if pending:
+        _emit(pending, ["report_seq", "member", "state", "reason"], False)
+
+
+@journal_group.command("export")
+@_state_dir_option
+@click.option("--json", "as_json", is_flag=True, required=True, help="Export as JSON (required).")
+def journal_export(state_dir: Path, as_json: bool) -> None:
+    """Everything in the journal as one JSON document (credential ages, never their values)."""
+    with _sentences(), journal_read.open_readonly(_journal_path(state_dir)) as db:
+        data = journal_read.export(db)
+    click.echo(json.dumps(data, indent=2))
+
+
+if __name__ == "__main__":
+    main()

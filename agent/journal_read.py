@@ -1,0 +1,158 @@
+"""Read the journal without the daemon: read-only, for ``tuneplane-node journal|status|doctor``.
+
+Rules: the file is opened with a ``file:...?mode=ro`` URI (never ``immutable=1``, which would
+ignore the daemon's WAL and show stale state), so reading works whether the daemon is stopped or
+running, and never needs the coordinator. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from tuneplane.agent.journal import (
+    MEMBER_COLUMNS,
+    REPORT_COLUMNS,
+    MemberKey,
+    MemberRecord,
+    PendingReport,
+    member_from_row,
+    report_from_row,
+)
+
+
+class JournalUnreadable(Exception):
+    """The journal file is missing or cannot be read; ``str()`` names it and the fix."""
+
+
+@contextmanager
+def open_readonly(path: Path) -> Iterator[sqlite3.Connection]:
+    if not path.exists():
+        raise JournalUnreadable(
+            f"There is no journal at {path}; start the agent once with `tuneplane-node run` or "
+            "pass the right --state-dir."
+        )
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    try:
+        db = sqlite3.connect(uri, uri=True, timeout=5.0)
+        db.execute("PRAGMA busy_timeout = 5000")
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise JournalUnreadable(f"The journal {path} cannot be read: {exc}.") from None
+    try:
+        yield db
+    except sqlite3.DatabaseError as exc:
+        raise JournalUnreadable(f"The journal {path} cannot be read: {exc}.") from None
+    finally:
+        db.close()
+
+
+def integrity_problems(db: sqlite3.Connection) -> list[str]:
+    rows = db.execute("PRAGMA integrity_check").fetchall()
+    return [] if [tuple(r) for r in rows] == [("ok",)] else [str(r[0]) for r in rows]
+
+
+def members(db: sqlite3.Connection) -> list[MemberRecord]:
+    rows = db.execute(f"SELECT {MEMBER_COLUMNS} FROM members ORDER BY created_at_ms").fetchall()
+    return [member_from_row(r) for r in rows]
+
+
+def member(db: sqlite3.Connection, key: MemberKey) -> MemberRecord | None:
+    row = db.execute(
+        f"SELECT {MEMBER_COLUMNS} FROM members WHERE member_key = ?", (str(key),)
+    ).fetchone()
+    return member_from_row(row) if row else None
+
+
+def events(
+    db: sqlite3.Connection, since_ms: int | None = None, key: MemberKey | None = None
+) -> list[dict[str, Any]]:
+    sql = "SELECT id, at_ms, member_key, kind, from_state, to_state, reason, details FROM events"
+    where: list[str] = []
+    args: list[Any] = []
+    if since_ms is not None:
+        where.append("at_ms >= ?")
+        args.append(since_ms)
+    if key is not None:
+        where.append("member_key = ?")
+        args.append(str(key))
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    names = ("id", "at_ms", "member", "kind", "from_state", "to_state", "reason")
+    return [
+        dict(zip(names, r[:7], strict=True), details=json.loads(r[7]))
+        for r in db.execute(sql + " ORDER BY id", args).fetchall()
+    ]
+
+
+def reservations(db: sqlite3.Connection) -> list[dict[str, Any]]:
+    """GPU ownership joined with the owning member's state."""
+    rows = db.execute(
+        "SELECT g.gpu_index, g.member_key, g.since_ms, m.state FROM gpu_ownership g "
+        "JOIN members m ON m.member_key = g.member_key ORDER BY g.gpu_index"
+    ).fetchall()
+    return [{"gpu_index": r[0], "member": r[1], "since_ms": r[2], "state": r[3]} for r in rows]
+
+
+def pending_reports(db: sqlite3.Connection) -> list[PendingReport]:
+    rows = db.execute(f"SELECT {REPORT_COLUMNS} FROM pending_reports ORDER BY report_seq")
+    return [report_from_row(r) for r in rows.fetchall()]
+
+
+def credentials(db: sqlite3.Connection) -> list[dict[str, Any]]:
+    rows = db.execute("SELECT name, created_at_ms, rotated_at_ms FROM credentials ORDER BY name")
+    return [{"name": r[0], "created_at_ms": r[1], "rotated_at_ms": r[2]} for r in rows]
+
+
+def meta(db: sqlite3.Connection) -> dict[str, str]:
+    return {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta").fetchall()}
+
+
+def member_json(record: MemberRecord) -> dict[str, Any]:
+    return {
+        "member": str(record.key),
+        "run_id": record.key.run_id,
+        "attempt": record.key.attempt,
+        "member_index": record.key.member_index,
+        "state": record.state.value,
+        "created_at_ms": record.created_at_ms,
+        "updated_at_ms": record.updated_at_ms,
+        "member_count": record.member_count,
+        "gpu_indexes": list(record.gpu_indexes),
+        "rendezvous": f"{record.master_addr}:{record.master_port}" if record.master_port else "",
+        "member_dir": record.member_dir,
+        "out_dir": record.out_dir,
+        "grace_period_s": record.grace_period_s,
+        "exit_code": record.exit.exit_code if record.exit else None,
+        "signal": record.exit.signal if record.exit else None,
+        "reason": record.reason,
+    }
+
+
+def report_json(report: PendingReport) -> dict[str, Any]:
+    return {
+        "report_seq": report.report_seq,
+        "member": str(report.key),
+        "state": report.state.value,
+        "at_ms": report.at_ms,
+        "reason": report.reason,
+        "exit_code": report.exit.exit_code if report.exit else None,
+        "signal": report.exit.signal if report.exit else None,
+    }
+
+
+def export(db: sqlite3.Connection) -> dict[str, Any]:
+    """Everything the journal holds (never a credential's value: the journal has none)."""
+    return {
+        "meta": meta(db),
+        "members": [member_json(r) for r in members(db)],
+        "reservations": reservations(db),
+        "pending_reports": [report_json(r) for r in pending_reports(db)],
+        "credentials": credentials(db),
+        "events": events(db),
+    }
