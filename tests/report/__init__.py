@@ -1,0 +1,1 @@
+"""Tests of the ``tuneplane.report`` SDK, run in real workload processes."""
