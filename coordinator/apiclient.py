@@ -2,8 +2,9 @@
 
 Rules: TLS with server verification against one CA file, always; every call has a deadline and
 carries ``authorization: Bearer <token>``; gRPC, TLS and socket errors are translated here, once,
-into :class:`ApiError` subclasses whose ``str()`` is a sentence (the server's own when it refused);
-messages are converted to attrs values here so nothing above imports betterproto.
+into :class:`~tuneplane.coordinator.apimodel.ApiError` subclasses whose ``str()`` is a sentence
+(the server's own when it refused); messages become :mod:`~tuneplane.coordinator.apimodel` values
+here, so nothing above imports betterproto.
 """
 
 from __future__ import annotations
@@ -14,11 +15,24 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-import attrs
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from tuneplane.coordinator.apimodel import (
+    ApiError,
+    Attempt,
+    ClientConfigError,
+    CoordinatorUnreachable,
+    Endpoint,
+    Job,
+    Member,
+    Preview,
+    PreviewSummary,
+    Receipt,
+    RequestRefused,
+    StateChange,
+)
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -37,121 +51,6 @@ _REFUSALS = {
     Status.OUT_OF_RANGE,
     Status.ABORTED,
 }
-
-
-class ApiError(Exception):
-    """A call to the coordinator did not succeed; ``str()`` says why and what to do."""
-
-
-class RequestRefused(ApiError):
-    """The coordinator answered and refused the request; ``str()`` is its sentence."""
-
-    def __init__(self, status: str, message: str) -> None:
-        self.status = status
-        super().__init__(message)
-
-
-class CoordinatorUnreachable(ApiError):
-    """No answer: the address is wrong, the coordinator is down, TLS failed or time ran out."""
-
-
-class ClientConfigError(ApiError):
-    """The CA file cannot be used to set up TLS."""
-
-
-@attrs.frozen
-class Endpoint:
-    """A coordinator API address, the CA that must vouch for it, and the caller's token."""
-
-    host: str
-    port: int
-    ca_path: Path
-    token: str = attrs.field(repr=False)
-
-    @property
-    def address(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-# -- values ----------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class PreviewSummary:
-    fleet: str
-    backend: str
-    series: str
-    gpus_per_member: int
-    members: int
-    profile: str
-
-
-@attrs.frozen
-class Preview:
-    preview_id: str
-    digest: str
-    resolved_jobspec_json: str
-    summary: PreviewSummary
-    created_at_ms: int
-
-
-@attrs.frozen
-class Receipt:
-    run_id: str
-    preview_id: str
-    digest: str
-    retry_key: str
-    admitted_at_ms: int
-    # False when the coordinator returned the receipt of an earlier identical confirmation.
-    created: bool
-
-
-@attrs.frozen
-class StateChange:
-    state: str
-    at_ms: int
-    reason: str
-
-
-@attrs.frozen
-class Member:
-    index: int
-    node_id: str
-    state: str
-    has_exit: bool
-    exit_code: int
-    signal: int
-    out_dir: str
-    gpu_indexes: tuple[int, ...]
-    history: tuple[StateChange, ...]
-
-
-@attrs.frozen
-class Attempt:
-    number: int
-    state: str
-    members: tuple[Member, ...]
-    master_addr: str
-    master_port: int
-    created_at_ms: int
-
-
-@attrs.frozen
-class Job:
-    run_id: str
-    project: str
-    experiment: str
-    owner: str
-    state: str
-    fleet: str
-    profile: str
-    method_id: str
-    preview_id: str
-    digest: str
-    history: tuple[StateChange, ...]
-    attempts: tuple[Attempt, ...]
-    created_at_ms: int
-    init_from: str
 
 
 def _changes(items: list[v1.StateChange]) -> tuple[StateChange, ...]:

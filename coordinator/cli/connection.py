@@ -12,7 +12,7 @@ from pathlib import Path
 
 import attrs
 
-from tuneplane.coordinator.apiclient import Endpoint
+from tuneplane.coordinator.apimodel import Endpoint
 
 
 class ConnectionConfigError(Exception):

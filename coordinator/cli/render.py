@@ -18,7 +18,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tuneplane.coordinator.apiclient import Attempt, Job, Preview, Receipt
+from tuneplane.coordinator.apimodel import Attempt, Job, Preview, Receipt
 from tuneplane.coordinator.catalogue import Catalogue, Recipe
 from tuneplane.coordinator.cli.submissions import Submission
 

@@ -18,7 +18,7 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
-from tuneplane.coordinator.apiclient import Preview, Receipt
+from tuneplane.coordinator.apimodel import Preview, Receipt
 from tuneplane.coordinator.project import Project, ProjectError, write_atomic
 
 SUBMISSIONS_DIR = "submissions"

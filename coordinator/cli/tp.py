@@ -7,19 +7,17 @@ one sentence on stderr. ``--json`` prints stable JSON on stdout and nothing else
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 import click
 
 from tuneplane.coordinator import jobspec
-from tuneplane.coordinator.apiclient import (
-    ApiClient,
+from tuneplane.coordinator.apimodel import (
     ApiError,
     ClientConfigError,
     CoordinatorUnreachable,
@@ -41,6 +39,9 @@ from tuneplane.coordinator.project import (
     init_project,
     upgrade_lock,
 )
+
+if TYPE_CHECKING:
+    from tuneplane.coordinator.apiclient import ApiClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,6 +66,12 @@ class Options:
 
 
 def _run(endpoint: Endpoint, work: Callable[[ApiClient], Awaitable[T]]) -> T:
+    # Imported here: grpclib, betterproto and asyncio cost a tenth of a second at start, which
+    # the commands that never talk to the coordinator (init, new, recipe) should not pay.
+    import asyncio
+
+    from tuneplane.coordinator.apiclient import ApiClient
+
     async def go() -> T:
         async with ApiClient(endpoint) as api:
             return await work(api)
