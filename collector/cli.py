@@ -103,9 +103,9 @@ def inspect(path: Path, as_json: bool) -> None:
     console = Console()
     table = Table(title=f"scalars in {path}")
     for column in ("source", "offset", "tag", "step", "wall time (UTC)", "value"):
-        table.add_column(
-            column, justify="right" if column in ("offset", "step", "value") else "left"
-        )
+        right = column in ("offset", "step", "value")
+        # Fold rather than cut: a truncated file name or value would mislead.
+        table.add_column(column, justify="right" if right else "left", overflow="fold")
     for p in points:
         table.add_row(
             p.source, str(p.offset), p.tag, str(p.step), _when(p.wall_time), repr(p.value)
