@@ -100,8 +100,13 @@ def _first_error(exc: Exception) -> tuple[str, str]:
     """cattrs reports ``why @ $.path.to[0].field``; take the first as (field path, why)."""
     for line in cattrs.transform_error(exc):
         why, _, where = line.rpartition(" @ ")
-        path = where.removeprefix("$").removeprefix(".") or "<root>"
-        return path, why or line
+        path = where.removeprefix("$").removeprefix(".")
+        extra = re.fullmatch(r"extra fields found \((.+)\)", why)
+        if extra:
+            # Name the unknown key itself, so the error points at the typo, not its parent.
+            key = extra.group(1).split(", ")[0]
+            return (f"{path}.{key}" if path else key), "is not a JobSpec field"
+        return path or "<root>", why or line
     return "<root>", str(exc)
 
 
