@@ -348,6 +348,11 @@ class MemberManager:
                     details={"runner_pid": observation.pid},
                 )  # fmt: skip
         elif isinstance(observation, supervision.Exited):
+            if record.state is S.STARTING:
+                # An exit record means the runner did start the workload (which finished before
+                # the agent looked): say it ran, so the history reads as what happened.
+                _, started = await self.journal.transition(key, E.RUNNER_STARTED, now_ms())
+                await self._report(started)
             exit = Exit(observation.exit_code, observation.signal)
             _, report = await self.journal.transition(
                 key, E.EXIT_OBSERVED, now_ms(), exit=exit,

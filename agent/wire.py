@@ -167,7 +167,7 @@ def _key(ref: v1.MemberRef) -> MemberKey:
 
 
 def _state(state: MemberState) -> v1.MemberState:
-    wire_state: v1.MemberState = v1.MemberState[f"MEMBER_STATE_{state.name}"]
+    wire_state: v1.MemberState = v1.MemberState[state.name]
     return wire_state
 
 
