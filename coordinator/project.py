@@ -9,7 +9,6 @@ the directory), so an interrupted ``tp`` never leaves half a file behind.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import attrs
 import yaml
 
+from tuneplane.coordinator import files
 from tuneplane.coordinator.catalogue import Catalogue, Recipe
 
 PROJECT_FILE = "tuneplane.yaml"
@@ -40,29 +40,15 @@ class StaleLockError(ProjectError):
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` so a reader sees the old file or the new one, never half.
-
-    The bytes are fsynced before the rename and the directory after it, so the new file survives
-    a power cut once this returns.
+    """Replace ``path`` atomically (:func:`tuneplane.coordinator.files.write_atomic`), creating
+    missing parent directories durably first (``experiments/<name>/``, ``.tuneplane-data/...``).
     """
+    missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    # A new directory's entry lives in its parent: fsync those too, top-most first.
+    for created in reversed(missing):
+        files.fsync_dir(created.parent)
+    files.write_atomic(path, data, mode)
 
 
 def _load_yaml(path: Path, shown: str) -> Mapping[str, Any]:
