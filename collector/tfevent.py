@@ -50,38 +50,46 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         raise WireError("a varint runs past the end of its message") from None
 
 
-def _skip(buf: bytes, pos: int, wire_type: int) -> int:
-    if wire_type == _VARINT:
-        return _varint(buf, pos)[1]
-    if wire_type == _I64:
-        return pos + 8
-    if wire_type == _LEN:
-        length, pos = _varint(buf, pos)
-        return pos + length
-    if wire_type == _I32:
-        return pos + 4
-    raise WireError(f"wire type {wire_type} (groups) is not used by event files")
-
-
-def _fields(buf: bytes) -> list[tuple[int, int, int, int]]:
-    """(field number, wire type, start, end) of every field; for LEN fields start/end bound the
-    payload, for others they bound the value bytes."""
+def _fields(buf: bytes, pos: int = 0, end: int = -1) -> list[tuple[int, int, int, int]]:
+    """(field number, wire type, start, end) of every field in ``buf[pos:end]``; for LEN fields
+    start/end bound the payload, for others the value bytes. Offsets are into ``buf``."""
     out: list[tuple[int, int, int, int]] = []
-    pos = 0
-    n = len(buf)
-    while pos < n:
-        key, pos = _varint(buf, pos)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == _LEN:
-            length, start = _varint(buf, pos)
-            pos = start + length
-            out.append((number, wire_type, start, pos))
-        else:
-            start = pos
-            pos = _skip(buf, pos, wire_type)
-            out.append((number, wire_type, start, pos))
-        if pos > n:
-            raise WireError(f"field {number} runs past the end of its message")
+    n = len(buf) if end < 0 else end
+    append = out.append
+    try:
+        while pos < n:
+            # One-byte keys and lengths are the common case: decode them inline.
+            key = buf[pos]
+            if key < 0x80:
+                pos += 1
+            else:
+                key, pos = _varint(buf, pos)
+            wire_type = key & 7
+            if wire_type == _LEN:
+                length = buf[pos]
+                if length < 0x80:
+                    start = pos + 1
+                else:
+                    length, start = _varint(buf, pos)
+                pos = start + length
+            elif wire_type == _I64:
+                start = pos
+                pos += 8
+            elif wire_type == _I32:
+                start = pos
+                pos += 4
+            elif wire_type == _VARINT:
+                start = pos
+                while buf[pos] >= 0x80:
+                    pos += 1
+                pos += 1
+            else:
+                raise WireError(f"wire type {wire_type} (groups) is not used by event files")
+            append((key >> 3, wire_type, start, pos))
+            if pos > n:
+                raise WireError(f"field {key >> 3} runs past the end of its message")
+    except IndexError:
+        raise WireError("a field runs past the end of its message") from None
     return out
 
 
@@ -92,9 +100,9 @@ def _signed64(value: int) -> int:
 def _plugin_name(metadata: bytes) -> str:
     for number, wire_type, start, end in _fields(metadata):
         if number == 1 and wire_type == _LEN:
-            for inner, inner_type, s, e in _fields(metadata[start:end]):
+            for inner, inner_type, s, e in _fields(metadata, start, end):
                 if inner == 1 and inner_type == _LEN:
-                    return metadata[start:end][s:e].decode("utf-8", "replace")
+                    return metadata[s:e].decode("utf-8", "replace")
     return ""
 
 
@@ -109,11 +117,11 @@ def tensor_scalar(tensor: bytes) -> float | None:
         if number == 1 and wire_type == _VARINT:
             dtype = _varint(tensor, start)[0]
         elif number == 2 and wire_type == _LEN:
-            for inner, inner_type, s, _e in _fields(tensor[start:end]):
+            for inner, inner_type, s, _e in _fields(tensor, start, end):
                 if inner == 2 and inner_type == _LEN:
                     rank += 1
                 elif inner == 3 and inner_type == _VARINT:
-                    unknown_rank = bool(_varint(tensor[start:end], s)[0])
+                    unknown_rank = bool(_varint(tensor, s)[0])
         elif number == 4 and wire_type == _LEN:
             content = tensor[start:end]
         elif number == 5:
@@ -182,26 +190,24 @@ class TFEventDecoder:
                 summary = (start, end)
         if summary is None:
             return
-        body = event[summary[0] : summary[1]]
         index = 0
         plugins = self.plugins
-        for number, wire_type, start, end in _fields(body):
+        for number, wire_type, start, end in _fields(event, summary[0], summary[1]):
             if number != 1 or wire_type != _LEN:
                 continue
             tag = ""
             simple: float | None = None
             metadata: bytes | None = None
             tensor: bytes | None = None
-            value = body[start:end]
-            for field, field_type, s, e in _fields(value):
+            for field, field_type, s, e in _fields(event, start, end):
                 if field == 1 and field_type == _LEN:
-                    tag = value[s:e].decode("utf-8")
+                    tag = event[s:e].decode("utf-8")
                 elif field == 2 and field_type == _I32:
-                    simple = _FLOAT.unpack_from(value, s)[0]
+                    simple = _FLOAT.unpack_from(event, s)[0]
                 elif field == 9 and field_type == _LEN:
-                    metadata = value[s:e]
+                    metadata = event[s:e]
                 elif field == 8 and field_type == _LEN:
-                    tensor = value[s:e]
+                    tensor = event[s:e]
             if tag not in plugins:
                 if metadata is not None:
                     plugins[tag] = _plugin_name(metadata)

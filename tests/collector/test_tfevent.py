@@ -18,6 +18,7 @@ from tests.collector.tb_writers import (
 from tuneplane.collector.files import read_file, telemetry_files
 from tuneplane.collector.points import ScalarPoint
 from tuneplane.collector.tfevent import TFEventDecoder
+from tuneplane.collector.tfrecord import frame
 
 
 def ours(logdir: Path) -> dict[str, list[tuple[int, float, float]]]:
@@ -124,3 +125,11 @@ def test_dedup_keys_are_unique_and_stable(tmp_path: Path) -> None:
     assert len(set(keys)) == len(keys) == sum(len(v) for v in SERIES.values())
     assert keys == [p.dedup_key for p in second]
     assert isinstance(first[0], ScalarPoint)
+
+
+def test_a_record_that_is_not_an_event_is_reported_not_fatal() -> None:
+    garbage = frame(b"\x2a\xff\xff\xff\x0f")  # field 5 (summary) claiming 4 GiB
+    good = frame(bytes.fromhex("10052a0a0a080a01781500002040"))  # step 5, x = 2.5
+    out = TFEventDecoder("f").feed(garbage + good, 0, final=True)
+    assert [(p.tag, p.step, p.value) for p in out.points] == [("x", 5, 2.5)]
+    assert [(w.kind, w.offset) for w in out.warnings] == [("malformed-event", 0)]

@@ -1,0 +1,1 @@
+"""TunePlane benchmarks: ``python -m bench [names]`` runs ``bench/<name>.py``'s ``main()``."""

@@ -1,0 +1,34 @@
+"""Run benchmarks by name: ``python -m bench telemetry``; all of bench/*.py when none is named."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+
+def available() -> list[str]:
+    here = Path(__file__).resolve().parent
+    return sorted(p.stem for p in here.glob("*.py") if not p.stem.startswith("_"))
+
+
+def main(argv: list[str]) -> int:
+    names = argv or available()
+    unknown = [n for n in names if n not in available()]
+    if unknown:
+        print(
+            f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(available())}",
+            file=sys.stderr,
+        )
+        return 2
+    for name in names:
+        print(f"== {name}")
+        module = importlib.import_module(f"bench.{name}")
+        rc = module.main()
+        if rc:
+            return int(rc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,115 @@
+"""Telemetry decoding speed: our event-file reader against TensorBoard's loader, and JSONL.
+
+Both readers decode the same file in the same process; each figure is the median of several
+runs. ``TUNEPLANE_BENCH_SCALARS`` sets the number of scalars (default 200000).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboardX.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+
+from tuneplane.collector.files import read_file
+from tuneplane.collector.tfrecord import frame
+
+TAGS = ("train/loss", "train/lr", "eval/loss", "eval/acc")
+
+
+def write_event_file(path: Path, scalars: int) -> None:
+    """Half TF1 simple_value, half new-style tensor scalars (metadata on first value only)."""
+    chunks = [
+        frame(
+            event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()
+        )
+    ]
+    seen: set[str] = set()
+    for i in range(scalars):
+        tag = TAGS[i % len(TAGS)]
+        step = i // len(TAGS)
+        value = 1.0 / (step + 1)
+        if tag.startswith("train/"):
+            item = summary_pb2.Summary.Value(tag=tag, simple_value=value)
+        else:
+            tensor = tensor_pb2.TensorProto(
+                dtype=1, tensor_shape=tensor_shape_pb2.TensorShapeProto()
+            )
+            tensor.float_val.append(value)
+            item = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
+            if tag not in seen:
+                item.metadata.plugin_data.plugin_name = "scalars"
+                seen.add(tag)
+        event = event_pb2.Event(
+            wall_time=1.7e9 + i, step=step, summary=summary_pb2.Summary(value=[item])
+        )
+        chunks.append(frame(event.SerializeToString()))
+    path.write_bytes(b"".join(chunks))
+
+
+def write_jsonl(path: Path, lines: int) -> None:
+    with path.open("w") as handle:
+        for step in range(lines):
+            record = {
+                "step": step,
+                "metrics": {"train/loss": 1.0 / (step + 1), "train/lr": 1e-4},
+                "wall_time": 1.7e9 + step,
+            }
+            handle.write(json.dumps(record) + "\n")
+
+
+def ours(path: Path) -> int:
+    points, warnings = read_file(path, path.name)
+    if warnings:
+        raise RuntimeError(f"benchmark file decoded with warnings: {warnings[0].describe()}")
+    return len(points)
+
+
+def tensorboard(path: Path) -> int:
+    count = 0
+    for event in EventFileLoader(str(path)).Load():
+        if event.HasField("summary"):
+            count += len(event.summary.value)
+    return count
+
+
+def median_seconds(fn: Callable[[Path], int], path: Path, runs: int, expect: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        got = fn(path)
+        times.append(time.perf_counter() - start)
+        if got != expect:
+            raise RuntimeError(f"{fn.__name__} decoded {got} scalars, expected {expect}")
+    return statistics.median(times)
+
+
+def main() -> int:
+    scalars = int(os.environ.get("TUNEPLANE_BENCH_SCALARS", "200000"))
+    with tempfile.TemporaryDirectory() as tmp:
+        events = Path(tmp) / "events.out.tfevents.bench"
+        write_event_file(events, scalars)
+        size = events.stat().st_size
+        ours_s = median_seconds(ours, events, 5, scalars)
+        tb_s = median_seconds(tensorboard, events, 3, scalars)
+        print(f"event file: {scalars} scalars, {size / 1e6:.1f} MB")
+        print(f"  tuneplane reader   {scalars / ours_s:12,.0f} scalars/s  ({ours_s:.3f} s)")
+        print(f"  tensorboard loader {scalars / tb_s:12,.0f} scalars/s  ({tb_s:.3f} s)")
+        print(f"  speed-up           {tb_s / ours_s:12.1f}x")
+        lines = scalars // 2
+        jsonl = Path(tmp) / "metrics.jsonl"
+        write_jsonl(jsonl, lines)
+        jsonl_s = median_seconds(ours, jsonl, 5, lines * 2)
+        print(f"jsonl: {lines} lines, {jsonl.stat().st_size / 1e6:.1f} MB")
+        print(f"  tuneplane reader   {lines / jsonl_s:12,.0f} lines/s    ({jsonl_s:.3f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
