@@ -1,0 +1,237 @@
+"""The test plays a Node over real gRPC against a real coordinator: prepare, commit, reports."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.coordinator.grpc_client import Api, api_client, enroll, jobspec, node_stream
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tuneplane.proto import v1
+
+RUNNING = v1.MemberState(v1.MemberState.RUNNING)
+EXITED = v1.MemberState(v1.MemberState.EXITED)
+
+
+@pytest.fixture(scope="module")
+def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+    with start_coordinator(
+        tmp_path_factory.mktemp("protocol"),
+        heartbeat_interval=0.5,
+        heartbeat_timeout=5,
+        prepare_timeout=3,
+    ) as c:
+        yield c
+
+
+def _node(coord: CoordinatorProcess, hostname: str, gpus: int = 2) -> v1.EnrollReply:
+    token = coord.create_join_token()
+    return asyncio.run(enroll(coord.control, coord.ca_path, token, hostname, gpus))
+
+
+async def _launch(api: Api, node: Any, project: str, gpus: int = 2) -> tuple[str, v1.Prepare]:
+    """Submit a Job, answer its Prepare with ok, and receive the Commit."""
+    receipt = await api.submit(jobspec(gpus=gpus, project=project), f"key-{project}")
+    prepare: v1.Prepare = await node.expect("prepare")
+    assert prepare.member.run_id == receipt.run_id
+    await api.wait_for_state(receipt.run_id, "reserved")
+    await node.send(
+        prepare_reply=v1.PrepareReply(
+            member=prepare.member,
+            ok=True,
+            rendezvous=v1.Rendezvous(master_addr="127.0.0.1", master_port=29500),
+        )
+    )
+    commit: v1.Commit = await node.expect("commit")
+    assert commit.member == prepare.member
+    assert (commit.rendezvous.master_addr, commit.rendezvous.master_port) == ("127.0.0.1", 29500)
+    await api.wait_for_state(receipt.run_id, "starting")
+    return receipt.run_id, prepare
+
+
+def test_a_job_runs_to_success_and_a_repeated_report_is_applied_once(
+    coord: CoordinatorProcess,
+) -> None:
+    enrolled = _node(coord, "node-ok")
+
+    async def go() -> v1.Job:
+        async with (
+            api_client(coord.api, coord.ca_path, coord.admin_token) as api,
+            node_stream(
+                coord.control,
+                coord.ca_path,
+                enrolled.node_credential,
+                enrolled.node_id,
+                hostname="node-ok",
+            ) as node,
+        ):
+            run_id, prepare = await _launch(api, node, "succeeds")
+            assert prepare.member_count == 1
+            assert sorted(prepare.gpu_indexes) == [0, 1]
+            assert prepare.pick_rendezvous
+            for name, data in prepare.capsule_files.items():
+                assert prepare.capsule_digests[name] == "sha256:" + hashlib.sha256(data).hexdigest()
+            capsule = json.loads(prepare.capsule_files["capsule.json"])
+            assert capsule["run_id"] == run_id
+            assert capsule["launcher"] == "member"
+            assert capsule["entrypoint"] == ["bash", "train.sh"]
+            assert json.loads(prepare.jobspec_json)["source_files"]["train.sh"]
+
+            assert await node.report(1, prepare.member, RUNNING) == 1
+            await api.wait_for_state(run_id, "running")
+            assert await node.report(2, prepare.member, EXITED, has_exit=True, exit_code=0) == 2
+            # The same report again (the Node did not see the ack): acked, not applied twice.
+            assert await node.report(2, prepare.member, EXITED, has_exit=True, exit_code=0) == 2
+            # An old report arriving late is acked and changes nothing.
+            assert await node.report(1, prepare.member, RUNNING) == 1
+            return await api.wait_for_state(run_id, "succeeded")
+
+    job = asyncio.run(go())
+    member = job.attempts[0].members[0]
+    assert member.state == "exited" and member.has_exit and member.exit_code == 0
+    assert [h.state for h in member.history] == ["reserved", "prepared", "running", "exited"]
+    assert [h.state for h in job.history] == [
+        "queued",
+        "reserved",
+        "starting",
+        "running",
+        "succeeded",
+    ]
+
+
+def test_a_nonzero_exit_fails_the_job_and_frees_the_gpus(coord: CoordinatorProcess) -> None:
+    enrolled = _node(coord, "node-fail")
+
+    async def go() -> tuple[v1.Job, v1.Prepare]:
+        async with (
+            api_client(coord.api, coord.ca_path, coord.admin_token) as api,
+            node_stream(
+                coord.control,
+                coord.ca_path,
+                enrolled.node_credential,
+                enrolled.node_id,
+                hostname="node-fail",
+            ) as node,
+        ):
+            run_id, prepare = await _launch(api, node, "fails")
+            await node.report(1, prepare.member, RUNNING)
+            await node.report(2, prepare.member, EXITED, has_exit=True, exit_code=3)
+            job = await api.wait_for_state(run_id, "failed")
+            # The GPUs came back: the next Job is placed on the same Node's GPUs.
+            _, again = await _launch(api, node, "after-failure")
+            return job, again
+
+    job, again = asyncio.run(go())
+    member = job.attempts[0].members[0]
+    assert member.has_exit and member.exit_code == 3
+    assert job.history[-1].reason == "member 0 exited with code 3"
+    assert sorted(again.gpu_indexes) == [0, 1]
+
+
+def test_a_refused_prepare_aborts_the_launch(coord: CoordinatorProcess) -> None:
+    enrolled = _node(coord, "node-refuse")
+
+    async def go() -> tuple[v1.Job, v1.Abort]:
+        async with (
+            api_client(coord.api, coord.ca_path, coord.admin_token) as api,
+            node_stream(
+                coord.control,
+                coord.ca_path,
+                enrolled.node_credential,
+                enrolled.node_id,
+                hostname="node-refuse",
+            ) as node,
+        ):
+            receipt = await api.submit(jobspec(project="refused"), "key-refused")
+            prepare: v1.Prepare = await node.expect("prepare")
+            await node.send(
+                prepare_reply=v1.PrepareReply(member=prepare.member, ok=False, reason="GPU 1 busy")
+            )
+            abort = await node.expect("abort")
+            return await api.wait_for_state(receipt.run_id, "aborted"), abort
+
+    job, abort = asyncio.run(go())
+    assert "GPU 1 busy" in abort.reason
+    assert "GPU 1 busy" in job.history[-1].reason
+    assert job.attempts[0].state == "aborted"
+
+
+def test_a_prepare_timeout_aborts_and_the_node_can_ask_for_the_decision(
+    coord: CoordinatorProcess,
+) -> None:
+    enrolled = _node(coord, "node-slow")
+
+    async def go() -> tuple[v1.Job, v1.Abort, v1.Abort]:
+        async with (
+            api_client(coord.api, coord.ca_path, coord.admin_token) as api,
+            node_stream(
+                coord.control,
+                coord.ca_path,
+                enrolled.node_credential,
+                enrolled.node_id,
+                hostname="node-slow",
+            ) as node,
+        ):
+            receipt = await api.submit(jobspec(project="slow"), "key-slow")
+            prepare: v1.Prepare = await node.expect("prepare")
+            # Never reply; keep the stream alive with heartbeats until the Abort comes.
+            for seq in range(1, 40):
+                await node.send(heartbeat=v1.Heartbeat(seq=seq))
+                kind, body = await node.recv(timeout=10)
+                if kind == "abort":
+                    break
+                await asyncio.sleep(0.2)
+            else:
+                raise AssertionError("no Abort after the prepare timeout")
+            await node.send(decision_query=v1.DecisionQuery(member=prepare.member))
+            asked = await node.expect("abort")
+            return await api.wait_for_state(receipt.run_id, "aborted"), body, asked
+
+    job, abort, asked = asyncio.run(go())
+    assert "prepare deadline" in abort.reason
+    assert asked.reason == abort.reason
+    assert job.attempts[0].members[0].state == "aborted"
+
+
+def test_a_dropped_node_makes_the_job_unknown_until_it_reports_again(
+    coord: CoordinatorProcess,
+) -> None:
+    enrolled = _node(coord, "node-drop")
+
+    async def go() -> tuple[v1.Job, v1.Job, v1.Job]:
+        async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+            async with node_stream(
+                coord.control,
+                coord.ca_path,
+                enrolled.node_credential,
+                enrolled.node_id,
+                hostname="node-drop",
+            ) as node:
+                run_id, prepare = await _launch(api, node, "drops")
+                await node.report(1, prepare.member, RUNNING)
+                await api.wait_for_state(run_id, "running")
+            # The stream closed: the workload may well still run. Never failed, only unknown.
+            unknown = await api.wait_for_state(run_id, "unknown")
+            held = [v1.HeldMember(member=prepare.member, state=RUNNING)]
+            async with node_stream(
+                coord.control,
+                coord.ca_path,
+                enrolled.node_credential,
+                enrolled.node_id,
+                hostname="node-drop",
+                held=held,
+            ) as node:
+                back = await api.wait_for_state(run_id, "running")
+                await node.report(2, prepare.member, EXITED, has_exit=True, exit_code=0)
+                done = await api.wait_for_state(run_id, "succeeded")
+            return unknown, back, done
+
+    unknown, back, done = asyncio.run(go())
+    assert unknown.attempts[0].members[0].state == "unknown"
+    assert back.attempts[0].members[0].state == "running"
+    assert done.attempts[0].members[0].exit_code == 0
