@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 import click
 
-from tuneplane.coordinator import jobspec
+from tuneplane.coordinator import jobspec, lifecycle
 from tuneplane.coordinator.apimodel import (
     ApiError,
     ClientConfigError,
@@ -350,18 +350,23 @@ def job() -> None:
 
 @job.command("ls")
 @click.option("--project", default="", help="Only Jobs of this project.")
-@click.option("--state", default="", help="Only Jobs in this state, e.g. running.")
+@click.option(
+    "--state",
+    type=click.Choice(sorted(lifecycle.JOB_TRANSITIONS)),
+    metavar="STATE",
+    help="Only Jobs in this state: " + ", ".join(sorted(lifecycle.JOB_TRANSITIONS)) + ".",
+)
 @click.option("--mine", is_flag=True, help="Only Jobs you submitted.")
 @click.option("--limit", type=click.IntRange(min=0), default=0, help="At most N Jobs (0: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_obj
 def job_ls(
-    options: Options, project: str, state: str, mine: bool, limit: int, as_json: bool
+    options: Options, project: str, state: str | None, mine: bool, limit: int, as_json: bool
 ) -> None:
     """List Jobs, newest first as the coordinator returns them."""
 
     async def work(api: ApiClient) -> list[Job]:
-        return await api.list_jobs(project=project, state=state, mine=mine, limit=limit)
+        return await api.list_jobs(project=project, state=state or "", mine=mine, limit=limit)
 
     jobs = _run(options.endpoint(), work)
     if as_json:

@@ -86,6 +86,7 @@ def test_recipe_upgrade_says_what_changed(project: Path) -> None:
         (("submit", "hello", "--profile", "H200", "--preview"), "is not a Profile"),
         (("submit", "hello", "--preview"), "No Profile given"),
         (("job", "show"), "Missing argument"),
+        (("job", "ls", "--state", "runing"), "'runing' is not one of"),
         (("frobnicate",), "No such command"),
     ],
 )
