@@ -127,6 +127,7 @@ class Tailer:
             s.source_id: Position(s.committed, s.committed_state)
             for s in self._tracker.streams.values()
         }
+        self._sent_positions: dict[str, Position] = {}
         self._seq = 0
         self._committed_seq = 0
         self._skipped_copies: set[str] = set()
@@ -160,11 +161,9 @@ class Tailer:
             # Drain: repeat until a whole pass decodes nothing more.
             while await self._poll(send, final=True):
                 pass
-            if any(
-                p.offset != s.committed
-                for sid, p in self._positions.items()
-                if (s := self._tracker.streams.get(sid)) is not None
-            ):
+            # Bytes that held no points (graphs, hparams lines) still move positions: one last
+            # batch lets the consumer commit the checkpoint to the very end.
+            if self._positions != self._sent_positions:
                 await self._send(send, [], [])
         log.info(
             "telemetry drained root=%s points=%d warnings=%d",
@@ -209,7 +208,8 @@ class Tailer:
                     warning.kind,
                     warning.line,
                 )
-        await send.send(Batch(self._seq, points, warnings, dict(self._positions)))
+        self._sent_positions = dict(self._positions)
+        await send.send(Batch(self._seq, points, warnings, self._sent_positions))
 
     async def _poll(self, send: trio.MemorySendChannel[Batch], *, final: bool) -> bool:
         """One pass: scan, update identities, decode new bytes. True when anything advanced."""

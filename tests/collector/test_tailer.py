@@ -3,6 +3,7 @@ rotation, copytruncate, reused inodes, drain and restart from the checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -322,3 +323,20 @@ async def test_tailer_refuses_another_directory_s_checkpoint(tmp_path: Path) -> 
     checkpoint.write_text("{not json")
     with pytest.raises(CheckpointError, match="is not valid JSON"):
         Tailer(tmp_path / "a", checkpoint)
+
+
+async def test_checkpoint_reaches_the_end_even_without_points(tmp_path: Path) -> None:
+    root = tmp_path / "telemetry"
+    root.mkdir()
+    path = root / "m.jsonl"
+    checkpoint = tmp_path / "ckpt.json"
+
+    async def hparams_last(tailer: Tailer, sink: Sink) -> None:
+        path.write_bytes(line(1))
+        await wait_for(lambda: len(sink.points) == 1)
+        append(path, b'{"hparams": {"lr": 0.1}}\n')  # read only by the drain; no points
+
+    _, sink = await tail(root, checkpoint, hparams_last)
+    assert sink.batches[-1].points == [] and sink.batches[-1].warnings == []
+    (stream,) = json.loads(checkpoint.read_text())["tracker"]["streams"]
+    assert stream["committed"] == path.stat().st_size
