@@ -363,7 +363,7 @@ def doctor_command(state_dir: Path) -> None:
         detail = (": " + "; ".join(bad[:3])) if bad else ""
         line(not bad, f"journal integrity {state.journal_path}{detail}")
     except journal_read.JournalUnreadable as exc:
-        line(False, str(exc))
+        line(False, f"journal integrity: {exc} The agent runs in safe mode until it is repaired.")
     ok, text = _nvml_line()
     line(ok, text)
     if failures:

@@ -217,8 +217,17 @@ class Daemon:
                 ) as stream:
                     await self._run_session(stream)
             except (WireError, SessionClosed) as exc:
-                self.status.last_error = str(exc)
-                log.warning("control session ended coordinator=%s reason=%s", self.endpoint, exc)
+                self._session_ended(exc)
+            except BaseExceptionGroup as group:
+                # The session's nursery groups what its tasks raised; anything other than a
+                # broken stream or a closed session (Cancelled, a bug) propagates.
+                matched, rest = group.split((WireError, SessionClosed))
+                if rest is not None or matched is None:
+                    raise
+                first: BaseException = matched
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                self._session_ended(first)
             finally:
                 self._session = None
                 self._stream = None
@@ -232,6 +241,10 @@ class Daemon:
             log.info("reconnecting coordinator=%s in_s=%.2f attempt=%d", self.endpoint, delay,
                      failures)  # fmt: skip
             await trio.sleep(delay)
+
+    def _session_ended(self, exc: BaseException) -> None:
+        self.status.last_error = str(exc)
+        log.warning("control session ended coordinator=%s reason=%s", self.endpoint, exc)
 
     async def _held(self) -> list[tuple[MemberKey, MemberState]]:
         return await self.manager.held() if self.manager else []

@@ -1,0 +1,219 @@
+"""The daemon against a real coordinator: connect, heartbeats, reconnect, journal-first launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.agent import AgentProcess, start_agent, wait_until
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+
+pytestmark = pytest.mark.slow
+
+TERMINAL = {"succeeded", "failed", "aborted", "cancelled"}
+
+
+@pytest.fixture
+def coordinator(tmp_path: Path) -> Iterator[CoordinatorProcess]:
+    with start_coordinator(tmp_path) as coord:
+        yield coord
+
+
+def tp(coord: CoordinatorProcess, *args: str, cwd: Path | None = None) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
+         str(coord.context_path), *args],
+        cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def submit(coord: CoordinatorProcess, root: Path, script: str) -> str:
+    """A custom/custom Job of one member running ``script``; returns its run id."""
+    root.mkdir()
+    tp(coord, "init", str(root), "--name", "agent", cwd=root)
+    tp(coord, "new", "job", "--method", "custom/custom", cwd=root)
+    (root / "experiments" / "job" / "train.sh").write_text(script)
+    out = tp(coord, "submit", "job", "--profile", "h200:1", "--yes", "--json", cwd=root)
+    return str(json.loads(out.strip().splitlines()[-1])["run_id"])
+
+
+def job(coord: CoordinatorProcess, run_id: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(tp(coord, "job", "show", run_id, "--json"))
+    return data
+
+
+def wait_job(coord: CoordinatorProcess, run_id: str, timeout: float = 60) -> dict[str, Any]:
+    result: dict[str, Any] = wait_until(
+        f"job {run_id} to end", lambda: (j := job(coord, run_id))["state"] in TERMINAL and j,
+        timeout,
+    )  # fmt: skip
+    return result
+
+
+def journal(agent: AgentProcess, *args: str) -> Any:
+    done = agent.cli("journal", *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout) if "--json" in args else done.stdout
+
+
+def test_connects_and_heartbeats(coordinator: CoordinatorProcess, tmp_path: Path) -> None:
+    agent = start_agent(tmp_path, coordinator)
+    try:
+        agent.wait_connected()
+        first = wait_until("a heartbeat ack", lambda: agent.status().get("last_heartbeat_ack_ms"))
+        later = wait_until(
+            "a later heartbeat ack",
+            lambda: (agent.status().get("last_heartbeat_ack_ms") or 0) > first,
+        )
+        assert later
+        status = json.loads(agent.cli("status", "--json").stdout)
+        assert status["connected"] and status["node_id"] == agent.node_id
+        assert [g["uuid"] for g in status["inventory"]["gpus"]] == [
+            "GPU-sim-node-a-0", "GPU-sim-node-a-1",
+        ]  # fmt: skip
+        assert "control stream opened node=" + agent.node_id in coordinator.read_log()
+    finally:
+        agent.stop()
+    text = agent.cli("status").stdout
+    assert "NOT RUNNING" in text
+
+
+def test_reconnects_with_backoff_when_the_coordinator_comes_back(
+    coordinator: CoordinatorProcess, tmp_path: Path
+) -> None:
+    agent = start_agent(tmp_path, coordinator)
+    try:
+        agent.wait_connected()
+        coordinator.kill()
+        wait_until("the agent to notice", lambda: not agent.status().get("connected"), 15)
+        # Give the agent a few failed attempts so the backoff grows past its first step.
+        wait_until("reconnect attempts", lambda: agent.status().get("reconnects", 0) >= 3, 15)
+        assert agent.alive()
+        coordinator.restart()
+        agent.wait_connected(45)
+        log = agent.read_log()
+        assert "reconnecting coordinator=" in log
+        delays = [float(part.split("=")[1]) for line in log.splitlines()
+                  for part in line.split() if part.startswith("in_s=")]  # fmt: skip
+        assert max(delays) > min(delays), delays
+    finally:
+        agent.stop()
+
+
+def test_a_job_runs_and_the_journal_tells_its_story(
+    coordinator: CoordinatorProcess, tmp_path: Path
+) -> None:
+    agent = start_agent(tmp_path, coordinator)
+    try:
+        agent.wait_connected()
+        script = 'echo "$CUDA_VISIBLE_DEVICES" > "$TUNEPLANE_OUT_DIR/gpu"\n'
+        run_id = submit(coordinator, tmp_path / "proj", script)
+        done = wait_job(coordinator, run_id)
+        assert done["state"] == "succeeded", done
+        wait_until(
+            "reports acknowledged",
+            lambda: not journal(agent, "reservations", "--json")["pending_reports"],
+        )
+        key = f"{run_id}.1.0"
+        (member,) = journal(agent, "members", "--json")
+        assert member["member"] == key and member["state"] == "exited"
+        assert member["exit_code"] == 0
+        gpu = (Path(member["out_dir"]) / "gpu").read_text().strip()
+        assert gpu.startswith("GPU-sim-node-a-")
+        kinds = [e["kind"] for e in journal(agent, "events", "--member", key, "--json")]
+        assert kinds == [
+            "prepare-received", "prepare-succeeded", "commit-received", "spawn-requested",
+            "runner-started", "exit-observed",
+        ]  # fmt: skip
+        assert journal(agent, "reservations", "--json")["gpus"] == []
+        show = journal(agent, "show", key)
+        assert "exit-observed" in show and "running -> exited" in show
+    finally:
+        agent.stop()
+    # The journal reads the same with the daemon stopped.
+    assert journal(agent, "members", "--json")[0]["state"] == "exited"
+    assert journal(agent, "events", "--since", "1h", "--json")
+
+
+@pytest.mark.parametrize("point", ["after-commit-journaled", "after-spawn"])
+def test_a_crash_at_a_named_point_starts_the_member_exactly_once(
+    coordinator: CoordinatorProcess, tmp_path: Path, point: str
+) -> None:
+    agent = start_agent(tmp_path, coordinator, env={"TUNEPLANE_CRASHPOINT": point})
+    agent.wait_connected()
+    script = 'echo started >> "$TUNEPLANE_OUT_DIR/starts"\nsleep 1\n'
+    run_id = submit(coordinator, tmp_path / "proj", script)
+    assert agent.wait_exit(30) == 137
+    assert f"point={point}" in agent.read_log()
+    try:
+        agent.restart()
+        done = wait_job(coordinator, run_id)
+        assert done["state"] == "succeeded", done
+        (member,) = done["attempts"][0]["members"]
+        assert (Path(member["out_dir"]) / "starts").read_text() == "started\n"
+        key = f"{run_id}.1.0"
+        kinds = [e["kind"] for e in journal(agent, "events", "--member", key, "--json")]
+        assert kinds.count("spawn-requested") == 1 and kinds[-1] == "exit-observed"
+    finally:
+        agent.stop()
+
+
+def test_stopping_the_agent_leaves_the_member_running(
+    coordinator: CoordinatorProcess, tmp_path: Path
+) -> None:
+    agent = start_agent(tmp_path, coordinator)
+    agent.wait_connected()
+    marker = tmp_path / "release"
+    script = f'while [ ! -e "{marker}" ]; do sleep 0.1; done\necho done > "$TUNEPLANE_OUT_DIR/r"\n'
+    run_id = submit(coordinator, tmp_path / "proj", script)
+    wait_until("the member to run", lambda: job(coordinator, run_id)["state"] == "running")
+    agent.stop()
+    (member,) = journal(agent, "members", "--json")
+    assert member["state"] == "running"
+    runner = json.loads((Path(member["member_dir"]) / "runner.json").read_text())
+    os.kill(int(runner["pid"]), 0)  # still alive without its agent
+    marker.write_text("go")
+    # The member finishes while the agent is down; the restarted agent collects the exit.
+    wait_until("the exit record", lambda: (Path(member["member_dir"]) / "exit.json").exists())
+    try:
+        agent.restart()
+        done = wait_job(coordinator, run_id)
+        assert done["state"] == "succeeded", done
+        assert (Path(member["out_dir"]) / "r").read_text() == "done\n"
+    finally:
+        agent.stop()
+
+
+def test_a_corrupt_journal_means_safe_mode(coordinator: CoordinatorProcess, tmp_path: Path) -> None:
+    agent = start_agent(tmp_path, coordinator)
+    agent.wait_connected()
+    agent.stop()
+    data = agent.journal_path.read_bytes()
+    agent.journal_path.write_bytes(data[:4096] + b"\xff" * (len(data) - 4096))
+    try:
+        agent.start()
+        status = agent.wait_connected()
+        assert status["safe_mode"] and "SAFE MODE" in status["safe_mode_reason"]
+        assert "SAFE MODE" in agent.cli("status").stdout
+        assert "safe mode reason=" in agent.read_log()
+        doctor = agent.cli("doctor")
+        assert doctor.returncode == 1 and "FAIL  journal" in doctor.stdout
+        assert "NVML not found: this Node reports 0 GPUs" in doctor.stdout
+        started = time.monotonic()
+        # Prepare is refused with the reason, so the Job does not run here.
+        run_id = submit(coordinator, tmp_path / "proj", "exit 0\n")
+        done = wait_job(coordinator, run_id, 60)
+        assert done["state"] != "succeeded"
+        assert time.monotonic() - started < 60
+    finally:
+        agent.stop()

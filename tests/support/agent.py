@@ -1,0 +1,224 @@
+"""Start a real ``tuneplane-node`` (enroll + run) as a subprocess for integration tests.
+
+Rules: the agent is the real CLI in its own process; its log goes to ``<state_dir>/../<name>.log``;
+whoever starts it owns it, and every agent this helper started is reaped (SIGKILL as a last resort
+at exit) so a failed test leaves no stray daemon behind. Waits poll files the agent writes
+atomically (status.json), never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tests.support.coordinator import CoordinatorProcess
+
+CONNECT_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+_LIVE: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _reap_all() -> None:
+    for proc in list(_LIVE):
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    _LIVE.clear()
+
+
+def node_cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tuneplane.agent.cli", *args]
+
+
+def wait_until(what: str, check: Any, timeout: float = CONNECT_TIMEOUT_S) -> Any:
+    """Poll ``check()`` until it returns something truthy; fail naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class AgentProcess:
+    """An enrolled Node and its running daemon."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        out_root: Path,
+        node_id: str,
+        simulate_gpus: str | None,
+        log_path: Path,
+    ) -> None:
+        self.state_dir = state_dir
+        self.out_root = out_root
+        self.node_id = node_id
+        self.simulate_gpus = simulate_gpus
+        self.log_path = log_path
+        self.journal_path = state_dir / "journal.db"
+        self.status_path = state_dir / "status.json"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "the agent is not running"
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, env: Mapping[str, str] | None = None) -> None:
+        args = ["run", "--state-dir", str(self.state_dir), "--out-root", str(self.out_root)]
+        if self.simulate_gpus:
+            args += ["--simulate-gpus", self.simulate_gpus]
+        self.status_path.unlink(missing_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                node_cli(*args),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        _LIVE.add(self._proc)
+
+    def read_log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's status.json ({} before it wrote one)."""
+        try:
+            data = json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _check_alive(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            raise AssertionError(
+                f"the agent exited with {self._proc.returncode}; its log:\n{self.read_log()}"
+            )
+
+    def wait_connected(self, timeout: float = CONNECT_TIMEOUT_S) -> dict[str, Any]:
+        def connected() -> dict[str, Any] | None:
+            self._check_alive()
+            status = self.status()
+            return status if status.get("connected") else None
+
+        result: dict[str, Any] = wait_until("the agent to connect", connected, timeout)
+        return result
+
+    def wait_exit(self, timeout: float = CONNECT_TIMEOUT_S) -> int:
+        assert self._proc is not None
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the agent did not exit within {timeout:g} s") from None
+        _LIVE.discard(self._proc)
+        self._proc = None
+        return code
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run another ``tuneplane-node`` command against this state directory."""
+        return subprocess.run(
+            node_cli(*args, "--state-dir", str(self.state_dir)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def stop(self) -> None:
+        """SIGTERM and check the agent stopped cleanly (exit status 0)."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._proc = None
+        _LIVE.discard(proc)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise AssertionError(
+                    f"the agent ignored SIGTERM for {STOP_TIMEOUT_S:g} s:\n{self.read_log()}"
+                ) from None
+        assert proc.returncode == 0, f"the agent exited with {proc.returncode}:\n{self.read_log()}"
+
+    def kill(self) -> None:
+        """SIGKILL: the crash the journal must survive."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._proc = None
+        _LIVE.discard(proc)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+    def restart(self, env: Mapping[str, str] | None = None) -> None:
+        """Stop (or reap) the daemon and run it again on the same state directory."""
+        if self.alive():
+            self.stop()
+        elif self._proc is not None:
+            _LIVE.discard(self._proc)
+            self._proc.wait()
+            self._proc = None
+        self.start(env)
+
+
+def enroll(
+    state_dir: Path, coordinator: CoordinatorProcess, name: str, simulate_gpus: str | None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``tuneplane-node enroll`` with a fresh join token."""
+    args = [
+        "enroll", "--state-dir", str(state_dir), "--coordinator", coordinator.control,
+        "--ca", str(coordinator.ca_path), "--token", coordinator.create_join_token(),
+        "--name", name,
+    ]  # fmt: skip
+    if simulate_gpus:
+        args += ["--simulate-gpus", simulate_gpus]
+    return subprocess.run(node_cli(*args), capture_output=True, text=True, timeout=60, check=False)
+
+
+def start_agent(
+    tmp_path: Path,
+    coordinator: CoordinatorProcess,
+    name: str = "node-a",
+    simulate_gpus: str | None = "h200:2",
+    env: Mapping[str, str] | None = None,
+) -> AgentProcess:
+    """Enroll a Node under ``tmp_path/<name>`` and start ``tuneplane-node run`` for it."""
+    state_dir = tmp_path / name
+    done = enroll(state_dir, coordinator, name, simulate_gpus)
+    if done.returncode != 0:
+        raise RuntimeError(f"tuneplane-node enroll failed ({done.returncode}): {done.stderr}")
+    node = json.loads((state_dir / "node.json").read_text())
+    agent = AgentProcess(
+        state_dir, tmp_path / f"{name}-outputs", str(node["node_id"]), simulate_gpus,
+        tmp_path / f"{name}.log",
+    )  # fmt: skip
+    agent.start(env)
+    return agent
+
+
+__all__ = ["AgentProcess", "enroll", "start_agent", "wait_until"]
