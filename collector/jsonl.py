@@ -18,6 +18,8 @@ from tuneplane.collector.points import Decoded, ReadWarning, ScalarPoint
 
 MAX_LINE_BYTES = 1024 * 1024
 _RESERVED = frozenset({"step", "wall_time", "metrics"})
+# One decoder, called on text: json.loads would sniff the encoding of every line again.
+_DECODE = json.JSONDecoder().decode
 
 
 class JsonlDecoder:
@@ -103,7 +105,7 @@ class JsonlDecoder:
         if not line.strip():
             return
         try:
-            obj = json.loads(line)
+            obj = _DECODE(line.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             self._warn(
                 warnings, offset, "malformed-line", f"the line is not valid JSON ({exc}); skipped"
@@ -176,6 +178,8 @@ class JsonlDecoder:
 
 
 def _is_number(value: object) -> bool:
+    if type(value) is float:
+        return True
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     # Huge JSON integers do not fit a float; NaN and infinities are kept (a diverged loss is data).
