@@ -74,7 +74,7 @@ def load(path: Path) -> Submission:
     try:
         return _CONVERTER.structure(raw, Submission)
     except (ClassValidationError, ForbiddenExtraKeysError, TypeError, ValueError) as exc:
-        detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, Exception) else ""
+        detail = "; ".join(cattrs.transform_error(exc))
         raise ProjectError(f"The preview file {path} is damaged ({detail}). {fix}") from None
 
 

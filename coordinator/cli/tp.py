@@ -8,6 +8,7 @@ one sentence on stderr. ``--json`` prints stable JSON on stdout and nothing else
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -418,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ProjectError, ApiError) as exc:
         click.echo(f"error: {exc}", err=True)
         return EXIT_REFUSED
+    except BrokenPipeError:
+        # `tp job ls | head`: the reader left; that is not an error worth a traceback.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - must outlive this frame for exit
+        return 0
     return rc if isinstance(rc, int) else 0
 
 
