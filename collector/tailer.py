@@ -159,8 +159,9 @@ class Tailer:
                 with trio.move_on_after(self._poll_interval):
                     await writers_done.wait()
             # Drain: repeat until a whole pass decodes nothing more.
-            while await self._poll(send, final=True):
-                pass
+            draining = True
+            while draining:
+                draining = await self._poll(send, final=True)
             # Bytes that held no points (graphs, hparams lines) still move positions: one last
             # batch lets the consumer commit the checkpoint to the very end.
             if self._positions != self._sent_positions:
