@@ -1,0 +1,165 @@
+"""The member manager on a real journal, real files and real runner processes (no coordinator)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import attrs
+import trio
+
+from tuneplane.agent import messages as m
+from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
+from tuneplane.agent.journal import Journal, MemberKey, NewMember
+from tuneplane.agent.member_state import MemberState
+from tuneplane.agent.members import MemberManager
+from tuneplane.coordinator import jobspec
+
+S = MemberState
+INV = simulated_inventory("node-a", SimulatedGpus("h200", 2))
+KEY = MemberKey("run-1", 1, 0)
+
+
+def spec_json(script: str, grace: int = 2) -> str:
+    spec = jobspec.JobSpec(
+        api_version=jobspec.API_VERSION, project="p", experiment="e", method_id="custom/custom",
+        recipe_digest="sha256:0", runtime_id="host:bash", entrypoint=("bash", "train.sh"),
+        resources=jobspec.Resources(profile="h200", series="h200", gpus=1),
+        grace_period_s=grace,
+        source_files={"train.sh": base64.b64encode(script.encode()).decode()},
+    )  # fmt: skip
+    return jobspec.canonical_json(spec)
+
+
+def prepare(key: MemberKey, gpus: tuple[int, ...], script: str = "exit 0\n") -> m.Prepare:
+    return m.Prepare(key, spec_json(script), 1, gpus, True, {}, {})
+
+
+@attrs.define
+class Harness:
+    manager: MemberManager
+    journal: Journal
+    sent: list[m.Outgoing]
+
+    async def state(self, key: MemberKey = KEY) -> MemberState | None:
+        record = await self.journal.member(key)
+        return None if record is None else record.state
+
+    async def wait_state(self, want: MemberState, key: MemberKey = KEY) -> None:
+        with trio.fail_after(20):
+            while await self.state(key) is not want:
+                await trio.sleep(0.05)
+
+    def reports(self) -> list[str]:
+        return [x.report.state.value for x in self.sent if isinstance(x, m.Report)]
+
+    def replies(self) -> list[m.PrepareReply]:
+        return [x for x in self.sent if isinstance(x, m.PrepareReply)]
+
+
+@asynccontextmanager
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with open_aio_host():
+        journal = await Journal.open(tmp_path / "journal.db")
+        sent: list[m.Outgoing] = []
+
+        async def publish(message: m.Outgoing) -> None:
+            sent.append(message)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                manager = MemberManager(
+                    journal, tmp_path / "members", tmp_path / "out", lambda: INV,
+                    lambda: "127.0.0.1", publish, nursery,
+                )  # fmt: skip
+                yield Harness(manager, journal, sent)
+                nursery.cancel_scope.cancel()
+        finally:
+            await journal.close()
+
+
+async def test_prepare_is_idempotent_and_owns_the_gpus(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        await h.manager.handle(prepare(KEY, (1,)))
+        await h.manager.handle(prepare(KEY, (1,)))
+        first, again = h.replies()
+        assert first.ok and first.rendezvous is not None
+        assert first.rendezvous.master_addr == "127.0.0.1"
+        assert again == first
+        assert await h.journal.gpu_owners() == {1: KEY}
+        work = tmp_path / "members" / str(KEY) / "work"
+        assert (work / "train.sh").read_text() == "exit 0\n"
+
+
+async def test_a_busy_gpu_refuses_the_second_member(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        await h.manager.handle(prepare(KEY, (0,)))
+        other = MemberKey("run-2", 1, 0)
+        await h.manager.handle(prepare(other, (0, 1)))
+        refused = h.replies()[-1]
+        assert not refused.ok and "GPU 0 is busy: member run-1.1.0 owns it" in refused.reason
+        assert await h.state(other) is S.ABORTED
+        assert await h.journal.gpu_owners() == {0: KEY}
+        # A repeat of the refused Prepare gets the same refusal, never a second try.
+        await h.manager.handle(prepare(other, (1,)))
+        assert h.replies()[-1].reason == refused.reason
+
+
+async def test_commit_runs_once_and_reports_in_order(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        await h.manager.handle(prepare(KEY, (0,), 'echo ran >> "$TUNEPLANE_OUT_DIR/runs"\n'))
+        commit = m.Commit(KEY, None)
+        await h.manager.handle(commit)
+        await h.wait_state(S.EXITED)
+        await h.manager.handle(commit)
+        await h.manager.handle(m.Abort(KEY, "too late"))
+        record = await h.journal.member(KEY)
+        assert record is not None and record.exit is not None and record.exit.exit_code == 0
+        assert (Path(record.out_dir) / "runs").read_text() == "ran\n"
+        assert h.reports() == ["committed", "starting", "running", "exited"]
+        assert [r.state for r in await h.journal.pending_reports()] == [
+            S.COMMITTED, S.STARTING, S.RUNNING, S.EXITED,
+        ]  # fmt: skip
+        assert await h.journal.gpu_owners() == {}
+
+
+async def test_abort_releases_a_prepared_member(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        await h.manager.handle(prepare(KEY, (0, 1)))
+        await h.manager.handle(m.Abort(KEY, "member 1 refused"))
+        assert await h.state() is S.ABORTED
+        assert await h.journal.gpu_owners() == {}
+        assert h.reports() == ["aborted"]
+        await h.manager.handle(m.Commit(KEY, None))  # a late Commit starts nothing
+        assert await h.state() is S.ABORTED and not (tmp_path / "out").exists()
+
+
+async def test_cancel_stops_a_running_member(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        await h.manager.handle(prepare(KEY, (0,), "sleep 60\n"))
+        await h.manager.handle(m.Commit(KEY, None))
+        await h.wait_state(S.RUNNING)
+        await h.manager.handle(m.Cancel(KEY, "the researcher cancelled", 1))
+        assert await h.state() in (S.CANCELLING, S.EXITED)
+        await h.wait_state(S.EXITED)
+        record = await h.journal.member(KEY)
+        assert record is not None and record.exit is not None
+        assert record.exit.signal is not None or record.exit.exit_code != 0
+        assert h.reports()[-2:] == ["cancelling", "exited"]
+        assert await h.journal.gpu_owners() == {}
+
+
+async def test_replay_refuses_a_prepare_cut_short(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        await h.journal.create_member(
+            NewMember(KEY, 1, (0,), str(tmp_path / "m"), str(tmp_path / "o"), 5), 1
+        )
+        await h.manager.replay()
+        assert await h.state() is S.ABORTED
+        record = await h.journal.member(KEY)
+        assert record is not None and "stopped while preparing" in record.reason
+        await h.manager.handle(prepare(KEY, (0,)))
+        assert not h.replies()[-1].ok
