@@ -261,7 +261,12 @@ class Daemon:
                 with trio.move_on_at(session.next_deadline()):
                     await self._wake.wait()
                 self._wake = trio.Event()
-                await self._execute(session.tick(trio.current_time(), now_ms(), self.inventory))
+                pending: list[PendingReport] = []
+                if session.phase is Phase.OPEN and self.journal is not None:
+                    pending = await self.journal.pending_reports()
+                await self._execute(
+                    session.tick(trio.current_time(), now_ms(), self.inventory, pending)
+                )
 
     async def _receive_loop(self, session: ControlSession, stream: ControlStream) -> None:
         while True:
@@ -320,7 +325,7 @@ class Daemon:
         if session is None or stream is None:
             return
         try:
-            for effect in session.outgoing(message):
+            for effect in session.outgoing(message, trio.current_time()):
                 await self._execute([effect])
         except WireError as exc:
             # The receive loop sees the same broken stream and closes the session.

@@ -112,6 +112,9 @@ class ControlSession:
     next_beat_at: float = float("inf")
     beat_seq: int = 0
     inventory_sent: Inventory | None = None
+    # report_seq -> when it was last sent on this stream; unacknowledged reports are sent again
+    # after a heartbeat timeout, and a report never sent on this stream goes at the next tick.
+    report_sent_at: dict[int, float] = attrs.field(factory=dict)
 
     def start(
         self,
@@ -156,6 +159,7 @@ class ControlSession:
         if isinstance(message, m.HeartbeatAck):
             return [HeartbeatAcked(message.seq)]
         if isinstance(message, m.ReportAck):
+            self.report_sent_at.pop(message.report_seq, None)
             return [DropReport(message.report_seq)]
         return [HandleCommand(message)]
 
@@ -178,20 +182,32 @@ class ControlSession:
         self.next_beat_at = now + self.heartbeat_interval_s
         effects: list[Effect] = [Connected(self.heartbeat_interval_s, self.heartbeat_timeout_s)]
         for report in sorted(pending, key=lambda r: r.report_seq):
+            self.report_sent_at[report.report_seq] = now
             effects.append(Send(m.Report(report)))
         effects.extend(Send(m.DecisionQuery(key)) for key in undecided)
         return effects
 
-    def outgoing(self, message: m.Outgoing) -> list[Effect]:
+    def outgoing(self, message: m.Outgoing, now: float = 0.0) -> list[Effect]:
         """A report or reply produced by the member manager: sent now if the session is open.
 
         When it is not, nothing is lost: reports stay in the journal and are replayed after the
         next Welcome, and the coordinator repeats an unanswered Prepare.
         """
-        return [Send(message)] if self.phase is Phase.OPEN else []
+        if self.phase is not Phase.OPEN:
+            return []
+        if isinstance(message, m.Report):
+            self.report_sent_at[message.report.report_seq] = now
+        return [Send(message)]
 
-    def tick(self, now: float, wall_ms: int, inventory: Inventory) -> list[Effect]:
-        """Time passed: close a silent session, or send the heartbeat that is due."""
+    def tick(
+        self,
+        now: float,
+        wall_ms: int,
+        inventory: Inventory,
+        pending: Sequence[PendingReport] = (),
+    ) -> list[Effect]:
+        """Time passed: close a silent session, send the heartbeat that is due, and resend
+        unacknowledged reports (``pending``, from the journal) not sent within the timeout."""
         if self.phase in (Phase.IDLE, Phase.CLOSED):
             return []
         silent = now - self.last_heard
@@ -201,14 +217,21 @@ class ControlSession:
                 f"heard {what} from the coordinator for {silent:.1f} s "
                 f"(timeout {self.heartbeat_timeout_s:.1f} s)"
             )
+        effects: list[Effect] = []
         if self.phase is Phase.OPEN and now >= self.next_beat_at:
             self.beat_seq += 1
             changed = inventory if inventory != self.inventory_sent else None
             self.inventory_sent = inventory
             # Schedule from now, not from the missed slot: a stalled loop sends one beat, not many.
             self.next_beat_at = now + self.heartbeat_interval_s
-            return [Send(m.Heartbeat(self.beat_seq, wall_ms, changed))]
-        return []
+            effects.append(Send(m.Heartbeat(self.beat_seq, wall_ms, changed)))
+        if self.phase is Phase.OPEN:
+            for report in sorted(pending, key=lambda r: r.report_seq):
+                sent = self.report_sent_at.get(report.report_seq)
+                if sent is None or now - sent >= self.heartbeat_timeout_s:
+                    self.report_sent_at[report.report_seq] = now
+                    effects.append(Send(m.Report(report)))
+        return effects
 
     def stream_ended(self) -> list[Effect]:
         """The coordinator ended the stream (or it broke)."""

@@ -142,3 +142,18 @@ def test_backoff_doubles_from_half_a_second_to_thirty_with_jitter() -> None:
     assert backoff_delay(1, 0.0) == 0.25
     assert backoff_delay(50, 0.999999) == pytest.approx(30.0)
     assert all(15.0 <= backoff_delay(50, j / 10) < 30.0 for j in range(10))
+
+
+def test_unacknowledged_reports_are_resent_and_missed_ones_caught_up() -> None:
+    s = opened(0.0)
+    s.tick(0.5, 0, INV)
+    # Report 1 went out through outgoing(); report 2 was written while the stream opened and
+    # never went out: the next tick sends 2 only.
+    s.outgoing(m.Report(report(1)), now=0.6)
+    effects = s.tick(1.0, 0, INV, pending=[report(1), report(2)])
+    assert Send(m.Report(report(2))) in effects and Send(m.Report(report(1))) not in effects
+    s.receive(1.1, m.ReportAck(2))
+    s.receive(3.5, m.HeartbeatAck(1))
+    # After a heartbeat timeout without an ack, report 1 goes again.
+    effects = s.tick(3.6, 0, INV, pending=[report(1)])
+    assert Send(m.Report(report(1))) in effects
