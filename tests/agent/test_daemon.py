@@ -146,7 +146,14 @@ def test_a_job_runs_and_the_journal_tells_its_story(
 
 
 @pytest.mark.parametrize(
-    "point", ["after-commit-journaled", "after-spawn", "after-exit-observed", "after-report-sent"]
+    "point",
+    [
+        "after-prepare-journaled",
+        "after-commit-journaled",
+        "after-spawn",
+        "after-exit-observed",
+        "after-report-sent",
+    ],
 )
 def test_a_crash_at_a_named_point_starts_the_member_exactly_once(
     coordinator: CoordinatorProcess, tmp_path: Path, point: str
