@@ -33,7 +33,13 @@ from tuneplane.agent.journal import (
     PendingReport,
 )
 from tuneplane.agent.launch_plan import LaunchPlanError, plan_processes
-from tuneplane.agent.member_state import COMMITTED_OR_LATER, TERMINAL, MemberEvent, MemberState
+from tuneplane.agent.member_state import (
+    COMMITTED_OR_LATER,
+    TERMINAL,
+    IllegalTransition,
+    MemberEvent,
+    MemberState,
+)
 from tuneplane.agent.prepare import (
     JOBSPEC_FILE,
     WORK_DIR,
@@ -100,14 +106,21 @@ class MemberManager:
 
     async def handle(self, command: m.MemberCommand) -> None:
         """Carry out one coordinator command (callers run them one at a time, in order)."""
-        if isinstance(command, m.Prepare):
-            await self.prepare(command)
-        elif isinstance(command, m.Commit):
-            await self.commit(command)
-        elif isinstance(command, m.Abort):
-            await self.abort(command)
-        else:
-            await self.cancel(command)
+        try:
+            if isinstance(command, m.Prepare):
+                await self.prepare(command)
+            elif isinstance(command, m.Commit):
+                await self.commit(command)
+            elif isinstance(command, m.Abort):
+                await self.abort(command)
+            else:
+                await self.cancel(command)
+        except IllegalTransition as exc:
+            # A watcher moved the member between our read and our write (a Cancel racing the
+            # member's own exit). The journal refused and wrote nothing; the member's real
+            # state stands and is reported from there.
+            log.warning("command raced a state change command=%s member=%s reason=%s",
+                        type(command).__name__, command.key, exc)  # fmt: skip
 
     async def _report(self, report: PendingReport | None) -> None:
         if report is not None:
