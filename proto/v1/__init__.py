@@ -212,6 +212,131 @@ class Job(betterproto.Message):
     attempts: List["Attempt"] = betterproto.message_field(12)
     created_at_ms: int = betterproto.int64_field(13)
     init_from: str = betterproto.string_field(14)
+    state_reason: str = betterproto.string_field(15)
+    """
+    Why the Job is in its state now, e.g. "waiting: quota h200 4/4 in use" while queued.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ListFleetsRequest(betterproto.Message):
+    pass
+
+
+@dataclass(eq=False, repr=False)
+class ListFleetsReply(betterproto.Message):
+    fleets: List["Fleet"] = betterproto.message_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class GetFleetRequest(betterproto.Message):
+    name: str = betterproto.string_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class SeriesCapacity(betterproto.Message):
+    """GPUs of one Series in one Fleet, counted over its enrolled Nodes."""
+
+    series: str = betterproto.string_field(1)
+    total: int = betterproto.uint32_field(2)
+    healthy: int = betterproto.uint32_field(3)
+    free: int = betterproto.uint32_field(4)
+    """Healthy, not reserved, on a connected and schedulable Node."""
+
+    in_use: int = betterproto.uint32_field(5)
+    """Reserved by launches (GPUs in use for quota)."""
+
+    quota: int = betterproto.uint32_field(6)
+    """
+    Most GPUs of this Series Jobs may hold at once in this Fleet; 0 when there is no quota.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class Fleet(betterproto.Message):
+    name: str = betterproto.string_field(1)
+    kind: str = betterproto.string_field(2)
+    created_at_ms: int = betterproto.int64_field(3)
+    nodes: int = betterproto.uint32_field(4)
+    connected_nodes: int = betterproto.uint32_field(5)
+    schedulable_nodes: int = betterproto.uint32_field(6)
+    capacity: List["SeriesCapacity"] = betterproto.message_field(7)
+    queued_jobs: int = betterproto.uint32_field(8)
+    active_jobs: int = betterproto.uint32_field(9)
+
+
+@dataclass(eq=False, repr=False)
+class ListNodesRequest(betterproto.Message):
+    fleet: str = betterproto.string_field(1)
+    """Only Nodes of this Fleet; empty for all."""
+
+
+@dataclass(eq=False, repr=False)
+class ListNodesReply(betterproto.Message):
+    nodes: List["Node"] = betterproto.message_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class GetNodeRequest(betterproto.Message):
+    node_id: str = betterproto.string_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class NodeGpu(betterproto.Message):
+    """One GPU of a Node with who holds it."""
+
+    gpu: "Gpu" = betterproto.message_field(1)
+    held_by: "MemberRef" = betterproto.message_field(2)
+    """
+    The member whose reservation holds this GPU; unset when the GPU is free.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class NodeMember(betterproto.Message):
+    """
+    A member a Node holds (its GPUs are reserved there, or it has not ended yet).
+    """
+
+    member: "MemberRef" = betterproto.message_field(1)
+    state: str = betterproto.string_field(2)
+    gpu_indexes: List[int] = betterproto.uint32_field(3)
+    owner: str = betterproto.string_field(4)
+
+
+@dataclass(eq=False, repr=False)
+class Node(betterproto.Message):
+    id: str = betterproto.string_field(1)
+    fleet: str = betterproto.string_field(2)
+    hostname: str = betterproto.string_field(3)
+    scheduling: str = betterproto.string_field(4)
+    """
+    "schedulable", "cordoned", "draining" or "drained"; independent of connectivity.
+    """
+
+    scheduling_reason: str = betterproto.string_field(5)
+    scheduling_changed_at_ms: int = betterproto.int64_field(6)
+    scheduling_changed_by: str = betterproto.string_field(7)
+    connected: bool = betterproto.bool_field(8)
+    """
+    Control connectivity: connected now, or disconnected since `disconnected_since_ms`.
+    """
+
+    disconnected_since_ms: int = betterproto.int64_field(9)
+    last_heartbeat_ms: int = betterproto.int64_field(10)
+    enrolled_at_ms: int = betterproto.int64_field(11)
+    inventory: "Inventory" = betterproto.message_field(12)
+    gpus: List["NodeGpu"] = betterproto.message_field(13)
+    members: List["NodeMember"] = betterproto.message_field(14)
+
+
+@dataclass(eq=False, repr=False)
+class SetNodeSchedulingRequest(betterproto.Message):
+    node_id: str = betterproto.string_field(1)
+    scheduling: str = betterproto.string_field(2)
+    """schedulable" (uncordon), "cordoned" or "draining"."""
+
+    reason: str = betterproto.string_field(3)
 
 
 @dataclass(eq=False, repr=False)
@@ -467,6 +592,91 @@ class ApiStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def list_fleets(
+        self,
+        list_fleets_request: "ListFleetsRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "ListFleetsReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/ListFleets",
+            list_fleets_request,
+            ListFleetsReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_fleet(
+        self,
+        get_fleet_request: "GetFleetRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "Fleet":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/GetFleet",
+            get_fleet_request,
+            Fleet,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def list_nodes(
+        self,
+        list_nodes_request: "ListNodesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "ListNodesReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/ListNodes",
+            list_nodes_request,
+            ListNodesReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_node(
+        self,
+        get_node_request: "GetNodeRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "Node":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/GetNode",
+            get_node_request,
+            Node,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def set_node_scheduling(
+        self,
+        set_node_scheduling_request: "SetNodeSchedulingRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "Node":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/SetNodeScheduling",
+            set_node_scheduling_request,
+            Node,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class ControlStub(betterproto.ServiceStub):
     async def enroll(
@@ -539,6 +749,27 @@ class ApiBase(ServiceBase):
     async def list_jobs(self, list_jobs_request: "ListJobsRequest") -> "ListJobsReply":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def list_fleets(
+        self, list_fleets_request: "ListFleetsRequest"
+    ) -> "ListFleetsReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_fleet(self, get_fleet_request: "GetFleetRequest") -> "Fleet":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def list_nodes(
+        self, list_nodes_request: "ListNodesRequest"
+    ) -> "ListNodesReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_node(self, get_node_request: "GetNodeRequest") -> "Node":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def set_node_scheduling(
+        self, set_node_scheduling_request: "SetNodeSchedulingRequest"
+    ) -> "Node":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_preview(
         self, stream: "grpclib.server.Stream[PreviewRequest, PreviewReply]"
     ) -> None:
@@ -567,6 +798,41 @@ class ApiBase(ServiceBase):
         response = await self.list_jobs(request)
         await stream.send_message(response)
 
+    async def __rpc_list_fleets(
+        self, stream: "grpclib.server.Stream[ListFleetsRequest, ListFleetsReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.list_fleets(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_fleet(
+        self, stream: "grpclib.server.Stream[GetFleetRequest, Fleet]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.get_fleet(request)
+        await stream.send_message(response)
+
+    async def __rpc_list_nodes(
+        self, stream: "grpclib.server.Stream[ListNodesRequest, ListNodesReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.list_nodes(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_node(
+        self, stream: "grpclib.server.Stream[GetNodeRequest, Node]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.get_node(request)
+        await stream.send_message(response)
+
+    async def __rpc_set_node_scheduling(
+        self, stream: "grpclib.server.Stream[SetNodeSchedulingRequest, Node]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.set_node_scheduling(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/tuneplane.v1.Api/Preview": grpclib.const.Handler(
@@ -592,6 +858,36 @@ class ApiBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 ListJobsRequest,
                 ListJobsReply,
+            ),
+            "/tuneplane.v1.Api/ListFleets": grpclib.const.Handler(
+                self.__rpc_list_fleets,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListFleetsRequest,
+                ListFleetsReply,
+            ),
+            "/tuneplane.v1.Api/GetFleet": grpclib.const.Handler(
+                self.__rpc_get_fleet,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetFleetRequest,
+                Fleet,
+            ),
+            "/tuneplane.v1.Api/ListNodes": grpclib.const.Handler(
+                self.__rpc_list_nodes,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListNodesRequest,
+                ListNodesReply,
+            ),
+            "/tuneplane.v1.Api/GetNode": grpclib.const.Handler(
+                self.__rpc_get_node,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetNodeRequest,
+                Node,
+            ),
+            "/tuneplane.v1.Api/SetNodeScheduling": grpclib.const.Handler(
+                self.__rpc_set_node_scheduling,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetNodeSchedulingRequest,
+                Node,
             ),
         }
 
