@@ -32,7 +32,7 @@ from tuneplane.agent.journal import (
     NewMember,
     PendingReport,
 )
-from tuneplane.agent.launch_plan import LaunchPlanError, plan_processes
+from tuneplane.agent.launch_plan import LAUNCHERS, LaunchPlanError, UnknownLauncher, plan_processes
 from tuneplane.agent.member_state import (
     COMMITTED_OR_LATER,
     TERMINAL,
@@ -47,9 +47,9 @@ from tuneplane.agent.prepare import (
     check_gpus,
     materialise,
     pick_port,
+    read_capsule,
 )
 from tuneplane.coordinator import jobspec
-from tuneplane.coordinator.catalogue import Catalogue
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,6 @@ class MemberManager:
         self._publish = publish
         self._nursery = nursery
         self._watched: set[MemberKey] = set()
-        self._catalogue = Catalogue.bundled()
 
     # --- commands ----------------------------------------------------------------------------
 
@@ -168,10 +167,13 @@ class MemberManager:
             if spec is None:
                 raise PrepareRefused(spec_error)
             check_gpus(key, cmd.gpu_indexes, self._inventory(), await self.journal.gpu_owners())
-            await trio.to_thread.run_sync(
+            work = await trio.to_thread.run_sync(
                 materialise, member_dir, cmd.jobspec_json, cmd.capsule_files,
                 cmd.capsule_digests, spec.source_files,
             )  # fmt: skip
+            launch = read_capsule(work)
+            if launch.launcher not in LAUNCHERS:
+                raise PrepareRefused(str(UnknownLauncher(launch.launcher)))
             if cmd.pick_rendezvous:
                 address = self._node_address()
                 rendezvous = m.Rendezvous(address, pick_port(address))
@@ -265,11 +267,10 @@ class MemberManager:
             spec = jobspec.loads((member_dir / JOBSPEC_FILE).read_text())
         except (OSError, jobspec.JobSpecError) as exc:
             raise LaunchFailed(f"The member's JobSpec cannot be read: {exc}") from None
-        recipe = self._catalogue.get(spec.method_id)
-        if recipe is None:
-            raise LaunchFailed(
-                f"Method id {spec.method_id} is not in this Node's Catalogue; upgrade the agent."
-            )
+        try:
+            capsule = read_capsule(member_dir / WORK_DIR)
+        except PrepareRefused as exc:
+            raise LaunchFailed(str(exc)) from None
         inventory = self._inventory()
         uuids = []
         for index in record.gpu_indexes:
@@ -297,7 +298,7 @@ class MemberManager:
         )
         try:
             processes = plan_processes(
-                recipe.launcher, spec.entrypoint, tuple(uuids), key.member_index,
+                capsule.launcher, capsule.entrypoint, tuple(uuids), key.member_index,
                 record.member_count, addr, port, base_env, member_dir / WORK_DIR,
             )  # fmt: skip
         except LaunchPlanError as exc:

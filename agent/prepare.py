@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import socket
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
+
+import attrs
 
 from tuneplane.agent.inventory import Inventory
 from tuneplane.agent.journal import MemberKey
@@ -20,6 +23,7 @@ from tuneplane.agent.state_dir import write_atomic
 
 #: Inside the member's work dir (the workload's cwd), where the Job Capsule goes.
 CAPSULE_DIR = ".tuneplane/capsule"
+CAPSULE_JSON = "capsule.json"
 WORK_DIR = "work"
 JOBSPEC_FILE = "jobspec.json"
 
@@ -113,6 +117,42 @@ def materialise(
         rel = _safe_relative(name, "capsule file")
         _write_checked(work / CAPSULE_DIR / rel, data, capsule_digests[name], "capsule file")
     return work
+
+
+@attrs.frozen
+class CapsuleLaunch:
+    """What the sealed ``capsule.json`` says to start: the launcher and the filled entrypoint."""
+
+    launcher: str
+    entrypoint: tuple[str, ...]
+
+
+def read_capsule(work: Path) -> CapsuleLaunch:
+    """Read the launch from the materialised ``capsule.json`` (sealed and digest-checked).
+
+    The capsule, not this agent's own Catalogue, says how to launch, so a coordinator with a
+    newer recipe and an older agent can never disagree silently.
+    """
+    path = work / CAPSULE_DIR / CAPSULE_JSON
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PrepareRefused(
+            f"The Job Capsule has no {CAPSULE_JSON}; the coordinator must seal one into Prepare."
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise PrepareRefused(f"The capsule file {path} cannot be read: {exc}.") from None
+    launcher = raw.get("launcher") if isinstance(raw, dict) else None
+    entrypoint = raw.get("entrypoint") if isinstance(raw, dict) else None
+    if not isinstance(launcher, str) or not launcher:
+        raise PrepareRefused(f"The capsule file {path} names no 'launcher'.")
+    if (
+        not isinstance(entrypoint, list)
+        or not entrypoint
+        or not all(isinstance(a, str) for a in entrypoint)
+    ):
+        raise PrepareRefused(f"The capsule file {path} has no 'entrypoint' list of strings to run.")
+    return CapsuleLaunch(launcher, tuple(entrypoint))
 
 
 def pick_port(address: str) -> int:

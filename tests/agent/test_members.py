@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,26 +17,31 @@ from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
 from tuneplane.agent.journal import Journal, MemberKey, NewMember
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.members import MemberManager
-from tuneplane.coordinator import jobspec
+from tuneplane.coordinator import capsule, jobspec
 
 S = MemberState
 INV = simulated_inventory("node-a", SimulatedGpus("h200", 2))
 KEY = MemberKey("run-1", 1, 0)
 
 
-def spec_json(script: str, grace: int = 2) -> str:
-    spec = jobspec.JobSpec(
+def make_spec(script: str, grace: int = 2) -> jobspec.JobSpec:
+    return jobspec.JobSpec(
         api_version=jobspec.API_VERSION, project="p", experiment="e", method_id="custom/custom",
         recipe_digest="sha256:0", runtime_id="host:bash", entrypoint=("bash", "train.sh"),
         resources=jobspec.Resources(profile="h200", series="h200", gpus=1),
         grace_period_s=grace,
         source_files={"train.sh": base64.b64encode(script.encode()).decode()},
     )  # fmt: skip
-    return jobspec.canonical_json(spec)
 
 
 def prepare(key: MemberKey, gpus: tuple[int, ...], script: str = "exit 0\n") -> m.Prepare:
-    return m.Prepare(key, spec_json(script), 1, gpus, True, {}, {})
+    """A Prepare with a capsule sealed by the coordinator's own sealing code."""
+    spec = make_spec(script)
+    files = capsule.seal(spec, "member", key.run_id, key.attempt, 1)
+    return m.Prepare(
+        key, jobspec.canonical_json(spec), 1, gpus, True, capsule.digests(files),
+        {name: text.encode() for name, text in files.items()},
+    )  # fmt: skip
 
 
 @attrs.define
@@ -163,3 +169,14 @@ async def test_replay_refuses_a_prepare_cut_short(tmp_path: Path) -> None:
         assert record is not None and "stopped while preparing" in record.reason
         await h.manager.handle(prepare(KEY, (0,)))
         assert not h.replies()[-1].ok
+
+
+async def test_a_capsule_without_a_launch_is_refused_at_prepare(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        good = prepare(KEY, (0,))
+        files = {"capsule.json": b'{"launcher": "torchrun-magic", "entrypoint": ["x"]}'}
+        digests = {"capsule.json": "sha256:" + hashlib.sha256(files["capsule.json"]).hexdigest()}
+        await h.manager.handle(attrs.evolve(good, capsule_digests=digests, capsule_files=files))
+        (reply,) = h.replies()
+        assert not reply.ok and "Launcher 'torchrun-magic' is not known" in reply.reason
+        assert await h.state() is S.ABORTED and await h.journal.gpu_owners() == {}
