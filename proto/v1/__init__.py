@@ -340,6 +340,136 @@ class SetNodeSchedulingRequest(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class MetricSelector(betterproto.Message):
+    """
+    Which points a metrics query reads. Canonical (raw = false): a tag merged across every member
+     and source of one attempt. Raw: series kept apart, narrowed by member and source.
+    """
+
+    run_id: str = betterproto.string_field(1)
+    raw: bool = betterproto.bool_field(2)
+    attempt: int = betterproto.uint32_field(3)
+    """0 means the latest attempt that has points."""
+
+    has_member: bool = betterproto.bool_field(4)
+    member_index: int = betterproto.uint32_field(5)
+    source: str = betterproto.string_field(6)
+    """
+    A source identity as the collector names it (the file path under the telemetry directory).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ListMetricsRequest(betterproto.Message):
+    selector: "MetricSelector" = betterproto.message_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class MetricTag(betterproto.Message):
+    tag: str = betterproto.string_field(1)
+    attempt: int = betterproto.uint32_field(2)
+    member_index: int = betterproto.uint32_field(3)
+    """Raw listings only: the series' member and source."""
+
+    source: str = betterproto.string_field(4)
+    points: int = betterproto.uint64_field(5)
+    last_step: int = betterproto.int64_field(6)
+    last_value: float = betterproto.double_field(7)
+    has_last_wall_time: bool = betterproto.bool_field(8)
+    last_wall_time: float = betterproto.double_field(9)
+    series: int = betterproto.uint32_field(10)
+    """
+    How many (member, source) series the entry merges (1 in raw listings).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ListMetricsReply(betterproto.Message):
+    tags: List["MetricTag"] = betterproto.message_field(1)
+    attempt: int = betterproto.uint32_field(2)
+    """The attempt read (0 when the Job has no points yet)."""
+
+
+@dataclass(eq=False, repr=False)
+class QuerySeriesRequest(betterproto.Message):
+    selector: "MetricSelector" = betterproto.message_field(1)
+    tag: str = betterproto.string_field(2)
+    max_points: int = betterproto.uint32_field(3)
+    """At most this many buckets come back (default 1000, at most 10000)."""
+
+
+@dataclass(eq=False, repr=False)
+class SeriesBucket(betterproto.Message):
+    """
+    Points whose steps fall in [first_step, last_step]: their count, the smallest and largest
+     value (NaN ignored; NaN when every value is NaN) and the value at the largest step.
+    """
+
+    first_step: int = betterproto.int64_field(1)
+    last_step: int = betterproto.int64_field(2)
+    count: int = betterproto.uint64_field(3)
+    min: float = betterproto.double_field(4)
+    max: float = betterproto.double_field(5)
+    last: float = betterproto.double_field(6)
+
+
+@dataclass(eq=False, repr=False)
+class QuerySeriesReply(betterproto.Message):
+    tag: str = betterproto.string_field(1)
+    attempt: int = betterproto.uint32_field(2)
+    total_points: int = betterproto.uint64_field(3)
+    downsampled: bool = betterproto.bool_field(4)
+    """
+    False when every bucket holds exactly one point (the series is returned whole).
+    """
+
+    buckets: List["SeriesBucket"] = betterproto.message_field(5)
+    series: int = betterproto.uint32_field(6)
+
+
+@dataclass(eq=False, repr=False)
+class GetDeliveryRequest(betterproto.Message):
+    run_id: str = betterproto.string_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class MemberDelivery(betterproto.Message):
+    """
+    How far one member's telemetry has reached the coordinator, as of its collector's last call.
+    """
+
+    attempt: int = betterproto.uint32_field(1)
+    member_index: int = betterproto.uint32_field(2)
+    points_stored: int = betterproto.uint64_field(3)
+    spool_points: int = betterproto.uint64_field(4)
+    """
+    Points spooled on the Node and not yet acknowledged, as the collector last said.
+    """
+
+    backpressure: bool = betterproto.bool_field(5)
+    """
+    The collector's spool is full and it stopped reading new points until it drains.
+    """
+
+    drained: bool = betterproto.bool_field(6)
+    """The member exited and every point it wrote was delivered."""
+
+    has_last_point: bool = betterproto.bool_field(7)
+    last_point_wall_ms: int = betterproto.int64_field(8)
+    """Wall time (epoch ms) of the newest point stored."""
+
+    last_contact_ms: int = betterproto.int64_field(9)
+    warnings: int = betterproto.uint64_field(10)
+    data_loss_warnings: int = betterproto.uint64_field(11)
+
+
+@dataclass(eq=False, repr=False)
+class GetDeliveryReply(betterproto.Message):
+    members: List["MemberDelivery"] = betterproto.message_field(1)
+    server_time_ms: int = betterproto.int64_field(2)
+
+
+@dataclass(eq=False, repr=False)
 class EnrollRequest(betterproto.Message):
     join_token: str = betterproto.string_field(1)
     hostname: str = betterproto.string_field(2)
@@ -487,6 +617,16 @@ class Commit(betterproto.Message):
 
     member: "MemberRef" = betterproto.message_field(1)
     rendezvous: "Rendezvous" = betterproto.message_field(2)
+    collector_credential: str = betterproto.string_field(3)
+    """
+    A credential scoped to this member only, for its collector on the telemetry gateway. The
+     Node stores it 0600 outside every workload mount. A repeated Commit may carry a fresh one.
+    """
+
+    telemetry_address: str = betterproto.string_field(4)
+    """
+    Where the collector ships points: the telemetry gateway's HOST:PORT (same CA as control).
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -521,6 +661,67 @@ class PingReply(betterproto.Message):
     """
     Who the presented credential belongs to, for a collector to check its scope.
     """
+
+
+@dataclass(eq=False, repr=False)
+class MetricPoint(betterproto.Message):
+    """
+    One scalar point. (source_id, offset, index) is its dedup key within the member: the identity
+     of the byte stream, the byte offset of the record or line that carried it, its index there.
+    """
+
+    source_id: str = betterproto.string_field(1)
+    offset: int = betterproto.uint64_field(2)
+    index: int = betterproto.uint32_field(3)
+    tag: str = betterproto.string_field(4)
+    step: int = betterproto.int64_field(5)
+    has_wall_time: bool = betterproto.bool_field(6)
+    wall_time: float = betterproto.double_field(7)
+    value: float = betterproto.double_field(8)
+
+
+@dataclass(eq=False, repr=False)
+class CollectorProgress(betterproto.Message):
+    """
+    What the collector says about itself with every call, for `tp job show`.
+    """
+
+    spool_points: int = betterproto.uint64_field(1)
+    """
+    Points in the collector's spool, this batch included, not yet acknowledged.
+    """
+
+    backpressure: bool = betterproto.bool_field(2)
+    """
+    The spool is full: the collector stopped reading new points until it drains.
+    """
+
+    member_exited: bool = betterproto.bool_field(3)
+    drained: bool = betterproto.bool_field(4)
+    """
+    The member exited and, with this call, every point it wrote has been delivered.
+    """
+
+    warnings: int = betterproto.uint64_field(5)
+    data_loss_warnings: int = betterproto.uint64_field(6)
+
+
+@dataclass(eq=False, repr=False)
+class ShipRequest(betterproto.Message):
+    member: "MemberRef" = betterproto.message_field(1)
+    points: List["MetricPoint"] = betterproto.message_field(2)
+    progress: "CollectorProgress" = betterproto.message_field(3)
+
+
+@dataclass(eq=False, repr=False)
+class ShipReply(betterproto.Message):
+    stored: int = betterproto.uint32_field(1)
+    """
+    Points stored by this call; duplicates were already stored (a retried batch).
+    """
+
+    duplicates: int = betterproto.uint32_field(2)
+    server_time_ms: int = betterproto.int64_field(3)
 
 
 class ApiStub(betterproto.ServiceStub):
@@ -677,6 +878,57 @@ class ApiStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def list_metrics(
+        self,
+        list_metrics_request: "ListMetricsRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "ListMetricsReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/ListMetrics",
+            list_metrics_request,
+            ListMetricsReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def query_series(
+        self,
+        query_series_request: "QuerySeriesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "QuerySeriesReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/QuerySeries",
+            query_series_request,
+            QuerySeriesReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_delivery(
+        self,
+        get_delivery_request: "GetDeliveryRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "GetDeliveryReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/GetDelivery",
+            get_delivery_request,
+            GetDeliveryReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class ControlStub(betterproto.ServiceStub):
     async def enroll(
@@ -734,6 +986,23 @@ class TelemetryStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def ship(
+        self,
+        ship_request: "ShipRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "ShipReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Telemetry/Ship",
+            ship_request,
+            ShipReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class ApiBase(ServiceBase):
 
@@ -768,6 +1037,21 @@ class ApiBase(ServiceBase):
     async def set_node_scheduling(
         self, set_node_scheduling_request: "SetNodeSchedulingRequest"
     ) -> "Node":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def list_metrics(
+        self, list_metrics_request: "ListMetricsRequest"
+    ) -> "ListMetricsReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def query_series(
+        self, query_series_request: "QuerySeriesRequest"
+    ) -> "QuerySeriesReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_delivery(
+        self, get_delivery_request: "GetDeliveryRequest"
+    ) -> "GetDeliveryReply":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_preview(
@@ -833,6 +1117,27 @@ class ApiBase(ServiceBase):
         response = await self.set_node_scheduling(request)
         await stream.send_message(response)
 
+    async def __rpc_list_metrics(
+        self, stream: "grpclib.server.Stream[ListMetricsRequest, ListMetricsReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.list_metrics(request)
+        await stream.send_message(response)
+
+    async def __rpc_query_series(
+        self, stream: "grpclib.server.Stream[QuerySeriesRequest, QuerySeriesReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.query_series(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_delivery(
+        self, stream: "grpclib.server.Stream[GetDeliveryRequest, GetDeliveryReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.get_delivery(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/tuneplane.v1.Api/Preview": grpclib.const.Handler(
@@ -889,6 +1194,24 @@ class ApiBase(ServiceBase):
                 SetNodeSchedulingRequest,
                 Node,
             ),
+            "/tuneplane.v1.Api/ListMetrics": grpclib.const.Handler(
+                self.__rpc_list_metrics,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ListMetricsRequest,
+                ListMetricsReply,
+            ),
+            "/tuneplane.v1.Api/QuerySeries": grpclib.const.Handler(
+                self.__rpc_query_series,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                QuerySeriesRequest,
+                QuerySeriesReply,
+            ),
+            "/tuneplane.v1.Api/GetDelivery": grpclib.const.Handler(
+                self.__rpc_get_delivery,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetDeliveryRequest,
+                GetDeliveryReply,
+            ),
         }
 
 
@@ -942,11 +1265,21 @@ class TelemetryBase(ServiceBase):
     async def ping(self, ping_request: "PingRequest") -> "PingReply":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def ship(self, ship_request: "ShipRequest") -> "ShipReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_ping(
         self, stream: "grpclib.server.Stream[PingRequest, PingReply]"
     ) -> None:
         request = await stream.recv_message()
         response = await self.ping(request)
+        await stream.send_message(response)
+
+    async def __rpc_ship(
+        self, stream: "grpclib.server.Stream[ShipRequest, ShipReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.ship(request)
         await stream.send_message(response)
 
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
@@ -956,5 +1289,11 @@ class TelemetryBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 PingRequest,
                 PingReply,
+            ),
+            "/tuneplane.v1.Telemetry/Ship": grpclib.const.Handler(
+                self.__rpc_ship,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ShipRequest,
+                ShipReply,
             ),
         }
