@@ -31,6 +31,8 @@ DEFAULT_CONFIG = """\
 #   gpus_per_member   the default shape: GPUs per member when the JobSpec leaves it out
 #   fleet             the Fleet Jobs with this Profile are placed onto
 #   env               environment variables this shape needs
+# [quota.<fleet>]     optional: per Series, the most GPUs Jobs may hold at once in that Fleet,
+#   h200 = 4          e.g. a fifth h200 GPU waits ("waiting: quota h200 4/4 in use")
 
 [series.h200]
 card_memory_gib = 141
@@ -95,6 +97,8 @@ class Profile:
 class CoordinatorConfig:
     series: Mapping[str, Series]
     profiles: Mapping[str, Profile]
+    # (fleet, series) -> most GPUs of that Series Jobs may hold at once in that Fleet.
+    quotas: Mapping[tuple[str, str], int] = attrs.field(factory=dict)
 
 
 def _take(table: Mapping[str, Any], key: str, kind: type, where: str, path: Path) -> Any:
@@ -124,7 +128,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc}). Fix the syntax.") from None
-    _check_keys(raw, {"series", "profiles"}, "<top level>", path)
+    _check_keys(raw, {"series", "profiles", "quota"}, "<top level>", path)
     series: dict[str, Series] = {}
     for name, table in raw.get("series", {}).items():
         where = f"series.{name}"
@@ -163,7 +167,36 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
             gpus_per_member=gpm,
             env=dict(env),
         )
-    return CoordinatorConfig(series=series, profiles=profiles)
+    return CoordinatorConfig(
+        series=series, profiles=profiles, quotas=_quotas(raw.get("quota", {}), series, path)
+    )
+
+
+def _quotas(
+    raw: Mapping[str, Any], series: Mapping[str, Series], path: Path
+) -> dict[tuple[str, str], int]:
+    """``[quota.<fleet>]`` tables: ``<series> = <GPUs>``, a whole number of at least 1."""
+    quotas: dict[tuple[str, str], int] = {}
+    for fleet, table in raw.items():
+        where = f"quota.{fleet}"
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f"{path}: quota.{fleet} must be a table of `<series> = <GPUs>` lines under "
+                f"[quota.{fleet}]."
+            )
+        for name, limit in table.items():
+            if name not in series:
+                raise ConfigError(
+                    f"{path}: [{where}] {name} names no Series. "
+                    f"Use one of: {', '.join(sorted(series))}."
+                )
+            if type(limit) is not int or limit < 1:
+                raise ConfigError(
+                    f"{path}: [{where}] {name} = {limit!r} must be a whole number of GPUs >= 1. "
+                    "Remove the line for no quota."
+                )
+            quotas[(fleet, name)] = limit
+    return quotas
 
 
 def load_config(state_dir: Path) -> CoordinatorConfig:

@@ -5,6 +5,8 @@ Rules:
   :data:`MAX_MEMBERS` members; a GPU is offered only if it is healthy, of the Series and free.
 - With no fixed shape, a Job gets as FEW members as the free GPUs allow (fewer Nodes, less
   cross-Node traffic). A Job asking for 0 GPUs gets one member on any Node.
+- Only a ``schedulable`` Node is offered work: a ``cordoned``, ``draining`` or ``drained`` Node
+  takes no new members, whatever it has free.
 - Among Nodes that fit, the one with the fewest free GPUs is chosen first (best fit), so big holes
   stay big for big Jobs; ties break on the Node id so placement is deterministic.
 """
@@ -16,6 +18,13 @@ from collections.abc import Sequence
 import attrs
 
 MAX_MEMBERS = 32
+
+# A Node's scheduling state, set by an admin (cordon, drain) and independent of connectivity.
+SCHEDULABLE = "schedulable"
+CORDONED = "cordoned"
+DRAINING = "draining"
+DRAINED = "drained"
+SCHEDULING_STATES = (SCHEDULABLE, CORDONED, DRAINING, DRAINED)
 
 
 @attrs.frozen
@@ -29,10 +38,12 @@ class Request:
 
 @attrs.frozen
 class NodeOffer:
-    """One connected, schedulable Node and its free, healthy GPU indexes of the Job's Series."""
+    """One connected Node, its free, healthy GPU indexes of the Job's Series, and whether it
+    takes new members (only when ``scheduling`` is :data:`SCHEDULABLE`)."""
 
     node_id: str
     free_gpus: tuple[int, ...]
+    scheduling: str = SCHEDULABLE
 
 
 @attrs.frozen
@@ -80,6 +91,8 @@ def place(request: Request, offers: Sequence[NodeOffer]) -> Placement | None:
         return None
     by_node: dict[str, tuple[int, ...]] = {}
     for offer in offers:
+        if offer.scheduling != SCHEDULABLE:
+            continue
         # One offer per Node: a duplicate would let two members land on the same Node.
         if offer.node_id not in by_node:
             by_node[offer.node_id] = tuple(sorted(set(offer.free_gpus)))

@@ -4,20 +4,23 @@ Rules:
 - One scheduler task per coordinator, so placement decisions never race each other; the store's
   reservation key would refuse an over-commit anyway.
 - It wakes on events (a Job admitted, a Node connected, GPUs released) and at least every tick.
-- Placement itself is the pure :func:`tuneplane.coordinator.placement.place`; this shell only
-  reads offers, writes the reservation and sends Prepare.
+- A pass is the pure :func:`tuneplane.coordinator.queue_plan.plan_pass` over the whole queue
+  (placement, cordoned and draining Nodes, quotas); this shell only reads its inputs, writes each
+  reservation, sends Prepare and records why the other Jobs wait.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import anyio
 
-from tuneplane.coordinator import capsule, jobspec
+from tuneplane.coordinator import capsule, jobspec, store_fleet
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.placement import Request, place
+from tuneplane.coordinator.placement import Placement, Request
+from tuneplane.coordinator.queue_plan import PoolKey, QueuedRequest, plan_pass
 from tuneplane.coordinator.records import QueuedJob
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import Store
@@ -33,7 +36,9 @@ class Scheduler:
         catalogue: Catalogue,
         prepare_timeout_s: float,
         tick_s: float = 1.0,
+        quotas: Mapping[PoolKey, int] | None = None,
     ) -> None:
+        self._quotas: Mapping[PoolKey, int] = quotas or {}
         self._store = store
         self._registry = registry
         self._catalogue = catalogue
@@ -54,20 +59,29 @@ class Scheduler:
             await self.step()
 
     async def step(self) -> None:
-        """One pass: abort expired launches, then try to place every queued Job in order."""
+        """One pass: abort expired launches, mark drained Nodes, then plan the whole queue."""
         self._registry.dispatch(await self._store.abort_expired_prepares(now_ms()))
-        for job in await self._store.queued_jobs():
-            await self._try_place(job)
-
-    async def _try_place(self, job: QueuedJob) -> None:
-        offers = [
-            o
-            for o in await self._store.offers(job.fleet, job.series)
-            if self._registry.is_connected(o.node_id)
-        ]
-        placement = place(Request(job.gpus, job.members, job.gpus_per_member), offers)
-        if placement is None:
+        await store_fleet.mark_drained(self._store, now_ms())
+        queue = await self._store.queued_jobs()
+        if not queue:
             return
+        plan = plan_pass(
+            [
+                QueuedRequest(
+                    j.run_id, j.fleet, j.series, Request(j.gpus, j.members, j.gpus_per_member)
+                )
+                for j in queue
+            ],
+            await store_fleet.node_states(self._store, self._registry.is_connected),
+            await store_fleet.gpus_in_use(self._store),
+            self._quotas,
+        )
+        by_run = {j.run_id: j for j in queue}
+        for launch in plan.launches:
+            await self._launch(by_run[launch.run_id], launch.placement)
+        await store_fleet.set_wait_reasons(self._store, plan.waiting, now_ms())
+
+    async def _launch(self, job: QueuedJob, placement: Placement) -> None:
         spec = jobspec.loads(job.resolved_json)
         recipe = self._catalogue.get(spec.method_id)
         launcher = recipe.launcher if recipe is not None else "member"

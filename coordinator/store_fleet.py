@@ -1,0 +1,427 @@
+"""The store's Fleet, Node-scheduling, user and queue-status operations.
+
+Rules:
+- These run on the coordinator :class:`~tuneplane.coordinator.store.Store` with its own
+  discipline: each write is one ``BEGIN IMMEDIATE`` transaction under its lock, shielded from the
+  caller's deadline, and each decision (cordon, uncordon, drain, drained, user created) appends
+  to ``decisions`` in the same transaction. Reads never write.
+- A Node's scheduling state (``nodes.scheduling``) is set only here and is independent of its
+  connectivity: a disconnected Node can be cordoned, and a cordoned Node stays connected.
+- A Node "holds" a member until that member's last known state is terminal (exited, aborted,
+  lost); a draining Node becomes ``drained`` once it holds none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tuneplane.coordinator import lifecycle as lc
+from tuneplane.coordinator.fleetviews import (
+    FleetView,
+    NodeMemberView,
+    NodeView,
+    SeriesCapacityView,
+    UserView,
+)
+from tuneplane.coordinator.placement import CORDONED, DRAINED, DRAINING, SCHEDULABLE
+from tuneplane.coordinator.queue_plan import NodeState, PoolKey
+from tuneplane.coordinator.records import InventoryInfo, MemberKey
+from tuneplane.coordinator.store import Conflict, NotFound, Store
+
+log = logging.getLogger(__name__)
+
+# What an admin may ask for; ``drained`` is reached, never requested.
+REQUESTABLE = (SCHEDULABLE, CORDONED, DRAINING)
+_DECISION_KIND = {
+    SCHEDULABLE: "node uncordoned",
+    CORDONED: "node cordoned",
+    DRAINING: "node draining",
+    DRAINED: "node drained",
+}
+SCHEDULING_KINDS = tuple(_DECISION_KIND.values())
+_TERMINAL = tuple(sorted(lc.TERMINAL_MEMBER_STATES))
+_LIVE = f"known_state NOT IN ({', '.join('?' for _ in _TERMINAL)})"
+
+
+async def _rows(store: Store, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+    return list(await store._db.execute_fetchall(sql, tuple(args)))
+
+
+# ----- reads ------------------------------------------------------------------------------------
+
+
+async def _node_rows(store: Store, fleet: str, node_id: str) -> list[Any]:
+    clauses, args = [], []
+    if fleet:
+        clauses.append("fleet = ?")
+        args.append(fleet)
+    if node_id:
+        clauses.append("id = ?")
+        args.append(node_id)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    return await _rows(
+        store,
+        "SELECT id, fleet, hostname, inventory_json, scheduling, connected, last_heartbeat_ms, "
+        f"disconnected_since_ms, enrolled_at_ms FROM nodes {where} ORDER BY fleet, id",
+        args,
+    )
+
+
+async def _reservations(store: Store) -> dict[str, dict[int, MemberKey]]:
+    """node id -> GPU index -> the member holding it."""
+    held: dict[str, dict[int, MemberKey]] = {}
+    for node_id, gpu, run_id, attempt, index in await _rows(
+        store, "SELECT node_id, gpu_index, run_id, attempt, member_index FROM reservations"
+    ):
+        held.setdefault(str(node_id), {})[int(gpu)] = MemberKey(
+            str(run_id), int(attempt), int(index)
+        )
+    return held
+
+
+async def node_views(store: Store, fleet: str = "", node_id: str = "") -> list[NodeView]:
+    """Every Node (of ``fleet`` when given; only ``node_id`` when given), by Fleet then id."""
+    rows = await _node_rows(store, fleet, node_id)
+    if not rows:
+        return []
+    held = await _reservations(store)
+    members: dict[str, list[NodeMemberView]] = {}
+    for nid, run_id, attempt, index, state, gpus, owner in await _rows(
+        store,
+        "SELECT m.node_id, m.run_id, m.attempt, m.member_index, m.state, m.gpu_indexes_json, "
+        f"j.owner FROM members m JOIN jobs j ON j.run_id = m.run_id WHERE m.{_LIVE} "
+        "ORDER BY m.run_id, m.attempt, m.member_index",
+        _TERMINAL,
+    ):
+        members.setdefault(str(nid), []).append(
+            NodeMemberView(
+                MemberKey(str(run_id), int(attempt), int(index)),
+                str(state),
+                tuple(json.loads(gpus)),
+                str(owner),
+            )
+        )
+    marks = ", ".join("?" for _ in SCHEDULING_KINDS)
+    changes: dict[str, tuple[int, dict[str, Any]]] = {}
+    for nid, at_ms, detail in await _rows(
+        store,
+        f"SELECT node_id, at_ms, detail_json FROM decisions WHERE id IN (SELECT MAX(id) FROM "
+        f"decisions WHERE kind IN ({marks}) GROUP BY node_id)",
+        SCHEDULING_KINDS,
+    ):
+        changes[str(nid)] = (int(at_ms), json.loads(detail))
+    views = []
+    for r in rows:
+        nid = str(r[0])
+        at_ms, detail = changes.get(nid, (0, {}))
+        views.append(
+            NodeView(
+                id=nid,
+                fleet=str(r[1]),
+                hostname=str(r[2]),
+                inventory=InventoryInfo.from_json(str(r[3])),
+                scheduling=str(r[4]),
+                scheduling_reason=str(detail.get("reason", "")),
+                scheduling_changed_at_ms=at_ms,
+                scheduling_changed_by=str(detail.get("by", "")),
+                connected=bool(r[5]),
+                last_heartbeat_ms=int(r[6] or 0),
+                disconnected_since_ms=int(r[7] or 0),
+                enrolled_at_ms=int(r[8]),
+                held_by=held.get(nid, {}),
+                members=tuple(members.get(nid, ())),
+            )
+        )
+    return views
+
+
+async def node_view(store: Store, node_id: str) -> NodeView:
+    found = await node_views(store, node_id=node_id)
+    if not found:
+        raise NotFound(f"there is no Node {node_id!r}. List the Nodes with `tp node ls`.")
+    return found[0]
+
+
+def _capacity(
+    fleet: str, nodes: Sequence[NodeView], quotas: Mapping[PoolKey, int]
+) -> tuple[SeriesCapacityView, ...]:
+    counts: dict[str, list[int]] = {}  # series -> [total, healthy, free, in use]
+    for node in nodes:
+        takes_work = node.connected and node.scheduling == SCHEDULABLE
+        for gpu in node.inventory.gpus:
+            c = counts.setdefault(gpu.series, [0, 0, 0, 0])
+            c[0] += 1
+            c[1] += gpu.healthy
+            reserved = gpu.index in node.held_by
+            c[2] += gpu.healthy and takes_work and not reserved
+            c[3] += reserved
+    for f, series in quotas:
+        if f == fleet:
+            counts.setdefault(series, [0, 0, 0, 0])
+    return tuple(
+        SeriesCapacityView(s, c[0], c[1], c[2], c[3], quotas.get((fleet, s), 0))
+        for s, c in sorted(counts.items())
+    )
+
+
+async def fleet_views(
+    store: Store, quotas: Mapping[PoolKey, int], name: str = ""
+) -> list[FleetView]:
+    """Every Fleet (or only ``name``) with its Nodes counted and its GPUs per Series."""
+    fleets = await _rows(
+        store,
+        "SELECT name, kind, created_at_ms FROM fleets "
+        + ("WHERE name = ? " if name else "")
+        + "ORDER BY name",
+        (name,) if name else (),
+    )
+    if name and not fleets:
+        raise NotFound(f"there is no Fleet {name!r}. List the Fleets with `tp fleet ls`.")
+    nodes = await node_views(store, fleet=name)
+    jobs: dict[str, list[int]] = {}
+    for fleet, state, count in await _rows(
+        store, "SELECT fleet, state, COUNT(*) FROM jobs GROUP BY fleet, state"
+    ):
+        c = jobs.setdefault(str(fleet), [0, 0])
+        if state == lc.QUEUED:
+            c[0] += int(count)
+        elif state not in lc.TERMINAL_JOB_STATES:
+            c[1] += int(count)
+    views = []
+    for fname, kind, created in fleets:
+        mine = [n for n in nodes if n.fleet == fname]
+        queued, active = jobs.get(str(fname), [0, 0])
+        views.append(
+            FleetView(
+                name=str(fname),
+                kind=str(kind),
+                created_at_ms=int(created),
+                nodes=len(mine),
+                connected_nodes=sum(n.connected for n in mine),
+                schedulable_nodes=sum(n.scheduling == SCHEDULABLE for n in mine),
+                capacity=_capacity(str(fname), mine, quotas),
+                queued_jobs=queued,
+                active_jobs=active,
+            )
+        )
+    return views
+
+
+async def healthy_gpus_per_node(store: Store, fleet: str, series: str) -> list[int]:
+    """For each enrolled Node of ``fleet``, its healthy GPUs of ``series`` (any state)."""
+    return [
+        sum(1 for g in InventoryInfo.from_json(str(inv)).gpus if g.healthy and g.series == series)
+        for (inv,) in await _rows(
+            store, "SELECT inventory_json FROM nodes WHERE fleet = ?", (fleet,)
+        )
+    ]
+
+
+# ----- what the scheduler reads -----------------------------------------------------------------
+
+
+async def node_states(store: Store, is_connected: Callable[[str], bool]) -> list[NodeState]:
+    """Every Node with its free healthy GPUs per Series; connectivity from the live sessions."""
+    held = await _reservations(store)
+    states = []
+    for node_id, fleet, inv, scheduling in await _rows(
+        store, "SELECT id, fleet, inventory_json, scheduling FROM nodes ORDER BY id"
+    ):
+        taken = held.get(str(node_id), {})
+        free: dict[str, list[int]] = {}
+        for g in InventoryInfo.from_json(str(inv)).gpus:
+            if g.healthy and g.index not in taken:
+                free.setdefault(g.series, []).append(g.index)
+        states.append(
+            NodeState(
+                node_id=str(node_id),
+                fleet=str(fleet),
+                connected=is_connected(str(node_id)),
+                scheduling=str(scheduling),
+                free={s: tuple(sorted(ix)) for s, ix in free.items()},
+            )
+        )
+    return states
+
+
+async def gpus_in_use(store: Store) -> dict[PoolKey, int]:
+    """Reserved GPUs per (Fleet, Series): what quotas count."""
+    return {
+        (str(fleet), str(series)): int(count)
+        for fleet, series, count in await _rows(
+            store,
+            "SELECT j.fleet, j.series, COUNT(*) FROM reservations r JOIN jobs j "
+            "ON j.run_id = r.run_id GROUP BY j.fleet, j.series",
+        )
+    }
+
+
+async def set_wait_reasons(store: Store, waiting: Mapping[str, str], now: int) -> None:
+    """Record why each queued Job waits; writes only the reasons that changed."""
+    current = {
+        str(run_id): str(reason)
+        for run_id, reason in await _rows(
+            store, "SELECT run_id, state_reason FROM jobs WHERE state = ?", (lc.QUEUED,)
+        )
+    }
+    changed = {r: why for r, why in waiting.items() if r in current and current[r] != why}
+    if not changed:
+        return
+
+    async def work() -> None:
+        async with store._txn() as db:
+            for run_id, why in sorted(changed.items()):
+                await db.execute(
+                    "UPDATE jobs SET state_reason = ?, updated_at_ms = ? "
+                    "WHERE run_id = ? AND state = ?",
+                    (why, now, run_id, lc.QUEUED),
+                )
+
+    await store._shielded(work())
+
+
+async def state_reasons(store: Store, run_ids: Sequence[str]) -> dict[str, str]:
+    """The recorded reason for each Job's current state."""
+    if not run_ids:
+        return {}
+    marks = ", ".join("?" for _ in run_ids)
+    return {
+        str(r): str(why)
+        for r, why in await _rows(
+            store, f"SELECT run_id, state_reason FROM jobs WHERE run_id IN ({marks})", run_ids
+        )
+    }
+
+
+# ----- scheduling changes -----------------------------------------------------------------------
+
+
+async def set_scheduling(
+    store: Store, node_id: str, wanted: str, by: str, reason: str, now: int
+) -> None:
+    """Cordon (``cordoned``), drain (``draining``) or uncordon (``schedulable``) a Node.
+
+    Asking for the state a Node is already in changes nothing and logs nothing; draining a Node
+    that is already drained keeps it drained. A Node that holds no members drains at once.
+    """
+    if wanted not in REQUESTABLE:
+        raise ValueError(f"cannot request scheduling state {wanted!r}")
+
+    async def work() -> None:
+        async with store._txn() as db:
+            rows = list(
+                await db.execute_fetchall("SELECT scheduling FROM nodes WHERE id = ?", (node_id,))
+            )
+            if not rows:
+                raise NotFound(f"there is no Node {node_id!r}. List the Nodes with `tp node ls`.")
+            current = str(rows[0][0])
+            if current == wanted or (wanted == DRAINING and current == DRAINED):
+                return
+            await _move(store, db, node_id, current, wanted, by, reason, now)
+            if wanted == DRAINING and not await _holds_members(db, node_id):
+                await _move(store, db, node_id, DRAINING, DRAINED, by, "it holds no members", now)
+
+    await store._shielded(work())
+
+
+async def _holds_members(db: Any, node_id: str) -> bool:
+    rows = await db.execute_fetchall(
+        f"SELECT 1 FROM members WHERE node_id = ? AND {_LIVE} LIMIT 1", (node_id, *_TERMINAL)
+    )
+    return bool(list(rows))
+
+
+async def _move(
+    store: Store,
+    db: Any,
+    node_id: str,
+    old: str,
+    new: str,
+    by: str,
+    reason: str,
+    now: int,
+) -> None:
+    await db.execute("UPDATE nodes SET scheduling = ? WHERE id = ?", (new, node_id))
+    await store._log(
+        db,
+        now,
+        _DECISION_KIND[new],
+        {"from": old, "to": new, "by": by, "reason": reason},
+        node_id=node_id,
+    )
+    log.info("node scheduling node=%s from=%s to=%s by=%s reason=%s", node_id, old, new, by, reason)
+
+
+async def mark_drained(store: Store, now: int) -> list[str]:
+    """Move every draining Node that holds no members to ``drained``; returns their ids."""
+    candidates = await _rows(
+        store,
+        "SELECT id FROM nodes n WHERE scheduling = ? AND NOT EXISTS (SELECT 1 FROM members m "
+        f"WHERE m.node_id = n.id AND m.{_LIVE})",
+        (DRAINING, *_TERMINAL),
+    )
+    if not candidates:
+        return []
+
+    async def work() -> list[str]:
+        done = []
+        async with store._txn() as db:
+            for (node_id,) in candidates:
+                row = list(
+                    await db.execute_fetchall(
+                        "SELECT scheduling FROM nodes WHERE id = ?", (str(node_id),)
+                    )
+                )
+                if row[0][0] != DRAINING or await _holds_members(db, str(node_id)):
+                    continue
+                await _move(
+                    store,
+                    db,
+                    str(node_id),
+                    DRAINING,
+                    DRAINED,
+                    "coordinator",
+                    "its last member ended",
+                    now,
+                )
+                done.append(str(node_id))
+        return done
+
+    return await store._shielded(work())
+
+
+# ----- users ------------------------------------------------------------------------------------
+
+
+async def create_user(store: Store, name: str, token_hash: str, role: str, now: int) -> None:
+    async def work() -> None:
+        async with store._txn() as db:
+            rows = await db.execute_fetchall("SELECT 1 FROM users WHERE name = ?", (name,))
+            if list(rows):
+                raise Conflict(f"the user {name!r} already exists. Pick another name.")
+            await db.execute(
+                "INSERT INTO users (name, token_hash, role, created_at_ms) VALUES (?, ?, ?, ?)",
+                (name, token_hash, role, now),
+            )
+            await store._log(db, now, "user created", {"user": name, "role": role})
+
+    await store._shielded(work())
+
+
+async def user_for_token(store: Store, token_hash: str) -> UserView | None:
+    rows = await _rows(
+        store, "SELECT name, role, created_at_ms FROM users WHERE token_hash = ?", (token_hash,)
+    )
+    return UserView(str(rows[0][0]), str(rows[0][1]), int(rows[0][2])) if rows else None
+
+
+async def users(store: Store) -> list[UserView]:
+    return [
+        UserView(str(n), str(r), int(c))
+        for n, r, c in await _rows(
+            store, "SELECT name, role, created_at_ms FROM users ORDER BY name"
+        )
+    ]
