@@ -19,12 +19,14 @@ from typing import Any
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
-from tuneplane.coordinator import jobspec
+from tuneplane.coordinator import jobspec, store_fleet
 from tuneplane.coordinator.admission import resolve
 from tuneplane.coordinator.auth import AuthError, Principal, bearer_token, hash_credential
+from tuneplane.coordinator.capacity import never_fits
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import CoordinatorConfig
+from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.records import PreviewRecord
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.wire import grpc_errors, job_message
@@ -94,6 +96,16 @@ class ApiService:
                     f"places Jobs on the Fleet {resolved.summary.fleet!r}, which does not exist",
                     "Ask the coordinator's operator to create it or fix the Profile.",
                 )
+            res, s = resolved.spec.resources, resolved.summary
+            refusal = never_fits(
+                Request(res.gpus, res.members, res.gpus_per_member),
+                s.fleet,
+                s.series,
+                await store_fleet.healthy_gpus_per_node(self._store, s.fleet, s.series),
+                self._config.quotas.get((s.fleet, s.series)),
+            )
+            if refusal is not None:
+                raise refusal
             created = now_ms()
             preview = PreviewRecord(
                 id="pv-" + secrets.token_hex(8),

@@ -180,6 +180,8 @@ class JobView:
     created_at_ms: int
     history: tuple[StateChangeRecord, ...] = ()
     attempts: tuple[AttemptView, ...] = ()
+    # Why the Job is in its state now (for a queued Job: what it waits for).
+    state_reason: str = ""
 
 
 @attrs.frozen

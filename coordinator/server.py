@@ -28,6 +28,7 @@ from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import load_config
 from tuneplane.coordinator.control_gateway import ControlGateway
+from tuneplane.coordinator.fleet_service import FleetService
 from tuneplane.coordinator.scheduler import Scheduler
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.state_dir import Endpoints, publish, require_initialised, withdraw
@@ -130,8 +131,11 @@ async def serve(opts: ServeOptions) -> None:
     try:
         await store.mark_all_disconnected(now_ms())
         registry = SessionRegistry()
-        scheduler = Scheduler(store, registry, catalogue, opts.prepare_timeout_s)
+        scheduler = Scheduler(
+            store, registry, catalogue, opts.prepare_timeout_s, quotas=config.quotas
+        )
         api = ApiService(store, config, catalogue, scheduler.wake)
+        fleets = FleetService(store, config.quotas, scheduler.wake)
         control = ControlGateway(
             store,
             registry,
@@ -144,7 +148,7 @@ async def serve(opts: ServeOptions) -> None:
             tg.start_soon(_watch_signals, tg.cancel_scope)
             try:
                 api_addr = await tg.start(
-                    _run_listener, "api", [api], opts.host, opts.api_port, ctx
+                    _run_listener, "api", [api, fleets], opts.host, opts.api_port, ctx
                 )
                 control_addr = await tg.start(
                     _run_listener, "control", [control], opts.host, opts.control_port, ctx

@@ -598,7 +598,8 @@ class Store:
             r = await _first(
                 self._db,
                 "SELECT run_id, project, experiment, owner, state, fleet, profile, method_id, "
-                "preview_id, digest, init_from, created_at_ms FROM jobs WHERE run_id = ?",
+                "preview_id, digest, init_from, created_at_ms, state_reason FROM jobs "
+                "WHERE run_id = ?",
                 (run_id,),
             )
             history: tuple[StateChangeRecord, ...] = ()
@@ -625,6 +626,7 @@ class Store:
                     created_at_ms=int(r[11]),
                     history=history,
                     attempts=attempts,
+                    state_reason=str(r[12]),
                 )
             )
         return views

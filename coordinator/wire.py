@@ -193,6 +193,7 @@ def job_message(job: JobView) -> v1.Job:
         ],
         created_at_ms=job.created_at_ms,
         init_from=job.init_from,
+        state_reason=job.state_reason,
     )
 
 
