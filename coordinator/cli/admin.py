@@ -17,11 +17,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+import attrs
 import click
 
-from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
+from tuneplane.coordinator import store_fleet
+from tuneplane.coordinator.auth import JOIN_PREFIX, USER_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.config import ConfigError
+from tuneplane.coordinator.config import ConfigError, load_config
+from tuneplane.coordinator.decisions import (
+    DecisionLogError,
+    format_row,
+    parse_since,
+    read_decisions,
+)
+from tuneplane.coordinator.fleetviews import FleetView, UserView
 from tuneplane.coordinator.server import ServeError, ServeOptions, serve
 from tuneplane.coordinator.state_dir import StateDirError, initialise, require_initialised
 from tuneplane.coordinator.store import Store, StoreError, db_path
@@ -31,7 +40,8 @@ T = TypeVar("T")
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _FLEET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_ERRORS = (StateDirError, StoreError, ConfigError, TlsError, ServeError)
+_USER_NAME = _FLEET_NAME
+_ERRORS = (StateDirError, StoreError, ConfigError, TlsError, ServeError, DecisionLogError)
 
 state_dir_option = click.option(
     "--state-dir",
@@ -207,6 +217,108 @@ def fleet_create(name: str, state_dir: Path, kind: str) -> None:
 
     _run(_with_store, state_dir, work)
     click.echo(f"Created Fleet {name} (kind {kind}).")
+
+
+@fleet.command(name="ls")
+@state_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def fleet_ls(state_dir: Path, as_json: bool) -> None:
+    """List Fleets with their Nodes and GPUs per Series (also `tp fleet ls`)."""
+    config = _run_sync(load_config, state_dir)
+
+    async def work(store: Store) -> list[FleetView]:
+        return await store_fleet.fleet_views(store, config.quotas)
+
+    fleets = _run(_with_store, state_dir, work)
+    if as_json:
+        click.echo(json.dumps([attrs.asdict(f) for f in fleets], indent=2, sort_keys=True))
+        return
+    for f in fleets:
+        gpus = ", ".join(
+            f"{c.series} {c.free} free/{c.healthy} healthy"
+            + (f" (quota {c.in_use}/{c.quota})" if c.quota else "")
+            for c in f.capacity
+        )
+        click.echo(
+            f"{f.name}  kind={f.kind}  nodes={f.nodes} connected={f.connected_nodes} "
+            f"schedulable={f.schedulable_nodes}  jobs queued={f.queued_jobs} "
+            f"active={f.active_jobs}  gpus: {gpus or 'none'}"
+        )
+
+
+def _run_sync(fn: Callable[..., T], *args: Any) -> T:
+    try:
+        return fn(*args)
+    except _ERRORS as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.group()
+def user() -> None:
+    """Users: who may call the API. Each has a token; Jobs record the user who committed them."""
+
+
+@user.command(name="create")
+@click.argument("name")
+@state_dir_option
+@click.option("--admin", "is_admin", is_flag=True, help="May cordon, uncordon and drain Nodes.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the token.")
+def user_create(name: str, state_dir: Path, is_admin: bool, as_json: bool) -> None:
+    """Create the user NAME and print their token (shown once, stored only hashed)."""
+    if not _USER_NAME.match(name):
+        raise click.BadParameter(
+            f"{name!r} is not a user name: use 1-63 lowercase letters, digits, '.', '_' or '-'.",
+            param_hint="NAME",
+        )
+    secret = new_credential(USER_PREFIX)
+    role = "admin" if is_admin else "researcher"
+
+    async def work(store: Store) -> None:
+        await store_fleet.create_user(store, name, hash_credential(secret), role, now_ms())
+
+    _run(_with_store, state_dir, work)
+    if as_json:
+        click.echo(json.dumps({"user": name, "role": role, "token": secret}, sort_keys=True))
+    else:
+        click.echo(secret)
+
+
+@user.command(name="ls")
+@state_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def user_ls(state_dir: Path, as_json: bool) -> None:
+    """List users and their roles (never their tokens)."""
+
+    async def work(store: Store) -> list[UserView]:
+        return await store_fleet.users(store)
+
+    found = _run(_with_store, state_dir, work)
+    if as_json:
+        click.echo(json.dumps([attrs.asdict(u) for u in found], indent=2, sort_keys=True))
+        return
+    for u in found:
+        click.echo(f"{u.name}  role={u.role}")
+
+
+@main.command()
+@state_dir_option
+@click.option("--run", "run_id", default="", help="Only decisions about this run id.")
+@click.option(
+    "--since",
+    default="",
+    help="Only decisions at or after this time: 15m, 2h, 7d back, an ISO time, or epoch ms.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per decision.")
+def decisions(state_dir: Path, run_id: str, since: str, as_json: bool) -> None:
+    """Print the append-only decision log (admission, reservation, commit/abort, state changes,
+    Node scheduling). Opens the store read-only, so it is safe while serve runs."""
+    since_ms = _run_sync(parse_since, since, now_ms()) if since else 0
+    rows = _run_sync(read_decisions, db_path(state_dir), run_id, since_ms)
+    for row in rows:
+        if as_json:
+            click.echo(json.dumps(attrs.asdict(row), sort_keys=True, separators=(",", ":")))
+        else:
+            click.echo(format_row(row))
 
 
 if __name__ == "__main__":
