@@ -4,66 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.agent import AgentProcess, start_agent, wait_until
+from tests.agent.jobs import job, journal, submit, wait_job
+from tests.support.agent import start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 
 pytestmark = pytest.mark.slow
-
-TERMINAL = {"succeeded", "failed", "aborted", "cancelled"}
 
 
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[CoordinatorProcess]:
     with start_coordinator(tmp_path) as coord:
         yield coord
-
-
-def tp(coord: CoordinatorProcess, *args: str, cwd: Path | None = None) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
-         str(coord.context_path), *args],
-        cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def submit(coord: CoordinatorProcess, root: Path, script: str) -> str:
-    """A custom/custom Job of one member running ``script``; returns its run id."""
-    root.mkdir()
-    tp(coord, "init", str(root), "--name", "agent", cwd=root)
-    tp(coord, "new", "job", "--method", "custom/custom", cwd=root)
-    (root / "experiments" / "job" / "train.sh").write_text(script)
-    out = tp(coord, "submit", "job", "--profile", "h200:1", "--yes", "--json", cwd=root)
-    return str(json.loads(out.strip().splitlines()[-1])["run_id"])
-
-
-def job(coord: CoordinatorProcess, run_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(tp(coord, "job", "show", run_id, "--json"))
-    return data
-
-
-def wait_job(coord: CoordinatorProcess, run_id: str, timeout: float = 60) -> dict[str, Any]:
-    result: dict[str, Any] = wait_until(
-        f"job {run_id} to end", lambda: (j := job(coord, run_id))["state"] in TERMINAL and j,
-        timeout,
-    )  # fmt: skip
-    return result
-
-
-def journal(agent: AgentProcess, *args: str) -> Any:
-    done = agent.cli("journal", *args)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout) if "--json" in args else done.stdout
 
 
 def test_connects_and_heartbeats(coordinator: CoordinatorProcess, tmp_path: Path) -> None:
@@ -143,38 +100,6 @@ def test_a_job_runs_and_the_journal_tells_its_story(
     # The journal reads the same with the daemon stopped.
     assert journal(agent, "members", "--json")[0]["state"] == "exited"
     assert journal(agent, "events", "--since", "1h", "--json")
-
-
-@pytest.mark.parametrize(
-    "point",
-    [
-        "after-prepare-journaled",
-        "after-commit-journaled",
-        "after-spawn",
-        "after-exit-observed",
-        "after-report-sent",
-    ],
-)
-def test_a_crash_at_a_named_point_starts_the_member_exactly_once(
-    coordinator: CoordinatorProcess, tmp_path: Path, point: str
-) -> None:
-    agent = start_agent(tmp_path, coordinator, env={"TUNEPLANE_CRASHPOINT": point})
-    agent.wait_connected()
-    script = 'echo started >> "$TUNEPLANE_OUT_DIR/starts"\nsleep 1\n'
-    run_id = submit(coordinator, tmp_path / "proj", script)
-    assert agent.wait_exit(30) == 137
-    assert f"point={point}" in agent.read_log()
-    try:
-        agent.restart()
-        done = wait_job(coordinator, run_id)
-        assert done["state"] == "succeeded", done
-        (member,) = done["attempts"][0]["members"]
-        assert (Path(member["out_dir"]) / "starts").read_text() == "started\n"
-        key = f"{run_id}.1.0"
-        kinds = [e["kind"] for e in journal(agent, "events", "--member", key, "--json")]
-        assert kinds.count("spawn-requested") == 1 and kinds[-1] == "exit-observed"
-    finally:
-        agent.stop()
 
 
 def test_stopping_the_agent_leaves_the_member_running(
