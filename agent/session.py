@@ -212,10 +212,10 @@ class ControlSession:
             return []
         silent = now - self.last_heard
         if silent >= self.heartbeat_timeout_s:
-            what = "Welcome" if self.phase is Phase.HELLO_SENT else "anything"
+            what = "no Welcome" if self.phase is Phase.HELLO_SENT else "nothing"
             return self._close(
                 f"heard {what} from the coordinator for {silent:.1f} s "
-                f"(timeout {self.heartbeat_timeout_s:.1f} s)"
+                f"(timeout {self.heartbeat_timeout_s:.1f} s); reconnecting"
             )
         effects: list[Effect] = []
         if self.phase is Phase.OPEN and now >= self.next_beat_at:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,5 +150,26 @@ def test_a_corrupt_journal_means_safe_mode(coordinator: CoordinatorProcess, tmp_
         done = wait_job(coordinator, run_id, 60)
         assert done["state"] != "succeeded"
         assert time.monotonic() - started < 60
+    finally:
+        agent.stop()
+
+
+def test_a_silent_coordinator_is_dropped_after_the_heartbeat_timeout(
+    coordinator: CoordinatorProcess, tmp_path: Path
+) -> None:
+    agent = start_agent(tmp_path, coordinator)
+    try:
+        agent.wait_connected()
+        # SIGSTOP keeps the TCP connection open but silent: only the heartbeat timeout notices.
+        os.kill(coordinator.pid, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            wait_until("the agent to drop the silent stream",
+                       lambda: not agent.status().get("connected"), 15)  # fmt: skip
+            assert time.monotonic() - stopped >= 2.5  # the coordinator's timeout is 3 s
+            assert "heard nothing from the coordinator for" in agent.read_log()
+        finally:
+            os.kill(coordinator.pid, signal.SIGCONT)
+        agent.wait_connected(45)
     finally:
         agent.stop()
