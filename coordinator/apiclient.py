@@ -33,6 +33,8 @@ from tuneplane.coordinator.apimodel import (
     RequestRefused,
     StateChange,
 )
+from tuneplane.coordinator.fleetmodel import Fleet, Node
+from tuneplane.coordinator.fleetwire import fleet_from_wire, node_from_wire
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,7 @@ def job_from_wire(msg: v1.Job) -> Job:
         attempts=tuple(attempts),
         created_at_ms=msg.created_at_ms,
         init_from=msg.init_from,
+        state_reason=msg.state_reason,
     )
 
 
@@ -168,6 +171,39 @@ class ApiClient:
         request = v1.ListJobsRequest(project=project, state=state, mine=mine, limit=limit)
         reply = await self._call("ListJobs", lambda t: self._stub.list_jobs(request, timeout=t))
         return [job_from_wire(j) for j in reply.jobs]
+
+    async def list_fleets(self) -> list[Fleet]:
+        reply = await self._call(
+            "ListFleets", lambda t: self._stub.list_fleets(v1.ListFleetsRequest(), timeout=t)
+        )
+        return [fleet_from_wire(f) for f in reply.fleets]
+
+    async def get_fleet(self, name: str) -> Fleet:
+        msg = await self._call(
+            "GetFleet", lambda t: self._stub.get_fleet(v1.GetFleetRequest(name), timeout=t)
+        )
+        return fleet_from_wire(msg)
+
+    async def list_nodes(self, fleet: str = "") -> list[Node]:
+        reply = await self._call(
+            "ListNodes", lambda t: self._stub.list_nodes(v1.ListNodesRequest(fleet), timeout=t)
+        )
+        return [node_from_wire(n) for n in reply.nodes]
+
+    async def get_node(self, node_id: str) -> Node:
+        msg = await self._call(
+            "GetNode", lambda t: self._stub.get_node(v1.GetNodeRequest(node_id), timeout=t)
+        )
+        return node_from_wire(msg)
+
+    async def set_node_scheduling(self, node_id: str, scheduling: str, reason: str) -> Node:
+        request = v1.SetNodeSchedulingRequest(
+            node_id=node_id, scheduling=scheduling, reason=reason
+        )
+        msg = await self._call(
+            "SetNodeScheduling", lambda t: self._stub.set_node_scheduling(request, timeout=t)
+        )
+        return node_from_wire(msg)
 
     async def _call(self, name: str, call: Callable[[float], Awaitable[T]]) -> T:
         try:

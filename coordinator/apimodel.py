@@ -122,3 +122,5 @@ class Job:
     attempts: tuple[Attempt, ...]
     created_at_ms: int
     init_from: str
+    # Why the Job is in its state now, e.g. "waiting: quota h200 4/4 in use" while queued.
+    state_reason: str = ""

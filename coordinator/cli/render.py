@@ -239,6 +239,7 @@ def job_view(job: Job) -> list[RenderableType]:
             [
                 ("Job", job.run_id),
                 ("State", job.state),
+                ("Reason", job.state_reason or "-"),
                 ("Project", job.project),
                 ("Experiment", job.experiment),
                 ("Method", job.method_id),

@@ -31,6 +31,7 @@ from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.cli import render, submissions
 from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
 from tuneplane.coordinator.cli.intent import IntentError, SubmitRequest, build_jobspec
+from tuneplane.coordinator.cli.ops import fleet_group, node_group
 from tuneplane.coordinator.cli.scaffold import new_experiment
 from tuneplane.coordinator.project import (
     LOCK_FILE,
@@ -381,9 +382,25 @@ def job_ls(
 @job.command("show")
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option("--watch", is_flag=True, help="Keep showing the Job until it is terminal.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.2),
+    default=1.0,
+    show_default=True,
+    help="Seconds between refreshes with --watch.",
+)
 @click.pass_obj
-def job_show(options: Options, run_id: str, as_json: bool) -> None:
-    """Show a Job: state history, attempts and their members, Derivation."""
+def job_show(options: Options, run_id: str, as_json: bool, watch: bool, interval: float) -> int:
+    """Show a Job: state history, attempts and their members, Derivation.
+
+    With --watch, the view refreshes until the Job is terminal (with --json: one JSON object per
+    change); Ctrl-C stops watching and leaves the Job alone.
+    """
+    if watch:
+        from tuneplane.coordinator.cli.watch import watch_job
+
+        return watch_job(options.endpoint(), run_id, as_json, interval)
 
     async def work(api: ApiClient) -> Job:
         return await api.get_job(run_id)
@@ -391,10 +408,15 @@ def job_show(options: Options, run_id: str, as_json: bool) -> None:
     found = _run(options.endpoint(), work)
     if as_json:
         click.echo(render.to_json(found))
-        return
+        return 0
     out = render.console()
     for part in render.job_view(found):
         out.print(part)
+    return 0
+
+
+cli.add_command(fleet_group)
+cli.add_command(node_group)
 
 
 # -- entry point -----------------------------------------------------------------------------

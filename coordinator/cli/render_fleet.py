@@ -1,0 +1,206 @@
+"""How ``tp`` shows Fleets and Nodes to people (``--json`` goes through :func:`render.to_json`).
+
+Rules: a Node's scheduling state and its control connectivity are always shown as two separate
+things; a time is shown with how long ago it was; nothing the coordinator reported is hidden (an
+empty list says so).
+"""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from tuneplane.coordinator.cli.render import _heading, _pairs, when
+from tuneplane.coordinator.fleetmodel import Fleet, Node, SeriesCapacity
+
+
+def ago(ms: int, now_ms: int) -> str:
+    """``2026-11-29 10:00:00 UTC (12s ago)``, or '-' for an unknown time."""
+    if ms <= 0:
+        return "-"
+    secs = max(0, (now_ms - ms) // 1000)
+    if secs < 120:
+        rel = f"{secs}s"
+    elif secs < 7200:
+        rel = f"{secs // 60}m"
+    elif secs < 172800:
+        rel = f"{secs // 3600}h"
+    else:
+        rel = f"{secs // 86400}d"
+    return f"{when(ms)} ({rel} ago)"
+
+
+def control(node: Node, now_ms: int) -> str:
+    if node.connected:
+        return "connected"
+    if node.disconnected_since_ms:
+        return f"disconnected since {ago(node.disconnected_since_ms, now_ms)}"
+    return "disconnected"
+
+
+def _capacity_text(c: SeriesCapacity) -> str:
+    text = f"{c.series} {c.free} free/{c.healthy} healthy"
+    if c.healthy != c.total:
+        text += f"/{c.total} total"
+    if c.quota:
+        text += f", quota {c.in_use}/{c.quota} in use"
+    return text
+
+
+def fleets_table(fleets: list[Fleet]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for column in ("FLEET", "KIND", "NODES", "CONNECTED", "SCHEDULABLE", "GPUS", "QUEUED"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("ACTIVE", no_wrap=True)
+    for f in fleets:
+        table.add_row(
+            f.name,
+            f.kind,
+            str(f.nodes),
+            str(f.connected_nodes),
+            str(f.schedulable_nodes),
+            "; ".join(_capacity_text(c) for c in f.capacity) or "none",
+            str(f.queued_jobs),
+            str(f.active_jobs),
+        )
+    return table
+
+
+def fleet_view(fleet: Fleet) -> list[RenderableType]:
+    parts: list[RenderableType] = [
+        _pairs(
+            [
+                ("Fleet", fleet.name),
+                ("Kind", fleet.kind),
+                ("Created", when(fleet.created_at_ms)),
+                (
+                    "Nodes",
+                    f"{fleet.nodes} enrolled, {fleet.connected_nodes} connected, "
+                    f"{fleet.schedulable_nodes} schedulable",
+                ),
+                ("Jobs", f"{fleet.queued_jobs} queued, {fleet.active_jobs} active"),
+            ]
+        ),
+        _heading("GPUs per Series"),
+    ]
+    table = Table()
+    for column in ("SERIES", "TOTAL", "HEALTHY", "FREE", "IN USE", "QUOTA"):
+        table.add_column(column)
+    for c in fleet.capacity:
+        table.add_row(
+            c.series,
+            str(c.total),
+            str(c.healthy),
+            str(c.free),
+            str(c.in_use),
+            str(c.quota) if c.quota else "none",
+        )
+    if not fleet.capacity:
+        table.add_row("(no GPUs reported)", "", "", "", "", "")
+    parts.append(table)
+    return parts
+
+
+def _gpu_summary(node: Node) -> str:
+    by_series: dict[str, list[int]] = {}
+    for g in node.gpus:
+        c = by_series.setdefault(g.series, [0, 0, 0])  # total, healthy, free
+        c[0] += 1
+        c[1] += g.healthy
+        c[2] += g.healthy and not g.held_by
+    return (
+        "; ".join(
+            f"{s} x{c[0]} ({c[2]} free"
+            + (f", {c[0] - c[1]} unhealthy" if c[0] != c[1] else "")
+            + ")"
+            for s, c in sorted(by_series.items())
+        )
+        or "none"
+    )
+
+
+def nodes_table(nodes: list[Node], now_ms: int) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for column in ("NODE", "FLEET", "HOST", "SCHEDULING", "CONTROL", "LAST HEARTBEAT", "GPUS"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("MEMBERS", no_wrap=True)
+    for n in nodes:
+        table.add_row(
+            n.id,
+            n.fleet,
+            n.hostname or "-",
+            n.scheduling,
+            control(n, now_ms),
+            ago(n.last_heartbeat_ms, now_ms),
+            _gpu_summary(n),
+            str(len(n.members)),
+        )
+    return table
+
+
+def _bytes(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n else "-"
+
+
+def node_view(node: Node, now_ms: int) -> list[RenderableType]:
+    scheduling = node.scheduling
+    if node.scheduling_changed_at_ms:
+        why = f": {node.scheduling_reason}" if node.scheduling_reason else ""
+        scheduling += (
+            f" (by {node.scheduling_changed_by or '-'} at {when(node.scheduling_changed_at_ms)}"
+            f"{why})"
+        )
+    parts: list[RenderableType] = [
+        _pairs(
+            [
+                ("Node", node.id),
+                ("Fleet", node.fleet),
+                ("Hostname", node.hostname or "-"),
+                ("Scheduling", scheduling),
+                ("Control", control(node, now_ms)),
+                ("Last heartbeat", ago(node.last_heartbeat_ms, now_ms)),
+                ("Enrolled", when(node.enrolled_at_ms)),
+                ("CPUs", str(node.cpu_count or "-")),
+                ("Memory", _bytes(node.memory_bytes)),
+                (
+                    "GPU source",
+                    f"{node.gpu_source or 'none'} (driver {node.driver_version or '-'}, "
+                    f"CUDA {node.cuda_version or '-'})",
+                ),
+            ]
+        ),
+        _heading("GPUs"),
+    ]
+    gpus = Table()
+    for column in ("INDEX", "SERIES", "NAME", "MEMORY", "HEALTH", "HELD BY"):
+        gpus.add_column(column)
+    for g in node.gpus:
+        health = "healthy" if g.healthy else f"unhealthy: {g.health_reason or 'no reason given'}"
+        gpus.add_row(
+            str(g.index),
+            g.series,
+            g.name or "-",
+            _bytes(g.memory_bytes),
+            Text(health),
+            g.held_by or "free",
+        )
+    if not node.gpus:
+        gpus.add_row("(no GPUs reported)", "", "", "", "", "")
+    parts += [gpus, _heading("Members")]
+    members = Table()
+    for column in ("RUN ID", "ATTEMPT", "MEMBER", "STATE", "GPUS", "OWNER"):
+        members.add_column(column)
+    for m in node.members:
+        members.add_row(
+            m.run_id,
+            str(m.attempt),
+            str(m.member_index),
+            m.state,
+            ",".join(str(g) for g in m.gpu_indexes) or "-",
+            m.owner or "-",
+        )
+    if not node.members:
+        members.add_row("(holds no members)", "", "", "", "", "")
+    parts.append(members)
+    return parts

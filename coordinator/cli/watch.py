@@ -1,0 +1,103 @@
+"""``tp job show RUN_ID --watch``: follow a Job until it is terminal.
+
+Rules:
+- On a terminal the view is a rich ``Live`` display redrawn in place; anywhere else (a pipe, a
+  log file) the view is printed again only when the Job changed, so the output stays readable.
+  With ``--json`` every change is one JSON object on one line.
+- The watch only reads: Ctrl-C stops watching, restores the terminal and leaves the Job alone.
+- A coordinator that stops answering is shown and retried; it does not end the watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.text import Text
+
+from tuneplane.coordinator import lifecycle
+from tuneplane.coordinator.apimodel import Endpoint, Job, RequestRefused
+from tuneplane.coordinator.cli import render
+
+log = logging.getLogger(__name__)
+
+
+def _fingerprint(job: Job) -> str:
+    """What counts as a change worth printing again (not the clock)."""
+    return render.to_json(job)
+
+
+async def _follow(endpoint: Endpoint, run_id: str, as_json: bool, interval_s: float) -> Job:
+    from tuneplane.coordinator.apiclient import ApiClient
+    from tuneplane.coordinator.apimodel import ApiError
+
+    out = render.console()
+    live_mode = out.is_terminal and not as_json
+    last = ""
+    job: Job | None = None
+    problem = ""
+    async with ApiClient(endpoint) as api:
+        live = Live(Text(f"Fetching Job {run_id}..."), console=out, auto_refresh=False)
+        with live if live_mode else _NoLive():
+            while True:
+                try:
+                    job = await api.get_job(run_id)
+                    problem = ""
+                except RequestRefused:
+                    raise
+                except ApiError as exc:
+                    problem = f"{exc} Retrying every {interval_s:g} s."
+                    log.debug("watch poll failed run_id=%s why=%s", run_id, exc)
+                if job is not None:
+                    print_now = _fingerprint(job) + problem
+                    if live_mode:
+                        parts: list[RenderableType] = list(render.job_view(job))
+                        if problem:
+                            parts.append(Text(problem, style="yellow"))
+                        parts.append(Text("Watching; Ctrl-C stops watching (the Job continues)."))
+                        live.update(Group(*parts), refresh=True)
+                    elif print_now != last:
+                        _print(job, as_json, problem)
+                    last = print_now
+                    if job.state in lifecycle.TERMINAL_JOB_STATES:
+                        return job
+                elif problem and not live_mode:
+                    print(problem, file=sys.stderr, flush=True)
+                await asyncio.sleep(interval_s)
+
+
+class _NoLive:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _print(job: Job, as_json: bool, problem: str) -> None:
+    if as_json:
+        print(json.dumps(json.loads(render.to_json(job)), sort_keys=True), flush=True)
+        return
+    out = render.console()
+    for part in render.job_view(job):
+        out.print(part)
+    if problem:
+        print(problem, file=sys.stderr, flush=True)
+    out.print(Text(""))
+    sys.stdout.flush()
+
+
+def watch_job(endpoint: Endpoint, run_id: str, as_json: bool, interval_s: float) -> int:
+    """Follow ``run_id`` until it is terminal; returns the exit status (0, or 130 on Ctrl-C)."""
+    try:
+        job = asyncio.run(_follow(endpoint, run_id, as_json, interval_s))
+    except KeyboardInterrupt:
+        print(f"Stopped watching {run_id}; the Job is not affected.", file=sys.stderr)
+        return 130
+    if not as_json:
+        print(f"Job {run_id} is {job.state}.", flush=True)
+    return 0
