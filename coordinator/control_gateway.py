@@ -33,7 +33,12 @@ from tuneplane.coordinator.auth import (
     new_credential,
 )
 from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.records import AbortOrder, NodeRecord
+from tuneplane.coordinator.collector_credentials import (
+    CollectorCredentials,
+    is_collector_credential,
+)
+from tuneplane.coordinator.lifecycle import TERMINAL_MEMBER_STATES
+from tuneplane.coordinator.records import AbortOrder, NodeRecord, Order
 from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
 from tuneplane.coordinator.store import Store
 from tuneplane.proto import v1
@@ -51,12 +56,14 @@ class ControlGateway:
         wake_scheduler: Callable[[], None],
         heartbeat_interval_s: float,
         heartbeat_timeout_s: float,
+        collectors: CollectorCredentials | None = None,
     ) -> None:
         self._store = store
         self._registry = registry
         self._wake = wake_scheduler
         self._interval = heartbeat_interval_s
         self._timeout = heartbeat_timeout_s
+        self._collectors = collectors
 
     def __mapping__(self) -> dict[str, Handler]:
         return {
@@ -93,8 +100,19 @@ class ControlGateway:
                 v1.EnrollReply(node_id=node_id, fleet=fleet, node_credential=credential)
             )
 
+    async def _with_credentials(self, orders: list[Order]) -> list[Order]:
+        """Commit orders carry a fresh collector credential, recorded before they are sent."""
+        if self._collectors is None:
+            return orders
+        return await self._collectors.attach(orders, now_ms())
+
     async def _authenticate(self, stream: Any) -> NodeRecord:
         token = bearer_token(stream.metadata.items() if stream.metadata else ())
+        if is_collector_credential(token):
+            raise PermissionDenied(
+                "a collector credential opens only the telemetry gateway, never the control "
+                "gateway. Connect with the Node's control credential (credentials/control.token)."
+            )
         node = await self._store.node_for_credential(hash_credential(token))
         if node is None:
             raise AuthError(
@@ -172,7 +190,7 @@ class ControlGateway:
                 )
             )
         )
-        self._registry.dispatch(orders)
+        self._registry.dispatch(await self._with_credentials(orders))
         self._wake()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._pump, stream, session)
@@ -216,6 +234,8 @@ class ControlGateway:
             if betterproto.serialized_on_wire(body.inventory):
                 changed = wire.inventory(body.inventory)
             await self._store.node_heartbeat(node_id, now, changed)
+            if self._collectors is not None:
+                await self._collectors.heartbeat(node_id, now)
             self._registry.send(
                 node_id, v1.CoordinatorMessage(heartbeat_ack=v1.HeartbeatAck(seq=body.seq))
             )
@@ -224,6 +244,9 @@ class ControlGateway:
         elif isinstance(body, v1.MemberReport):
             report = wire.report(body)
             applied = await self._store.apply_report(node_id, report, now)
+            if self._collectors is not None and report.state in TERMINAL_MEMBER_STATES:
+                # Also for a repeated report: the store may have applied it before a crash.
+                await self._collectors.member_ended(report.member, now)
             log.info(
                 "member report node=%s seq=%d run_id=%s member=%d state=%s applied=%s",
                 node_id,
@@ -250,12 +273,12 @@ class ControlGateway:
                 rendezvous.master_port,
                 now,
             )
-            self._registry.dispatch(orders)
+            self._registry.dispatch(await self._with_credentials(orders))
             if any(isinstance(o, AbortOrder) for o in orders):
                 self._wake()
         elif isinstance(body, v1.DecisionQuery):
             order = await self._store.decision_for(node_id, wire.member_key(body.member))
             if order is not None:
-                self._registry.dispatch([order])
+                self._registry.dispatch(await self._with_credentials([order]))
         else:
             log.warning("unexpected message on control stream node=%s kind=%s", node_id, kind)

@@ -102,6 +102,9 @@ class CommitOrder:
     member: MemberKey
     master_addr: str
     master_port: int
+    # Filled in just before sending (collector_credentials.py): never stored in plain text.
+    collector_credential: str = ""
+    telemetry_address: str = ""
 
 
 @attrs.frozen

@@ -26,13 +26,16 @@ from grpclib.server import Server
 from tuneplane.coordinator.api_service import ApiService
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.collector_credentials import CollectorCredentials
 from tuneplane.coordinator.config import load_config
 from tuneplane.coordinator.control_gateway import ControlGateway
 from tuneplane.coordinator.fleet_service import FleetService
+from tuneplane.coordinator.metrics_api import MetricsApi
 from tuneplane.coordinator.scheduler import Scheduler
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.state_dir import Endpoints, publish, require_initialised, withdraw
 from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
 from tuneplane.coordinator.telemetry_gateway import TelemetryGateway
 from tuneplane.coordinator.tls import TlsPaths, server_context
 
@@ -128,7 +131,10 @@ async def serve(opts: ServeOptions) -> None:
     ctx = server_context(tls_paths)
     catalogue = Catalogue.bundled()
     store = await Store.open(db_path(state_dir))
+    telemetry_store: TelemetryStore | None = None
     try:
+        telemetry_store = await TelemetryStore.open(telemetry_db_path(state_dir))
+        collectors = CollectorCredentials(telemetry_store)
         await store.mark_all_disconnected(now_ms())
         registry = SessionRegistry()
         scheduler = Scheduler(
@@ -142,19 +148,23 @@ async def serve(opts: ServeOptions) -> None:
             scheduler.wake,
             opts.heartbeat_interval_s,
             opts.heartbeat_timeout_s,
+            collectors,
         )
-        telemetry = TelemetryGateway(store)
+        telemetry = TelemetryGateway(store, collectors)
+        metrics = MetricsApi(store, telemetry_store)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_signals, tg.cancel_scope)
             try:
                 api_addr = await tg.start(
-                    _run_listener, "api", [api, fleets], opts.host, opts.api_port, ctx
+                    _run_listener, "api", [api, fleets, metrics], opts.host, opts.api_port, ctx
                 )
-                control_addr = await tg.start(
-                    _run_listener, "control", [control], opts.host, opts.control_port, ctx
-                )
+                # Telemetry before control: every Commit a Node receives names the gateway.
                 telemetry_addr = await tg.start(
                     _run_listener, "telemetry", [telemetry], opts.host, opts.telemetry_port, ctx
+                )
+                collectors.telemetry_address = telemetry_addr
+                control_addr = await tg.start(
+                    _run_listener, "control", [control], opts.host, opts.control_port, ctx
                 )
                 tg.start_soon(scheduler.run)
                 publish(
@@ -180,6 +190,8 @@ async def serve(opts: ServeOptions) -> None:
                     await registry.close_all()
     finally:
         with anyio.CancelScope(shield=True):
+            if telemetry_store is not None:
+                await telemetry_store.close()
             await store.close()
             withdraw(state_dir, os.getpid())
         log.info("coordinator stopped state_dir=%s", state_dir)

@@ -1,41 +1,147 @@
 """The telemetry gateway (``tuneplane.v1.Telemetry``), on its own listener.
 
-Rules: every call is authenticated. For now the accepted credential is a user token (the admin
-token is one); credentials scoped to one run/attempt/member for collectors are not issued yet.
+Rules:
+- ``Ship`` takes only a collector credential, and only for the member it was minted for; Node
+  control credentials and user tokens are refused. ``Ping`` also answers user tokens, so an
+  operator can check the listener.
+- A Ship is validated whole before anything is stored, then stored in one transaction and
+  acknowledged only once it is on disk: a retried batch stores nothing twice.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from typing import Any
 
-from grpclib.const import Cardinality, Handler
+from grpclib import GRPCError
+from grpclib.const import Cardinality, Handler, Status
 
 from tuneplane.coordinator.api_service import user_principal
+from tuneplane.coordinator.auth import PermissionDenied, Principal, bearer_token
 from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.collector_credentials import (
+    CollectorCredentials,
+    is_collector_credential,
+)
 from tuneplane.coordinator.store import Store
-from tuneplane.coordinator.wire import grpc_errors
+from tuneplane.coordinator.telemetry_records import CollectorReport, ShippedPoint
+from tuneplane.coordinator.wire import grpc_errors, member_key
 from tuneplane.proto import v1
+
+log = logging.getLogger(__name__)
+
+MAX_POINTS_PER_SHIP = 5000
+MAX_TAG_CHARS = 1024
+MAX_SOURCE_CHARS = 4096
 
 
 class TelemetryGateway:
     """grpclib handlers for ``tuneplane.v1.Telemetry``."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, collectors: CollectorCredentials) -> None:
         self._store = store
+        self._collectors = collectors
 
     def __mapping__(self) -> dict[str, Handler]:
         return {
             "/tuneplane.v1.Telemetry/Ping": Handler(
                 self._ping, Cardinality.UNARY_UNARY, v1.PingRequest, v1.PingReply
             ),
+            "/tuneplane.v1.Telemetry/Ship": Handler(
+                self._ship, Cardinality.UNARY_UNARY, v1.ShipRequest, v1.ShipReply
+            ),
         }
 
     async def _ping(self, stream: Any) -> None:
         with grpc_errors():
-            principal = await user_principal(self._store, stream)
+            metadata = stream.metadata.items() if stream.metadata else ()
+            principal: Principal
+            if is_collector_credential(bearer_token(metadata)):
+                principal, _ = await self._collectors.principal(metadata, now_ms())
+            else:
+                principal = await user_principal(self._store, stream)
             await stream.recv_message()
             await stream.send_message(
                 v1.PingReply(
                     server_time_ms=now_ms(), principal=f"{principal.kind}:{principal.name}"
                 )
             )
+
+    async def _ship(self, stream: Any) -> None:
+        with grpc_errors():
+            now = now_ms()
+            metadata = stream.metadata.items() if stream.metadata else ()
+            principal, grant = await self._collectors.principal(metadata, now)
+            request: v1.ShipRequest = await stream.recv_message()
+            member = member_key(request.member)
+            if member != grant.member:
+                raise PermissionDenied(
+                    f"this collector credential belongs to {principal.name}; it cannot ship "
+                    f"points of {member.run_id}/attempt-{member.attempt}/member-"
+                    f"{member.member_index}. Each member's collector uses its own credential."
+                )
+            points = list(_points(request.points))
+            p = request.progress or v1.CollectorProgress()
+            report = CollectorReport(
+                spool_points=p.spool_points,
+                backpressure=p.backpressure,
+                member_exited=p.member_exited,
+                drained=p.drained,
+                warnings=p.warnings,
+                data_loss_warnings=p.data_loss_warnings,
+            )
+            result = await self._collectors.store.ship(member, points, report, now)
+            log.debug(
+                "points shipped run_id=%s attempt=%d member=%d stored=%d duplicates=%d "
+                "spool=%d drained=%s",
+                member.run_id,
+                member.attempt,
+                member.member_index,
+                result.stored,
+                result.duplicates,
+                report.spool_points,
+                report.drained,
+            )
+            await stream.send_message(
+                v1.ShipReply(
+                    stored=result.stored, duplicates=result.duplicates, server_time_ms=now_ms()
+                )
+            )
+
+
+def _points(points: Iterable[v1.MetricPoint]) -> Iterable[ShippedPoint]:
+    """Validate a whole batch (nothing is stored when one point is bad)."""
+    batch = list(points)
+    if len(batch) > MAX_POINTS_PER_SHIP:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"ShipRequest.points holds {len(batch)} points, more than {MAX_POINTS_PER_SHIP}. "
+            "Send smaller batches.",
+        )
+    out = []
+    for n, p in enumerate(batch):
+        if not p.tag or len(p.tag) > MAX_TAG_CHARS:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"ShipRequest.points[{n}].tag is empty or longer than {MAX_TAG_CHARS} "
+                "characters. Name every point's tag within that length.",
+            )
+        if not p.source_id or len(p.source_id) > MAX_SOURCE_CHARS:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"ShipRequest.points[{n}].source_id is empty or longer than {MAX_SOURCE_CHARS} "
+                "characters. Every point needs the identity of the file it came from.",
+            )
+        out.append(
+            ShippedPoint(
+                source_id=p.source_id,
+                offset=p.offset,
+                index=p.index,
+                tag=p.tag,
+                step=p.step,
+                wall_time=p.wall_time if p.has_wall_time else None,
+                value=p.value,
+            )
+        )
+    return out

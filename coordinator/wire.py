@@ -144,6 +144,8 @@ def order_message(order: Order) -> v1.CoordinatorMessage:
                 rendezvous=v1.Rendezvous(
                     master_addr=order.master_addr, master_port=order.master_port
                 ),
+                collector_credential=order.collector_credential,
+                telemetry_address=order.telemetry_address,
             )
         )
     if isinstance(order, AbortOrder):

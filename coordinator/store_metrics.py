@@ -1,0 +1,558 @@
+"""The telemetry store: collector credentials, metric points and delivery progress.
+
+Rules:
+- Its own SQLite file (``telemetry.db``, WAL, ``synchronous=FULL``) and connection, apart from
+  ``coordinator.db``: metrics never decide a Job's state, and a Job's state never waits behind a
+  batch of points. Its schema has its own numbered migrations (``telemetry_schema_version``).
+- A point is stored once: UNIQUE on (series, byte offset, index), which within a member is the
+  dedup key (source identity, offset, index), and ``INSERT ... ON CONFLICT DO NOTHING``. A Ship
+  is one transaction (points, series counters, delivery progress), committed before the reply.
+- Writes run shielded (a caller's deadline never leaves half a transaction); the heavy read
+  (:meth:`TelemetryStore.query_series`) runs in a worker thread on its own read-only connection
+  so a million-point series never stalls the gateways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from contextlib import asynccontextmanager, closing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+import anyio
+
+from tuneplane.coordinator.downsample import Row, downsample, every_point
+from tuneplane.coordinator.records import MemberKey
+from tuneplane.coordinator.store import NotFound, SchemaTooNew
+from tuneplane.coordinator.telemetry_records import (
+    CollectorGrant,
+    CollectorReport,
+    Delivery,
+    MetricSelector,
+    SeriesResult,
+    ShippedPoint,
+    ShipResult,
+    TagSummary,
+)
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "telemetry.db"
+BUSY_TIMEOUT_MS = 10_000
+T = TypeVar("T")
+
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            """CREATE TABLE collector_credentials (
+                token_hash TEXT PRIMARY KEY,
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                member_index INTEGER NOT NULL,
+                node_id TEXT NOT NULL,
+                issued_at_ms BIGINT NOT NULL,
+                expires_at_ms BIGINT NOT NULL,
+                ended_at_ms BIGINT
+            )""",
+            "CREATE INDEX collector_credentials_by_node ON collector_credentials (node_id)",
+            "CREATE INDEX collector_credentials_by_member ON collector_credentials "
+            "(run_id, attempt, member_index)",
+            """CREATE TABLE metric_series (
+                id INTEGER PRIMARY KEY,
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                member_index INTEGER NOT NULL,
+                source TEXT NOT NULL,
+                tag TEXT NOT NULL,
+                points BIGINT NOT NULL DEFAULT 0,
+                last_step BIGINT,
+                last_value DOUBLE PRECISION,
+                last_wall_time DOUBLE PRECISION,
+                UNIQUE (run_id, attempt, member_index, source, tag)
+            )""",
+            """CREATE TABLE metric_points (
+                id INTEGER PRIMARY KEY,
+                series_id INTEGER NOT NULL REFERENCES metric_series(id),
+                source_offset BIGINT NOT NULL,
+                value_index INTEGER NOT NULL,
+                step BIGINT NOT NULL,
+                wall_time DOUBLE PRECISION,
+                value DOUBLE PRECISION,
+                UNIQUE (series_id, source_offset, value_index)
+            )""",
+            "CREATE INDEX metric_points_by_step ON metric_points (series_id, step)",
+            """CREATE TABLE telemetry_delivery (
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                member_index INTEGER NOT NULL,
+                points_stored BIGINT NOT NULL DEFAULT 0,
+                spool_points BIGINT NOT NULL DEFAULT 0,
+                backpressure INTEGER NOT NULL DEFAULT 0,
+                member_exited INTEGER NOT NULL DEFAULT 0,
+                drained INTEGER NOT NULL DEFAULT 0,
+                last_point_wall_ms BIGINT,
+                last_contact_ms BIGINT NOT NULL,
+                warnings BIGINT NOT NULL DEFAULT 0,
+                data_loss_warnings BIGINT NOT NULL DEFAULT 0,
+                PRIMARY KEY (run_id, attempt, member_index)
+            )""",
+        ),
+    ),
+)
+LATEST_VERSION = MIGRATIONS[-1][0]
+
+
+def telemetry_db_path(state_dir: Path) -> Path:
+    return state_dir / DB_NAME
+
+
+def _nan_to_null(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _null_to_nan(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+class TelemetryStore:
+    """Open with :meth:`open`; close with :meth:`close`."""
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._lock = anyio.Lock()
+        self._inflight: set[asyncio.Task[Any]] = set()
+        # Series ids never change once made, so the mapping is safe to keep for the process.
+        self._series_ids: dict[tuple[str, int, int, str, str], int] = {}
+
+    @classmethod
+    async def open(cls, path: Path) -> TelemetryStore:
+        db = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=FULL")
+            await db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            store = cls(db, path)
+            await store._migrate()
+        except BaseException:
+            await db.close()
+            raise
+        return store
+
+    async def close(self) -> None:
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        await self._db.close()
+
+    async def _migrate(self) -> None:
+        await self._db.execute(
+            "CREATE TABLE IF NOT EXISTS telemetry_schema_version (version INTEGER NOT NULL)"
+        )
+        async with self._txn() as db:
+            rows = list(await db.execute_fetchall("SELECT version FROM telemetry_schema_version"))
+            if not rows:
+                await db.execute("INSERT INTO telemetry_schema_version (version) VALUES (0)")
+            current = int(rows[0][0]) if rows else 0
+        if current > LATEST_VERSION:
+            raise SchemaTooNew(
+                f"the telemetry store {self.path} is at schema version {current}, newer than the "
+                f"{LATEST_VERSION} this coordinator understands. Run the newer coordinator."
+            )
+        for version, statements in MIGRATIONS:
+            if version <= current:
+                continue
+            async with self._txn() as db:
+                for sql in statements:
+                    await db.execute(sql)
+                await db.execute("UPDATE telemetry_schema_version SET version = ?", (version,))
+            log.info("telemetry store migrated path=%s version=%d", self.path, version)
+
+    @asynccontextmanager
+    async def _txn(self) -> AsyncIterator[aiosqlite.Connection]:
+        async with self._lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            await self._db.execute("COMMIT")
+
+    async def _shielded(self, work: Awaitable[T]) -> T:
+        """Run ``work`` to completion even if the caller is cancelled (a deadline passed)."""
+
+        async def run() -> T:
+            return await work
+
+        task = asyncio.ensure_future(run())
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)
+
+    # ----- collector credentials ---------------------------------------------------------------
+
+    async def issue_credentials(
+        self, grants: Sequence[tuple[str, MemberKey, str]], now: int, ttl_ms: int
+    ) -> None:
+        """Record ``(token hash, member, node id)`` grants, valid until ``now + ttl_ms``."""
+
+        async def work() -> None:
+            async with self._txn() as db:
+                await db.executemany(
+                    "INSERT INTO collector_credentials (token_hash, run_id, attempt, "
+                    "member_index, node_id, issued_at_ms, expires_at_ms) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (h, k.run_id, k.attempt, k.member_index, node, now, now + ttl_ms)
+                        for h, k, node in grants
+                    ],
+                )
+
+        await self._shielded(work())
+
+    async def grant_for(self, token_hash: str) -> CollectorGrant | None:
+        rows = list(
+            await self._db.execute_fetchall(
+                "SELECT run_id, attempt, member_index, node_id, issued_at_ms, expires_at_ms, "
+                "ended_at_ms FROM collector_credentials WHERE token_hash = ?",
+                (token_hash,),
+            )
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return CollectorGrant(
+            MemberKey(str(r[0]), int(r[1]), int(r[2])),
+            str(r[3]),
+            int(r[4]),
+            int(r[5]),
+            None if r[6] is None else int(r[6]),
+        )
+
+    async def refresh_credentials(self, node_id: str, now: int, ttl_ms: int, slack_ms: int) -> int:
+        """Extend the credentials of the Node's members that have not ended to ``now + ttl``.
+
+        Only rows within ``ttl - slack`` of expiring are written, so a heartbeat usually
+        writes nothing. Returns how many were extended.
+        """
+
+        async def work() -> int:
+            async with self._txn() as db:
+                cursor = await db.execute(
+                    "UPDATE collector_credentials SET expires_at_ms = ? WHERE node_id = ? "
+                    "AND ended_at_ms IS NULL AND expires_at_ms < ?",
+                    (now + ttl_ms, node_id, now + ttl_ms - slack_ms),
+                )
+                return int(cursor.rowcount)
+
+        return await self._shielded(work())
+
+    async def member_ended(self, member: MemberKey, now: int, drain_ms: int) -> None:
+        """The member reached a terminal state: its credentials last ``drain_ms`` more, once."""
+
+        async def work() -> None:
+            async with self._txn() as db:
+                await db.execute(
+                    "UPDATE collector_credentials SET ended_at_ms = ?, expires_at_ms = ? "
+                    "WHERE run_id = ? AND attempt = ? AND member_index = ? "
+                    "AND ended_at_ms IS NULL",
+                    (now, now + drain_ms, member.run_id, member.attempt, member.member_index),
+                )
+
+        await self._shielded(work())
+
+    # ----- shipping ----------------------------------------------------------------------------
+
+    async def _series_id(
+        self, db: aiosqlite.Connection, member: MemberKey, source: str, tag: str
+    ) -> int:
+        key = (member.run_id, member.attempt, member.member_index, source, tag)
+        found = self._series_ids.get(key)
+        if found is not None:
+            return found
+        await db.execute(
+            "INSERT INTO metric_series (run_id, attempt, member_index, source, tag) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            key,
+        )
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT id FROM metric_series WHERE run_id = ? AND attempt = ? "
+                "AND member_index = ? AND source = ? AND tag = ?",
+                key,
+            )
+        )
+        series_id = int(rows[0][0])
+        self._series_ids[key] = series_id
+        return series_id
+
+    async def ship(
+        self,
+        member: MemberKey,
+        points: Sequence[ShippedPoint],
+        report: CollectorReport,
+        now: int,
+    ) -> ShipResult:
+        """Store ``points`` (each at most once, ever) and the collector's progress, durably."""
+
+        async def work() -> ShipResult:
+            try:
+                async with self._txn() as db:
+                    return await self._ship(db, member, points, report, now)
+            except BaseException:
+                # A rolled-back transaction may have made series rows that no longer exist.
+                self._series_ids.clear()
+                raise
+
+        return await self._shielded(work())
+
+    async def _ship(
+        self,
+        db: aiosqlite.Connection,
+        member: MemberKey,
+        points: Sequence[ShippedPoint],
+        report: CollectorReport,
+        now: int,
+    ) -> ShipResult:
+        by_series: dict[tuple[str, str], list[ShippedPoint]] = {}
+        for p in points:
+            by_series.setdefault((p.source_id, p.tag), []).append(p)
+        stored = 0
+        newest_wall: float | None = None
+        for (source, tag), group in by_series.items():
+            series_id = await self._series_id(db, member, source, tag)
+            cursor = await db.executemany(
+                "INSERT INTO metric_points (series_id, source_offset, value_index, step, "
+                "wall_time, value) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [
+                    (series_id, p.offset, p.index, p.step, p.wall_time, _nan_to_null(p.value))
+                    for p in group
+                ],
+            )
+            added = max(int(cursor.rowcount), 0)
+            if not added:
+                continue
+            stored += added
+            await db.execute(
+                "UPDATE metric_series SET points = points + ?, "
+                "(last_step, last_value, last_wall_time) = (SELECT step, value, wall_time FROM "
+                "metric_points WHERE series_id = ? ORDER BY step DESC, id DESC LIMIT 1) "
+                "WHERE id = ?",
+                (added, series_id, series_id),
+            )
+            walls = [p.wall_time for p in group if p.wall_time is not None]
+            if walls:
+                newest = max(walls)
+                newest_wall = newest if newest_wall is None else max(newest_wall, newest)
+        wall_ms = None if newest_wall is None else int(newest_wall * 1000)
+        await db.execute(
+            "INSERT INTO telemetry_delivery (run_id, attempt, member_index, points_stored, "
+            "spool_points, backpressure, member_exited, drained, last_point_wall_ms, "
+            "last_contact_ms, warnings, data_loss_warnings) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (run_id, attempt, member_index) DO UPDATE SET "
+            "points_stored = telemetry_delivery.points_stored + excluded.points_stored, "
+            "spool_points = excluded.spool_points, backpressure = excluded.backpressure, "
+            "member_exited = MAX(telemetry_delivery.member_exited, excluded.member_exited), "
+            "drained = MAX(telemetry_delivery.drained, excluded.drained), "
+            "last_point_wall_ms = CASE WHEN excluded.last_point_wall_ms IS NULL "
+            "OR telemetry_delivery.last_point_wall_ms > excluded.last_point_wall_ms "
+            "THEN telemetry_delivery.last_point_wall_ms ELSE excluded.last_point_wall_ms END, "
+            "last_contact_ms = excluded.last_contact_ms, warnings = excluded.warnings, "
+            "data_loss_warnings = excluded.data_loss_warnings",
+            (
+                member.run_id,
+                member.attempt,
+                member.member_index,
+                stored,
+                report.spool_points,
+                int(report.backpressure),
+                int(report.member_exited),
+                int(report.drained),
+                wall_ms,
+                now,
+                report.warnings,
+                report.data_loss_warnings,
+            ),
+        )
+        return ShipResult(stored, len(points) - stored)
+
+    # ----- reads -------------------------------------------------------------------------------
+
+    async def delivery(self, run_id: str) -> list[Delivery]:
+        rows = await self._db.execute_fetchall(
+            "SELECT attempt, member_index, points_stored, spool_points, backpressure, drained, "
+            "last_point_wall_ms, last_contact_ms, warnings, data_loss_warnings "
+            "FROM telemetry_delivery WHERE run_id = ? ORDER BY attempt, member_index",
+            (run_id,),
+        )
+        return [
+            Delivery(
+                member=MemberKey(run_id, int(r[0]), int(r[1])),
+                points_stored=int(r[2]),
+                spool_points=int(r[3]),
+                backpressure=bool(r[4]),
+                drained=bool(r[5]),
+                last_point_wall_ms=None if r[6] is None else int(r[6]),
+                last_contact_ms=int(r[7]),
+                warnings=int(r[8]),
+                data_loss_warnings=int(r[9]),
+            )
+            for r in rows
+        ]
+
+    async def _attempt(self, selector: MetricSelector) -> int:
+        if selector.attempt:
+            return selector.attempt
+        rows = list(
+            await self._db.execute_fetchall(
+                "SELECT COALESCE(MAX(attempt), 0) FROM metric_series WHERE run_id = ?",
+                (selector.run_id,),
+            )
+        )
+        return int(rows[0][0])
+
+    def _where(self, selector: MetricSelector, attempt: int) -> tuple[str, list[Any]]:
+        clauses = ["run_id = ?", "attempt = ?"]
+        args: list[Any] = [selector.run_id, attempt]
+        if selector.member_index is not None:
+            clauses.append("member_index = ?")
+            args.append(selector.member_index)
+        if selector.source:
+            clauses.append("source = ?")
+            args.append(selector.source)
+        return " AND ".join(clauses), args
+
+    async def list_tags(self, selector: MetricSelector) -> tuple[int, list[TagSummary]]:
+        """The attempt read and its tags (canonical) or series (raw), ordered by tag."""
+        attempt = await self._attempt(selector)
+        where, args = self._where(selector, attempt)
+        rows = await self._db.execute_fetchall(
+            "SELECT tag, member_index, source, points, last_step, last_value, last_wall_time "
+            f"FROM metric_series WHERE {where} AND points > 0 "
+            "ORDER BY tag, member_index, source",
+            args,
+        )
+        if selector.raw:
+            return attempt, [
+                TagSummary(
+                    str(r[0]),
+                    attempt,
+                    int(r[1]),
+                    str(r[2]),
+                    int(r[3]),
+                    int(r[4]),
+                    _null_to_nan(r[5]),
+                    None if r[6] is None else float(r[6]),
+                    1,
+                )
+                for r in rows
+            ]
+        merged: dict[str, TagSummary] = {}
+        for r in rows:
+            tag, points, last_step = str(r[0]), int(r[3]), int(r[4])
+            seen = merged.get(tag)
+            summary = TagSummary(
+                tag,
+                attempt,
+                None,
+                "",
+                points,
+                last_step,
+                _null_to_nan(r[5]),
+                None if r[6] is None else float(r[6]),
+                1,
+            )
+            if seen is not None:
+                newer = summary if last_step > seen.last_step else seen
+                summary = TagSummary(
+                    tag,
+                    attempt,
+                    None,
+                    "",
+                    seen.points + points,
+                    newer.last_step,
+                    newer.last_value,
+                    newer.last_wall_time,
+                    seen.series + 1,
+                )
+            merged[tag] = summary
+        return attempt, list(merged.values())
+
+    async def query_series(
+        self, selector: MetricSelector, tag: str, max_points: int
+    ) -> SeriesResult:
+        """A bounded series of ``tag``: whole when it has at most ``max_points`` points,
+        otherwise at most ``max_points`` buckets (min, max and last each) over its steps."""
+        attempt = await self._attempt(selector)
+        where, args = self._where(selector, attempt)
+        rows = list(
+            await self._db.execute_fetchall(
+                f"SELECT id, points FROM metric_series WHERE {where} AND tag = ? AND points > 0",
+                [*args, tag],
+            )
+        )
+        if not rows:
+            scope = "raw series" if selector.raw else "metric"
+            raise NotFound(
+                f"Job {selector.run_id} has no {scope} {tag!r} in attempt {attempt or '(none)'}"
+                f"{self._narrowing(selector)}. List what it has with `tp metrics "
+                f"{selector.run_id}`."
+            )
+        series_ids = [int(r[0]) for r in rows]
+        total = sum(int(r[1]) for r in rows)
+        buckets = await anyio.to_thread.run_sync(
+            _read_buckets, self.path, series_ids, total, max_points
+        )
+        return SeriesResult(
+            tag, attempt, total, total > max_points, tuple(buckets), len(series_ids)
+        )
+
+    @staticmethod
+    def _narrowing(selector: MetricSelector) -> str:
+        parts = []
+        if selector.member_index is not None:
+            parts.append(f"member {selector.member_index}")
+        if selector.source:
+            parts.append(f"source {selector.source!r}")
+        return f" ({', '.join(parts)})" if parts else ""
+
+
+def _rows(db: sqlite3.Connection, series_ids: list[int]) -> Iterator[Row]:
+    marks = ",".join("?" for _ in series_ids)
+    cursor = db.execute(
+        f"SELECT step, id, value FROM metric_points WHERE series_id IN ({marks})", series_ids
+    )
+    cursor.arraysize = 10_000
+    while chunk := cursor.fetchmany():
+        for step, arrival, value in chunk:
+            yield step, arrival, math.nan if value is None else value
+
+
+def _read_buckets(path: Path, series_ids: list[int], total: int, max_points: int) -> list[Any]:
+    """Runs in a worker thread, on its own read-only connection."""
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        if total <= max_points:
+            return every_point(_rows(db, series_ids))
+        lo: int | None = None
+        hi: int | None = None
+        for series_id in series_ids:
+            # Per series, MIN and MAX are two index probes; over an IN list they would scan.
+            (low,) = db.execute(
+                "SELECT MIN(step) FROM metric_points WHERE series_id = ?", (series_id,)
+            ).fetchone()
+            (high,) = db.execute(
+                "SELECT MAX(step) FROM metric_points WHERE series_id = ?", (series_id,)
+            ).fetchone()
+            if low is not None:
+                lo = low if lo is None else min(lo, low)
+                hi = high if hi is None else max(hi, high)
+        if lo is None or hi is None:
+            return []
+        return downsample(_rows(db, series_ids), lo, hi, max_points)
