@@ -125,11 +125,11 @@ class JournalTooNew(JournalError):
 
 
 class UnknownMember(JournalError):
-    pass
+    """A transition names a member the journal has never recorded."""
 
 
 class MemberExists(JournalError):
-    pass
+    """A Prepare for a member that is already in the journal (repeats are answered, not redone)."""
 
 
 class GpuAlreadyOwned(JournalError):

@@ -29,11 +29,11 @@ class StateDirError(Exception):
 
 
 class NotEnrolled(StateDirError):
-    pass
+    """node.json or the control credential is missing: run ``tuneplane-node enroll`` first."""
 
 
 class AlreadyEnrolled(StateDirError):
-    pass
+    """The state directory already belongs to a Node; a new Node needs an empty one."""
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
