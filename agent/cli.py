@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import click
 import trio
 
+from tuneplane.agent import config as node_config
 from tuneplane.agent import journal_read
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.daemon import Daemon, run_daemon
@@ -113,8 +114,26 @@ def _setup_logging(level: str) -> None:
 
 
 @click.group()
-def main() -> None:
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="TUNEPLANE_NODE_CONFIG",
+    default=None,
+    help=f"Settings file whose keys give option defaults (default: {node_config.DEFAULT_PATH} "
+    "when it exists). Flags on the command line win.",
+)
+@click.pass_context
+def main(ctx: click.Context, config_path: Path | None) -> None:
     """The TunePlane agent on a GPU machine."""
+    if config_path is None and node_config.DEFAULT_PATH.exists():
+        config_path = node_config.DEFAULT_PATH
+    if config_path is not None:
+        try:
+            settings = node_config.load(config_path)
+        except node_config.NodeConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        ctx.default_map = node_config.default_map(settings)
 
 
 # --- enroll ------------------------------------------------------------------------------------
