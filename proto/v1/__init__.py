@@ -470,6 +470,90 @@ class GetDeliveryReply(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class CancelJobRequest(betterproto.Message):
+    run_id: str = betterproto.string_field(1)
+    reason: str = betterproto.string_field(2)
+    """Recorded with the decision and shown in the Job's history."""
+
+
+@dataclass(eq=False, repr=False)
+class CancelJobReply(betterproto.Message):
+    outcome: str = betterproto.string_field(1)
+    """
+    "cancelling" (members are being stopped), "cancelled" (nothing had started),
+     "already_cancelling", "already_cancelled" or "already_ended" (the Job ended another way).
+    """
+
+    job: "Job" = betterproto.message_field(2)
+
+
+@dataclass(eq=False, repr=False)
+class RetryJobRequest(betterproto.Message):
+    run_id: str = betterproto.string_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class RetryJobReply(betterproto.Message):
+    attempt: int = betterproto.uint32_field(1)
+    """The number the new attempt gets when it is placed."""
+
+    job: "Job" = betterproto.message_field(2)
+
+
+@dataclass(eq=False, repr=False)
+class GetLogsRequest(betterproto.Message):
+    run_id: str = betterproto.string_field(1)
+    attempt: int = betterproto.uint32_field(2)
+    """0 means the latest attempt."""
+
+    member_index: int = betterproto.uint32_field(3)
+    stream: str = betterproto.string_field(4)
+    """stdout" (default) or "stderr"."""
+
+    from_offset: int = betterproto.uint64_field(5)
+    """
+    Return bytes at or after this offset of the member's file (0: everything still kept).
+    """
+
+    max_bytes: int = betterproto.uint32_field(6)
+    """At most this many bytes come back (default and most: 1 MiB)."""
+
+
+@dataclass(eq=False, repr=False)
+class LogPiece(betterproto.Message):
+    """
+    Contiguous bytes of a member's file; `dropped_before` bytes before `offset` are not kept.
+    """
+
+    offset: int = betterproto.uint64_field(1)
+    data: bytes = betterproto.bytes_field(2)
+    dropped_before: int = betterproto.uint64_field(3)
+
+
+@dataclass(eq=False, repr=False)
+class GetLogsReply(betterproto.Message):
+    attempt: int = betterproto.uint32_field(1)
+    member_index: int = betterproto.uint32_field(2)
+    stream: str = betterproto.string_field(3)
+    pieces: List["LogPiece"] = betterproto.message_field(4)
+    next_offset: int = betterproto.uint64_field(5)
+    """Ask again from here to continue."""
+
+    complete: bool = betterproto.bool_field(6)
+    """
+    The member ended and its Node sent everything: nothing will follow `next_offset`.
+    """
+
+    dropped_bytes: int = betterproto.uint64_field(7)
+    """
+    Bytes of this stream that were dropped (the coordinator keeps at most 1 MiB per stream).
+    """
+
+    member_state: str = betterproto.string_field(8)
+    """The member's state as the coordinator knows it."""
+
+
+@dataclass(eq=False, repr=False)
 class EnrollRequest(betterproto.Message):
     join_token: str = betterproto.string_field(1)
     hostname: str = betterproto.string_field(2)
@@ -493,6 +577,7 @@ class NodeMessage(betterproto.Message):
     report: "MemberReport" = betterproto.message_field(3, group="body")
     prepare_reply: "PrepareReply" = betterproto.message_field(4, group="body")
     decision_query: "DecisionQuery" = betterproto.message_field(5, group="body")
+    log_chunk: "LogChunk" = betterproto.message_field(6, group="body")
 
 
 @dataclass(eq=False, repr=False)
@@ -504,6 +589,7 @@ class CoordinatorMessage(betterproto.Message):
     commit: "Commit" = betterproto.message_field(5, group="body")
     abort: "Abort" = betterproto.message_field(6, group="body")
     cancel: "Cancel" = betterproto.message_field(7, group="body")
+    log_ack: "LogAck" = betterproto.message_field(8, group="body")
 
 
 @dataclass(eq=False, repr=False)
@@ -647,6 +733,46 @@ class DecisionQuery(betterproto.Message):
     """A Node holding a prepared member with no known decision asks for it."""
 
     member: "MemberRef" = betterproto.message_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class LogChunk(betterproto.Message):
+    """
+    Bytes of one member's stdout or stderr file, as its Node read them. The Node sends the next
+     chunk of a stream only after the previous one is acknowledged, so chunks arrive in order.
+    """
+
+    member: "MemberRef" = betterproto.message_field(1)
+    stream: str = betterproto.string_field(2)
+    """stdout" or "stderr"."""
+
+    offset: int = betterproto.uint64_field(3)
+    """
+    Where data[0] sits in the member's file. Bytes before it that were never sent were dropped
+     by the Node because its backlog grew past the coordinator's bound.
+    """
+
+    data: bytes = betterproto.bytes_field(4)
+    eof: bool = betterproto.bool_field(5)
+    """
+    The member has ended and data reaches the end of its file: nothing more follows.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class LogAck(betterproto.Message):
+    """
+    Everything of the stream before `offset` is stored (or deliberately dropped). Repeated chunks
+     are acknowledged again with the same offset, so a resent chunk is never stored twice.
+    """
+
+    member: "MemberRef" = betterproto.message_field(1)
+    stream: str = betterproto.string_field(2)
+    offset: int = betterproto.uint64_field(3)
+    eof: bool = betterproto.bool_field(4)
+    """
+    The coordinator recorded the end of the stream; the Node stops shipping it.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -929,6 +1055,57 @@ class ApiStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def cancel_job(
+        self,
+        cancel_job_request: "CancelJobRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "CancelJobReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/CancelJob",
+            cancel_job_request,
+            CancelJobReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def retry_job(
+        self,
+        retry_job_request: "RetryJobRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "RetryJobReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/RetryJob",
+            retry_job_request,
+            RetryJobReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_logs(
+        self,
+        get_logs_request: "GetLogsRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "GetLogsReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/GetLogs",
+            get_logs_request,
+            GetLogsReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class ControlStub(betterproto.ServiceStub):
     async def enroll(
@@ -1054,6 +1231,17 @@ class ApiBase(ServiceBase):
     ) -> "GetDeliveryReply":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def cancel_job(
+        self, cancel_job_request: "CancelJobRequest"
+    ) -> "CancelJobReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def retry_job(self, retry_job_request: "RetryJobRequest") -> "RetryJobReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_logs(self, get_logs_request: "GetLogsRequest") -> "GetLogsReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_preview(
         self, stream: "grpclib.server.Stream[PreviewRequest, PreviewReply]"
     ) -> None:
@@ -1138,6 +1326,27 @@ class ApiBase(ServiceBase):
         response = await self.get_delivery(request)
         await stream.send_message(response)
 
+    async def __rpc_cancel_job(
+        self, stream: "grpclib.server.Stream[CancelJobRequest, CancelJobReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.cancel_job(request)
+        await stream.send_message(response)
+
+    async def __rpc_retry_job(
+        self, stream: "grpclib.server.Stream[RetryJobRequest, RetryJobReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.retry_job(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_logs(
+        self, stream: "grpclib.server.Stream[GetLogsRequest, GetLogsReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.get_logs(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/tuneplane.v1.Api/Preview": grpclib.const.Handler(
@@ -1211,6 +1420,24 @@ class ApiBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 GetDeliveryRequest,
                 GetDeliveryReply,
+            ),
+            "/tuneplane.v1.Api/CancelJob": grpclib.const.Handler(
+                self.__rpc_cancel_job,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                CancelJobRequest,
+                CancelJobReply,
+            ),
+            "/tuneplane.v1.Api/RetryJob": grpclib.const.Handler(
+                self.__rpc_retry_job,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                RetryJobRequest,
+                RetryJobReply,
+            ),
+            "/tuneplane.v1.Api/GetLogs": grpclib.const.Handler(
+                self.__rpc_get_logs,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetLogsRequest,
+                GetLogsReply,
             ),
         }
 
