@@ -18,6 +18,7 @@ from rich.table import Table
 
 from tuneplane.collector.files import kind_of, read_file, telemetry_files
 from tuneplane.collector.points import ReadWarning, ScalarPoint
+from tuneplane.collector.spool import DEFAULT_MAX_POINTS
 
 
 @click.group()
@@ -116,6 +117,92 @@ def inspect(path: Path, as_json: bool) -> None:
         console.print(f"[bold red]{label}[/] ({w.kind}) {w.describe()}", highlight=False)
     lost = sum(1 for w in warnings if w.data_loss)
     console.print(f"{len(points)} points, {len(warnings)} warnings ({lost} data loss)")
+
+
+@main.command()
+@click.option(
+    "--telemetry-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The member's telemetry directory ($TUNEPLANE_TELEMETRY_DIR); followed recursively.",
+)
+@click.option(
+    "--state-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Private, host-local directory for the spool, the checkpoint and the markers.",
+)
+@click.option("--gateway", required=True, metavar="HOST:PORT", help="The telemetry gateway.")
+@click.option(
+    "--ca",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The CA certificate that must vouch for the gateway (the coordinator's tls/ca.pem).",
+)
+@click.option(
+    "--credential-file",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The member's collector credential (0600), read again before every call.",
+)
+@click.option("--run-id", required=True, help="The Job's run id.")
+@click.option("--attempt", required=True, type=click.IntRange(min=1), help="The attempt number.")
+@click.option("--member", required=True, type=click.IntRange(min=0), help="The member index.")
+@click.option(
+    "--max-spool-points",
+    default=DEFAULT_MAX_POINTS,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Spool limit; when reached, reading pauses until points are delivered.",
+)
+@click.option(
+    "--poll-interval",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    help="Seconds between looks at the telemetry files and the member-exited marker.",
+)
+def run(
+    telemetry_dir: Path,
+    state_dir: Path,
+    gateway: str,
+    ca: Path,
+    credential_file: Path,
+    run_id: str,
+    attempt: int,
+    member: int,
+    max_spool_points: int,
+    poll_interval: float,
+) -> None:
+    """Follow one member's telemetry, spool it durably and ship it to the telemetry gateway
+    exactly once. Exits 0 once the member exited (STATE_DIR/member-exited appears) and every
+    point was delivered (STATE_DIR/drained is written), or when stopped by SIGTERM/SIGINT."""
+    import trio
+
+    from tuneplane.collector.checkpoint import CheckpointError
+
+    # A long-running service: what it does (spooled, shipped, retried) belongs in its log.
+    logging.getLogger().setLevel(logging.INFO)
+    from tuneplane.collector.service import CollectorOptions, run_collector
+    from tuneplane.collector.ship_wire import CollectorConfigError, Gateway
+    from tuneplane.collector.spool import SpoolError
+
+    try:
+        opts = CollectorOptions(
+            telemetry_dir=telemetry_dir.absolute(),
+            state_dir=state_dir.absolute(),
+            gateway=Gateway.parse(gateway),
+            ca=ca,
+            credential_file=credential_file,
+            run_id=run_id,
+            attempt=attempt,
+            member_index=member,
+            max_spool_points=max_spool_points,
+            poll_interval_s=poll_interval,
+        )
+        sys.exit(trio.run(run_collector, opts))
+    except (CollectorConfigError, CheckpointError, SpoolError) as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ Rules:
 from __future__ import annotations
 
 import logging
+import math
+import sys
+from array import array
 from collections.abc import Iterable
 from typing import Any
 
@@ -81,7 +84,10 @@ class TelemetryGateway:
                     f"points of {member.run_id}/attempt-{member.attempt}/member-"
                     f"{member.member_index}. Each member's collector uses its own credential."
                 )
-            points = list(_points(request.points))
+            points = _points(request.points)
+            if request.columns is not None and request.columns.strings:
+                points += _columns(request.columns)
+            _check(points)
             p = request.progress or v1.CollectorProgress()
             report = CollectorReport(
                 spool_points=p.spool_points,
@@ -110,38 +116,88 @@ class TelemetryGateway:
             )
 
 
-def _points(points: Iterable[v1.MetricPoint]) -> Iterable[ShippedPoint]:
-    """Validate a whole batch (nothing is stored when one point is bad)."""
-    batch = list(points)
-    if len(batch) > MAX_POINTS_PER_SHIP:
+def _points(points: Iterable[v1.MetricPoint]) -> list[ShippedPoint]:
+    return [
+        ShippedPoint(
+            source_id=p.source_id,
+            offset=p.offset,
+            index=p.index,
+            tag=p.tag,
+            step=p.step,
+            wall_time=p.wall_time if p.has_wall_time else None,
+            value=p.value,
+        )
+        for p in points
+    ]
+
+
+def _column(name: str, data: bytes, typecode: str, count: int) -> list[Any]:
+    column = array(typecode)
+    if len(data) != count * column.itemsize:
         raise GRPCError(
             Status.INVALID_ARGUMENT,
-            f"ShipRequest.points holds {len(batch)} points, more than {MAX_POINTS_PER_SHIP}. "
+            f"PointColumns.{name} holds {len(data)} bytes; {count} points need "
+            f"{count * column.itemsize}. Every column has one entry per point.",
+        )
+    column.frombytes(data)
+    if sys.byteorder == "big":
+        column.byteswap()
+    return column.tolist()
+
+
+def _columns(c: v1.PointColumns) -> list[ShippedPoint]:
+    """Decode ``PointColumns`` (one little-endian number per point in each column)."""
+    count = len(c.values) // 8
+    values = _column("values", c.values, "d", count)
+    sources = _column("source_refs", c.source_refs, "I", count)
+    tags = _column("tag_refs", c.tag_refs, "I", count)
+    offsets = _column("offsets", c.offsets, "Q", count)
+    indexes = _column("indexes", c.indexes, "I", count)
+    steps = _column("steps", c.steps, "q", count)
+    walls = _column("wall_times", c.wall_times, "d", count)
+    strings = list(c.strings)
+    if count and max(max(sources), max(tags)) >= len(strings):
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"PointColumns refers to string {max(max(sources), max(tags))}, but it holds "
+            f"{len(strings)}. Refs index PointColumns.strings.",
+        )
+    return [
+        ShippedPoint(
+            strings[sources[i]],
+            offsets[i],
+            indexes[i],
+            strings[tags[i]],
+            steps[i],
+            None if math.isnan(walls[i]) else walls[i],
+            values[i],
+        )
+        for i in range(count)
+    ]
+
+
+def _check(points: list[ShippedPoint]) -> None:
+    """Validate a whole batch (nothing is stored when one point is bad)."""
+    if len(points) > MAX_POINTS_PER_SHIP:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"ShipRequest holds {len(points)} points, more than {MAX_POINTS_PER_SHIP}. "
             "Send smaller batches.",
         )
-    out = []
-    for n, p in enumerate(batch):
+    seen: set[tuple[str, str]] = set()
+    for n, p in enumerate(points):
+        if (p.source_id, p.tag) in seen:
+            continue
+        seen.add((p.source_id, p.tag))
         if not p.tag or len(p.tag) > MAX_TAG_CHARS:
             raise GRPCError(
                 Status.INVALID_ARGUMENT,
-                f"ShipRequest.points[{n}].tag is empty or longer than {MAX_TAG_CHARS} "
-                "characters. Name every point's tag within that length.",
+                f"point {n} of the ShipRequest has a tag that is empty or longer than "
+                f"{MAX_TAG_CHARS} characters. Name every point's tag within that length.",
             )
         if not p.source_id or len(p.source_id) > MAX_SOURCE_CHARS:
             raise GRPCError(
                 Status.INVALID_ARGUMENT,
-                f"ShipRequest.points[{n}].source_id is empty or longer than {MAX_SOURCE_CHARS} "
-                "characters. Every point needs the identity of the file it came from.",
+                f"point {n} of the ShipRequest has a source_id that is empty or longer than "
+                f"{MAX_SOURCE_CHARS} characters. Every point needs the identity of its file.",
             )
-        out.append(
-            ShippedPoint(
-                source_id=p.source_id,
-                offset=p.offset,
-                index=p.index,
-                tag=p.tag,
-                step=p.step,
-                wall_time=p.wall_time if p.has_wall_time else None,
-                value=p.value,
-            )
-        )
-    return out

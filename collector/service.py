@@ -1,0 +1,271 @@
+"""``tuneplane-collector run``: tail one member's telemetry, spool it, ship it, drain, exit.
+
+Rules:
+- Order of durability: a batch goes into the spool (fsync) *before* the tailer's checkpoint moves
+  past it, and leaves the spool only after the gateway acknowledged it. A crash anywhere re-reads
+  or re-sends; dedup keys make both harmless.
+- Backpressure, never loss: when the spool holds ``max_spool_points``, the consumer stops taking
+  batches, so the tailer stops reading (the files stay on disk) until shipping makes room; the
+  collector logs it and reports it with every call (``tp job show`` shows it).
+- Every Ship has a deadline; failures are retried with jittered backoff (0.5 s doubling to 30 s),
+  whatever the reason, and logged with the gateway's own sentence.
+- The member's end is a file the Node writes (``member-exited`` in the state directory). Then
+  the tailer drains every file, the spool is shipped to empty, a last call says ``drained``,
+  ``drained`` is written beside it, and the process exits 0. SIGTERM/SIGINT stop it early
+  without losing anything: it resumes from the spool and checkpoint when started again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from tuneplane.collector.ship_wire import (
+    Gateway,
+    Progress,
+    ShipFailed,
+    TelemetryClient,
+    open_telemetry_client,
+)
+from tuneplane.collector.spool import DEFAULT_MAX_POINTS, SPOOL_FILE, Spool
+from tuneplane.collector.tailer import Batch, Tailer
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CHECKPOINT_FILE = "checkpoint.json"
+EXITED_MARKER = "member-exited"
+DRAINED_MARKER = "drained"
+BATCH_POINTS = 2000
+PROGRESS_INTERVAL_S = 5.0
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+@attrs.frozen
+class CollectorOptions:
+    """One member's collector. ``state_dir`` is private to the Node (spool, checkpoint, markers)."""
+
+    telemetry_dir: Path
+    state_dir: Path
+    gateway: Gateway
+    ca: Path
+    credential_file: Path
+    run_id: str
+    attempt: int
+    member_index: int
+    max_spool_points: int = DEFAULT_MAX_POINTS
+    poll_interval_s: float = 0.5
+    progress_interval_s: float = PROGRESS_INTERVAL_S
+
+    @property
+    def member(self) -> tuple[str, int, int]:
+        return (self.run_id, self.attempt, self.member_index)
+
+
+def drained(state_dir: Path) -> bool:
+    """True once a collector delivered everything its member wrote and exited."""
+    return (state_dir / DRAINED_MARKER).exists()
+
+
+def write_marker(path: Path) -> None:
+    """Create ``path`` durably (tmp, fsync, rename, fsync dir): it exists whole or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, f"{int(time.time() * 1000)}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def backoff_s(failures: int, jitter: float) -> float:
+    """Seconds to wait after ``failures`` failed calls in a row; ``jitter`` in [0, 1)."""
+    base = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** max(failures - 1, 0))
+    return base * (0.5 + jitter / 2)
+
+
+@attrs.define(eq=False)
+class _Shared:
+    backpressure: bool = False
+    tail_done: trio.Event = attrs.field(factory=trio.Event)
+    wrote: trio.Event = attrs.field(factory=trio.Event)
+    room: trio.Event = attrs.field(factory=trio.Event)
+
+
+class Collector:
+    def __init__(self, opts: CollectorOptions, spool: Spool) -> None:
+        self.opts = opts
+        self.spool = spool
+        self.writers_done = trio.Event()
+        self._shared = _Shared()
+        self._spool_lock = trio.Lock()
+
+    async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking spool method in a worker thread, one at a time."""
+        async with self._spool_lock:
+            return await trio.to_thread.run_sync(fn, *args)
+
+    async def run(self) -> None:
+        """Collect until the member's telemetry is delivered (or until cancelled)."""
+        tailer = Tailer(
+            self.opts.telemetry_dir,
+            self.opts.state_dir / CHECKPOINT_FILE,
+            poll_interval=self.opts.poll_interval_s,
+        )
+        async with (
+            open_telemetry_client(
+                self.opts.gateway, self.opts.ca, self.opts.credential_file
+            ) as client,
+            trio.open_nursery() as nursery,
+        ):
+            send, receive = trio.open_memory_channel[Batch](0)
+            nursery.start_soon(self._watch_exit)
+            nursery.start_soon(tailer.run, send, self.writers_done)
+            nursery.start_soon(self._consume, tailer, receive)
+            await self._ship(client)
+            nursery.cancel_scope.cancel()
+
+    async def _watch_exit(self) -> None:
+        marker = self.opts.state_dir / EXITED_MARKER
+        while not marker.exists():
+            await trio.sleep(self.opts.poll_interval_s)
+        log.info("member exited; draining run_id=%s member=%d", self.opts.run_id,
+                 self.opts.member_index)  # fmt: skip
+        self.writers_done.set()
+
+    async def _consume(self, tailer: Tailer, receive: trio.MemoryReceiveChannel[Batch]) -> None:
+        """Spool each batch, then commit it to the tailer: durable first, then the position."""
+        shared = self._shared
+        async with receive:
+            async for batch in receive:
+                while self.spool.full():
+                    if not shared.backpressure:
+                        shared.backpressure = True
+                        log.warning(
+                            "spool full; reading paused until points are delivered "
+                            "spool=%s points=%d limit=%d",
+                            self.spool.path,
+                            self.spool.depth,
+                            self.spool.max_points,
+                        )
+                    shared.room = trio.Event()
+                    await shared.room.wait()
+                if shared.backpressure:
+                    shared.backpressure = False
+                    log.info("spool has room again; reading resumed points=%d", self.spool.depth)
+                if batch.points or batch.warnings:
+                    await self._spool_call(self.spool.append, batch.points, batch.warnings)
+                    shared.wrote.set()
+                await tailer.commit(batch)
+        shared.tail_done.set()
+        shared.wrote.set()
+
+    async def _progress(self, finished: bool) -> Progress:
+        warnings, lost = await self._spool_call(self.spool.warning_counts)
+        return Progress(
+            spool_points=self.spool.depth,
+            backpressure=self._shared.backpressure,
+            member_exited=self.writers_done.is_set(),
+            drained=finished,
+            warnings=warnings,
+            data_loss_warnings=lost,
+        )
+
+    async def _ship(self, client: TelemetryClient) -> None:
+        """Ship until the tailer is done and the spool is empty; the last call says drained."""
+        shared = self._shared
+        failures = 0
+        last_call = -float("inf")
+        while True:
+            shared.wrote = trio.Event()
+            batch = await self._spool_call(self.spool.peek, BATCH_POINTS)
+            finished = shared.tail_done.is_set() and not batch
+            quiet = trio.current_time() - last_call < self.opts.progress_interval_s
+            if not batch and not finished and quiet:
+                # Nothing to send: wait for new points, or send progress when it is due.
+                with trio.move_on_at(last_call + self.opts.progress_interval_s):
+                    await shared.wrote.wait()
+                continue
+            progress = await self._progress(finished)
+            try:
+                reply = await client.ship(self.opts.member, batch, progress)
+            except ShipFailed as exc:
+                failures += 1
+                delay = backoff_s(failures, random.random())
+                log.warning(
+                    "ship failed; retrying run_id=%s member=%d points=%d in_s=%.1f reason=%s",
+                    self.opts.run_id,
+                    self.opts.member_index,
+                    len(batch),
+                    delay,
+                    exc,
+                )
+                await trio.sleep(delay)
+                continue
+            failures = 0
+            last_call = trio.current_time()
+            if batch:
+                await self._spool_call(self.spool.acknowledge, batch[-1].id)
+                shared.room.set()
+                log.debug("points delivered count=%d stored=%d duplicates=%d spool=%d",
+                          len(batch), reply.stored, reply.duplicates,
+                          self.spool.depth)  # fmt: skip
+            if finished:
+                return
+
+
+async def run_collector(opts: CollectorOptions) -> int:
+    """Run one member's collector until drained (exit status 0) or stopped by a signal (0)."""
+    opts.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if drained(opts.state_dir):
+        log.info("already drained; nothing to do state_dir=%s", opts.state_dir)
+        return 0
+    spool = await trio.to_thread.run_sync(
+        Spool.open, opts.state_dir / SPOOL_FILE, opts.max_spool_points
+    )
+    collector = Collector(opts, spool)
+    stopped = False
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def on_signal() -> None:
+                nonlocal stopped
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signum in signals:
+                        log.info("collector stopping signal=%s spool=%d",
+                                 signal.Signals(signum).name, spool.depth)  # fmt: skip
+                        stopped = True
+                        nursery.cancel_scope.cancel()
+                        return
+
+            nursery.start_soon(on_signal)
+            await collector.run()
+            nursery.cancel_scope.cancel()
+    finally:
+        spool.close()
+    if stopped:
+        return 0
+    await trio.to_thread.run_sync(write_marker, opts.state_dir / DRAINED_MARKER)
+    log.info(
+        "telemetry delivered; collector done run_id=%s attempt=%d member=%d",
+        opts.run_id,
+        opts.attempt,
+        opts.member_index,
+    )
+    return 0

@@ -1,0 +1,204 @@
+"""The collector's wire edge: one ``Ship`` call to the telemetry gateway over verified TLS.
+
+Rules:
+- The only collector module that imports grpclib, betterproto or trio-asyncio. Server
+  verification is always on (the coordinator's CA); every call has a deadline.
+- The credential file is read again for every call, so a credential the Node replaced (a
+  repeated Commit carries a fresh one) is picked up without a restart.
+- Every failure leaves as :class:`ShipFailed` with a sentence; the shell retries with backoff.
+"""
+
+from __future__ import annotations
+
+import math
+import ssl
+import sys
+from array import array
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import attrs
+import trio
+import trio_asyncio
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
+from tuneplane.collector.spool import SpooledPoint
+from tuneplane.proto import v1
+
+DEADLINE_S = 10.0
+
+
+class ShipFailed(Exception):
+    """A Ship call did not store the batch; ``str()`` says why. ``refused`` when the gateway
+    answered and said no (a credential or batch problem) rather than being unreachable."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+class CollectorConfigError(Exception):
+    """The gateway address, CA or credential file cannot be used; ``str()`` says how to fix it."""
+
+
+@attrs.frozen
+class Gateway:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Gateway:
+        host, sep, port = text.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise CollectorConfigError(
+                f"--gateway {text!r} is not HOST:PORT; pass the `telemetry` address from the "
+                "coordinator's endpoints.json, for example 127.0.0.1:7445."
+            )
+        return cls(host, int(port))
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@attrs.frozen
+class Progress:
+    spool_points: int
+    backpressure: bool
+    member_exited: bool
+    drained: bool
+    warnings: int
+    data_loss_warnings: int
+
+
+def tls_context(ca_path: Path) -> ssl.SSLContext:
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca_path))
+    except (OSError, ssl.SSLError) as exc:
+        raise CollectorConfigError(
+            f"the CA file {ca_path} cannot be loaded ({exc}); pass the coordinator's tls/ca.pem "
+            "with --ca."
+        ) from None
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+def read_credential(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise CollectorConfigError(
+            f"the collector credential {path} cannot be read ({exc.strerror}); the Node writes "
+            "it when the member is committed. Pass its path with --credential-file."
+        ) from None
+    if not token:
+        raise CollectorConfigError(f"the collector credential {path} is empty.")
+    return token
+
+
+def _packed(typecode: str, values: Iterable[float] | Iterable[int]) -> bytes:
+    column = array(typecode, values)
+    if sys.byteorder == "big":
+        column.byteswap()
+    return column.tobytes()
+
+
+def columns(points: Sequence[SpooledPoint]) -> v1.PointColumns:
+    """``points`` as the compact columns of ``PointColumns`` (little-endian numbers)."""
+    strings: dict[str, int] = {}
+
+    def ref(text: str) -> int:
+        return strings.setdefault(text, len(strings))
+
+    source_refs = [ref(p.source_id) for p in points]
+    tag_refs = [ref(p.tag) for p in points]
+    return v1.PointColumns(
+        strings=list(strings),
+        source_refs=_packed("I", source_refs),
+        tag_refs=_packed("I", tag_refs),
+        offsets=_packed("Q", [p.offset for p in points]),
+        indexes=_packed("I", [p.index for p in points]),
+        steps=_packed("q", [p.step for p in points]),
+        wall_times=_packed("d", [math.nan if p.wall_time is None else p.wall_time for p in points]),
+        values=_packed("d", [p.value for p in points]),
+    )
+
+
+class TelemetryClient:
+    """Ships batches for one member. Use inside :func:`open_telemetry_client`."""
+
+    def __init__(self, channel: Channel, gateway: Gateway, credential_file: Path) -> None:
+        self._channel = channel
+        self._gateway = gateway
+        self._credential_file = credential_file
+
+    async def ship(
+        self,
+        member: tuple[str, int, int],
+        points: Sequence[SpooledPoint],
+        progress: Progress,
+    ) -> v1.ShipReply:
+        """Store ``points``; returns only once the gateway acknowledged them durably."""
+        try:
+            token = read_credential(self._credential_file)
+        except CollectorConfigError as exc:
+            raise ShipFailed(str(exc)) from None
+        run_id, attempt, index = member
+        request = v1.ShipRequest(
+            member=v1.MemberRef(run_id=run_id, attempt=attempt, member_index=index),
+            columns=columns(points),
+            progress=v1.CollectorProgress(
+                spool_points=progress.spool_points,
+                backpressure=progress.backpressure,
+                member_exited=progress.member_exited,
+                drained=progress.drained,
+                warnings=progress.warnings,
+                data_loss_warnings=progress.data_loss_warnings,
+            ),
+        )
+        stub = v1.TelemetryStub(
+            self._channel, metadata={"authorization": f"Bearer {token}"}, timeout=DEADLINE_S
+        )
+        where = f"the telemetry gateway at {self._gateway}"
+        try:
+            # Trio's own limit backs up the gRPC deadline if the connection hangs in TLS.
+            with trio.fail_after(DEADLINE_S + 2):
+                reply: v1.ShipReply = await trio_asyncio.aio_as_trio(stub.ship)(request)
+        except GRPCError as exc:
+            status = exc.status.name if isinstance(exc.status, Status) else str(exc.status)
+            transient = exc.status in (Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED)
+            raise ShipFailed(
+                f"{where} answered {status}: {exc.message}", refused=not transient
+            ) from None
+        except ssl.SSLCertVerificationError as exc:
+            raise ShipFailed(
+                f"{where} presented a certificate that does not verify against the CA "
+                f"({exc.verify_message}); pass the coordinator's tls/ca.pem with --ca."
+            ) from None
+        except trio.TooSlowError:
+            raise ShipFailed(f"{where} did not answer within {DEADLINE_S:g} s") from None
+        except (OSError, ssl.SSLError, StreamTerminatedError, ProtocolError, EOFError) as exc:
+            raise ShipFailed(f"{where} cannot be reached ({type(exc).__name__}: {exc})") from None
+        return reply
+
+
+async def _aio_channel(gateway: Gateway, ctx: ssl.SSLContext) -> Channel:
+    return Channel(gateway.host, gateway.port, ssl=ctx)
+
+
+@asynccontextmanager
+async def open_telemetry_client(
+    gateway: Gateway, ca_path: Path, credential_file: Path
+) -> AsyncIterator[TelemetryClient]:
+    """Host asyncio for grpclib inside this Trio run and open one channel for the block."""
+    ctx = tls_context(ca_path)
+    async with trio_asyncio.open_loop():
+        channel = await trio_asyncio.aio_as_trio(_aio_channel)(gateway, ctx)
+        try:
+            yield TelemetryClient(channel, gateway, credential_file)
+        finally:
+            channel.close()

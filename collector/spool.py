@@ -1,0 +1,190 @@
+"""The collector's spool: points made durable on the Node before the read position advances.
+
+Rules:
+- One SQLite file on private host-local storage, WAL, ``synchronous=FULL``: a returned
+  :meth:`Spool.append` is on disk. Points are UNIQUE on their dedup key and appended with
+  ``ON CONFLICT DO NOTHING``, so bytes re-read after a crash never sit in the spool twice.
+- Points leave the spool only through :meth:`Spool.acknowledge`, after the gateway stored them.
+  Ids grow (AUTOINCREMENT), so acknowledging "up to id N" never touches a later point.
+- Bounded: :meth:`Spool.full` says when ``max_points`` are waiting. The caller then stops
+  reading (backpressure); nothing is ever dropped to make room.
+- Blocking calls: the Trio shell runs them in a worker thread, one at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from tuneplane.collector.points import ReadWarning, ScalarPoint
+
+SPOOL_FILE = "spool.db"
+DEFAULT_MAX_POINTS = 1_000_000
+# What the telemetry gateway accepts (coordinator/telemetry_gateway.py); a point outside these
+# limits would be refused forever, so it is recorded as a data-loss warning instead of spooled.
+MAX_TAG_CHARS = 1024
+MAX_SOURCE_CHARS = 4096
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS points (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        source_id TEXT NOT NULL,
+        byte_offset INTEGER NOT NULL,
+        value_index INTEGER NOT NULL,
+        tag TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        wall_time REAL,
+        value REAL,
+        UNIQUE (source_id, byte_offset, value_index)
+    )""",
+    """CREATE TABLE IF NOT EXISTS warnings (
+        source TEXT NOT NULL,
+        byte_offset INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        data_loss INTEGER NOT NULL,
+        message TEXT NOT NULL,
+        UNIQUE (source, byte_offset, kind)
+    )""",
+)
+
+
+class SpoolError(Exception):
+    """The spool file cannot be used; ``str()`` names it and says what to do."""
+
+
+@attrs.frozen(slots=True)
+class SpooledPoint:
+    """A point waiting in the spool; ``id`` orders them and acknowledges them."""
+
+    id: int
+    source_id: str
+    offset: int
+    index: int
+    tag: str
+    step: int
+    wall_time: float | None
+    value: float
+
+
+class Spool:
+    """Open with :meth:`open`; every method is blocking (run it in a worker thread)."""
+
+    def __init__(self, db: sqlite3.Connection, path: Path, max_points: int) -> None:
+        self._db = db
+        self.path = path
+        self.max_points = max_points
+        (depth,) = db.execute("SELECT COUNT(*) FROM points").fetchone()
+        self._depth: int = int(depth)
+
+    @classmethod
+    def open(cls, path: Path, max_points: int = DEFAULT_MAX_POINTS) -> Spool:
+        if max_points < 1:
+            raise SpoolError(f"the spool limit is {max_points} points; it must be at least 1")
+        try:
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=10000")
+            for sql in _SCHEMA:
+                db.execute(sql)
+        except sqlite3.DatabaseError as exc:
+            raise SpoolError(
+                f"the spool {path} cannot be opened ({exc}). If the disk damaged it, move it "
+                "aside: the collector re-reads the telemetry files from its checkpoint, and "
+                "points the gateway already stored are not stored twice"
+            ) from None
+        return cls(db, path, max_points)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @property
+    def depth(self) -> int:
+        """Points waiting for the gateway's acknowledgement."""
+        return self._depth
+
+    def full(self) -> bool:
+        return self._depth >= self.max_points
+
+    def append(self, points: Sequence[ScalarPoint], warnings: Sequence[ReadWarning]) -> int:
+        """Make ``points`` and ``warnings`` durable in one transaction; returns points added."""
+        rows = []
+        refused = []
+        for p in points:
+            source_id = p.source_id or p.source
+            if not p.tag or len(p.tag) > MAX_TAG_CHARS or len(source_id) > MAX_SOURCE_CHARS:
+                refused.append(
+                    ReadWarning(
+                        p.source,
+                        p.offset,
+                        "not-shippable",
+                        f"the tag is {len(p.tag)} characters and the source name "
+                        f"{len(source_id)}; the gateway takes at most {MAX_TAG_CHARS} and "
+                        f"{MAX_SOURCE_CHARS}, so this value is not shipped",
+                    )
+                )
+                continue
+            value = None if math.isnan(p.value) else p.value
+            rows.append((source_id, p.offset, p.index, p.tag, p.step, p.wall_time, value))
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            cursor = db.executemany(
+                "INSERT INTO points (source_id, byte_offset, value_index, tag, step, wall_time, "
+                "value) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                rows,
+            )
+            added = max(cursor.rowcount, 0)
+            db.executemany(
+                "INSERT INTO warnings (source, byte_offset, kind, data_loss, message) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [
+                    (w.source, w.offset, w.kind, int(w.data_loss), w.message)
+                    for w in [*warnings, *refused]
+                ],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self._depth += added
+        return added
+
+    def peek(self, limit: int) -> list[SpooledPoint]:
+        """The oldest ``limit`` waiting points, in the order they were spooled."""
+        rows = self._db.execute(
+            "SELECT id, source_id, byte_offset, value_index, tag, step, wall_time, value "
+            "FROM points ORDER BY id LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [
+            SpooledPoint(
+                int(r[0]),
+                str(r[1]),
+                int(r[2]),
+                int(r[3]),
+                str(r[4]),
+                int(r[5]),
+                None if r[6] is None else float(r[6]),
+                math.nan if r[7] is None else float(r[7]),
+            )
+            for r in rows
+        ]
+
+    def acknowledge(self, upto_id: int) -> int:
+        """Drop every point with ``id <= upto_id`` (the gateway stored them); returns how many."""
+        cursor = self._db.execute("DELETE FROM points WHERE id <= ?", (upto_id,))
+        removed = max(cursor.rowcount, 0)
+        self._depth -= removed
+        return removed
+
+    def warning_counts(self) -> tuple[int, int]:
+        """(every warning, data-loss warnings) recorded since this spool was made."""
+        total, lost = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(data_loss), 0) FROM warnings"
+        ).fetchone()
+        return int(total), int(lost)
