@@ -31,6 +31,7 @@ from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.cli import render, submissions
 from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
 from tuneplane.coordinator.cli.intent import IntentError, SubmitRequest, build_jobspec
+from tuneplane.coordinator.cli.metrics import delivery_section, metrics
 from tuneplane.coordinator.cli.ops import fleet_group, node_group
 from tuneplane.coordinator.cli.scaffold import new_experiment
 from tuneplane.coordinator.project import (
@@ -412,10 +413,13 @@ def job_show(options: Options, run_id: str, as_json: bool, watch: bool, interval
     out = render.console()
     for part in render.job_view(found):
         out.print(part)
+    for part in delivery_section(options.endpoint(), run_id):
+        out.print(part)
     return 0
 
 
 cli.add_command(fleet_group)
+cli.add_command(metrics)
 cli.add_command(node_group)
 
 
