@@ -72,7 +72,9 @@ class Scheduler:
                 )
                 for j in queue
             ],
-            await store_fleet.node_states(self._store, self._registry.is_connected),
+            await store_fleet.node_states(
+                self._store, self._registry.is_connected, sorted({j.fleet for j in queue})
+            ),
             await store_fleet.gpus_in_use(self._store),
             self._quotas,
         )

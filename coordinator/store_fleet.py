@@ -223,12 +223,21 @@ async def healthy_gpus_per_node(store: Store, fleet: str, series: str) -> list[i
 # ----- what the scheduler reads -----------------------------------------------------------------
 
 
-async def node_states(store: Store, is_connected: Callable[[str], bool]) -> list[NodeState]:
-    """Every Node with its free healthy GPUs per Series; connectivity from the live sessions."""
+async def node_states(
+    store: Store, is_connected: Callable[[str], bool], fleets: Sequence[str]
+) -> list[NodeState]:
+    """The Nodes of ``fleets`` with their free healthy GPUs per Series; connectivity from the
+    live sessions. Only connected Nodes are read: no other can take a member now."""
+    if not fleets:
+        return []
     held = await _reservations(store)
     states = []
+    marks = ", ".join("?" for _ in fleets)
     for node_id, fleet, inv, scheduling in await _rows(
-        store, "SELECT id, fleet, inventory_json, scheduling FROM nodes ORDER BY id"
+        store,
+        f"SELECT id, fleet, inventory_json, scheduling FROM nodes WHERE fleet IN ({marks}) "
+        "AND connected = 1 ORDER BY id",
+        fleets,
     ):
         taken = held.get(str(node_id), {})
         free: dict[str, list[int]] = {}
