@@ -38,9 +38,12 @@ from tuneplane.coordinator.collector_credentials import (
     is_collector_credential,
 )
 from tuneplane.coordinator.lifecycle import TERMINAL_MEMBER_STATES
-from tuneplane.coordinator.records import AbortOrder, NodeRecord, Order
+from tuneplane.coordinator.logship import receive_chunk
+from tuneplane.coordinator.records import AbortOrder, CommitOrder, NodeRecord, Order
 from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
 from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store_lifecycle import stop_siblings, stops_to_resend
+from tuneplane.coordinator.store_logs import LogStore
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,9 @@ class ControlGateway:
         heartbeat_interval_s: float,
         heartbeat_timeout_s: float,
         collectors: CollectorCredentials | None = None,
+        logs: LogStore | None = None,
     ) -> None:
+        self._logs = logs
         self._store = store
         self._registry = registry
         self._wake = wake_scheduler
@@ -181,6 +186,12 @@ class ControlGateway:
             wire.held_members(hello),
             now_ms(),
         )
+        # Stops decided while the Node was away go now; a member being stopped gets no Commit.
+        stops = await stops_to_resend(self._store, node.id)
+        stopping = {s.member for s in stops}
+        orders = [
+            o for o in orders if not (isinstance(o, CommitOrder) and o.member in stopping)
+        ] + list(stops)
         await stream.send_message(
             v1.CoordinatorMessage(
                 welcome=v1.Welcome(
@@ -262,6 +273,13 @@ class ControlGateway:
             )
             if applied:
                 self._wake()
+            if report.state in TERMINAL_MEMBER_STATES:
+                # Also for a repeat: the first copy may have been applied just before a crash.
+                self._registry.dispatch(await stop_siblings(self._store, report.member, now))
+        elif isinstance(body, v1.LogChunk):
+            if self._logs is not None:
+                ack = await receive_chunk(self._store, self._logs, node_id, body, now)
+                self._registry.send(node_id, v1.CoordinatorMessage(log_ack=ack))
         elif isinstance(body, v1.PrepareReply):
             rendezvous = body.rendezvous or v1.Rendezvous()
             orders = await self._store.record_prepare_reply(

@@ -2,7 +2,9 @@
 
 Rules:
 - A Job moves only along :data:`JOB_TRANSITIONS`; anything else is :class:`IllegalTransition`.
-  ``succeeded``, ``failed`` and ``aborted`` are terminal and never change again.
+  ``succeeded``, ``failed``, ``aborted`` and ``cancelled`` are terminal: what members report never
+  changes them again. Only an explicit retry (:data:`RETRYABLE`) queues an ended Job once more,
+  for a new attempt; while it waits, news of its previous attempt never moves it.
 - A member moves forward only (:data:`MEMBER_RANK`): a late copy of an older report never undoes a
   newer one. ``unknown`` is not a rank: it overlays a member whose Node dropped, and the member's
   last known state is kept so the truth comes back when the Node reports again.
@@ -25,18 +27,30 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 ABORTED = "aborted"
 UNKNOWN = "unknown"
+CANCELLING = "cancelling"
+CANCELLED = "cancelled"
 
-TERMINAL_JOB_STATES = frozenset({SUCCEEDED, FAILED, ABORTED})
+TERMINAL_JOB_STATES = frozenset({SUCCEEDED, FAILED, ABORTED, CANCELLED})
+#: Ended Jobs a person may retry (a succeeded Job is done; submit it again instead).
+RETRYABLE = frozenset({FAILED, CANCELLED, ABORTED})
 
 JOB_TRANSITIONS: dict[str, frozenset[str]] = {
-    QUEUED: frozenset({RESERVED}),
-    RESERVED: frozenset({STARTING, RUNNING, SUCCEEDED, FAILED, ABORTED, UNKNOWN}),
-    STARTING: frozenset({RUNNING, SUCCEEDED, FAILED, UNKNOWN}),
-    RUNNING: frozenset({SUCCEEDED, FAILED, UNKNOWN}),
-    UNKNOWN: frozenset({RESERVED, STARTING, RUNNING, SUCCEEDED, FAILED, ABORTED}),
+    QUEUED: frozenset({RESERVED, CANCELLED}),
+    RESERVED: frozenset(
+        {STARTING, RUNNING, SUCCEEDED, FAILED, ABORTED, UNKNOWN, CANCELLING, CANCELLED}
+    ),
+    STARTING: frozenset({RUNNING, SUCCEEDED, FAILED, UNKNOWN, CANCELLING, CANCELLED}),
+    RUNNING: frozenset({SUCCEEDED, FAILED, UNKNOWN, CANCELLING, CANCELLED}),
+    UNKNOWN: frozenset(
+        {RESERVED, STARTING, RUNNING, SUCCEEDED, FAILED, ABORTED, CANCELLING, CANCELLED}
+    ),
+    # Once cancelled, what the members do next (exit by SIGTERM, exit 0 in the grace period) is
+    # the cancel's doing, never a failure or a success.
+    CANCELLING: frozenset({CANCELLED}),
     SUCCEEDED: frozenset(),
-    FAILED: frozenset(),
-    ABORTED: frozenset(),
+    FAILED: frozenset({QUEUED}),
+    ABORTED: frozenset({QUEUED}),
+    CANCELLED: frozenset({QUEUED}),
 }
 
 # Member states (the coordinator's view; the Node reports the same words).
@@ -121,14 +135,22 @@ def _failure(m: MemberFacts) -> str | None:
 
 
 def derive_job_state(
-    decision: str | None, decision_reason: str, members: Sequence[MemberFacts]
+    decision: str | None,
+    decision_reason: str,
+    members: Sequence[MemberFacts],
+    cancel_reason: str | None = None,
 ) -> tuple[str, str]:
     """The Job's state and the reason for it, from its latest attempt.
 
-    No members means no attempt yet: ``queued``.
+    No members means no attempt yet: ``queued``. ``cancel_reason`` is set when a person cancelled
+    this attempt: it is ``cancelling`` until every member has ended, then ``cancelled``.
     """
     if not members:
         return QUEUED, "waiting for free GPUs"
+    if cancel_reason is not None:
+        if decision == ABORT or all(m.state in TERMINAL_MEMBER_STATES for m in members):
+            return CANCELLED, cancel_reason
+        return CANCELLING, f"{cancel_reason}; waiting for every member to stop"
     if decision == ABORT:
         return ABORTED, decision_reason
     for m in members:
@@ -147,8 +169,33 @@ def derive_job_state(
 
 
 def next_job_state(current: str, derived: str) -> str:
-    """Where a Job in ``current`` goes when its members say ``derived``; terminal is sticky."""
+    """Where a Job in ``current`` goes when its members say ``derived``; terminal is sticky.
+
+    A queued Job leaves ``queued`` only for its new attempt's reservation: a retried Job's
+    previous attempt may still report (a member stopping late), and that must not move it.
+    """
     if current in TERMINAL_JOB_STATES or current == derived:
+        return current
+    if current == QUEUED and derived != RESERVED:
         return current
     check_job_move(current, derived)
     return derived
+
+
+class NotRetryable(IllegalTransition):
+    """A retry of a Job that has not ended, or that succeeded."""
+
+
+def check_retry(run_id: str, current: str) -> None:
+    """Raise :class:`NotRetryable` (a sentence) unless a Job in ``current`` may be retried."""
+    if current in RETRYABLE:
+        return
+    if current == SUCCEEDED:
+        raise NotRetryable(
+            f"the Job {run_id} succeeded; a retry is only for a Job that failed, was cancelled or "
+            "was aborted. Submit the experiment again for another run."
+        )
+    raise NotRetryable(
+        f"the Job {run_id} is {current} and has not ended; only a failed, cancelled or aborted "
+        f"Job can be retried. Cancel it first with `tp job cancel {run_id}`, or wait for it."
+    )

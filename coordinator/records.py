@@ -114,7 +114,17 @@ class AbortOrder:
     reason: str
 
 
-Order = PrepareOrder | CommitOrder | AbortOrder
+@attrs.frozen
+class CancelOrder:
+    """Stop a started member: SIGTERM to its processes, SIGKILL after ``grace_period_s``."""
+
+    node_id: str
+    member: MemberKey
+    reason: str
+    grace_period_s: int
+
+
+Order = PrepareOrder | CommitOrder | AbortOrder | CancelOrder
 
 
 @attrs.frozen

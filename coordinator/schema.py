@@ -152,6 +152,26 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             )""",
         ),
     ),
+    (
+        3,
+        (
+            # A stop request for one attempt: a person's cancel (kind 'cancel', which decides the
+            # Job's state) or the coordinator stopping the siblings of a failed member (kind
+            # 'stop-siblings', which does not). Recorded before any Cancel is sent, so a Node
+            # that was away gets it again when it reconnects.
+            """CREATE TABLE attempt_stops (
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                kind TEXT NOT NULL CHECK (kind IN ('cancel', 'stop-siblings')),
+                reason TEXT NOT NULL,
+                grace_period_s INTEGER NOT NULL,
+                requested_by TEXT NOT NULL,
+                requested_at_ms BIGINT NOT NULL,
+                PRIMARY KEY (run_id, attempt, kind),
+                FOREIGN KEY (run_id, attempt) REFERENCES attempts(run_id, number)
+            )""",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -30,11 +30,13 @@ from tuneplane.coordinator.collector_credentials import CollectorCredentials
 from tuneplane.coordinator.config import load_config
 from tuneplane.coordinator.control_gateway import ControlGateway
 from tuneplane.coordinator.fleet_service import FleetService
+from tuneplane.coordinator.lifecycle_api import LifecycleApi
 from tuneplane.coordinator.metrics_api import MetricsApi
 from tuneplane.coordinator.scheduler import Scheduler
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.state_dir import Endpoints, publish, require_initialised, withdraw
 from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.store_logs import LogStore, logs_db_path
 from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
 from tuneplane.coordinator.telemetry_gateway import TelemetryGateway
 from tuneplane.coordinator.tls import TlsPaths, server_context
@@ -132,8 +134,10 @@ async def serve(opts: ServeOptions) -> None:
     catalogue = Catalogue.bundled()
     store = await Store.open(db_path(state_dir))
     telemetry_store: TelemetryStore | None = None
+    log_store: LogStore | None = None
     try:
         telemetry_store = await TelemetryStore.open(telemetry_db_path(state_dir))
+        log_store = await LogStore.open(logs_db_path(state_dir))
         collectors = CollectorCredentials(telemetry_store)
         await store.mark_all_disconnected(now_ms())
         registry = SessionRegistry()
@@ -149,14 +153,21 @@ async def serve(opts: ServeOptions) -> None:
             opts.heartbeat_interval_s,
             opts.heartbeat_timeout_s,
             collectors,
+            log_store,
         )
+        lifecycle = LifecycleApi(store, log_store, registry, scheduler.wake)
         telemetry = TelemetryGateway(store, collectors)
         metrics = MetricsApi(store, telemetry_store)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_signals, tg.cancel_scope)
             try:
                 api_addr = await tg.start(
-                    _run_listener, "api", [api, fleets, metrics], opts.host, opts.api_port, ctx
+                    _run_listener,
+                    "api",
+                    [api, fleets, metrics, lifecycle],
+                    opts.host,
+                    opts.api_port,
+                    ctx,
                 )
                 # Telemetry before control: every Commit a Node receives names the gateway.
                 telemetry_addr = await tg.start(
@@ -192,6 +203,8 @@ async def serve(opts: ServeOptions) -> None:
         with anyio.CancelScope(shield=True):
             if telemetry_store is not None:
                 await telemetry_store.close()
+            if log_store is not None:
+                await log_store.close()
             await store.close()
             withdraw(state_dir, os.getpid())
         log.info("coordinator stopped state_dir=%s", state_dir)

@@ -1172,6 +1172,7 @@ class Store:
         facts: list[lc.MemberFacts] = []
         decision: str | None = None
         decision_reason = ""
+        cancel_reason: str | None = None
         if attempt:
             number, decision, decision_reason = attempt[0]
             for idx, state, has_exit, code, sig in await db.execute_fetchall(
@@ -1180,7 +1181,14 @@ class Store:
                 (run_id, number),
             ):
                 facts.append(lc.MemberFacts(int(idx), str(state), bool(has_exit), code, sig))
-        derived, reason = lc.derive_job_state(decision, str(decision_reason), facts)
+            cancel = await _first(
+                db,
+                "SELECT reason FROM attempt_stops WHERE run_id = ? AND attempt = ? "
+                "AND kind = 'cancel'",
+                (run_id, number),
+            )
+            cancel_reason = None if cancel is None else str(cancel[0])
+        derived, reason = lc.derive_job_state(decision, str(decision_reason), facts, cancel_reason)
         new = lc.next_job_state(str(current), derived)
         if new == current:
             return

@@ -20,6 +20,7 @@ from tuneplane.coordinator.config import ConfigError
 from tuneplane.coordinator.jobspec import JobSpecError
 from tuneplane.coordinator.records import (
     AbortOrder,
+    CancelOrder,
     CommitOrder,
     GpuInfo,
     HeldMember,
@@ -150,6 +151,10 @@ def order_message(order: Order) -> v1.CoordinatorMessage:
         )
     if isinstance(order, AbortOrder):
         return v1.CoordinatorMessage(abort=v1.Abort(member=ref, reason=order.reason))
+    if isinstance(order, CancelOrder):
+        return v1.CoordinatorMessage(
+            cancel=v1.Cancel(member=ref, reason=order.reason, grace_period_s=order.grace_period_s)
+        )
     raise TypeError(f"not an order: {order!r}")
 
 
