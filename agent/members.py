@@ -21,6 +21,7 @@ import trio
 
 from tuneplane.agent import messages as m
 from tuneplane.agent import supervision
+from tuneplane.agent.collectors import telemetry_dir
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory
 from tuneplane.agent.journal import (
@@ -286,6 +287,9 @@ class MemberManager:
             port = pick_port(addr)
         out_dir = Path(record.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        # The collector follows this directory; the SDK and TensorBoard writers log into it.
+        telemetry = telemetry_dir(out_dir)
+        telemetry.mkdir(exist_ok=True)
         key = record.key
         base_env = {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
         base_env.update(spec.env)
@@ -295,6 +299,7 @@ class MemberManager:
             TUNEPLANE_MEMBER_INDEX=str(key.member_index),
             TUNEPLANE_MEMBER_COUNT=str(record.member_count),
             TUNEPLANE_OUT_DIR=str(out_dir),
+            TUNEPLANE_TELEMETRY_DIR=str(telemetry),
         )
         try:
             processes = plan_processes(

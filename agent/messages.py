@@ -55,6 +55,9 @@ class Prepare:
 class Commit:
     key: MemberKey
     rendezvous: Rendezvous | None
+    # For the member's collector (agent/collectors.py): empty from a coordinator without one.
+    collector_credential: str = ""
+    telemetry_address: str = ""
 
 
 @attrs.frozen
@@ -70,7 +73,17 @@ class Cancel:
     grace_period_s: int
 
 
-Incoming = Welcome | HeartbeatAck | ReportAck | Prepare | Commit | Abort | Cancel
+@attrs.frozen
+class LogAck:
+    """The coordinator holds the stream up to ``offset`` (and its end when ``eof``)."""
+
+    key: MemberKey
+    stream: str
+    offset: int
+    eof: bool
+
+
+Incoming = Welcome | HeartbeatAck | ReportAck | Prepare | Commit | Abort | Cancel | LogAck
 MemberCommand = Prepare | Commit | Abort | Cancel
 
 # --- node -> coordinator ------------------------------------------------------------------------
@@ -110,4 +123,15 @@ class DecisionQuery:
     key: MemberKey
 
 
-Outgoing = Hello | Heartbeat | Report | PrepareReply | DecisionQuery
+@attrs.frozen
+class LogChunk:
+    """Bytes of a member's ``stdout.log`` or ``stderr.log`` starting at ``offset``."""
+
+    key: MemberKey
+    stream: str
+    offset: int
+    data: bytes
+    eof: bool
+
+
+Outgoing = Hello | Heartbeat | Report | PrepareReply | DecisionQuery | LogChunk

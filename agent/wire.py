@@ -217,6 +217,16 @@ def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
                 master_addr=msg.rendezvous.master_addr, master_port=msg.rendezvous.master_port
             )
         return v1.NodeMessage(prepare_reply=reply)
+    if isinstance(msg, m.LogChunk):
+        return v1.NodeMessage(
+            log_chunk=v1.LogChunk(
+                member=_ref(msg.key),
+                stream=msg.stream,
+                offset=msg.offset,
+                data=msg.data,
+                eof=msg.eof,
+            )
+        )
     return v1.NodeMessage(decision_query=v1.DecisionQuery(member=_ref(msg.key)))
 
 
@@ -244,11 +254,18 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
             capsule_files=dict(body.capsule_files),
         )
     if isinstance(body, v1.Commit):
-        return m.Commit(_key(body.member), _rendezvous(body.rendezvous))
+        return m.Commit(
+            _key(body.member),
+            _rendezvous(body.rendezvous),
+            collector_credential=body.collector_credential,
+            telemetry_address=body.telemetry_address,
+        )
     if isinstance(body, v1.Abort):
         return m.Abort(_key(body.member), body.reason)
     if isinstance(body, v1.Cancel):
         return m.Cancel(_key(body.member), body.reason, body.grace_period_s)
+    if isinstance(body, v1.LogAck):
+        return m.LogAck(_key(body.member), body.stream, body.offset, body.eof)
     raise UnknownMessage(
         f"The coordinator sent a message this agent does not understand ({name or 'empty'}); "
         "upgrade tuneplane-node to the coordinator's version."

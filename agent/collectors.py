@@ -1,0 +1,167 @@
+"""Member collectors: a ``tuneplane-collector run`` process for every member with telemetry to
+deliver, and the private directory that holds its credential, spool and checkpoint.
+
+Rules:
+- ``<state dir>/collectors/<run id>.<attempt>.<member>/`` (0700) is the collector's: credential
+  (0600), ``collector.json`` (gateway and CA), spool, checkpoint, log, markers. It is never under
+  the member directory (the workload's cwd) or the out dir; a workload never sees a credential.
+- The credential a Commit carries is written before the Commit is journaled, so a member that
+  runs always has one on disk; a repeated Commit replaces it (the collector re-reads it).
+- A reconciliation loop keeps a collector running for every member that is starting, running
+  or cancelling, and, once a member ended, writes ``member-exited`` and keeps its collector
+  until it wrote ``drained``. A collector that stops early is restarted with backoff; it runs in
+  its own process, so its crash never touches the member. The loop's nursery owns every one;
+  cancelling it sends each collector SIGTERM (it resumes from its spool next time).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import trio
+
+from tuneplane.agent import messages as m
+from tuneplane.agent.journal import Journal, MemberKey, MemberRecord
+from tuneplane.agent.member_state import MemberState
+from tuneplane.agent.state_dir import write_atomic, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+COLLECTORS_DIR = "collectors"
+CREDENTIAL_FILE = "credential"
+CONFIG_FILE = "collector.json"
+EXITED_MARKER = "member-exited"
+DRAINED_MARKER = "drained"
+TELEMETRY_SUBDIR = "telemetry"
+RECONCILE_INTERVAL_S = 1.0
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 30.0
+# A collector that ran this long before stopping was healthy: its restart backoff starts over.
+HEALTHY_RUN_S = 60.0
+
+_LIVE = frozenset({MemberState.STARTING, MemberState.RUNNING, MemberState.CANCELLING})
+_ENDED = frozenset({MemberState.EXITED, MemberState.LOST, MemberState.ABORTED})
+
+
+def telemetry_dir(out_dir: Path) -> Path:
+    """``$TUNEPLANE_TELEMETRY_DIR`` of a member: ``$TUNEPLANE_OUT_DIR/telemetry``."""
+    return out_dir / TELEMETRY_SUBDIR
+
+
+@attrs.define(eq=False)
+class CollectorSupervisor:
+    """Owns the collectors of one Node. ``python`` runs ``tuneplane.collector.cli``."""
+
+    root: Path
+    journal: Journal
+    ca_path: Path
+    python: str = sys.executable
+    _running: set[MemberKey] = attrs.field(factory=set, alias="running")
+
+    @classmethod
+    def under(cls, state_root: Path, journal: Journal, ca_path: Path) -> CollectorSupervisor:
+        return cls(state_root / COLLECTORS_DIR, journal, ca_path)
+
+    def directory(self, key: MemberKey) -> Path:
+        return self.root / str(key)
+
+    async def accept_commit(self, command: m.Commit) -> None:
+        """Store the credential a Commit carries, before the member manager journals it."""
+        if not command.collector_credential:
+            return
+        record = await self.journal.member(command.key)
+        if record is None:
+            return
+        await trio.to_thread.run_sync(
+            self._write_credential,
+            command.key,
+            command.collector_credential,
+            command.telemetry_address,
+        )
+        log.info("collector credential stored member=%s gateway=%s", command.key,
+                 command.telemetry_address)  # fmt: skip
+
+    def _write_credential(self, key: MemberKey, credential: str, gateway: str) -> None:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder = self.directory(key)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        folder.chmod(0o700)
+        write_json_atomic(folder / CONFIG_FILE, {"gateway": gateway, "ca": str(self.ca_path)})
+        write_atomic(folder / CREDENTIAL_FILE, (credential + "\n").encode(), 0o600)
+
+    async def run(self) -> None:
+        """Reconcile until cancelled; every collector process is owned by this nursery."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                for record in await self.journal.members():
+                    await self._reconcile(record, nursery)
+                await trio.sleep(RECONCILE_INTERVAL_S)
+
+    async def _reconcile(self, record: MemberRecord, nursery: trio.Nursery) -> None:
+        key = record.key
+        folder = self.directory(key)
+        if record.state not in _LIVE | _ENDED:
+            return
+        if not (folder / CREDENTIAL_FILE).exists() or (folder / DRAINED_MARKER).exists():
+            return
+        if record.state in _ENDED and not (folder / EXITED_MARKER).exists():
+            # The collector (running or started next) drains the files and ships the rest.
+            await trio.to_thread.run_sync(write_atomic, folder / EXITED_MARKER, b"exited\n", 0o600)
+            log.info("member ended; its collector drains member=%s", key)
+        if key in self._running:
+            return
+        self._running.add(key)
+        nursery.start_soon(self._supervise, record)
+
+    def _argv(self, record: MemberRecord) -> list[str]:
+        folder = self.directory(record.key)
+        config = json.loads((folder / CONFIG_FILE).read_text())
+        key = record.key
+        return [
+            self.python, "-m", "tuneplane.collector.cli", "run",
+            "--telemetry-dir", str(telemetry_dir(Path(record.out_dir))),
+            "--state-dir", str(folder),
+            "--gateway", str(config["gateway"]),
+            "--ca", str(config["ca"]),
+            "--credential-file", str(folder / CREDENTIAL_FILE),
+            "--run-id", key.run_id,
+            "--attempt", str(key.attempt),
+            "--member", str(key.member_index),
+        ]  # fmt: skip
+
+    async def _supervise(self, record: MemberRecord) -> None:
+        """Run the member's collector until it drained; restart it when it stops early."""
+        key = record.key
+        folder = self.directory(key)
+        failures = 0
+        try:
+            while not (folder / DRAINED_MARKER).exists():
+                started = trio.current_time()
+                try:
+                    argv = self._argv(record)
+                    out = await trio.to_thread.run_sync(open, folder / "collector.log", "ab")
+                    with out:
+                        log.info("collector started member=%s", key)
+                        done = await trio.run_process(
+                            argv, check=False, stdout=out, stderr=subprocess.STDOUT
+                        )
+                    status = f"exit status {done.returncode}"
+                except (OSError, ValueError, KeyError) as exc:
+                    status = f"it could not start ({exc})"
+                if (folder / DRAINED_MARKER).exists():
+                    log.info("collector delivered everything member=%s", key)
+                    return
+                healthy = trio.current_time() - started > HEALTHY_RUN_S
+                failures = 1 if healthy else failures + 1
+                delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2.0 ** (failures - 1))
+                log.warning("collector stopped before delivering; restarting member=%s "
+                            "status=%s in_s=%.0f log=%s", key, status, delay,
+                            folder / "collector.log")  # fmt: skip
+                await trio.sleep(delay)
+        finally:
+            self._running.discard(key)
