@@ -117,6 +117,8 @@ def demo(workdir: Path, experiment: str, profile: str, timeout: float) -> None:
                 raise ClusterError(f"tp submit failed: {done.stderr.strip()}")
             run_id = _find_run_id(done.stdout)
             ok = _watch(console, cluster, run_id, timeout)
+            if ok:
+                ok = _chart(console, cluster, run_id, timeout)
         except ClusterError as exc:
             console.print(f"[red]demo failed:[/] {exc}")
             for proc in [cluster.coordinator, *(a.process for a in cluster.agents)]:
@@ -131,6 +133,31 @@ def demo(workdir: Path, experiment: str, profile: str, timeout: float) -> None:
         ok = False
     console.print("[green]demo succeeded[/]" if ok else "[red]demo failed[/]")
     sys.exit(0 if ok else 1)
+
+
+def _chart(console: Console, cluster: LocalCluster, run_id: str, timeout: float) -> bool:
+    """Wait until the collectors delivered every point, then draw train/loss from the store."""
+    deadline = time.monotonic() + timeout
+    members: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        done = cluster.tp("metrics", run_id, "--delivery", "--json")
+        if done.returncode != 0:
+            raise ClusterError(f"tp metrics --delivery failed: {done.stderr.strip()}")
+        members = json.loads(done.stdout)["members"]
+        if members and all(m["drained"] for m in members):
+            break
+        time.sleep(0.3)
+    else:
+        console.print(f"[red]telemetry of {run_id} was not delivered within {timeout:.0f} s[/]")
+        return False
+    stored = sum(int(m["points_stored"]) for m in members)
+    console.print(f"telemetry delivered: {stored} points from {len(members)} member(s)")
+    console.print(f"$ tp metrics {run_id} --tag train/loss")
+    done = cluster.tp("metrics", run_id, "--tag", "train/loss", "--width", str(console.width))
+    console.print(done.stdout.rstrip(), markup=False, highlight=False, crop=False)
+    if done.returncode != 0:
+        raise ClusterError(f"tp metrics failed: {done.stderr.strip()}")
+    return True
 
 
 def _find_run_id(text: str) -> str:

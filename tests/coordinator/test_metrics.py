@@ -18,7 +18,7 @@ from tuneplane.proto import v1
 
 
 def _ship(
-    coord: CoordinatorProcess, who: Launched, points: list[v1.MetricPoint], **progress: int
+    coord: CoordinatorProcess, who: Launched, points: list[v1.MetricPoint], spool_points: int
 ) -> None:
     async def go() -> None:
         channel = open_channel(coord.telemetry, coord.ca_path)
@@ -29,7 +29,7 @@ def _ship(
                     v1.ShipRequest(
                         member=who.member,
                         points=points[start : start + 5000],
-                        progress=v1.CollectorProgress(**progress),
+                        progress=v1.CollectorProgress(spool_points=spool_points),
                     )
                 )
         finally:

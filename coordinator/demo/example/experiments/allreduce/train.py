@@ -5,9 +5,14 @@ Rank 0 listens on MASTER_PORT; every other rank connects (retrying until rank 0 
 its rank; rank 0 checks that the ranks are exactly 0..WORLD_SIZE-1 by their sum and count, and
 sends the sum back. Every rank writes its result into $TUNEPLANE_OUT_DIR and exits 0 only if the
 sum is right. ALLREDUCE_TIMEOUT_S (default 60) bounds the whole exchange.
+
+Rank 0 also reports a few hundred training metrics with the tuneplane.report SDK (the runner puts
+it on PYTHONPATH), so the demo can chart train/loss from the coordinator's store. The curve is a
+deterministic stand-in for a real loss: a decay with a little wobble and one spike at step 140.
 """
 
 import json
+import math
 import os
 import socket
 import sys
@@ -80,6 +85,19 @@ def join(rank: int, world: int, addr: str, port: int, deadline: float) -> int:
     return 0 if ok else 1
 
 
+def report_metrics(steps: int = 300) -> None:
+    from tuneplane.report import finish, init, log
+
+    init({"steps": steps, "world_size": int(os.environ["WORLD_SIZE"])})
+    for step in range(steps):
+        loss = 2.5 * math.exp(-step / 60) + 0.08 + 0.03 * math.sin(step / 5)
+        if step == 140:
+            loss += 1.5  # a spike, which downsampling must not hide
+        lr = 1e-3 * min(1.0, (step + 1) / 30)
+        log({"train/loss": loss, "train/lr": lr}, step=step)
+    finish()
+
+
 def main() -> int:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -88,9 +106,11 @@ def main() -> int:
     deadline = time.monotonic() + float(os.environ.get("ALLREDUCE_TIMEOUT_S", "60"))
     log(rank, f"world size {world}, meeting at {addr}:{port}")
     if world == 1:
+        report_metrics()
         write_result(rank, {"rank": rank, "world_size": 1, "sum": 0, "ok": True})
         return 0
     if rank == 0:
+        report_metrics()
         return serve(rank, world, addr, port, deadline)
     return join(rank, world, addr, port, deadline)
 
