@@ -26,6 +26,7 @@ from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource
 from tuneplane.agent.journal import Journal, JournalCorrupt, MemberKey, PendingReport
+from tuneplane.agent.logship import LogShipper
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.members import MemberManager, now_ms
 from tuneplane.agent.prepare import node_address
@@ -37,6 +38,7 @@ from tuneplane.agent.session import (
     Effect,
     HandleCommand,
     HeartbeatAcked,
+    LogAcked,
     Phase,
     Send,
     backoff_delay,
@@ -114,6 +116,7 @@ class Daemon:
         self.status.inventory = _inventory_summary(self.inventory)
         self.journal: Journal | None = None
         self.manager: MemberManager | None = None
+        self.logship: LogShipper | None = None
         self._session: ControlSession | None = None
         self._stream: ControlStream | None = None
         self._wake = trio.Event()
@@ -146,6 +149,8 @@ class Daemon:
                         )  # fmt: skip
                         await self.journal.node_event(now_ms(), "agent-started", pid=os.getpid())
                         await self.manager.replay()
+                        self.logship = LogShipper(self.journal, self.publish)
+                        nursery.start_soon(self.logship.run)
                     nursery.start_soon(self._command_worker)
                     nursery.start_soon(self._inventory_loop)
                     await self._connect_loop()
@@ -307,11 +312,16 @@ class Daemon:
                 self.status.last_connected_ms = now_ms()
                 self.status.last_error = ""
                 self._write_status()
+                if self.logship is not None:
+                    self.logship.session_opened()
                 log.info("connected coordinator=%s heartbeat_interval_s=%.2f timeout_s=%.2f",
                          self.endpoint, effect.heartbeat_interval_s,
                          effect.heartbeat_timeout_s)  # fmt: skip
             elif isinstance(effect, HeartbeatAcked):
                 self.status.last_heartbeat_ack_ms = now_ms()
+            elif isinstance(effect, LogAcked):
+                if self.logship is not None:
+                    await self.logship.acked(effect.ack)
             elif isinstance(effect, Close):
                 raise SessionClosed(effect.reason)
 

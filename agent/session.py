@@ -86,13 +86,20 @@ class HeartbeatAcked:
 
 
 @attrs.frozen
+class LogAcked:
+    """The coordinator acknowledged shipped log bytes: tell the log shipper."""
+
+    ack: m.LogAck
+
+
+@attrs.frozen
 class Close:
     """End the session; the daemon reconnects with backoff. ``reason`` is a sentence."""
 
     reason: str
 
 
-Effect = Send | DropReport | HandleCommand | Connected | HeartbeatAcked | Close
+Effect = Send | DropReport | HandleCommand | Connected | HeartbeatAcked | LogAcked | Close
 
 
 class SessionError(Exception):
@@ -161,6 +168,8 @@ class ControlSession:
         if isinstance(message, m.ReportAck):
             self.report_sent_at.pop(message.report_seq, None)
             return [DropReport(message.report_seq)]
+        if isinstance(message, m.LogAck):
+            return [LogAcked(message)]
         return [HandleCommand(message)]
 
     def _timing(self, welcome: m.Welcome) -> None:
