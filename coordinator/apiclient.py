@@ -35,6 +35,7 @@ from tuneplane.coordinator.apimodel import (
 )
 from tuneplane.coordinator.fleetmodel import Fleet, Node
 from tuneplane.coordinator.fleetwire import fleet_from_wire, node_from_wire
+from tuneplane.coordinator.lifecyclemodel import CancelOutcome, LogPage, LogPiece, RetryOutcome
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,45 @@ class ApiClient:
             "SetNodeScheduling", lambda t: self._stub.set_node_scheduling(request, timeout=t)
         )
         return node_from_wire(msg)
+
+    async def cancel_job(self, run_id: str, reason: str = "") -> CancelOutcome:
+        request = v1.CancelJobRequest(run_id=run_id, reason=reason)
+        reply = await self._call("CancelJob", lambda t: self._stub.cancel_job(request, timeout=t))
+        return CancelOutcome(reply.outcome, job_from_wire(reply.job or v1.Job()))
+
+    async def retry_job(self, run_id: str) -> RetryOutcome:
+        request = v1.RetryJobRequest(run_id=run_id)
+        reply = await self._call("RetryJob", lambda t: self._stub.retry_job(request, timeout=t))
+        return RetryOutcome(reply.attempt, job_from_wire(reply.job or v1.Job()))
+
+    async def get_logs(
+        self,
+        run_id: str,
+        member_index: int = 0,
+        attempt: int = 0,
+        stream: str = "stdout",
+        from_offset: int = 0,
+        max_bytes: int = 0,
+    ) -> LogPage:
+        request = v1.GetLogsRequest(
+            run_id=run_id,
+            attempt=attempt,
+            member_index=member_index,
+            stream=stream,
+            from_offset=from_offset,
+            max_bytes=max_bytes,
+        )
+        r = await self._call("GetLogs", lambda t: self._stub.get_logs(request, timeout=t))
+        return LogPage(
+            attempt=r.attempt,
+            member_index=r.member_index,
+            stream=r.stream,
+            pieces=tuple(LogPiece(p.offset, p.data, p.dropped_before) for p in r.pieces),
+            next_offset=r.next_offset,
+            complete=r.complete,
+            dropped_bytes=r.dropped_bytes,
+            member_state=r.member_state,
+        )
 
     async def _call(self, name: str, call: Callable[[float], Awaitable[T]]) -> T:
         try:

@@ -31,6 +31,7 @@ from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.cli import render, submissions
 from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
 from tuneplane.coordinator.cli.intent import IntentError, SubmitRequest, build_jobspec
+from tuneplane.coordinator.cli.jobctl import job_cancel, job_retry, logs_command
 from tuneplane.coordinator.cli.metrics import delivery_section, metrics
 from tuneplane.coordinator.cli.ops import fleet_group, node_group
 from tuneplane.coordinator.cli.scaffold import new_experiment
@@ -418,6 +419,9 @@ def job_show(options: Options, run_id: str, as_json: bool, watch: bool, interval
     return 0
 
 
+job.add_command(job_cancel)
+job.add_command(job_retry)
+cli.add_command(logs_command)
 cli.add_command(fleet_group)
 cli.add_command(metrics)
 cli.add_command(node_group)
