@@ -35,6 +35,7 @@ from tuneplane.agent.inventory import (
     parse_simulate_gpus,
 )
 from tuneplane.agent.journal import Journal, JournalError, MemberKey
+from tuneplane.agent.journal_owner import owner_problem, stamped_node_id
 from tuneplane.agent.state_dir import (
     AlreadyEnrolled,
     NodeConfig,
@@ -363,10 +364,12 @@ def doctor_command(state_dir: Path) -> None:
         failures += not ok
         click.echo(f"{'ok  ' if ok else 'FAIL'}  {text}")
 
+    node_id = ""
     problems = state.permission_problems()
     line(not problems, "state dir permissions" + (": " + " ".join(problems) if problems else ""))
     try:
         node = state.load_node()
+        node_id = node.node_id
         line(True, f"enrolled as Node {node.node_id} with {node.coordinator}")
         line(Path(node.ca).is_file(), f"CA file {node.ca}")
     except StateDirError as exc:
@@ -379,8 +382,12 @@ def doctor_command(state_dir: Path) -> None:
     try:
         with journal_read.open_readonly(state.journal_path) as db:
             bad = journal_read.integrity_problems(db)
+            stamped = None if bad else stamped_node_id(db)
         detail = (": " + "; ".join(bad[:3])) if bad else ""
         line(not bad, f"journal integrity {state.journal_path}{detail}")
+        if not bad and node_id:
+            problem = owner_problem(state.journal_path, stamped, node_id)
+            line(problem is None, f"journal owner: {problem or 'Node ' + node_id}")
     except journal_read.JournalUnreadable as exc:
         line(False, f"journal integrity: {exc} The agent runs in safe mode until it is repaired.")
     ok, text = _nvml_line()

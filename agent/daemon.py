@@ -26,6 +26,7 @@ from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource
 from tuneplane.agent.journal import Journal, JournalCorrupt, MemberKey, PendingReport
+from tuneplane.agent.journal_owner import open_node_journal
 from tuneplane.agent.logship import LogShipper
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.members import MemberManager, now_ms
@@ -131,7 +132,9 @@ class Daemon:
         """Run until cancelled. Members are left exactly as they are when it returns."""
         async with open_aio_host():
             try:
-                self.journal = await Journal.open(self.state.journal_path)
+                self.journal = await open_node_journal(
+                    self.state.journal_path, self.node.node_id, now_ms()
+                )
             except JournalCorrupt as exc:
                 self.status.safe_mode = True
                 self.status.safe_mode_reason = (
