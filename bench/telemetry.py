@@ -2,6 +2,11 @@
 
 Both readers decode the same file in the same process; each figure is the median of several
 runs. ``TUNEPLANE_BENCH_SCALARS`` sets the number of scalars (default 200000).
+
+Then delivery (bench/_delivery.py): the bounded query over a ``TUNEPLANE_BENCH_SERIES``-point
+series (default 1000000), and write-to-queryable latency through a real coordinator, agent and
+collector at ``TUNEPLANE_BENCH_RATE`` points/s (default 10000) for ``TUNEPLANE_BENCH_SECONDS``
+(default 20).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboardX.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
 
+from bench._delivery import downsampling, end_to_end
 from tuneplane.collector.files import read_file
 from tuneplane.collector.tfrecord import frame
 
@@ -108,6 +114,18 @@ def main() -> int:
         jsonl_s = median_seconds(ours, jsonl, 5, lines * 2)
         print(f"jsonl: {lines} lines, {jsonl.stat().st_size / 1e6:.1f} MB")
         print(f"  tuneplane reader   {lines / jsonl_s:12,.0f} lines/s    ({jsonl_s:.3f} s)")
+        series = int(os.environ.get("TUNEPLANE_BENCH_SERIES", "1000000"))
+        query_s = downsampling(Path(tmp), series)
+        print(f"tp metrics downsampling: {series} points -> at most 1000 buckets (store query)")
+        print(f"  median             {query_s:12.3f} s")
+        rate = int(os.environ.get("TUNEPLANE_BENCH_RATE", "10000"))
+        seconds = int(os.environ.get("TUNEPLANE_BENCH_SECONDS", "20"))
+        e2e = end_to_end(Path(tmp), rate, seconds)
+        print(f"end to end at {rate} points/s for {seconds} s (write -> queryable in the store)")
+        print(f"  delivered          {e2e['stored']:12,.0f} of {e2e['written']:,.0f} points")
+        print(f"  median latency     {e2e['median']:12.3f} s")
+        print(f"  p99 latency        {e2e['p99']:12.3f} s")
+        print(f"  max latency        {e2e['max']:12.3f} s")
     return 0
 
 
