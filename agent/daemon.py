@@ -23,6 +23,7 @@ import trio
 
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.collectors import CollectorSupervisor
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource
 from tuneplane.agent.journal import Journal, JournalCorrupt, MemberKey, PendingReport
@@ -118,6 +119,7 @@ class Daemon:
         self.journal: Journal | None = None
         self.manager: MemberManager | None = None
         self.logship: LogShipper | None = None
+        self.collectors: CollectorSupervisor | None = None
         self._session: ControlSession | None = None
         self._stream: ControlStream | None = None
         self._wake = trio.Event()
@@ -154,6 +156,10 @@ class Daemon:
                         await self.manager.replay()
                         self.logship = LogShipper(self.journal, self.publish)
                         nursery.start_soon(self.logship.run)
+                        self.collectors = CollectorSupervisor.under(
+                            self.state.root, self.journal, self.ca_path
+                        )
+                        nursery.start_soon(self.collectors.run)
                     nursery.start_soon(self._command_worker)
                     nursery.start_soon(self._inventory_loop)
                     await self._connect_loop()
@@ -176,6 +182,9 @@ class Daemon:
             if self.manager is None:
                 await self._refuse_in_safe_mode(command)
                 continue
+            if isinstance(command, m.Commit) and self.collectors is not None:
+                # Before the Commit is journaled: a member that runs has its credential on disk.
+                await self.collectors.accept_commit(command)
             await self.manager.handle(command)
 
     async def _refuse_in_safe_mode(self, command: m.MemberCommand) -> None:
