@@ -280,11 +280,13 @@ def status_command(state_dir: Path, as_json: bool) -> None:
         running = _pid_alive(status.get("pid"))
         members: list[dict[str, Any]] = []
         reservations: list[dict[str, Any]] = []
+        pending = 0
         journal_problem = ""
         try:
             with journal_read.open_readonly(state.journal_path) as db:
                 members = [journal_read.member_json(r) for r in journal_read.members(db)]
                 reservations = journal_read.reservations(db)
+                pending = len(journal_read.pending_reports(db))
         except journal_read.JournalUnreadable as exc:
             journal_problem = str(exc)
     data = {
@@ -300,6 +302,7 @@ def status_command(state_dir: Path, as_json: bool) -> None:
         "inventory": status.get("inventory", {}),
         "members": members,
         "reservations": reservations,
+        "pending_reports": pending,
         "journal_problem": journal_problem,
     }
     if as_json:
@@ -308,6 +311,10 @@ def status_command(state_dir: Path, as_json: bool) -> None:
     click.echo(f"Node {node.node_id} (Fleet {node.fleet}), coordinator {node.coordinator}")
     if not running:
         click.echo("agent: NOT RUNNING (no live daemon for this state dir)")
+        if status.get("last_heartbeat_ack_ms"):
+            # The dead daemon's last status file still says when the coordinator last answered.
+            ack = _ago(status.get("last_heartbeat_ack_ms"))
+            click.echo(f"last heartbeat ack before it stopped: {ack}")
     else:
         conn = "connected" if data["connected"] else "DISCONNECTED"
         click.echo(f"agent: running (pid {status.get('pid')}), {conn}")
@@ -330,6 +337,11 @@ def status_command(state_dir: Path, as_json: bool) -> None:
             click.echo(f"  {gpu['index']}  {gpu['uuid']}  {gpu['name']}  {health}  {owner}")
     active = [mb for mb in members if mb["state"] not in ("exited", "aborted", "lost")]
     click.echo(f"members: {len(active)} active, {len(members)} in the journal")
+    if pending:
+        click.echo(
+            f"reports not yet acknowledged by the coordinator: {pending} "
+            "(resent after the next reconnect)"
+        )
     for mb in active:
         click.echo(f"  {mb['member']}  {mb['state']}  gpus {mb['gpu_indexes']}")
 
