@@ -145,3 +145,24 @@ def test_a_failed_member_stops_its_sibling_and_a_retry_succeeds(
     again = cluster.tp("job", "retry", run_id)
     assert again.returncode == 1
     assert "succeeded" in again.stderr and "Submit the experiment again" in again.stderr
+
+
+def test_a_disconnected_node_gets_the_cancel_when_it_reconnects(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    root = project(cluster, tmp_path / "away", "sleep 600\n", grace_period_s=2)
+    run_id = submit(cluster, root)
+    job = wait_job(cluster, run_id, "the member to run", member_running)
+    node_id = job["attempts"][0]["members"][0]["node_id"]
+    (agent,) = [a for a in cluster.agents if a.node_id == node_id]
+    # A stopped agent leaves its members running; the coordinator sees the member unknown.
+    assert agent.process.stop() == 0
+    wait_state(cluster, run_id, "unknown")
+    assert _cancel(cluster, run_id)["outcome"] == "cancelling"
+    assert show(cluster, run_id)["state"] == "cancelling"
+    argv = [str(a) for a in agent.process.popen.args]  # type: ignore[union-attr]
+    agent.process = cluster._spawn(agent.name, argv)
+    job = wait_state(cluster, run_id, "cancelled", "failed", "succeeded")
+    assert job["state"] == "cancelled", job
+    (member,) = job["attempts"][0]["members"]
+    assert member["has_exit"] and member["signal"] == SIGTERM, member
