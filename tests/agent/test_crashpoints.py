@@ -46,6 +46,10 @@ def test_a_crash_at_a_named_point_starts_the_member_exactly_once(
         assert done["state"] == "succeeded", done
         (member,) = done["attempts"][0]["members"]
         assert (Path(member["out_dir"]) / "starts").read_text() == "started\n"
+        # Not killed: the workload's own exit code 0, no signal, on both sides.
+        assert member["has_exit"] and member["exit_code"] == 0 and not member["signal"]
+        (record,) = journal(agent, "members", "--json")
+        assert record["exit_code"] == 0 and record["signal"] is None
         key = f"{run_id}.1.0"
         kinds = [e["kind"] for e in journal(agent, "events", "--member", key, "--json")]
         assert kinds.count("spawn-requested") == 1 and kinds[-1] == "exit-observed"
