@@ -102,4 +102,4 @@ def format_row(row: DecisionRow) -> str:
         about.append(f"node={row.node_id}")
     detail = " ".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in row.detail.items())
     head = f"{stamp:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z"
-    return "  ".join(p for p in (head, row.kind.ljust(16), " ".join(about), detail) if p)
+    return "  ".join(p for p in (head, row.kind.ljust(18), " ".join(about), detail) if p)
