@@ -670,6 +670,12 @@ class Store:
                     )
                 )
             state = {None: "preparing", lc.COMMIT: "committed", lc.ABORT: "aborted"}[decision]
+            if await _first(
+                self._db,
+                "SELECT 1 FROM attempt_stops WHERE run_id = ? AND attempt = ? AND kind = 'cancel'",
+                (run_id, number),
+            ):
+                state = "cancelled"
             attempts.append(
                 AttemptView(int(number), state, tuple(members), str(addr), int(port), int(created))
             )

@@ -61,6 +61,7 @@ def test_cancel_a_running_job_that_ignores_sigterm(cluster: LocalCluster, tmp_pa
     job = wait_state(cluster, run_id, "cancelled", "failed", "succeeded")
     waited = time.monotonic() - asked
     assert job["state"] == "cancelled", job
+    assert job["attempts"][0]["state"] == "cancelled"
     (member,) = job["attempts"][0]["members"]
     # The grace period passed and then SIGKILL ended what ignored SIGTERM.
     assert member["has_exit"] and member["signal"] == SIGKILL, member
