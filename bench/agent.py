@@ -1,0 +1,323 @@
+"""Agent latency and cost on loopback: a real coordinator, real agents, real runners.
+
+Rules: every figure comes from real processes (``LocalCluster``); the trivial payload is one
+Python file per local process that records when it started. Latencies are measured from just
+before the Preview call (submit) to (a) the last local process having started, (b) the last
+runner's exit record (``exit.json``'s ``finished_at``) and (c) the coordinator showing the Job
+``succeeded``. Sizes: 1 member x 1 process on 1 agent; 4 members x 8 simulated GPUs (32 processes)
+on 4 agents; 16 members x 1 process on 16 agents. Then the idle agent's RSS and CPU% and the
+journal's recovery time (open with its integrity check, then replay) at 100k events.
+
+Knobs (env, or flags when run as ``python -m bench.agent``): ``TUNEPLANE_BENCH_AGENT_RUNS``
+(``--runs``, default 30, runs of the small size), ``TUNEPLANE_BENCH_AGENT_BIG_RUNS``
+(``--big-runs``, default 5, runs of each big size; the output says when it is under 30) and
+``TUNEPLANE_BENCH_AGENT_EVENTS`` (``--events``, default 100000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+import psutil
+import trio
+
+from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.inventory import InventorySource, parse_simulate_gpus
+from tuneplane.agent.journal import Exit, Journal, MemberKey, NewMember
+from tuneplane.agent.member_state import MemberEvent
+from tuneplane.agent.members import MemberManager
+from tuneplane.coordinator.apiclient import ApiClient
+from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.cli.connection import resolve_connection
+from tuneplane.coordinator.demo.cluster import LocalCluster
+
+FULL_RUNS = 30
+PAYLOAD = (
+    "import os, time\n"
+    "from pathlib import Path\n"
+    "now = time.time()\n"
+    "Path(os.environ['TUNEPLANE_OUT_DIR'], 'started-' + os.environ['RANK']).write_text(repr(now))\n"
+)
+METHOD = "pytorch/process-group"
+IDLE_SAMPLE_S = 5.0
+
+
+@attrs.frozen
+class Size:
+    name: str
+    agents: int
+    gpus_per_agent: int
+    members: int
+    runs: int
+
+    @property
+    def processes(self) -> int:
+        return self.members * self.gpus_per_agent
+
+
+@attrs.frozen
+class Sample:
+    running_s: float
+    exited_s: float
+    succeeded_s: float
+
+
+def _jobspec(size: Size, i: int) -> str:
+    recipe = Catalogue.bundled().get(METHOD)
+    assert recipe is not None, f"the Catalogue has no {METHOD}"
+    return json.dumps(
+        {
+            "api_version": "tuneplane/v1",
+            "project": "bench",
+            "experiment": f"agent-{size.name}-{i}",
+            "method_id": METHOD,
+            "recipe_digest": recipe.digest,
+            "runtime_id": "",
+            "entrypoint": ["python3", "train.py"],
+            "resources": {
+                "profile": "h200",
+                "series": "h200",
+                "gpus": size.processes,
+                "members": size.members,
+            },
+            "parameters": {"script": "train.py"},
+            "env": {},
+            "source_files": {"train.py": base64.b64encode(PAYLOAD.encode()).decode()},
+        }
+    )
+
+
+def _max_float(paths: list[Path], read: str) -> float:
+    values = []
+    for path in paths:
+        text = path.read_text()
+        values.append(float(json.loads(text)[read]) if read else float(text))
+    return max(values)
+
+
+async def _one_job(cluster: LocalCluster, api: ApiClient, size: Size, i: int) -> Sample:
+    spec = _jobspec(size, i)
+    t0 = time.time()
+    preview = await api.preview(spec)
+    receipt = await api.commit(preview.preview_id, preview.digest, f"bench-{size.name}-{i}")
+    run_id = receipt.run_id
+    while True:
+        job = await api.get_job(run_id)
+        if job.state in ("succeeded", "failed", "aborted"):
+            seen = time.time()
+            break
+        await asyncio.sleep(0.01)
+    if job.state != "succeeded":
+        raise RuntimeError(f"benchmark Job {run_id} ended {job.state}: {job.state_reason}")
+    starts = [
+        p for a in cluster.agents for p in (a.out_root / run_id).glob("attempt-1/*/started-*")
+    ]
+    exits = [
+        p for a in cluster.agents for p in (a.state_dir / "members").glob(f"{run_id}.1.*/exit.json")
+    ]
+    if len(starts) != size.processes or len(exits) != size.members:
+        raise RuntimeError(
+            f"benchmark Job {run_id} left {len(starts)} start records for {size.processes} "
+            f"processes and {len(exits)} exit records for {size.members} members"
+        )
+    return Sample(
+        running_s=_max_float(starts, "") - t0,
+        exited_s=_max_float(exits, "finished_at") - t0,
+        succeeded_s=seen - t0,
+    )
+
+
+async def _wait_free(api: ApiClient, gpus: int) -> None:
+    """Until the coordinator shows every GPU free again (the last reports were applied)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        nodes = await api.list_nodes()
+        if sum(1 for n in nodes for g in n.gpus if not g.held_by) >= gpus:
+            return
+        await asyncio.sleep(0.02)
+    raise RuntimeError("the coordinator did not free every GPU within 30 s of the Job ending")
+
+
+async def _run_size(cluster: LocalCluster, size: Size) -> list[Sample]:
+    endpoint = resolve_connection(cluster.context_path, None, None, None)
+    async with ApiClient(endpoint) as api:
+        samples = []
+        for i in range(size.runs):
+            samples.append(await _one_job(cluster, api, size, i))
+            await _wait_free(api, size.agents * size.gpus_per_agent)
+        return samples
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _report(size: Size, samples: list[Sample]) -> None:
+    note = "" if size.runs >= FULL_RUNS else f"  (only {size.runs} runs: p99 is the slowest run)"
+    print(
+        f"{size.name}: {size.members} members x {size.gpus_per_agent} processes "
+        f"({size.processes} processes) on {size.agents} agents, {len(samples)} runs{note}"
+    )
+    for label, values in (
+        ("submit -> all processes running", [s.running_s for s in samples]),
+        ("submit -> all exited (runner)", [s.exited_s for s in samples]),
+        ("submit -> Job succeeded (coordinator)", [s.succeeded_s for s in samples]),
+    ):
+        print(
+            f"  {label:<40} median {statistics.median(values) * 1000:7.0f} ms"
+            f"   p99 {_p(values, 0.99) * 1000:7.0f} ms"
+        )
+
+
+def _idle(cluster: LocalCluster) -> None:
+    proc = psutil.Process(cluster.agents[0].process.popen.pid)
+    proc.cpu_percent(None)
+    time.sleep(IDLE_SAMPLE_S)
+    cpu = proc.cpu_percent(None)
+    rss = proc.memory_info().rss
+    print(
+        f"idle agent (connected, 1 s heartbeats, no members): RSS {rss / 2**20:.1f} MiB, "
+        f"CPU {cpu:.2f}% over {IDLE_SAMPLE_S:g} s"
+    )
+
+
+def bench_size(root: Path, size: Size, measure_idle: bool = False) -> None:
+    with LocalCluster(root / size.name, heartbeat_interval=1.0, heartbeat_timeout=10.0) as cluster:
+        cluster.start_coordinator()
+        for n in range(size.agents):
+            cluster.add_agent(f"node-{n:02d}", f"h200:{size.gpus_per_agent}")
+        cluster.wait_connected(120)
+        if measure_idle:
+            _idle(cluster)
+        _report(size, asyncio.run(_run_size(cluster, size)))
+
+
+# --- journal recovery ---------------------------------------------------------------------------
+
+_LIFE = (
+    MemberEvent.PREPARE_SUCCEEDED,
+    MemberEvent.COMMIT_RECEIVED,
+    MemberEvent.SPAWN_REQUESTED,
+    MemberEvent.RUNNER_STARTED,
+)
+
+
+async def _template(path: Path, root: Path) -> None:
+    """One member's whole life, written by the real Journal, to copy from."""
+    async with open_aio_host():
+        journal = await Journal.open(path)
+        key = MemberKey("run-template", 1, 0)
+        new = NewMember(key, 1, (0,), str(root / "m"), str(root / "o"), 30)
+        await journal.create_member(new, 1)
+        for event in _LIFE:
+            await journal.transition(key, event, 2)
+        await journal.transition(key, MemberEvent.EXIT_OBSERVED, 3, exit=Exit(0, None))
+        await journal.close()
+
+
+def build_journal(path: Path, events: int, root: Path) -> int:
+    """A journal of ``events`` events (members with the agent's own rows, copied); members."""
+    trio.run(_template, path, root)
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        (member,) = db.execute("SELECT * FROM members").fetchall()
+        history = db.execute(
+            "SELECT at_ms, kind, from_state, to_state, reason, details FROM events "
+            "WHERE member_key = 'run-template.1.0' ORDER BY id"
+        ).fetchall()
+        count = max(1, events // len(history))
+        db.execute("BEGIN")
+        for i in range(1, count):
+            key = f"run-{i:08d}.1.0"
+            db.execute(
+                f"INSERT INTO members VALUES ({', '.join('?' * len(member))})",
+                (key, f"run-{i:08d}", *member[2:]),
+            )
+            db.executemany(
+                "INSERT INTO events (at_ms, member_key, kind, from_state, to_state, reason, "
+                "details) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(row[0], key, *row[1:]) for row in history],
+            )
+        db.execute("DELETE FROM pending_reports")
+        db.execute("COMMIT")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        total = int(db.execute("SELECT count(*) FROM events").fetchone()[0])
+    finally:
+        db.close()
+    return total
+
+
+async def _recover(path: Path, root: Path) -> float:
+    inventory = InventorySource("bench", parse_simulate_gpus("h200:8")).collect()
+
+    async def publish(message: object) -> None:
+        return None
+
+    async with open_aio_host():
+        started = time.perf_counter()
+        journal = await Journal.open(path)
+        async with trio.open_nursery() as nursery:
+            manager = MemberManager(
+                journal, root / "members", root / "outputs", lambda: inventory,
+                lambda: "127.0.0.1", publish, nursery,
+            )  # fmt: skip
+            await manager.replay()
+            elapsed = time.perf_counter() - started
+        await journal.close()
+    return elapsed
+
+
+def bench_recovery(root: Path, events: int) -> None:
+    path = root / "journal.db"
+    total = build_journal(path, events, root)
+    size = path.stat().st_size
+    times = [trio.run(_recover, path, root) for _ in range(3)]
+    print(
+        f"journal recovery: {total} events ({size / 2**20:.1f} MiB, every member exited): "
+        f"open + integrity check + replay median {statistics.median(times) * 1000:.0f} ms "
+        f"(of {len(times)})"
+    )
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip() else default
+
+
+def run(runs: int, big_runs: int, events: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="tp-bench-agent-") as tmp:
+        root = Path(tmp)
+        bench_size(root, Size("small", 1, 1, 1, runs), measure_idle=True)
+        bench_size(root, Size("wide", 4, 8, 4, big_runs))
+        bench_size(root, Size("many", 16, 1, 16, big_runs))
+        bench_recovery(root, events)
+    return 0
+
+
+def main() -> int:
+    return run(
+        _env_int("TUNEPLANE_BENCH_AGENT_RUNS", FULL_RUNS),
+        _env_int("TUNEPLANE_BENCH_AGENT_BIG_RUNS", 5),
+        _env_int("TUNEPLANE_BENCH_AGENT_EVENTS", 100_000),
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=FULL_RUNS, help="runs of the small size")
+    parser.add_argument("--big-runs", type=int, default=5, help="runs of each big size")
+    parser.add_argument("--events", type=int, default=100_000, help="journal events")
+    args = parser.parse_args()
+    sys.exit(run(args.runs, args.big_runs, args.events))
