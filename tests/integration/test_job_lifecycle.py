@@ -7,6 +7,8 @@ a child process. Workloads are real shell scripts whose processes get real signa
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ from tests.integration.lifecycle_support import (
     wait_job,
     wait_state,
 )
-from tuneplane.coordinator.demo.cluster import LocalCluster
+from tuneplane.coordinator.demo.cluster import COORDINATOR, TP, LocalCluster
 
 SIGKILL = 9
 SIGTERM = 15
@@ -85,6 +87,20 @@ def test_cancel_a_queued_job_needs_no_node(cluster: LocalCluster, tmp_path: Path
     try:
         root = project(cluster, tmp_path / "queued", "echo never\n")
         run_id = submit(cluster, root)
+        assert show(cluster, run_id)["state"] == "queued"
+        # Only the owner (or an admin) may cancel it.
+        made = subprocess.run(
+            [*COORDINATOR, "user", "create", "bob", "--state-dir", str(cluster.coordinator_dir)],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        token = tmp_path / "bob.token"
+        token.write_text(made.stdout.strip() + "\n")
+        env = dict(os.environ, TUNEPLANE_CONTEXT=str(cluster.context_path))
+        refused = subprocess.run(
+            [*TP, "--token-file", str(token), "job", "cancel", run_id],
+            capture_output=True, text=True, env=env, timeout=60, check=False,
+        )  # fmt: skip
+        assert refused.returncode == 1 and "belongs to admin" in refused.stderr, refused
         assert show(cluster, run_id)["state"] == "queued"
         done = cluster.tp("job", "cancel", run_id)
         assert done.returncode == 0, done.stderr
