@@ -336,7 +336,13 @@ def status_command(state_dir: Path, as_json: bool) -> None:
             owner = owners.get(gpu["index"], "free")
             click.echo(f"  {gpu['index']}  {gpu['uuid']}  {gpu['name']}  {health}  {owner}")
     active = [mb for mb in members if mb["state"] not in ("exited", "aborted", "lost")]
-    click.echo(f"members: {len(active)} active, {len(members)} in the journal")
+    if journal_problem:
+        click.echo(
+            "members: unknown (the journal cannot be read); the runners' own records are in "
+            f"{state.members_dir}/*/runner.json and exit.json"
+        )
+    else:
+        click.echo(f"members: {len(active)} active, {len(members)} in the journal")
     if pending:
         click.echo(
             f"reports not yet acknowledged by the coordinator: {pending} "

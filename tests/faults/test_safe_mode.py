@@ -78,6 +78,8 @@ def test_a_damaged_journal_means_safe_mode_and_the_running_member_is_left_alone(
 
         text = agent.cli("status")
         assert "SAFE MODE" in text.stdout
+        if damage is not _empty:
+            assert "members: unknown (the journal cannot be read)" in text.stdout, text.stdout
         shown = json.loads(agent.cli("status", "--json").stdout)
         assert shown["safe_mode"] and shown["connected"]
         doctor = agent.cli("doctor")
