@@ -221,11 +221,12 @@ class LogStore:
                     fresh = data[start - offset :]
                     if len(fresh) > KEEP_BYTES:
                         start, fresh = end - KEEP_BYTES, fresh[-KEEP_BYTES:]
-                    await db.execute(
-                        "INSERT INTO log_chunks (run_id, attempt, member_index, stream, "
-                        "byte_offset, data) VALUES (?, ?, ?, ?, ?, ?)",
-                        (*key, start, fresh),
-                    )
+                    if fresh:
+                        await db.execute(
+                            "INSERT INTO log_chunks (run_id, attempt, member_index, stream, "
+                            "byte_offset, data) VALUES (?, ?, ?, ?, ?, ?)",
+                            (*key, start, fresh),
+                        )
                     kept += len(fresh)
                     next_offset = end
                     kept = await self._trim(db, key, kept)
@@ -288,8 +289,9 @@ class LogStore:
             cursor = start + len(part)
             budget -= len(part)
         if budget > 0 and cursor < end:
-            # Everything after the last kept chunk was dropped (or nothing is kept at all).
-            cursor = end if not chunks else cursor
+            # Every kept byte was returned, yet the stream goes on: the rest was dropped.
+            pieces.append(LogPiece(end, b"", end - cursor))
+            cursor = end
         next_offset = max(cursor, from_offset)
         return LogRead(tuple(pieces), next_offset, complete and next_offset >= end, end - kept)
 

@@ -91,3 +91,19 @@ def test_reads_page_by_max_bytes_and_survive_a_reopen(tmp_path: Path) -> None:
 
     _run(tmp_path, first)
     _run(tmp_path, second)
+
+
+def test_an_empty_chunk_past_the_end_counts_as_dropped_and_later_bytes_still_land(
+    tmp_path: Path,
+) -> None:
+    async def work(store: LogStore) -> None:
+        await store.append(M, "stdout", 0, b"ab", False, 1)
+        assert (await store.append(M, "stdout", 5, b"", False, 2)).offset == 5
+        tail = await store.read(M, "stdout", 0, 100)
+        assert tail.pieces == (LogPiece(0, b"ab", 0), LogPiece(5, b"", 3))
+        assert tail.next_offset == 5
+        assert (await store.append(M, "stdout", 5, b"cd", True, 3)).complete
+        done = await store.read(M, "stdout", 5, 100)
+        assert (done.pieces, done.next_offset, done.complete) == ((LogPiece(5, b"cd", 0),), 7, True)
+
+    _run(tmp_path, work)
