@@ -1,0 +1,320 @@
+"""Coordinator figures: admissions/s over real TLS, the pure scheduling pass, heartbeats/s.
+
+1. A scheduling pass (:func:`plan_pass`, pure) over 10,000 queued Jobs and 1,000 Nodes.
+2. Admissions (Preview + Commit) per second against a real ``tuneplane-coordinator serve``
+   process over loopback TLS, one at a time and with several in flight.
+3. Heartbeats handled per second with many Nodes (default 2,000), each enrolled for real and
+   speaking the control protocol on its own Connect stream, spread over grpclib channels (at
+   most 90 streams each) in a few load processes (``bench/_load.py``); with the coordinator's
+   CPU% and RSS (psutil).
+
+Knobs: ``TUNEPLANE_BENCH_NODES`` (2000), ``TUNEPLANE_BENCH_ADMISSIONS`` (200),
+``TUNEPLANE_BENCH_WINDOW`` seconds of heartbeat measurement (10), ``TUNEPLANE_BENCH_LOADERS``
+load processes (2). On a 2-core machine the load processes share the CPUs with the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+from grpclib.client import Channel
+
+from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
+from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.placement import Request
+from tuneplane.coordinator.queue_plan import NodeState, QueuedRequest, plan_pass
+from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.tls import client_context
+from tuneplane.proto import v1
+
+ADMIN = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
+# The serve default: what a production coordinator asks of its Nodes.
+HEARTBEAT_INTERVAL_S = 5.0
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+# ----- 1. the pure scheduling pass --------------------------------------------------------------
+
+
+def bench_plan() -> None:
+    rng = random.Random(7)
+    nodes = [
+        NodeState(
+            f"node-{i:04d}",
+            "default",
+            True,
+            "cordoned" if i % 50 == 0 else "schedulable",
+            {"h200": tuple(g for g in range(8) if rng.random() < 0.5)},
+        )
+        for i in range(1000)
+    ]
+    queue = [
+        QueuedRequest(f"run-{i:05d}", "default", "h200", Request(rng.choice((1, 2, 4, 8, 16))))
+        for i in range(10_000)
+    ]
+    quotas = {("default", "h200"): 3000}
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        plan = plan_pass(queue, nodes, {}, quotas)
+        times.append(time.perf_counter() - started)
+    median = statistics.median(times)
+    print(
+        f"scheduling pass (pure): 10000 queued Jobs x 1000 Nodes: median {median * 1000:.1f} ms "
+        f"({median / len(queue) * 1e6:.1f} us per Job), {len(plan.launches)} launches, "
+        f"{len(plan.waiting)} waiting"
+    )
+
+
+# ----- a real coordinator -----------------------------------------------------------------------
+
+
+class Coordinator:
+    def __init__(self, root: Path) -> None:
+        self.state_dir = root / "coordinator"
+        subprocess.run(
+            [*ADMIN, "init", "--state-dir", str(self.state_dir)], check=True, capture_output=True
+        )
+        config = self.state_dir / "coordinator.toml"
+        # A Fleet with no Nodes: admitted bench Jobs stay queued and never touch the Nodes.
+        config.write_text(
+            config.read_text() + '\n[profiles.bench]\nseries = "h200"\nfleet = "empty"\n'
+        )
+        subprocess.run(
+            [*ADMIN, "fleet", "create", "empty", "--state-dir", str(self.state_dir)],
+            check=True,
+            capture_output=True,
+        )
+        self.log = open(root / "serve.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                *ADMIN,
+                "serve",
+                "--state-dir",
+                str(self.state_dir),
+                "--heartbeat-interval",
+                str(HEARTBEAT_INTERVAL_S),
+                "--heartbeat-timeout",
+                "120",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        endpoints = self.state_dir / "endpoints.json"
+        while True:
+            try:
+                data = json.loads(endpoints.read_text())
+                if data.get("pid") == self.proc.pid:
+                    break
+            except (FileNotFoundError, ValueError):
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"the coordinator did not start; see {root / 'serve.log'}")
+            time.sleep(0.05)
+        self.api, self.control, self.ca = data["api"], data["control"], Path(data["ca"])
+        self.token = (self.state_dir / "admin.token").read_text().strip()
+
+    def channel(self, address: str) -> Channel:
+        host, _, port = address.rpartition(":")
+        return Channel(host, int(port), ssl=client_context(self.ca))
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+# ----- 2. admissions ----------------------------------------------------------------------------
+
+
+def _jobspec(i: int) -> str:
+    recipe = Catalogue.bundled().get("custom/custom")
+    assert recipe is not None
+    return json.dumps(
+        {
+            "api_version": "tuneplane/v1",
+            "project": "bench",
+            "experiment": f"e{i}",
+            "method_id": "custom/custom",
+            "recipe_digest": recipe.digest,
+            "runtime_id": "",
+            "entrypoint": ["bash", "train.sh"],
+            "resources": {"profile": "bench", "series": "", "gpus": 1},
+            "parameters": {},
+            "env": {},
+            "source_files": {"train.sh": base64.b64encode(b"echo hi\n").decode()},
+        }
+    )
+
+
+async def _admissions(coord: Coordinator, count: int, in_flight: int) -> float:
+    channel = coord.channel(coord.api)
+    stub = v1.ApiStub(channel, metadata={"authorization": f"Bearer {coord.token}"}, timeout=60)
+    gate = asyncio.Semaphore(in_flight)
+    tag = f"{in_flight}-{time.monotonic_ns()}"
+
+    async def one(i: int) -> None:
+        async with gate:
+            preview = await stub.preview(v1.PreviewRequest(jobspec_json=_jobspec(i)))
+            receipt = await stub.commit(
+                v1.CommitRequest(preview.preview_id, preview.digest, f"rk-{tag}-{i}")
+            )
+            assert receipt.created
+
+    try:
+        await one(-1)  # warm the connection
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(count)))
+        return count / (time.perf_counter() - started)
+    finally:
+        channel.close()
+
+
+def bench_admissions(coord: Coordinator, root: Path) -> None:
+    count = _env_int("TUNEPLANE_BENCH_ADMISSIONS", 200)
+    for in_flight in (1, 8):
+        rates = [asyncio.run(_admissions(coord, count, in_flight)) for _ in range(3)]
+        runs = ", ".join(f"{r:.0f}" for r in rates)
+        print(
+            f"admissions (Preview+Commit over TLS), {in_flight} in flight: "
+            f"median {statistics.median(rates):.0f}/s (runs: {runs})"
+        )
+
+
+# ----- 3. heartbeats ----------------------------------------------------------------------------
+
+
+async def _enroll_all(coord: Coordinator, count: int) -> list[dict[str, str]]:
+    tokens = [new_credential(JOIN_PREFIX) for _ in range(count)]
+    store = await Store.open(db_path(coord.state_dir))
+    try:
+        expires = int(time.time() * 1000) + 3_600_000
+        for t in tokens:
+            await store.create_join_token(
+                hash_credential(t), "default", int(time.time() * 1000), expires
+            )
+    finally:
+        await store.close()
+    channel = coord.channel(coord.control)
+    stub = v1.ControlStub(channel, timeout=120)
+    gate = asyncio.Semaphore(32)
+
+    async def one(i: int, token: str) -> dict[str, str]:
+        async with gate:
+            reply = await stub.enroll(
+                v1.EnrollRequest(
+                    join_token=token, hostname=f"bench-{i:05d}", inventory=v1.Inventory()
+                )
+            )
+            return {"id": reply.node_id, "credential": reply.node_credential}
+
+    try:
+        return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tokens))))
+    finally:
+        channel.close()
+
+
+def bench_heartbeats(coord: Coordinator, root: Path) -> None:
+    count = _env_int("TUNEPLANE_BENCH_NODES", 2000)
+    window = _env_int("TUNEPLANE_BENCH_WINDOW", 10)
+    loaders = _env_int("TUNEPLANE_BENCH_LOADERS", 2)
+    started = time.perf_counter()
+    nodes = asyncio.run(_enroll_all(coord, count))
+    enrolled_s = time.perf_counter() - started
+    print(f"enrolled {count} Nodes for real (join token + Enroll) in {enrolled_s:.1f} s")
+    procs = []
+    for k in range(loaders):
+        config = root / f"load-{k}.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "control": coord.control,
+                    "ca": str(coord.ca),
+                    # grpclib's server allows 100 concurrent streams per HTTP/2 connection.
+                    "channels": max(4, -(-len(nodes[k::loaders]) // 90)),
+                    "window_s": window,
+                    "nodes": nodes[k::loaders],
+                }
+            )
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "bench._load", str(config)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    started = time.perf_counter()
+    for p in procs:
+        line = p.stdout.readline() if p.stdout else ""
+        if not line.startswith("ready"):
+            raise RuntimeError(f"a load process failed before it was ready: {line!r}")
+    print(f"{count} Connect streams welcomed in {time.perf_counter() - started:.1f} s")
+    time.sleep(2 * HEARTBEAT_INTERVAL_S)  # let every stream settle into its heartbeat rhythm
+    server = psutil.Process(coord.proc.pid)
+    cpu_before = server.cpu_times()
+    wall_before = time.perf_counter()
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = [json.loads(p.communicate(timeout=window + 120)[0].splitlines()[-1]) for p in procs]
+    wall = time.perf_counter() - wall_before
+    cpu_after = server.cpu_times()
+    rss = server.memory_info().rss
+    busy = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
+    acks = sum(r["acks"] for r in results)
+    elapsed = statistics.median(r["elapsed_s"] for r in results)
+    offered = count / HEARTBEAT_INTERVAL_S
+    p50 = statistics.median(r["p50_ms"] for r in results if r["p50_ms"] is not None)
+    p99 = max(r["p99_ms"] for r in results if r["p99_ms"] is not None)
+    print(
+        f"heartbeats: {count} Nodes at 1 per {HEARTBEAT_INTERVAL_S:g} s each: "
+        f"{acks / elapsed:.0f} acked/s of {offered:.0f}/s offered "
+        f"(ratio {acks / elapsed / offered:.2f}); ack latency p50 {p50:.1f} ms, worst loader "
+        f"p99 {p99:.1f} ms"
+    )
+    print(
+        f"coordinator during the window: CPU {100 * busy / wall:.0f}% of one core, "
+        f"RSS {rss / (1 << 20):.0f} MiB"
+    )
+
+
+def main() -> int:
+    bench_plan()
+    # Two coordinators: the admitted bench Jobs stay queued, and a queue that long would make
+    # every scheduling pass (woken by each Hello) part of the heartbeat figure.
+    for phase in (bench_admissions, bench_heartbeats):
+        with tempfile.TemporaryDirectory(prefix="tp-bench-") as tmp:
+            coord = Coordinator(Path(tmp))
+            try:
+                phase(coord, Path(tmp))
+            finally:
+                coord.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
