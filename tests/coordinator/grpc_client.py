@@ -154,6 +154,10 @@ class NodeStream:
                 message = await self.stream.recv_message()
                 if message is None:
                     # The coordinator ended the stream: its status (an error) is in the trailers.
+                    # grpclib reads them only once our side is ended too, so end it first.
+                    if not self.stream._end_done:  # no public "already ended" check
+                        with contextlib.suppress(StreamTerminatedError):
+                            await self.stream.end()
                     await self.stream.recv_trailing_metadata()
                     return "end", None
                 kind, body = betterproto.which_one_of(message, "body")
