@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,3 +199,28 @@ def test_the_control_gateway_refuses_a_collector_credential(coord: CoordinatorPr
         asyncio.run(connect())
     assert caught.value.status is Status.PERMISSION_DENIED
     assert "only the telemetry gateway" in (caught.value.message or "")
+
+
+def test_a_full_spool_pauses_reading_and_loses_nothing(tmp_path: Path) -> None:
+    with start_coordinator(tmp_path / "coord") as coord:
+        launched = launch_member(coord, "full")
+        telemetry = tmp_path / "telemetry"
+        telemetry.mkdir()
+        collector = CollectorProcess(
+            coord, launched, telemetry, tmp_path / "collector", "--max-spool-points", "200"
+        )
+        coord.stop()
+        collector.start()
+        # Small appends, each read as its own batch, while the gateway is unreachable.
+        for round_ in range(10):
+            write_jsonl(telemetry / "report.rank0.jsonl", round_ * 100, 100)
+            time.sleep(0.3)
+        wait_until("the collector to say it paused", lambda: "spool full" in collector.read_log())
+        time.sleep(1.0)
+        # Paused, not dropping: at most one batch over the limit, the rest still in the file.
+        assert 200 <= collector.spool_depth() <= 300
+        coord.restart()
+        collector.member_exited()
+        assert collector.wait() == 0, collector.read_log()
+        assert _steps(stored_points(coord, launched.run_id)) == list(range(1000))
+        assert "reading resumed" in collector.read_log()
