@@ -13,7 +13,7 @@ Rules:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 COLLECTOR_PREFIX = "tpc_"
 TTL_MS = 15 * 60 * 1000
 # A heartbeat rewrites an expiry only when less than TTL - REFRESH_SLACK is left: one write a
-# minute per member instead of one per heartbeat.
+# minute per member instead of one per heartbeat. Heartbeats reach here in batches, one per
+# flush interval (heartbeats.py), which must stay well under the slack.
 REFRESH_SLACK_MS = 60 * 1000
 DRAIN_MS = 60 * 60 * 1000
 
@@ -77,11 +78,12 @@ class CollectorCredentials:
                 )
         return out
 
-    async def heartbeat(self, node_id: str, now: int) -> None:
-        """Extend the credentials of the Node's members that have not ended."""
-        extended = await self.store.refresh_credentials(node_id, now, TTL_MS, REFRESH_SLACK_MS)
+    async def heartbeats(self, beats: Mapping[str, int]) -> None:
+        """Extend the credentials of members that have not ended, for each Node's latest
+        heartbeat time in ``beats`` (node id -> ms); one transaction for the whole batch."""
+        extended = await self.store.refresh_credentials(beats, TTL_MS, REFRESH_SLACK_MS)
         if extended:
-            log.debug("collector credentials extended node=%s count=%d", node_id, extended)
+            log.debug("collector credentials extended nodes=%d count=%d", len(beats), extended)
 
     async def member_ended(self, member: MemberKey, now: int) -> None:
         await self.store.member_ended(member, now, DRAIN_MS)

@@ -4,7 +4,9 @@ Rules:
 - Enroll spends a single-use, unexpired join token and hands out a fresh Node id and a random
   control credential (stored hashed). Connect is authenticated by that credential only.
 - On Connect the first message must be Hello; the coordinator answers Welcome and then acks every
-  Heartbeat and every MemberReport (a report is applied once, acked always).
+  Heartbeat and every MemberReport (a report is applied once, acked always). A Heartbeat is acked
+  from memory (:mod:`~tuneplane.coordinator.heartbeats` stores the times in batches); only an
+  inventory change it carries is written before the ack.
 - Dead peers are found by silence, not TCP: nothing heard for ``heartbeat_timeout`` closes the
   stream. Whatever ends a stream, the Node is recorded ``disconnected`` and its members
   ``unknown`` (never failed) - unless a newer stream of the same Node already replaced it.
@@ -37,6 +39,7 @@ from tuneplane.coordinator.collector_credentials import (
     CollectorCredentials,
     is_collector_credential,
 )
+from tuneplane.coordinator.heartbeats import HeartbeatBook
 from tuneplane.coordinator.lifecycle import TERMINAL_MEMBER_STATES
 from tuneplane.coordinator.logship import receive_chunk
 from tuneplane.coordinator.records import AbortOrder, CommitOrder, NodeRecord, Order
@@ -61,8 +64,11 @@ class ControlGateway:
         heartbeat_timeout_s: float,
         collectors: CollectorCredentials | None = None,
         logs: LogStore | None = None,
+        *,
+        heartbeats: HeartbeatBook,
     ) -> None:
         self._logs = logs
+        self._heartbeats = heartbeats
         self._store = store
         self._registry = registry
         self._wake = wake_scheduler
@@ -180,12 +186,14 @@ class ControlGateway:
     async def _run_session(
         self, stream: Any, session: NodeSession, node: NodeRecord, hello: v1.Hello
     ) -> None:
+        connected_at = now_ms()
         orders = await self._store.node_connected(
             node.id,
             wire.inventory(hello.inventory, node.hostname),
             wire.held_members(hello),
-            now_ms(),
+            connected_at,
         )
+        self._heartbeats.record(node.id, connected_at)
         # Stops decided while the Node was away go now; a member being stopped gets no Commit.
         stops = await stops_to_resend(self._store, node.id)
         stopping = {s.member for s in stops}
@@ -241,17 +249,16 @@ class ControlGateway:
         kind, body = betterproto.which_one_of(message, "body")
         now = now_ms()
         if isinstance(body, v1.Heartbeat):
-            changed = None
             if betterproto.serialized_on_wire(body.inventory):
-                changed = wire.inventory(body.inventory)
-            await self._store.node_heartbeat(node_id, now, changed)
-            if self._collectors is not None:
-                await self._collectors.heartbeat(node_id, now)
+                # An inventory change is what placement reads: stored before the ack.
+                await self._store.node_inventory(node_id, wire.inventory(body.inventory), now)
+                self._wake()
+            # The time itself waits in memory for the next batch (and renews collector
+            # credentials there): no store round trip delays the ack.
+            self._heartbeats.record(node_id, now)
             self._registry.send(
                 node_id, v1.CoordinatorMessage(heartbeat_ack=v1.HeartbeatAck(seq=body.seq))
             )
-            if changed is not None:
-                self._wake()
         elif isinstance(body, v1.MemberReport):
             report = wire.report(body)
             applied = await self._store.apply_report(node_id, report, now)

@@ -6,6 +6,8 @@ Rules:
 - Any user may read; only a user with the ``admin`` role may change a Node's scheduling, and that
   is checked here, on the server, whatever the client did.
 - Domain views become betterproto messages here, at the wire edge, and nowhere else.
+- A Node's last heartbeat is the live one this process heard (the store's copy is written in
+  batches and may be one flush interval older).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
@@ -21,6 +24,7 @@ from tuneplane.coordinator import store_fleet
 from tuneplane.coordinator.auth import AuthError, PermissionDenied, bearer_token, hash_credential
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.fleetviews import FleetView, NodeView, UserView
+from tuneplane.coordinator.heartbeats import HeartbeatBook
 from tuneplane.coordinator.queue_plan import PoolKey
 from tuneplane.coordinator.records import GpuInfo, InventoryInfo, MemberKey
 from tuneplane.coordinator.store import Store
@@ -135,10 +139,19 @@ class FleetService:
         store: Store,
         quotas: Mapping[PoolKey, int],
         on_change: Callable[[], None],
+        heartbeats: HeartbeatBook | None = None,
     ) -> None:
         self._store = store
         self._quotas = quotas
         self._on_change = on_change
+        self._heartbeats = heartbeats
+
+    def _node_message(self, node: NodeView) -> v1.Node:
+        if self._heartbeats is not None:
+            live = self._heartbeats.last(node.id)
+            if live > node.last_heartbeat_ms:
+                node = attrs.evolve(node, last_heartbeat_ms=live)
+        return node_message(node)
 
     def __mapping__(self) -> dict[str, Handler]:
         def unary(fn: Any, req: type, rep: type) -> Handler:
@@ -186,7 +199,9 @@ class FleetService:
                     f"there is no Fleet {request.fleet!r}. List the Fleets with `tp fleet ls`.",
                 )
             nodes = await store_fleet.node_views(self._store, fleet=request.fleet)
-            await stream.send_message(v1.ListNodesReply(nodes=[node_message(n) for n in nodes]))
+            await stream.send_message(
+                v1.ListNodesReply(nodes=[self._node_message(n) for n in nodes])
+            )
 
     async def _get_node(self, stream: Any) -> None:
         with grpc_errors():
@@ -197,7 +212,7 @@ class FleetService:
                     Status.INVALID_ARGUMENT, "GetNodeRequest.node_id is empty. Name a Node."
                 )
             node = await store_fleet.node_view(self._store, request.node_id)
-            await stream.send_message(node_message(node))
+            await stream.send_message(self._node_message(node))
 
     async def _set_scheduling(self, stream: Any) -> None:
         with grpc_errors():
@@ -236,4 +251,4 @@ class FleetService:
             # Uncordoning frees capacity; the scheduler should look at the queue again now.
             self._on_change()
             node = await store_fleet.node_view(self._store, request.node_id)
-            await stream.send_message(node_message(node))
+            await stream.send_message(self._node_message(node))

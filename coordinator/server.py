@@ -1,9 +1,9 @@
 """``serve``: the coordinator process - three TLS listeners, the scheduler and the Node sessions.
 
 Rules:
-- One anyio task group owns everything long-lived: a task per listener, the scheduler, the signal
-  watcher. SIGTERM or SIGINT cancels the group; Node sessions are closed (and their Nodes recorded
-  disconnected) before the listeners stop and the store closes.
+- One anyio task group owns everything long-lived: a task per listener, the scheduler, the
+  heartbeat flusher, the signal watcher. SIGTERM or SIGINT cancels the group; Node sessions are
+  closed (and their Nodes recorded disconnected), the last heartbeats stored, then the store closes.
 - ``endpoints.json`` and ``tp-context.json`` appear only after all three listeners accept.
 """
 
@@ -30,6 +30,7 @@ from tuneplane.coordinator.collector_credentials import CollectorCredentials
 from tuneplane.coordinator.config import load_config
 from tuneplane.coordinator.control_gateway import ControlGateway
 from tuneplane.coordinator.fleet_service import FleetService
+from tuneplane.coordinator.heartbeats import HeartbeatBook, HeartbeatFlusher
 from tuneplane.coordinator.lifecycle_api import LifecycleApi
 from tuneplane.coordinator.metrics_api import MetricsApi
 from tuneplane.coordinator.scheduler import Scheduler
@@ -149,7 +150,9 @@ async def serve(opts: ServeOptions) -> None:
             store, registry, catalogue, opts.prepare_timeout_s, quotas=config.quotas
         )
         api = ApiService(store, config, catalogue, scheduler.wake)
-        fleets = FleetService(store, config.quotas, scheduler.wake)
+        heartbeats = HeartbeatBook()
+        flusher = HeartbeatFlusher(heartbeats, store, opts.heartbeat_interval_s, collectors)
+        fleets = FleetService(store, config.quotas, scheduler.wake, heartbeats)
         control = ControlGateway(
             store,
             registry,
@@ -158,6 +161,7 @@ async def serve(opts: ServeOptions) -> None:
             opts.heartbeat_timeout_s,
             collectors,
             log_store,
+            heartbeats=heartbeats,
         )
         lifecycle = LifecycleApi(store, log_store, registry, scheduler.wake)
         telemetry = TelemetryGateway(store, collectors)
@@ -182,6 +186,7 @@ async def serve(opts: ServeOptions) -> None:
                     _run_listener, "control", [control], opts.host, opts.control_port, ctx
                 )
                 tg.start_soon(scheduler.run)
+                tg.start_soon(flusher.run)
                 publish(
                     state_dir,
                     Endpoints(
@@ -203,6 +208,8 @@ async def serve(opts: ServeOptions) -> None:
             finally:
                 with anyio.CancelScope(shield=True):
                     await registry.close_all()
+                    # Every session is closed: no heartbeat arrives after this last batch.
+                    await flusher.flush()
     finally:
         with anyio.CancelScope(shield=True):
             if telemetry_store is not None:

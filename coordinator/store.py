@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -394,18 +394,33 @@ class Store:
 
         return await self._shielded(work())
 
-    async def node_heartbeat(self, node_id: str, now: int, inventory: InventoryInfo | None) -> None:
+    async def node_heartbeats(self, beats: Mapping[str, int]) -> None:
+        """Store many Nodes' latest heartbeat times (node id -> ms) in one transaction.
+
+        A heartbeat is not a decision: the gateway acks it from memory and a flusher calls this
+        once per interval. A time only moves forward, so a late batch never rewinds a newer one.
+        """
+
         async def work() -> None:
             async with self._txn() as db:
-                if inventory is None:
-                    await db.execute(
-                        "UPDATE nodes SET last_heartbeat_ms = ? WHERE id = ?", (now, node_id)
-                    )
-                else:
-                    await db.execute(
-                        "UPDATE nodes SET last_heartbeat_ms = ?, inventory_json = ? WHERE id = ?",
-                        (now, inventory.to_json(), node_id),
-                    )
+                await db.executemany(
+                    "UPDATE nodes SET last_heartbeat_ms = MAX(COALESCE(last_heartbeat_ms, 0), ?) "
+                    "WHERE id = ?",
+                    [(at, node_id) for node_id, at in sorted(beats.items())],
+                )
+
+        await self._shielded(work())
+
+    async def node_inventory(self, node_id: str, inventory: InventoryInfo, now: int) -> None:
+        """A heartbeat carried a changed inventory: store it (and the heartbeat time) at once."""
+
+        async def work() -> None:
+            async with self._txn() as db:
+                await db.execute(
+                    "UPDATE nodes SET inventory_json = ?, "
+                    "last_heartbeat_ms = MAX(COALESCE(last_heartbeat_ms, 0), ?) WHERE id = ?",
+                    (inventory.to_json(), now, node_id),
+                )
 
         await self._shielded(work())
 

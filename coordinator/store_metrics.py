@@ -18,7 +18,7 @@ import asyncio
 import logging
 import math
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, closing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -235,8 +235,11 @@ class TelemetryStore:
             None if r[6] is None else int(r[6]),
         )
 
-    async def refresh_credentials(self, node_id: str, now: int, ttl_ms: int, slack_ms: int) -> int:
-        """Extend the credentials of the Node's members that have not ended to ``now + ttl``.
+    async def refresh_credentials(
+        self, beats: Mapping[str, int], ttl_ms: int, slack_ms: int
+    ) -> int:
+        """For each Node's heartbeat time ``at`` in ``beats`` (node id -> ms), extend the
+        credentials of its members that have not ended to ``at + ttl``, in one transaction.
 
         Only rows within ``ttl - slack`` of expiring are written, so a heartbeat usually
         writes nothing. Returns how many were extended.
@@ -244,10 +247,14 @@ class TelemetryStore:
 
         async def work() -> int:
             async with self._txn() as db:
-                cursor = await db.execute(
+                # executemany: one trip to the database thread; rowcount sums the rows.
+                cursor = await db.executemany(
                     "UPDATE collector_credentials SET expires_at_ms = ? WHERE node_id = ? "
                     "AND ended_at_ms IS NULL AND expires_at_ms < ?",
-                    (now + ttl_ms, node_id, now + ttl_ms - slack_ms),
+                    [
+                        (at + ttl_ms, node_id, at + ttl_ms - slack_ms)
+                        for node_id, at in sorted(beats.items())
+                    ],
                 )
                 return int(cursor.rowcount)
 
