@@ -11,17 +11,14 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
-import anyio
 
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.placement import NodeOffer, Placement
@@ -43,12 +40,14 @@ from tuneplane.coordinator.records import (
     Report,
     StateChangeRecord,
 )
-from tuneplane.coordinator.schema import LATEST_VERSION, MIGRATIONS
+from tuneplane.coordinator.schema import MIGRATIONS
+from tuneplane.coordinator.sqlite_db import SchemaTooNew as SchemaTooNew
+from tuneplane.coordinator.sqlite_db import SqliteFile
+from tuneplane.coordinator.sqlite_db import StoreError as StoreError
 
 log = logging.getLogger(__name__)
 
 DB_NAME = "coordinator.db"
-BUSY_TIMEOUT_MS = 10_000
 T = TypeVar("T")
 
 
@@ -56,10 +55,6 @@ async def _first(db: aiosqlite.Connection, sql: str, args: Sequence[Any] = ()) -
     """The first row of a query, or None."""
     rows = list(await db.execute_fetchall(sql, tuple(args)))
     return rows[0] if rows else None
-
-
-class StoreError(Exception):
-    """Base of the store's typed errors; ``str()`` is a sentence for a person."""
 
 
 class NotFound(StoreError):
@@ -74,93 +69,13 @@ class EnrollRefused(StoreError):
     """The join token cannot enroll a Node (gRPC PERMISSION_DENIED)."""
 
 
-class SchemaTooNew(StoreError):
-    """The database was written by a newer coordinator than this one."""
-
-
-class Store:
+class Store(SqliteFile):
     """The coordinator's durable state. Open with :meth:`open`; close with :meth:`close`."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
-        self._db = db
-        self.path = path
-        self._lock = anyio.Lock()
-        self._inflight: set[asyncio.Task[Any]] = set()
-
-    # ----- lifecycle of the store itself -------------------------------------------------------
-
-    @classmethod
-    async def open(cls, path: Path) -> Store:
-        """Open (creating if needed) the store at ``path`` and apply pending migrations."""
-        db = await aiosqlite.connect(path, isolation_level=None)
-        try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=FULL")
-            await db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            await db.execute("PRAGMA foreign_keys=ON")
-            store = cls(db, path)
-            await store._migrate()
-        except BaseException:
-            await db.close()
-            raise
-        return store
-
-    async def close(self) -> None:
-        """Wait for shielded transactions still running, then close the connection."""
-        if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
-        await self._db.close()
-
-    async def schema_version(self) -> int:
-        rows = await self._db.execute_fetchall("SELECT version FROM schema_version")
-        return int(next(iter(rows))[0])
-
-    async def _migrate(self) -> None:
-        await self._db.execute(
-            "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
-        )
-        async with self._txn() as db:
-            rows = list(await db.execute_fetchall("SELECT version FROM schema_version"))
-            if not rows:
-                await db.execute("INSERT INTO schema_version (version) VALUES (0)")
-                current = 0
-            else:
-                current = int(rows[0][0])
-        if current > LATEST_VERSION:
-            raise SchemaTooNew(
-                f"the store {self.path} is at schema version {current}, newer than the "
-                f"{LATEST_VERSION} this coordinator understands. Run the newer coordinator."
-            )
-        for version, statements in MIGRATIONS:
-            if version <= current:
-                continue
-            async with self._txn() as db:
-                for sql in statements:
-                    await db.execute(sql)
-                await db.execute("UPDATE schema_version SET version = ?", (version,))
-            log.info("store migrated path=%s version=%d", self.path, version)
-
-    @asynccontextmanager
-    async def _txn(self) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._lock:
-            await self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                await self._db.execute("ROLLBACK")
-                raise
-            await self._db.execute("COMMIT")
-
-    async def _shielded(self, work: Awaitable[T]) -> T:
-        """Run ``work`` to completion even if the caller is cancelled (a deadline passed)."""
-
-        async def run() -> T:
-            return await work
-
-        task = asyncio.ensure_future(run())
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-        return await asyncio.shield(task)
+    LABEL = "store"
+    VERSION_TABLE = "schema_version"
+    MIGRATIONS = MIGRATIONS
+    FOREIGN_KEYS = True
 
     async def _log(
         self,

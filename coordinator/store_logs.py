@@ -11,24 +11,19 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
-import anyio
 import attrs
 
 from tuneplane.coordinator.records import MemberKey
-from tuneplane.coordinator.store import SchemaTooNew
+from tuneplane.coordinator.sqlite_db import SqliteFile
 
 log = logging.getLogger(__name__)
 
 DB_NAME = "logs.db"
-BUSY_TIMEOUT_MS = 10_000
 #: The most bytes kept per member and stream; older bytes are dropped.
 KEEP_BYTES = 1024 * 1024
 STREAMS = ("stdout", "stderr")
@@ -61,7 +56,6 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
 )
-LATEST_VERSION = MIGRATIONS[-1][0]
 
 
 class BadStream(ValueError):
@@ -108,79 +102,12 @@ def _key_args(member: MemberKey, stream: str) -> tuple[Any, ...]:
 _WHERE = "run_id = ? AND attempt = ? AND member_index = ? AND stream = ?"
 
 
-class LogStore:
+class LogStore(SqliteFile):
     """Open with :meth:`open`; close with :meth:`close`."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
-        self._db = db
-        self.path = path
-        self._lock = anyio.Lock()
-        self._inflight: set[asyncio.Task[Any]] = set()
-
-    @classmethod
-    async def open(cls, path: Path) -> LogStore:
-        db = await aiosqlite.connect(path, isolation_level=None)
-        try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=FULL")
-            await db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            store = cls(db, path)
-            await store._migrate()
-        except BaseException:
-            await db.close()
-            raise
-        return store
-
-    async def close(self) -> None:
-        if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
-        await self._db.close()
-
-    async def _migrate(self) -> None:
-        await self._db.execute(
-            "CREATE TABLE IF NOT EXISTS logs_schema_version (version INTEGER NOT NULL)"
-        )
-        async with self._txn() as db:
-            rows = list(await db.execute_fetchall("SELECT version FROM logs_schema_version"))
-            if not rows:
-                await db.execute("INSERT INTO logs_schema_version (version) VALUES (0)")
-            current = int(rows[0][0]) if rows else 0
-        if current > LATEST_VERSION:
-            raise SchemaTooNew(
-                f"the log store {self.path} is at schema version {current}, newer than the "
-                f"{LATEST_VERSION} this coordinator understands. Run the newer coordinator."
-            )
-        for version, statements in MIGRATIONS:
-            if version <= current:
-                continue
-            async with self._txn() as db:
-                for sql in statements:
-                    await db.execute(sql)
-                await db.execute("UPDATE logs_schema_version SET version = ?", (version,))
-            log.info("log store migrated path=%s version=%d", self.path, version)
-
-    @asynccontextmanager
-    async def _txn(self) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._lock:
-            await self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                await self._db.execute("ROLLBACK")
-                raise
-            await self._db.execute("COMMIT")
-
-    async def _shielded(self, work: Awaitable[T]) -> T:
-        async def run() -> T:
-            return await work
-
-        task = asyncio.ensure_future(run())
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-        return await asyncio.shield(task)
-
-    async def _rows(self, sql: str, args: Sequence[Any]) -> list[Any]:
-        return list(await self._db.execute_fetchall(sql, tuple(args)))
+    LABEL = "log store"
+    VERSION_TABLE = "logs_schema_version"
+    MIGRATIONS = MIGRATIONS
 
     # ----- writes ------------------------------------------------------------------------------
 

@@ -14,12 +14,11 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, closing
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +27,8 @@ import anyio
 
 from tuneplane.coordinator.downsample import Row, downsample, every_point
 from tuneplane.coordinator.records import MemberKey
-from tuneplane.coordinator.store import NotFound, SchemaTooNew
+from tuneplane.coordinator.sqlite_db import SqliteFile
+from tuneplane.coordinator.store import NotFound
 from tuneplane.coordinator.telemetry_records import (
     CollectorGrant,
     CollectorReport,
@@ -43,7 +43,6 @@ from tuneplane.coordinator.telemetry_records import (
 log = logging.getLogger(__name__)
 
 DB_NAME = "telemetry.db"
-BUSY_TIMEOUT_MS = 10_000
 T = TypeVar("T")
 
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -105,7 +104,6 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
 )
-LATEST_VERSION = MIGRATIONS[-1][0]
 
 
 def telemetry_db_path(state_dir: Path) -> Path:
@@ -120,80 +118,17 @@ def _null_to_nan(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
-class TelemetryStore:
+class TelemetryStore(SqliteFile):
     """Open with :meth:`open`; close with :meth:`close`."""
 
+    LABEL = "telemetry store"
+    VERSION_TABLE = "telemetry_schema_version"
+    MIGRATIONS = MIGRATIONS
+
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
-        self._db = db
-        self.path = path
-        self._lock = anyio.Lock()
-        self._inflight: set[asyncio.Task[Any]] = set()
+        super().__init__(db, path)
         # Series ids never change once made, so the mapping is safe to keep for the process.
         self._series_ids: dict[tuple[str, int, int, str, str], int] = {}
-
-    @classmethod
-    async def open(cls, path: Path) -> TelemetryStore:
-        db = await aiosqlite.connect(path, isolation_level=None)
-        try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=FULL")
-            await db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            store = cls(db, path)
-            await store._migrate()
-        except BaseException:
-            await db.close()
-            raise
-        return store
-
-    async def close(self) -> None:
-        if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
-        await self._db.close()
-
-    async def _migrate(self) -> None:
-        await self._db.execute(
-            "CREATE TABLE IF NOT EXISTS telemetry_schema_version (version INTEGER NOT NULL)"
-        )
-        async with self._txn() as db:
-            rows = list(await db.execute_fetchall("SELECT version FROM telemetry_schema_version"))
-            if not rows:
-                await db.execute("INSERT INTO telemetry_schema_version (version) VALUES (0)")
-            current = int(rows[0][0]) if rows else 0
-        if current > LATEST_VERSION:
-            raise SchemaTooNew(
-                f"the telemetry store {self.path} is at schema version {current}, newer than the "
-                f"{LATEST_VERSION} this coordinator understands. Run the newer coordinator."
-            )
-        for version, statements in MIGRATIONS:
-            if version <= current:
-                continue
-            async with self._txn() as db:
-                for sql in statements:
-                    await db.execute(sql)
-                await db.execute("UPDATE telemetry_schema_version SET version = ?", (version,))
-            log.info("telemetry store migrated path=%s version=%d", self.path, version)
-
-    @asynccontextmanager
-    async def _txn(self) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._lock:
-            await self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                await self._db.execute("ROLLBACK")
-                raise
-            await self._db.execute("COMMIT")
-
-    async def _shielded(self, work: Awaitable[T]) -> T:
-        """Run ``work`` to completion even if the caller is cancelled (a deadline passed)."""
-
-        async def run() -> T:
-            return await work
-
-        task = asyncio.ensure_future(run())
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-        return await asyncio.shield(task)
 
     # ----- collector credentials ---------------------------------------------------------------
 
