@@ -21,6 +21,7 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -51,6 +52,7 @@ PAYLOAD = (
 )
 METHOD = "pytorch/process-group"
 IDLE_SAMPLE_S = 5.0
+JOB_TIMEOUT_S = 120.0
 
 
 @attrs.frozen
@@ -112,11 +114,17 @@ async def _one_job(cluster: LocalCluster, api: ApiClient, size: Size, i: int) ->
     preview = await api.preview(spec)
     receipt = await api.commit(preview.preview_id, preview.digest, f"bench-{size.name}-{i}")
     run_id = receipt.run_id
+    deadline = time.monotonic() + JOB_TIMEOUT_S
     while True:
         job = await api.get_job(run_id)
         if job.state in ("succeeded", "failed", "aborted"):
             seen = time.time()
             break
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"benchmark Job {run_id} is still {job.state} after {JOB_TIMEOUT_S:g} s "
+                f"({job.state_reason}); read the logs under {cluster.root / 'logs'}"
+            )
         await asyncio.sleep(0.01)
     if job.state != "succeeded":
         raise RuntimeError(f"benchmark Job {run_id} ended {job.state}: {job.state_reason}")
@@ -297,12 +305,13 @@ def _env_int(name: str, default: int) -> int:
 
 
 def run(runs: int, big_runs: int, events: int) -> int:
-    with tempfile.TemporaryDirectory(prefix="tp-bench-agent-") as tmp:
-        root = Path(tmp)
-        bench_size(root, Size("small", 1, 1, 1, runs), measure_idle=True)
-        bench_size(root, Size("wide", 4, 8, 4, big_runs))
-        bench_size(root, Size("many", 16, 1, 16, big_runs))
-        bench_recovery(root, events)
+    root = Path(tempfile.mkdtemp(prefix="tp-bench-agent-"))
+    # Kept when a size fails, so its processes' logs can be read; removed after a clean run.
+    bench_size(root, Size("small", 1, 1, 1, runs), measure_idle=True)
+    bench_size(root, Size("wide", 4, 8, 4, big_runs))
+    bench_size(root, Size("many", 16, 1, 16, big_runs))
+    bench_recovery(root, events)
+    shutil.rmtree(root)
     return 0
 
 
