@@ -3,7 +3,8 @@
 Rules:
 - One scheduler task per coordinator, so placement decisions never race each other; the store's
   reservation key would refuse an over-commit anyway.
-- It wakes on events (a Job admitted, a Node connected, GPUs released) and at least every tick.
+- It wakes on events (a Job admitted, a Node connected, GPUs released) and at least every tick;
+  wakes that arrive during a pass are coalesced into one more pass, not one pass each.
 - A pass is the pure :func:`tuneplane.coordinator.queue_plan.plan_pass` over the whole queue
   (placement, cordoned and draining Nodes, quotas); this shell only reads its inputs, writes each
   reservation, sends Prepare and records why the other Jobs wait.
@@ -19,9 +20,8 @@ import anyio
 from tuneplane.coordinator import capsule, jobspec, store_fleet
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.placement import Placement, Request
-from tuneplane.coordinator.queue_plan import PoolKey, QueuedRequest, plan_pass
-from tuneplane.coordinator.records import QueuedJob
+from tuneplane.coordinator.placement import Placement
+from tuneplane.coordinator.queue_plan import PoolKey, plan_pass
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import Store
 
@@ -45,45 +45,53 @@ class Scheduler:
         self._prepare_timeout_ms = int(prepare_timeout_s * 1000)
         self._tick_s = tick_s
         self._wake = anyio.Event()
+        self._passes = 0
 
     def wake(self) -> None:
-        """Ask for a scheduling pass soon (safe to call from any coordinator task)."""
+        """Ask for a scheduling pass soon (safe to call from any coordinator task).
+
+        Requests coalesce: however many arrive while a pass runs, one more pass follows it.
+        """
         self._wake.set()
+
+    @property
+    def passes(self) -> int:
+        """How many passes this scheduler has started."""
+        return self._passes
 
     async def run(self) -> None:
         """Schedule until cancelled."""
         while True:
             with anyio.move_on_after(self._tick_s):
                 await self._wake.wait()
+            # A fresh event before the pass: a wake during the pass sets it, and only once.
             self._wake = anyio.Event()
             await self.step()
 
     async def step(self) -> None:
         """One pass: abort expired launches, mark drained Nodes, then plan the whole queue."""
+        self._passes += 1
         self._registry.dispatch(await self._store.abort_expired_prepares(now_ms()))
         await store_fleet.mark_drained(self._store, now_ms())
-        queue = await self._store.queued_jobs()
+        queue, reasons = await store_fleet.queued_requests(self._store)
         if not queue:
             return
         plan = plan_pass(
-            [
-                QueuedRequest(
-                    j.run_id, j.fleet, j.series, Request(j.gpus, j.members, j.gpus_per_member)
-                )
-                for j in queue
-            ],
+            queue,
             await store_fleet.node_states(
                 self._store, self._registry.is_connected, sorted({j.fleet for j in queue})
             ),
             await store_fleet.gpus_in_use(self._store),
             self._quotas,
         )
-        by_run = {j.run_id: j for j in queue}
         for launch in plan.launches:
-            await self._launch(by_run[launch.run_id], launch.placement)
-        await store_fleet.set_wait_reasons(self._store, plan.waiting, now_ms())
+            await self._launch(launch.run_id, launch.placement)
+        await store_fleet.set_wait_reasons(self._store, plan.waiting, reasons, now_ms())
 
-    async def _launch(self, job: QueuedJob, placement: Placement) -> None:
+    async def _launch(self, run_id: str, placement: Placement) -> None:
+        job = await self._store.queued_job(run_id)
+        if job is None:
+            return  # cancelled since the pass read the queue
         spec = jobspec.loads(job.resolved_json)
         recipe = self._catalogue.get(spec.method_id)
         launcher = recipe.launcher if recipe is not None else "member"

@@ -172,6 +172,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             )""",
         ),
     ),
+    (
+        4,
+        (
+            # Every scheduling pass reads the queue and the undecided attempts: indexes keep
+            # those reads proportional to what is queued or preparing, not to all history.
+            "CREATE INDEX jobs_by_state ON jobs (state, created_at_ms, run_id)",
+            "CREATE INDEX attempts_by_decision ON attempts (decision, prepare_deadline_ms)",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

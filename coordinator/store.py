@@ -613,26 +613,32 @@ class Store(SqliteFile):
 
     # ----- scheduling: reservation, prepare, commit/abort --------------------------------------
 
-    async def queued_jobs(self) -> list[QueuedJob]:
-        rows = await self._db.execute_fetchall(
+    async def queued_job(self, run_id: str) -> QueuedJob | None:
+        """What a launch needs of one Job (its resolved JobSpec too); None unless queued.
+
+        The scheduling pass reads the queue without the JobSpecs
+        (:func:`~tuneplane.coordinator.store_fleet.queued_requests`) and this only for the Jobs
+        it launches.
+        """
+        r = await _first(
+            self._db,
             "SELECT j.run_id, j.fleet, j.series, j.gpus, j.members_wanted, j.gpus_per_member, "
             "p.resolved_json, j.digest FROM jobs j JOIN previews p ON p.id = j.preview_id "
-            "WHERE j.state = ? ORDER BY j.created_at_ms, j.run_id",
-            (lc.QUEUED,),
+            "WHERE j.run_id = ? AND j.state = ?",
+            (run_id, lc.QUEUED),
         )
-        return [
-            QueuedJob(
-                run_id=str(r[0]),
-                fleet=str(r[1]),
-                series=str(r[2]),
-                gpus=int(r[3]),
-                members=None if r[4] is None else int(r[4]),
-                gpus_per_member=None if r[5] is None else int(r[5]),
-                resolved_json=str(r[6]),
-                digest=str(r[7]),
-            )
-            for r in rows
-        ]
+        if r is None:
+            return None
+        return QueuedJob(
+            run_id=str(r[0]),
+            fleet=str(r[1]),
+            series=str(r[2]),
+            gpus=int(r[3]),
+            members=None if r[4] is None else int(r[4]),
+            gpus_per_member=None if r[5] is None else int(r[5]),
+            resolved_json=str(r[6]),
+            digest=str(r[7]),
+        )
 
     async def offers(self, fleet: str, series: str) -> list[NodeOffer]:
         """Connected, schedulable Nodes of ``fleet`` and their free healthy GPUs of ``series``."""
@@ -890,6 +896,13 @@ class Store(SqliteFile):
 
     async def abort_expired_prepares(self, now: int) -> list[Order]:
         """Abort every undecided attempt whose prepare deadline has passed."""
+        # Every scheduling pass asks; a read answers "none" without taking the write lock.
+        if not await _first(
+            self._db,
+            "SELECT 1 FROM attempts WHERE decision IS NULL AND prepare_deadline_ms <= ? LIMIT 1",
+            (now,),
+        ):
+            return []
 
         async def work() -> list[Order]:
             async with self._txn() as db:

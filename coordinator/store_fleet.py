@@ -26,8 +26,8 @@ from tuneplane.coordinator.fleetviews import (
     SeriesCapacityView,
     UserView,
 )
-from tuneplane.coordinator.placement import CORDONED, DRAINED, DRAINING, SCHEDULABLE
-from tuneplane.coordinator.queue_plan import NodeState, PoolKey
+from tuneplane.coordinator.placement import CORDONED, DRAINED, DRAINING, SCHEDULABLE, Request
+from tuneplane.coordinator.queue_plan import NodeState, PoolKey, QueuedRequest
 from tuneplane.coordinator.records import InventoryInfo, MemberKey
 from tuneplane.coordinator.store import Conflict, NotFound, Store
 
@@ -268,26 +268,47 @@ async def gpus_in_use(store: Store) -> dict[PoolKey, int]:
     }
 
 
-async def set_wait_reasons(store: Store, waiting: Mapping[str, str], now: int) -> None:
-    """Record why each queued Job waits; writes only the reasons that changed."""
-    current = {
-        str(run_id): str(reason)
-        for run_id, reason in await _rows(
-            store, "SELECT run_id, state_reason FROM jobs WHERE state = ?", (lc.QUEUED,)
-        )
-    }
-    changed = {r: why for r, why in waiting.items() if r in current and current[r] != why}
+async def queued_requests(store: Store) -> tuple[list[QueuedRequest], dict[str, str]]:
+    """The queue as a pass reads it, oldest first, and each queued Job's recorded reason.
+
+    One read of ``jobs`` alone (by its state index): the resolved JobSpecs are read only for the
+    Jobs that launch (:meth:`Store.queued_job`). Equal shapes share one :class:`Request`.
+    """
+    shapes: dict[tuple[int, int | None, int | None], Request] = {}
+    queue: list[QueuedRequest] = []
+    reasons: dict[str, str] = {}
+    for run_id, fleet, series, gpus, members, per_member, reason in await _rows(
+        store,
+        "SELECT run_id, fleet, series, gpus, members_wanted, gpus_per_member, state_reason "
+        "FROM jobs WHERE state = ? ORDER BY created_at_ms, run_id",
+        (lc.QUEUED,),
+    ):
+        shape = (int(gpus), members, per_member)
+        request = shapes.get(shape)
+        if request is None:
+            request = shapes[shape] = Request(*shape)
+        queue.append(QueuedRequest(str(run_id), str(fleet), str(series), request))
+        reasons[str(run_id)] = str(reason)
+    return queue, reasons
+
+
+async def set_wait_reasons(
+    store: Store, waiting: Mapping[str, str], recorded: Mapping[str, str], now: int
+) -> None:
+    """Record why each queued Job waits, writing only the reasons that differ from ``recorded``
+    (what :func:`queued_requests` read at the start of the pass). A Job that left the queue
+    meanwhile is not touched: the update names its state."""
+    changed = {r: why for r, why in waiting.items() if r in recorded and recorded[r] != why}
     if not changed:
         return
 
     async def work() -> None:
         async with store._txn() as db:
-            for run_id, why in sorted(changed.items()):
-                await db.execute(
-                    "UPDATE jobs SET state_reason = ?, updated_at_ms = ? "
-                    "WHERE run_id = ? AND state = ?",
-                    (why, now, run_id, lc.QUEUED),
-                )
+            await db.executemany(
+                "UPDATE jobs SET state_reason = ?, updated_at_ms = ? "
+                "WHERE run_id = ? AND state = ?",
+                [(why, now, run_id, lc.QUEUED) for run_id, why in sorted(changed.items())],
+            )
 
     await store._shielded(work())
 

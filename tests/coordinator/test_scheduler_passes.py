@@ -1,0 +1,82 @@
+"""Scheduling passes coalesce: wakes that come while a pass runs cause one more pass, not one each.
+
+A real store file; the pass is held up by a real write lock that another SQLite connection holds
+on the same file, so the wakes provably arrive while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import anyio
+
+from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.records import PreviewRecord
+from tuneplane.coordinator.scheduler import Scheduler
+from tuneplane.coordinator.sessions import SessionRegistry
+from tuneplane.coordinator.store import Store, db_path
+
+WAITING_SINCE_ADMISSION = "admitted; waiting for free GPUs"
+
+
+async def _admit_one(store: Store) -> str:
+    now = time.time_ns() // 1_000_000
+    await store.bootstrap("admin-token-hash", now)
+    spec = {
+        "project": "demo",
+        "experiment": "hello",
+        "method_id": "custom/custom",
+        "resources": {"profile": "h200", "series": "h200", "gpus": 1},
+    }
+    await store.save_preview(
+        PreviewRecord("pv-1", "d1", json.dumps(spec), {"fleet": "default"}, "admin", now)
+    )
+    receipt = await store.commit("pv-1", "d1", "rk-1", "admin", "run-1", now)
+    return receipt.run_id
+
+
+async def _wait_until(what: str, check: object, timeout: float = 10.0) -> None:
+    assert callable(check)
+    with anyio.fail_after(timeout):
+        while not check():
+            await anyio.sleep(0.01)
+
+
+def test_wakes_during_a_pass_make_one_more_pass(tmp_path: Path) -> None:
+    async def go() -> tuple[int, int, str]:
+        store = await Store.open(db_path(tmp_path))
+        try:
+            run_id = await _admit_one(store)
+            scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, tick_s=3600)
+            lock = sqlite3.connect(db_path(tmp_path), timeout=10, isolation_level=None)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(scheduler.run)
+                try:
+                    # The pass must write the Job's wait reason, and this lock holds that write.
+                    lock.execute("BEGIN IMMEDIATE")
+                    scheduler.wake()
+                    await _wait_until("the first pass", lambda: scheduler.passes == 1)
+                    for _ in range(10):
+                        scheduler.wake()
+                        await anyio.sleep(0.01)
+                    during = scheduler.passes
+                finally:
+                    lock.execute("ROLLBACK")
+                    lock.close()
+                await _wait_until("the pass after the wakes", lambda: scheduler.passes == 2)
+                await anyio.sleep(0.5)  # room for any extra pass to show itself
+                after = scheduler.passes
+                tg.cancel_scope.cancel()
+            reason = str((await store.get_job(run_id)).state_reason)
+        finally:
+            await store.close()
+        return during, after, reason
+
+    during, after, reason = asyncio.run(go())
+    assert during == 1  # the first pass was still waiting for the lock when the wakes came
+    assert after == 2
+    assert reason.startswith("waiting: needs 1 h200 GPU(s)")
