@@ -234,9 +234,9 @@ def test_commit_returns_the_same_receipt_on_repeat(coord: CoordinatorProcess) ->
     assert job.digest == preview.digest
 
 
-def test_twenty_concurrent_commits_with_one_key_make_one_job(coord: CoordinatorProcess) -> None:
-    receipts = _submit_same_key(coord, jobspec(project="concurrent"), "key-concurrent", 20)
-    assert len({r.run_id for r in receipts}) == 1
+def test_fifty_concurrent_commits_with_one_key_make_one_job(coord: CoordinatorProcess) -> None:
+    receipts = _submit_same_key(coord, jobspec(project="concurrent"), "key-concurrent", 50)
+    assert len(receipts) == 50 and len({r.run_id for r in receipts}) == 1
     assert sum(r.created for r in receipts) == 1
 
     async def count() -> int:
