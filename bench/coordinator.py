@@ -5,8 +5,9 @@
    process over loopback TLS, one at a time and with several in flight.
 3. Heartbeats handled per second with many Nodes (default 2,000), each enrolled for real and
    speaking the control protocol on its own Connect stream, spread over grpclib channels (at
-   most 90 streams each) in a few load processes (``bench/_load.py``); with the coordinator's
-   CPU% and RSS (psutil).
+   most 90 streams each) in a few load processes (``bench/_load.py``): acked/offered ratio and
+   ack latency p50/p99 over every ack, with the coordinator's CPU% and RSS (psutil). Then the
+   latency of a Preview against that Fleet (admission checks every Node's inventory).
 
 Knobs: ``TUNEPLANE_BENCH_NODES`` (2000), ``TUNEPLANE_BENCH_ADMISSIONS`` (200),
 ``TUNEPLANE_BENCH_WINDOW`` seconds of heartbeat measurement (10), ``TUNEPLANE_BENCH_LOADERS``
@@ -148,7 +149,7 @@ class Coordinator:
 # ----- 2. admissions ----------------------------------------------------------------------------
 
 
-def _jobspec(i: int) -> str:
+def _jobspec(i: int, profile: str = "bench") -> str:
     recipe = Catalogue.bundled().get("custom/custom")
     assert recipe is not None
     return json.dumps(
@@ -160,7 +161,7 @@ def _jobspec(i: int) -> str:
             "recipe_digest": recipe.digest,
             "runtime_id": "",
             "entrypoint": ["bash", "train.sh"],
-            "resources": {"profile": "bench", "series": "", "gpus": 1},
+            "resources": {"profile": profile, "series": "", "gpus": 1},
             "parameters": {},
             "env": {},
             "source_files": {"train.sh": base64.b64encode(b"echo hi\n").decode()},
@@ -288,18 +289,39 @@ def bench_heartbeats(coord: Coordinator, root: Path) -> None:
     acks = sum(r["acks"] for r in results)
     elapsed = statistics.median(r["elapsed_s"] for r in results)
     offered = count / HEARTBEAT_INTERVAL_S
-    p50 = statistics.median(r["p50_ms"] for r in results if r["p50_ms"] is not None)
-    p99 = max(r["p99_ms"] for r in results if r["p99_ms"] is not None)
+    latencies = sorted(x for r in results for x in r["latencies_ms"])
+    p50 = latencies[len(latencies) // 2] if latencies else float("nan")
+    p99 = latencies[int(len(latencies) * 0.99)] if latencies else float("nan")
+    # A ratio above 1 means acks for heartbeats sent before the window were still arriving.
     print(
         f"heartbeats: {count} Nodes at 1 per {HEARTBEAT_INTERVAL_S:g} s each: "
         f"{acks / elapsed:.0f} acked/s of {offered:.0f}/s offered "
-        f"(ratio {acks / elapsed / offered:.2f}); ack latency p50 {p50:.1f} ms, worst loader "
-        f"p99 {p99:.1f} ms"
+        f"(ratio acked/offered {acks / elapsed / offered:.2f}); ack latency over "
+        f"{len(latencies)} acks: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
     )
     print(
         f"coordinator during the window: CPU {100 * busy / wall:.0f}% of one core, "
         f"RSS {rss / (1 << 20):.0f} MiB"
     )
+    times = asyncio.run(_previews(coord, 20))
+    print(
+        f"Preview against the Fleet of {count} Nodes (it reads every Node's inventory): "
+        f"median {1000 * statistics.median(times):.1f} ms over {len(times)}"
+    )
+
+
+async def _previews(coord: Coordinator, count: int) -> list[float]:
+    channel = coord.channel(coord.api)
+    stub = v1.ApiStub(channel, metadata={"authorization": f"Bearer {coord.token}"}, timeout=60)
+    times = []
+    try:
+        for i in range(count):
+            started = time.perf_counter()
+            await stub.preview(v1.PreviewRequest(jobspec_json=_jobspec(i, profile="h200")))
+            times.append(time.perf_counter() - started)
+    finally:
+        channel.close()
+    return times
 
 
 def main() -> int:
