@@ -13,6 +13,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,14 @@ _DECISION_KIND = {
 SCHEDULING_KINDS = tuple(_DECISION_KIND.values())
 _TERMINAL = tuple(sorted(lc.TERMINAL_MEMBER_STATES))
 _LIVE = f"known_state NOT IN ({', '.join('?' for _ in _TERMINAL)})"
+
+
+@functools.lru_cache(maxsize=8192)
+def _inventory(text: str) -> InventoryInfo:
+    """A Node's inventory parsed from its stored JSON, cached by that text: every pass and every
+    Preview reads each Node's inventory, it rarely changes, and parsing one costs far more than
+    looking it up. The value is frozen, so sharing it is safe."""
+    return InventoryInfo.from_json(text)
 
 
 async def _rows(store: Store, sql: str, args: Sequence[Any] = ()) -> list[Any]:
@@ -122,7 +131,7 @@ async def node_views(store: Store, fleet: str = "", node_id: str = "") -> list[N
                 id=nid,
                 fleet=str(r[1]),
                 hostname=str(r[2]),
-                inventory=InventoryInfo.from_json(str(r[3])),
+                inventory=_inventory(str(r[3])),
                 scheduling=str(r[4]),
                 scheduling_reason=str(detail.get("reason", "")),
                 scheduling_changed_at_ms=at_ms,
@@ -213,7 +222,7 @@ async def fleet_views(
 async def healthy_gpus_per_node(store: Store, fleet: str, series: str) -> list[int]:
     """For each enrolled Node of ``fleet``, its healthy GPUs of ``series`` (any state)."""
     return [
-        sum(1 for g in InventoryInfo.from_json(str(inv)).gpus if g.healthy and g.series == series)
+        sum(1 for g in _inventory(str(inv)).gpus if g.healthy and g.series == series)
         for (inv,) in await _rows(
             store, "SELECT inventory_json FROM nodes WHERE fleet = ?", (fleet,)
         )
@@ -241,7 +250,7 @@ async def node_states(
     ):
         taken = held.get(str(node_id), {})
         free: dict[str, list[int]] = {}
-        for g in InventoryInfo.from_json(str(inv)).gpus:
+        for g in _inventory(str(inv)).gpus:
             if g.healthy and g.index not in taken:
                 free.setdefault(g.series, []).append(g.index)
         states.append(
