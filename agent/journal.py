@@ -408,7 +408,7 @@ class Journal:
         :class:`GpuAlreadyOwned` when entering ``prepared`` would own a GPU twice (nothing
         written). Returns the new record and the report queued for the coordinator, if any.
         """
-        report_seq: list[int] = []
+        reports: list[PendingReport] = []
 
         async def fn(db: aiosqlite.Connection) -> None:
             rows = await _fetchall(
@@ -466,34 +466,30 @@ class Journal:
                 await db.execute(
                     "UPDATE meta SET value = ? WHERE key = 'next_report_seq'", (str(seq + 1),)
                 )
+                row = (
+                    seq,
+                    str(key),
+                    after.value,
+                    at_ms,
+                    reason,
+                    int(exit is not None),
+                    (exit.exit_code or 0) if exit else 0,
+                    (exit.signal or 0) if exit else 0,
+                    before.out_dir,
+                )
                 await db.execute(
                     f"INSERT INTO pending_reports ({REPORT_COLUMNS}) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        seq,
-                        str(key),
-                        after.value,
-                        at_ms,
-                        reason,
-                        int(exit is not None),
-                        (exit.exit_code or 0) if exit else 0,
-                        (exit.signal or 0) if exit else 0,
-                        before.out_dir,
-                    ),
+                    row,
                 )
-                report_seq.append(seq)
+                reports.append(report_from_row(row))
 
         await self._write(fn)
         record = await self.member(key)
         assert record is not None
-        report = None
-        if report_seq:
-            rows = await self._read(
-                f"SELECT {REPORT_COLUMNS} FROM pending_reports WHERE report_seq = ?",
-                (report_seq[0],),
-            )
-            report = report_from_row(rows[0])
-        return record, report
+        # The report is built from what the transaction wrote, not read back: once committed,
+        # the session may already have sent it, had it acknowledged and deleted the row.
+        return record, (reports[0] if reports else None)
 
     # --- reports -----------------------------------------------------------------------------
 
