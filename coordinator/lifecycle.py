@@ -21,6 +21,7 @@ import attrs
 # Job states.
 QUEUED = "queued"
 RESERVED = "reserved"
+PREPARING = "preparing"
 STARTING = "starting"
 RUNNING = "running"
 SUCCEEDED = "succeeded"
@@ -37,12 +38,25 @@ RETRYABLE = frozenset({FAILED, CANCELLED, ABORTED})
 JOB_TRANSITIONS: dict[str, frozenset[str]] = {
     QUEUED: frozenset({RESERVED, CANCELLED}),
     RESERVED: frozenset(
+        {PREPARING, STARTING, RUNNING, SUCCEEDED, FAILED, ABORTED, UNKNOWN, CANCELLING, CANCELLED}
+    ),
+    PREPARING: frozenset(
         {STARTING, RUNNING, SUCCEEDED, FAILED, ABORTED, UNKNOWN, CANCELLING, CANCELLED}
     ),
     STARTING: frozenset({RUNNING, SUCCEEDED, FAILED, UNKNOWN, CANCELLING, CANCELLED}),
     RUNNING: frozenset({SUCCEEDED, FAILED, UNKNOWN, CANCELLING, CANCELLED}),
     UNKNOWN: frozenset(
-        {RESERVED, STARTING, RUNNING, SUCCEEDED, FAILED, ABORTED, CANCELLING, CANCELLED}
+        {
+            RESERVED,
+            PREPARING,
+            STARTING,
+            RUNNING,
+            SUCCEEDED,
+            FAILED,
+            ABORTED,
+            CANCELLING,
+            CANCELLED,
+        }
     ),
     # Once cancelled, what the members do next (exit by SIGTERM, exit 0 in the grace period) is
     # the cancel's doing, never a failure or a success.
@@ -160,7 +174,12 @@ def derive_job_state(
     if any(m.state == M_UNKNOWN for m in members):
         return UNKNOWN, "a Node holding a member is disconnected"
     if decision is None:
-        return RESERVED, "waiting for every member to be prepared"
+        if all(m.state == M_RESERVED for m in members):
+            return RESERVED, "the launch reservation owns every member's GPUs"
+        prepared = sum(m.state == M_PREPARED for m in members)
+        return PREPARING, (
+            f"Prepare sent to every member's Node; {prepared} of {len(members)} prepared"
+        )
     if all(m.state == M_EXITED for m in members):
         return SUCCEEDED, "every member exited with code 0"
     if all(m.state in (M_RUNNING, M_CANCELLING, M_EXITED) for m in members):

@@ -704,6 +704,7 @@ class Store(SqliteFile):
                     ),
                 )
                 orders = []
+                reserved: list[MemberKey] = []
                 count = len(placement.members)
                 for m in placement.members:
                     key = MemberKey(job.run_id, number, m.index)
@@ -723,6 +724,7 @@ class Store(SqliteFile):
                         ),
                     )
                     await self._member_history(db, key, lc.M_RESERVED, "GPUs reserved", now)
+                    reserved.append(key)
                     for gpu in m.gpu_indexes:
                         await db.execute(
                             "INSERT INTO reservations (node_id, gpu_index, run_id, attempt, "
@@ -753,6 +755,14 @@ class Store(SqliteFile):
                     },
                     run_id=job.run_id,
                 )
+                await self._refresh_job(db, job.run_id, now)
+                # The same decision issues every member's Prepare: it is in the store from now
+                # on, sent below, and sent again to a Node that (re)connects or asks.
+                for key in reserved:
+                    await self._set_member_state(
+                        db, key, lc.M_PREPARING, now, "Prepare issued to its Node",
+                        known=lc.M_PREPARING,
+                    )  # fmt: skip
                 await self._refresh_job(db, job.run_id, now)
                 return orders
 
@@ -993,7 +1003,7 @@ class Store(SqliteFile):
                         capsule_files=json.loads(r[10]),
                     )
                 )
-            elif decision == lc.COMMIT and known in (lc.M_RESERVED, lc.M_PREPARED):
+            elif decision == lc.COMMIT and known in (lc.M_RESERVED, lc.M_PREPARING, lc.M_PREPARED):
                 orders.append(CommitOrder(node_id, key, str(r[8]), int(r[9])))
         return orders
 

@@ -178,18 +178,18 @@ def test_cordon_drain_quota_mine_watch_and_decisions(coord: CoordinatorProcess) 
             assert states[-1] == "succeeded"
 
             # The ended member gave its GPUs back to the quota: the third Job goes to Node a.
-            await admin.wait_for_state(third.run_id, "reserved")
+            await admin.wait_for_state(third.run_id, "preparing")
             assert (await na.expect("prepare")).member.run_id == third.run_id
 
             # Ctrl-C leaves a watch cleanly and leaves the Job alone.
             watch = _start_watch(coord, third.run_id)
             line = await asyncio.to_thread(watch.stdout.readline)  # type: ignore[union-attr]
-            assert json.loads(line)["state"] == "reserved"
+            assert json.loads(line)["state"] == "preparing"
             watch.send_signal(signal.SIGINT)
             _, err = await asyncio.to_thread(watch.communicate, timeout=30)
             assert watch.returncode == 130, err
             assert "Stopped watching" in err and "Traceback" not in err
-            assert (await admin.job(third.run_id)).state == "reserved"
+            assert (await admin.job(third.run_id)).state == "preparing"
 
             # Requests that can never run are refused at preview.
             for spec, words in (

@@ -46,3 +46,17 @@ def test_job_state_from_members() -> None:
     assert derive_job_state(lc.COMMIT, "", [running, killed])[1] == "member 1 was ended by signal 9"
     assert derive_job_state(lc.COMMIT, "", [running, gone])[0] == lc.UNKNOWN
     assert derive_job_state(lc.COMMIT, "", [MemberFacts(0, lc.M_PREPARED)])[0] == lc.STARTING
+
+
+def test_a_launch_is_reserved_then_preparing_until_the_commit_decision() -> None:
+    reserved = [MemberFacts(0, lc.M_RESERVED), MemberFacts(1, lc.M_RESERVED)]
+    assert derive_job_state(None, "", reserved)[0] == lc.RESERVED
+    issued = [MemberFacts(0, lc.M_PREPARED), MemberFacts(1, lc.M_PREPARING)]
+    state, reason = derive_job_state(None, "", issued)
+    assert (state, reason.endswith("1 of 2 prepared")) == (lc.PREPARING, True)
+    assert lc.next_job_state(lc.QUEUED, lc.RESERVED) == lc.RESERVED
+    assert lc.next_job_state(lc.RESERVED, lc.PREPARING) == lc.PREPARING
+    assert lc.next_job_state(lc.PREPARING, lc.STARTING) == lc.STARTING
+    assert lc.next_job_state(lc.PREPARING, lc.ABORTED) == lc.ABORTED
+    with pytest.raises(lc.IllegalTransition):
+        lc.check_job_move(lc.PREPARING, lc.QUEUED)

@@ -39,7 +39,7 @@ async def _launch(api: Api, node: Any, project: str, gpus: int = 2) -> tuple[str
     receipt = await api.submit(jobspec(gpus=gpus, project=project), f"key-{project}")
     prepare: v1.Prepare = await node.expect("prepare")
     assert prepare.member.run_id == receipt.run_id
-    await api.wait_for_state(receipt.run_id, "reserved")
+    await api.wait_for_state(receipt.run_id, "preparing")
     await node.send(
         prepare_reply=v1.PrepareReply(
             member=prepare.member,
@@ -94,10 +94,17 @@ def test_a_job_runs_to_success_and_a_repeated_report_is_applied_once(
     job = asyncio.run(go())
     member = job.attempts[0].members[0]
     assert member.state == "exited" and member.has_exit and member.exit_code == 0
-    assert [h.state for h in member.history] == ["reserved", "prepared", "running", "exited"]
+    assert [h.state for h in member.history] == [
+        "reserved",
+        "preparing",
+        "prepared",
+        "running",
+        "exited",
+    ]
     assert [h.state for h in job.history] == [
         "queued",
         "reserved",
+        "preparing",
         "starting",
         "running",
         "succeeded",
