@@ -17,10 +17,13 @@ Rules:
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import logging
 import os
 import random
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -230,9 +233,57 @@ class Collector:
                 return
 
 
+LOCK_FILE = "collector.lock"
+#: Exit status when another collector already serves this state directory (EX_TEMPFAIL).
+EXIT_BUSY = 75
+
+
+def _die_with_parent() -> None:
+    """On Linux, have the kernel send SIGTERM when the process that started us dies.
+
+    A collector belongs to the agent that started it (a nursery owns it there). If the agent is
+    SIGKILLed, an orphaned collector would otherwise retry forever beside the one the restarted
+    agent starts; SIGTERM stops it without loss (the spool and checkpoint resume it).
+    """
+    if sys.platform != "linux":
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _hold_single_instance(state_dir: Path) -> int | None:
+    """An exclusive lock on the state directory, or None when another collector holds it.
+
+    The kernel drops the lock when its holder dies, however it dies.
+    """
+    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 async def run_collector(opts: CollectorOptions) -> int:
-    """Run one member's collector until drained (exit status 0) or stopped by a signal (0)."""
+    """Run one member's collector until drained (exit status 0) or stopped by a signal (0).
+
+    Exits with :data:`EXIT_BUSY` when another collector already serves ``opts.state_dir``.
+    """
     opts.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _die_with_parent()
+    lock_fd = _hold_single_instance(opts.state_dir)
+    if lock_fd is None:
+        log.warning("another collector serves this member; leaving it to finish state_dir=%s",
+                    opts.state_dir)  # fmt: skip
+        return EXIT_BUSY
+    try:
+        return await _run_locked(opts)
+    finally:
+        os.close(lock_fd)
+
+
+async def _run_locked(opts: CollectorOptions) -> int:
     if drained(opts.state_dir):
         log.info("already drained; nothing to do state_dir=%s", opts.state_dir)
         return 0

@@ -1,0 +1,103 @@
+"""A collector belongs to the agent that started it: one per member, and it dies with its parent.
+
+Real processes: a real coordinator's telemetry gateway (refusing the test's credential, so the
+collectors keep retrying), real `tuneplane-collector run` processes, real SIGKILL.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tuneplane.collector.service import EXIT_BUSY
+
+
+@pytest.fixture(scope="module")
+def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+    with start_coordinator(tmp_path_factory.mktemp("collector-process")) as c:
+        yield c
+
+
+def _argv(coord: CoordinatorProcess, root: Path) -> list[str]:
+    (root / "telemetry").mkdir(parents=True, exist_ok=True)
+    credential = root / "credential"
+    credential.write_text("tpc_not-a-real-credential\n")
+    return [
+        sys.executable, "-m", "tuneplane.collector.cli", "run",
+        "--telemetry-dir", str(root / "telemetry"), "--state-dir", str(root / "state"),
+        "--gateway", coord.telemetry, "--ca", str(coord.ca_path),
+        "--credential-file", str(credential),
+        "--run-id", "run-000000000000", "--attempt", "1", "--member", "0",
+    ]  # fmt: skip
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_second_collector_for_the_same_member_leaves_it_to_the_first(
+    coord: CoordinatorProcess, tmp_path: Path
+) -> None:
+    argv = _argv(coord, tmp_path)
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "state" / "collector.lock").exists():
+            assert time.monotonic() < deadline, "the first collector never took its lock"
+            time.sleep(0.05)
+        time.sleep(0.5)  # the lock file exists just before it is locked
+        second = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        assert second.returncode == EXIT_BUSY, second.stderr
+        assert "another collector serves this member" in second.stderr
+        assert first.poll() is None, "the first collector must keep running"
+    finally:
+        first.kill()
+        first.wait()
+    # SIGKILL released the lock: a new collector may serve the member again.
+    again = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)
+        assert again.poll() is None, "a collector after a crashed one must be able to start"
+    finally:
+        again.kill()
+        again.wait()
+
+
+def test_a_collector_stops_when_the_agent_that_started_it_is_killed(
+    coord: CoordinatorProcess, tmp_path: Path
+) -> None:
+    parent_code = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen({_argv(coord, tmp_path)!r})\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        time.sleep(1.5)
+        assert psutil.pid_exists(child)
+        parent.kill()
+        parent.wait()
+        assert _gone(child, 15), "an orphaned collector kept running after its agent died"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
