@@ -198,9 +198,7 @@ class ApiClient:
         return node_from_wire(msg)
 
     async def set_node_scheduling(self, node_id: str, scheduling: str, reason: str) -> Node:
-        request = v1.SetNodeSchedulingRequest(
-            node_id=node_id, scheduling=scheduling, reason=reason
-        )
+        request = v1.SetNodeSchedulingRequest(node_id=node_id, scheduling=scheduling, reason=reason)
         msg = await self._call(
             "SetNodeScheduling", lambda t: self._stub.set_node_scheduling(request, timeout=t)
         )
