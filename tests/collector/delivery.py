@@ -9,14 +9,11 @@ whoever started it; store reads open ``telemetry.db`` read-only with plain sqlit
 from __future__ import annotations
 
 import asyncio
-import atexit
 import json
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -25,28 +22,8 @@ import attrs
 
 from tests.coordinator.grpc_client import api_client, enroll, jobspec, node_stream
 from tests.support.coordinator import CoordinatorProcess
+from tests.support.processes import track, untrack
 from tuneplane.proto import v1
-
-_LIVE: set[subprocess.Popen[bytes]] = set()
-
-
-@atexit.register
-def _reap_all() -> None:
-    for proc in list(_LIVE):
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @attrs.frozen
@@ -142,14 +119,14 @@ class CollectorProcess:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
-        _LIVE.add(self.proc)
+        track(self.proc)
 
     def kill(self) -> None:
         """SIGKILL: the crash the spool and checkpoint must survive."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
-        _LIVE.discard(self.proc)
+        untrack(self.proc)
 
     def member_exited(self) -> None:
         (self.state_dir / "member-exited").write_text("exited\n")
@@ -162,7 +139,7 @@ class CollectorProcess:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError(f"the collector did not finish:\n{self.read_log()}") from None
-        _LIVE.discard(self.proc)
+        untrack(self.proc)
         return rc
 
     def read_log(self) -> str:

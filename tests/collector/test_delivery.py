@@ -19,11 +19,11 @@ from tests.collector.delivery import (
     delivery_row,
     launch_member,
     stored_points,
-    wait_until,
     write_jsonl,
 )
 from tests.coordinator.grpc_client import bearer, node_stream, open_channel
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.processes import wait_until
 from tuneplane.proto import v1
 
 

@@ -8,32 +8,21 @@ atomically (status.json), never fixed sleeps.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.support import processes
 from tests.support.coordinator import CoordinatorProcess
+from tests.support.processes import track, untrack
 
 CONNECT_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
-
-_LIVE: set[subprocess.Popen[bytes]] = set()
-
-
-@atexit.register
-def _reap_all() -> None:
-    for proc in list(_LIVE):
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-    _LIVE.clear()
 
 
 def node_cli(*args: str) -> list[str]:
@@ -41,15 +30,8 @@ def node_cli(*args: str) -> list[str]:
 
 
 def wait_until(what: str, check: Any, timeout: float = CONNECT_TIMEOUT_S) -> Any:
-    """Poll ``check()`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
+    """Poll ``check()`` until it returns something truthy (agents connect within 30 s)."""
+    return processes.wait_until(what, check, timeout)
 
 
 class AgentProcess:
@@ -94,7 +76,7 @@ class AgentProcess:
                 env={**os.environ, **(env or {})},
                 start_new_session=True,
             )
-        _LIVE.add(self._proc)
+        track(self._proc)
 
     def read_log(self) -> str:
         try:
@@ -131,7 +113,7 @@ class AgentProcess:
             code = self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"the agent did not exit within {timeout:g} s") from None
-        _LIVE.discard(self._proc)
+        untrack(self._proc)
         self._proc = None
         return code
 
@@ -151,7 +133,7 @@ class AgentProcess:
         if proc is None:
             return
         self._proc = None
-        _LIVE.discard(proc)
+        untrack(proc)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -170,7 +152,7 @@ class AgentProcess:
         if proc is None:
             return
         self._proc = None
-        _LIVE.discard(proc)
+        untrack(proc)
         if proc.poll() is None:
             proc.kill()
         proc.wait()
@@ -180,7 +162,7 @@ class AgentProcess:
         if self.alive():
             self.stop()
         elif self._proc is not None:
-            _LIVE.discard(self._proc)
+            untrack(self._proc)
             self._proc.wait()
             self._proc = None
         self.start(env)

@@ -7,7 +7,6 @@ reaps it, so a failed test never leaves a stray coordinator behind.
 
 from __future__ import annotations
 
-import atexit
 import json
 import signal
 import subprocess
@@ -17,22 +16,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.support.processes import track, untrack
+
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
-
-
-# Every coordinator this helper started and has not reaped; killed at exit as a last resort so
-# a test that forgot to stop one never leaves it running.
-_LIVE: set[subprocess.Popen[bytes]] = set()
-
-
-@atexit.register
-def _reap_all() -> None:
-    for proc in list(_LIVE):
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-    _LIVE.clear()
 
 
 def _admin(*args: str) -> list[str]:
@@ -78,7 +65,7 @@ class CoordinatorProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        _LIVE.add(self._proc)
+        track(self._proc)
         deadline = time.monotonic() + START_TIMEOUT_S
         endpoints = self.state_dir / "endpoints.json"
         while time.monotonic() < deadline:
@@ -151,7 +138,7 @@ class CoordinatorProcess:
         if proc is None:
             return
         self._proc = None
-        _LIVE.discard(proc)
+        untrack(proc)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -172,7 +159,7 @@ class CoordinatorProcess:
         if proc is None:
             return
         self._proc = None
-        _LIVE.discard(proc)
+        untrack(proc)
         if proc.poll() is None:
             proc.kill()
         proc.wait()
@@ -184,7 +171,7 @@ class CoordinatorProcess:
             if self._proc.poll() is None:
                 self.stop()
             else:
-                _LIVE.discard(self._proc)
+                untrack(self._proc)
                 self._proc = None
         self.start(ports)
 
