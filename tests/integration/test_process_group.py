@@ -35,6 +35,11 @@ out = Path(env["TUNEPLANE_OUT_DIR"])
 mode = (Path.cwd() / "mode.txt").read_text().strip() if (Path.cwd() / "mode.txt").exists() else ""
 if mode == "fail":
     if rank == 1:
+        # Fail only once rank 0 is recorded, or the runner may stop it before it says its pid.
+        deadline = time.monotonic() + 30
+        recorded = out / "env-0.json"
+        while not (recorded.exists() and recorded.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.02)
         sys.exit(5)
     if rank == 0:
         time.sleep(300)  # a sibling that would wait forever: the runner must stop it
