@@ -20,7 +20,7 @@ from pathlib import Path
 import trio
 
 from tuneplane.agent import messages as m
-from tuneplane.agent import supervision
+from tuneplane.agent import runner_pyz, supervision
 from tuneplane.agent.collectors import telemetry_dir
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory
@@ -42,6 +42,7 @@ from tuneplane.agent.member_state import (
     MemberState,
 )
 from tuneplane.agent.prepare import (
+    CAPSULE_DIR,
     JOBSPEC_FILE,
     WORK_DIR,
     PrepareRefused,
@@ -181,7 +182,8 @@ class MemberManager:
             await self.journal.transition(
                 key, E.PREPARE_SUCCEEDED, now_ms(),
                 rendezvous=(rendezvous.master_addr, rendezvous.master_port) if rendezvous else None,
-                details={"gpu_indexes": list(cmd.gpu_indexes)},
+                details={"gpu_indexes": list(cmd.gpu_indexes),
+                         "runner_sha256": runner_pyz.recorded(work / CAPSULE_DIR)},
             )  # fmt: skip
         except (PrepareRefused, GpuAlreadyOwned, OSError) as exc:
             reason = str(exc)

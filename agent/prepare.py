@@ -17,14 +17,14 @@ from pathlib import Path, PurePosixPath
 
 import attrs
 
+from tuneplane.agent import runner_pyz
 from tuneplane.agent.inventory import Inventory
 from tuneplane.agent.journal import MemberKey
+from tuneplane.agent.runner_pyz import CAPSULE_DIR as CAPSULE_DIR
+from tuneplane.agent.runner_pyz import WORK_DIR as WORK_DIR
 from tuneplane.agent.state_dir import write_atomic
 
-#: Inside the member's work dir (the workload's cwd), where the Job Capsule goes.
-CAPSULE_DIR = ".tuneplane/capsule"
 CAPSULE_JSON = "capsule.json"
-WORK_DIR = "work"
 JOBSPEC_FILE = "jobspec.json"
 
 
@@ -86,10 +86,11 @@ def materialise(
     capsule_digests: Mapping[str, str],
     source_files: Mapping[str, str],
 ) -> Path:
-    """Write the member's JobSpec, capsule and experiment files; return the work dir.
+    """Write the member's JobSpec, capsule, runner and experiment files; return the work dir.
 
     Layout: ``<member_dir>/jobspec.json``, ``<member_dir>/work/`` (the workload's cwd, holding the
-    experiment files) and ``<member_dir>/work/.tuneplane/capsule/`` (the Job Capsule).
+    experiment files) and ``<member_dir>/work/.tuneplane/capsule/`` (the Job Capsule: the sealed
+    files plus this Node's ``runner.pyz`` and its ``runner.sha256``).
     """
     if set(capsule_files) != set(capsule_digests):
         missing = sorted(set(capsule_digests) ^ set(capsule_files))
@@ -98,6 +99,11 @@ def materialise(
             f"{', '.join(missing)}); the coordinator must seal the capsule again."
         )
     for name, data in capsule_files.items():
+        if name in (runner_pyz.RUNNER_PYZ, runner_pyz.RUNNER_DIGEST):
+            raise PrepareRefused(
+                f"The capsule file {name} is a name the Node writes itself (its runner); the "
+                "coordinator must not seal a file by that name."
+            )
         if not _digest_matches(data, capsule_digests[name]):
             raise PrepareRefused(
                 f"The capsule file {name} arrived with content that does not match its digest "
@@ -116,6 +122,10 @@ def materialise(
     for name, data in capsule_files.items():
         rel = _safe_relative(name, "capsule file")
         _write_checked(work / CAPSULE_DIR / rel, data, capsule_digests[name], "capsule file")
+    try:
+        runner_pyz.materialise(work / CAPSULE_DIR)
+    except runner_pyz.RunnerPyzError as exc:
+        raise PrepareRefused(str(exc)) from None
     return work
 
 

@@ -20,6 +20,7 @@ import attrs
 import psutil
 import trio
 
+from tuneplane.agent import runner_pyz
 from tuneplane.agent.launch_plan import ProcessSpec
 from tuneplane.runner import main as runner_main
 from tuneplane.runner.durable import write_json_atomic
@@ -58,6 +59,10 @@ class LaunchSpecError(SupervisionError, ValueError):
 
 class RunnerStartFailed(SupervisionError):
     """The runner did not start the member; the runner's own sentence is included."""
+
+
+class RunnerNotVerified(RunnerStartFailed):
+    """The capsule's ``runner.pyz`` is missing or no longer matches the digest Prepare recorded."""
 
 
 class RunnerStartTimeout(SupervisionError):
@@ -157,15 +162,24 @@ def write_launch(launch: MemberLaunch) -> None:
 
 
 async def start_runner(member_dir: Path, timeout_s: float = START_TIMEOUT_S) -> Observation:
-    """Start ``python -m tuneplane.runner <member_dir>`` detached and return what it did.
+    """Start ``python <capsule>/runner.pyz <member_dir>`` detached and return what it did.
 
-    The runner forks itself into a new session and the process this starts exits as soon as the
-    runner has started every local process (or refused), so nothing here waits on the workload
-    and the agent never reaps the runner. Raises :class:`LaunchAlreadyClaimed` when the member
-    was already started, :class:`RunnerStartFailed` when the runner could not start it and
+    The runner is the one Prepare sealed into the member's Job Capsule; it is checked against
+    its recorded ``runner.sha256`` first and never replaced by the agent's installed copy (raises
+    :class:`RunnerNotVerified`). The runner forks itself into a new session and the process
+    this starts exits as soon as the runner has started every local process (or refused), so
+    nothing here waits on the workload and the agent never reaps the runner. Raises
+    :class:`LaunchAlreadyClaimed` when the member was already started,
+    :class:`RunnerStartFailed` when the runner could not start it and
     :class:`RunnerStartTimeout` after ``timeout_s``.
     """
-    argv = [sys.executable, "-m", "tuneplane.runner", str(member_dir)]
+    capsule = runner_pyz.capsule_dir(member_dir)
+    try:
+        runner = await trio.to_thread.run_sync(runner_pyz.verified, capsule)
+    except runner_pyz.RunnerPyzError as exc:
+        raise RunnerNotVerified(str(exc)) from None
+    # psutil and the rest of the stdlib come from this interpreter; tuneplane from the zip.
+    argv = [sys.executable, str(runner), str(member_dir)]
     try:
         with trio.fail_after(timeout_s):
             result = await trio.run_process(

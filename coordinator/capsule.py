@@ -3,7 +3,8 @@
 Rules:
 - Pure: the same attempt gives the same bytes, so every member receives identical files and the
   sha256 digests sent beside them (``capsule_digests``) let each Node verify what it wrote.
-- ``runner.pex`` is not sealed here; the Node supplies the runner it ships with.
+- ``runner.pyz`` is not sealed here; each Node writes the runner it ships with into the capsule
+  at Prepare (``tuneplane.agent.runner_pyz``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Rules: a record is never seen half-written (write tmp, fsync, rename, fsync the directory); the
 launch claim is created with O_CREAT|O_EXCL so exactly one runner ever owns a member. Stdlib only:
-this module ships inside ``runner.pex``.
+this module ships inside ``runner.pyz``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Rules: the launch is claimed (``launch.claim``, exclusive create) before anything starts, so a
 second runner for the same member refuses itself and touches nothing; the runner detaches into
 its own session so the agent's death never reaches it; ``exit.json`` is written atomically
-before the runner exits. Stdlib + psutil only: this ships inside ``runner.pex``.
+before the runner exits. Stdlib + psutil only: this ships inside ``runner.pyz``.
 """
 
 from __future__ import annotations

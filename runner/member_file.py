@@ -1,7 +1,7 @@
 """``member.json``: what the agent asks one runner to start (agent writes, runner reads).
 
 Rules: the format is versioned (``format``); every path is absolute; unknown or missing keys are
-errors that name the file and the field. Stdlib only: this module ships inside ``runner.pex``.
+errors that name the file and the field. Stdlib only: this module ships inside ``runner.pyz``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Rules: the runner is the only writer; each file is written whole (``durable``) so readers (the
 agent, possibly after a restart) never see a partial record. ``exit.json`` is final: once it
-exists the member has exited and nothing rewrites it. Stdlib only (ships inside ``runner.pex``).
+exists the member has exited and nothing rewrites it. Stdlib only (ships inside ``runner.pyz``).
 """
 
 from __future__ import annotations

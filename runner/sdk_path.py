@@ -21,7 +21,7 @@ def report_package_dir() -> Path:
     locations = list(spec.submodule_search_locations or []) if spec else []
     if not locations:
         raise SdkNotFound(
-            "tuneplane.report cannot be found next to the runner; rebuild runner.pex so it "
+            "tuneplane.report cannot be found next to the runner; rebuild runner.pyz so it "
             "includes the tuneplane.report package."
         )
     return Path(locations[0]).resolve()
@@ -30,10 +30,11 @@ def report_package_dir() -> Path:
 def sdk_root(shim_dir: Path) -> Path:
     """A folder that, first on PYTHONPATH, makes ``import tuneplane.report`` resolve.
 
-    In an installed or pex layout the package lives at ``<root>/tuneplane/report`` and ``<root>``
-    is the answer. A source checkout maps ``runner/report`` to ``tuneplane.report`` (so its
-    grandparent holds no ``tuneplane`` folder); then a ``<shim_dir>/tuneplane/report`` link to it
-    is laid out once and ``shim_dir`` is the answer.
+    In an installed layout the package lives at ``<root>/tuneplane/report`` and ``<root>`` is the
+    answer; inside the capsule's ``runner.pyz`` ``<root>`` is the zip file itself, which Python
+    imports from when it is on PYTHONPATH. A source checkout maps ``runner/report`` to
+    ``tuneplane.report`` (so its grandparent holds no ``tuneplane`` folder); then a
+    ``<shim_dir>/tuneplane/report`` link to it is laid out once and ``shim_dir`` is the answer.
     """
     package = report_package_dir()
     if package.name == "report" and package.parent.name == "tuneplane":

@@ -180,3 +180,22 @@ async def test_a_capsule_without_a_launch_is_refused_at_prepare(tmp_path: Path) 
         (reply,) = h.replies()
         assert not reply.ok and "Launcher 'torchrun-magic' is not known" in reply.reason
         assert await h.state() is S.ABORTED and await h.journal.gpu_owners() == {}
+
+
+async def test_a_runner_changed_between_prepare_and_commit_aborts_the_member(
+    tmp_path: Path,
+) -> None:
+    async with harness(tmp_path) as h:
+        await h.manager.handle(prepare(KEY, (0,), 'echo ran >> "$TUNEPLANE_OUT_DIR/runs"\n'))
+        capsule_dir = tmp_path / "members" / str(KEY) / "work" / ".tuneplane" / "capsule"
+        runner = capsule_dir / "runner.pyz"
+        data = runner.read_bytes()
+        prepared = [e for e in await h.journal.events(KEY) if e["kind"] == "prepare-succeeded"]
+        assert prepared[0]["details"]["runner_sha256"] == hashlib.sha256(data).hexdigest()
+        runner.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+        await h.manager.handle(m.Commit(KEY, None))
+        await h.wait_state(S.ABORTED)
+        record = await h.journal.member(KEY)
+        assert record is not None and "it changed after Prepare" in record.reason
+        assert not (Path(record.out_dir) / "runs").exists()
+        assert await h.journal.gpu_owners() == {}

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import attrs
@@ -26,6 +27,7 @@ from tests.runner.members import (
     wait_until,
     workload,
 )
+from tuneplane.agent.runner_pyz import RUNNER_PYZ, capsule_dir
 from tuneplane.agent.supervision import (
     Exited,
     LaunchAlreadyClaimed,
@@ -293,7 +295,16 @@ async def test_the_workload_imports_tuneplane_report_from_the_runner(tmp_path: P
     result = await wait_observation(member_dir, Exited)
     stderr = launch.stderr_path.read_text()
     assert (result.exit_code, result.signal) == (0, None), stderr  # type: ignore[union-attr]
-    assert (launch.out_dir / "report-path").read_text() == REPORT_FILE
+    assert_sdk_from_capsule(member_dir, (launch.out_dir / "report-path").read_text())
+
+
+def assert_sdk_from_capsule(member_dir: Path, reported: str) -> None:
+    """The SDK is the capsule's copy inside runner.pyz, the same source as the installed one."""
+    runner = os.path.realpath(capsule_dir(member_dir) / RUNNER_PYZ)
+    assert reported == os.path.join(runner, "tuneplane", "report", "__init__.py")
+    with zipfile.ZipFile(runner) as archive:
+        sealed = archive.read("tuneplane/report/__init__.py")
+    assert sealed == Path(REPORT_FILE).read_bytes()
 
 
 async def test_a_process_that_cannot_be_executed_fails_the_member_with_127(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import trio
 
+from tuneplane.agent import runner_pyz
 from tuneplane.agent.launch_plan import ProcessSpec, plan_processes
 from tuneplane.agent.supervision import MemberLaunch, Observation, observe, write_launch
 
@@ -81,7 +82,8 @@ def python(script: Path, *args: str) -> list[str]:
 
 
 def prepared(launch: MemberLaunch) -> Path:
-    """Write the launch and return its member directory."""
+    """Write the launch and the capsule's ``runner.pyz`` as Prepare does; return the member dir."""
+    runner_pyz.materialise(runner_pyz.capsule_dir(launch.member_dir))
     write_launch(launch)
     return launch.member_dir
 

@@ -53,12 +53,16 @@ def test_usage_and_a_missing_member_file_are_refused(tmp_path: Path) -> None:
 def test_an_existing_claim_is_refused_and_nothing_is_touched(tmp_path: Path) -> None:
     member_dir = prepared(member_launch(tmp_path, [["/bin/true"]]))
     (member_dir / "launch.claim").write_text('{"pid": 1, "start_time": 0}')
-    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in member_dir.iterdir()}
+    before = {
+        p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in member_dir.iterdir() if p.is_file()
+    }
     done = runner(str(member_dir))
     assert done.returncode == EXIT_REFUSED
     assert "is already claimed by runner pid 1" in done.stderr
     assert "start a new attempt instead" in done.stderr
-    after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in member_dir.iterdir()}
+    after = {
+        p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in member_dir.iterdir() if p.is_file()
+    }
     assert after == before
 
 
