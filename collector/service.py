@@ -17,13 +17,11 @@ Rules:
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import logging
 import os
 import random
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -234,21 +232,10 @@ class Collector:
 
 
 LOCK_FILE = "collector.lock"
+#: How often a collector checks that the agent that started it is still there.
+PARENT_POLL_S = 1.0
 #: Exit status when another collector already serves this state directory (EX_TEMPFAIL).
 EXIT_BUSY = 75
-
-
-def _die_with_parent() -> None:
-    """On Linux, have the kernel send SIGTERM when the process that started us dies.
-
-    A collector belongs to the agent that started it (a nursery owns it there). If the agent is
-    SIGKILLed, an orphaned collector would otherwise retry forever beside the one the restarted
-    agent starts; SIGTERM stops it without loss (the spool and checkpoint resume it).
-    """
-    if sys.platform != "linux":
-        return
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _hold_single_instance(state_dir: Path) -> int | None:
@@ -271,7 +258,6 @@ async def run_collector(opts: CollectorOptions) -> int:
     Exits with :data:`EXIT_BUSY` when another collector already serves ``opts.state_dir``.
     """
     opts.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _die_with_parent()
     lock_fd = _hold_single_instance(opts.state_dir)
     if lock_fd is None:
         log.warning("another collector serves this member; leaving it to finish state_dir=%s",
@@ -305,7 +291,22 @@ async def _run_locked(opts: CollectorOptions) -> int:
                         nursery.cancel_scope.cancel()
                         return
 
+            async def watch_parent(parent: int) -> None:
+                # A collector belongs to the agent that started it. If the agent is SIGKILLed,
+                # this orphan would otherwise retry forever beside the one the restarted agent
+                # starts; stopping loses nothing (the spool and checkpoint resume it). Polling
+                # getppid is used rather than PR_SET_PDEATHSIG, which fires when the *thread*
+                # that spawned us exits (Trio spawns from a worker thread it later retires).
+                nonlocal stopped
+                while os.getppid() == parent:
+                    await trio.sleep(PARENT_POLL_S)
+                log.info("the agent that started this collector is gone; stopping spool=%d",
+                         spool.depth)  # fmt: skip
+                stopped = True
+                nursery.cancel_scope.cancel()
+
             nursery.start_soon(on_signal)
+            nursery.start_soon(watch_parent, os.getppid())
             await collector.run()
             nursery.cancel_scope.cancel()
     finally:

@@ -101,3 +101,32 @@ def test_a_collector_stops_when_the_agent_that_started_it_is_killed(
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_a_collector_outlives_the_thread_that_spawned_it(
+    coord: CoordinatorProcess, tmp_path: Path
+) -> None:
+    # The agent spawns collectors from a worker thread that Trio later retires; only the death
+    # of the agent process itself may stop them.
+    argv = _argv(coord, tmp_path)
+    parent_code = (
+        "import subprocess, sys, threading, time\n"
+        "box = []\n"
+        f"t = threading.Thread(target=lambda: box.append(subprocess.Popen({argv!r})))\n"
+        "t.start(); t.join()\n"
+        "print(box[0].pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert not _gone(child, 3), "the collector stopped when its spawning thread ended"
+        parent.kill()
+        parent.wait()
+        assert _gone(child, 15), "an orphaned collector kept running after its agent died"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
