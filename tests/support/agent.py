@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -19,7 +18,7 @@ from typing import Any
 
 from tests.support import processes
 from tests.support.coordinator import CoordinatorProcess
-from tests.support.processes import track, untrack
+from tests.support.processes import stop_cleanly, track, untrack
 
 CONNECT_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -133,18 +132,7 @@ class AgentProcess:
         if proc is None:
             return
         self._proc = None
-        untrack(proc)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                raise AssertionError(
-                    f"the agent ignored SIGTERM for {STOP_TIMEOUT_S:g} s:\n{self.read_log()}"
-                ) from None
-        assert proc.returncode == 0, f"the agent exited with {proc.returncode}:\n{self.read_log()}"
+        stop_cleanly(proc, "agent", self.read_log, STOP_TIMEOUT_S)
 
     def kill(self) -> None:
         """SIGKILL: the crash the journal must survive."""

@@ -8,7 +8,6 @@ reaps it, so a failed test never leaves a stray coordinator behind.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.support.processes import track, untrack
+from tests.support.processes import stop_cleanly, track, untrack
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -138,20 +137,7 @@ class CoordinatorProcess:
         if proc is None:
             return
         self._proc = None
-        untrack(proc)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                raise AssertionError(
-                    f"the coordinator ignored SIGTERM for {STOP_TIMEOUT_S:g} s:\n{self.read_log()}"
-                ) from None
-        assert proc.returncode == 0, (
-            f"the coordinator exited with {proc.returncode}:\n{self.read_log()}"
-        )
+        stop_cleanly(proc, "coordinator", self.read_log, STOP_TIMEOUT_S)
 
     def kill(self) -> None:
         """SIGKILL: the crash a durable store must survive."""

@@ -8,6 +8,7 @@ that forgot to stop a process never leaves it running.
 from __future__ import annotations
 
 import atexit
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -43,3 +44,21 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> An
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.05)
+
+
+def stop_cleanly(
+    proc: subprocess.Popen[bytes], what: str, read_log: Callable[[], str], timeout: float
+) -> None:
+    """SIGTERM ``proc``, wait, and assert it stopped cleanly (exit status 0) within ``timeout``."""
+    untrack(proc)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(
+                f"the {what} ignored SIGTERM for {timeout:g} s:\n{read_log()}"
+            ) from None
+    assert proc.returncode == 0, f"the {what} exited with {proc.returncode}:\n{read_log()}"
