@@ -328,6 +328,19 @@ class Node(betterproto.Message):
     inventory: "Inventory" = betterproto.message_field(12)
     gpus: List["NodeGpu"] = betterproto.message_field(13)
     members: List["NodeMember"] = betterproto.message_field(14)
+    credential_issued_at_ms: int = betterproto.int64_field(15)
+    """
+    The control credential's lifetime (epoch ms; 0: none recorded) and, when it was revoked, when.
+    """
+
+    credential_expires_at_ms: int = betterproto.int64_field(16)
+    revoked_at_ms: int = betterproto.int64_field(17)
+
+
+@dataclass(eq=False, repr=False)
+class RevokeNodeRequest(betterproto.Message):
+    node_id: str = betterproto.string_field(1)
+    reason: str = betterproto.string_field(2)
 
 
 @dataclass(eq=False, repr=False)
@@ -558,6 +571,12 @@ class EnrollRequest(betterproto.Message):
     join_token: str = betterproto.string_field(1)
     hostname: str = betterproto.string_field(2)
     inventory: "Inventory" = betterproto.message_field(3)
+    node_id: str = betterproto.string_field(4)
+    """
+    Set only by `tuneplane-node enroll --re-enroll`: the id of the Node this machine already is.
+     The join token must belong to that Node's Fleet; the Node keeps its id, journal and members,
+     and its previous control credential (and any revocation) is replaced.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -569,6 +588,11 @@ class EnrollReply(betterproto.Message):
     The Node's private control credential. Stored 0600 outside every workload mount.
     """
 
+    credential_issued_at_ms: int = betterproto.int64_field(4)
+    """When the credential was issued and when it stops working (epoch ms)."""
+
+    credential_expires_at_ms: int = betterproto.int64_field(5)
+
 
 @dataclass(eq=False, repr=False)
 class NodeMessage(betterproto.Message):
@@ -578,6 +602,8 @@ class NodeMessage(betterproto.Message):
     prepare_reply: "PrepareReply" = betterproto.message_field(4, group="body")
     decision_query: "DecisionQuery" = betterproto.message_field(5, group="body")
     log_chunk: "LogChunk" = betterproto.message_field(6, group="body")
+    credential_renewal: "CredentialRenewal" = betterproto.message_field(7, group="body")
+    credential_stored: "CredentialStored" = betterproto.message_field(8, group="body")
 
 
 @dataclass(eq=False, repr=False)
@@ -590,6 +616,7 @@ class CoordinatorMessage(betterproto.Message):
     abort: "Abort" = betterproto.message_field(6, group="body")
     cancel: "Cancel" = betterproto.message_field(7, group="body")
     log_ack: "LogAck" = betterproto.message_field(8, group="body")
+    credential_issued: "CredentialIssued" = betterproto.message_field(9, group="body")
 
 
 @dataclass(eq=False, repr=False)
@@ -614,6 +641,13 @@ class Welcome(betterproto.Message):
     heartbeat_interval_ms: int = betterproto.uint32_field(1)
     heartbeat_timeout_ms: int = betterproto.uint32_field(2)
     server_time_ms: int = betterproto.int64_field(3)
+    credential_issued_at_ms: int = betterproto.int64_field(4)
+    """
+    The lifetime of the control credential this stream was opened with (epoch ms). 0 means the
+     coordinator recorded none (a Node enrolled before credentials expired): renew at once.
+    """
+
+    credential_expires_at_ms: int = betterproto.int64_field(5)
 
 
 @dataclass(eq=False, repr=False)
@@ -773,6 +807,33 @@ class LogAck(betterproto.Message):
     """
     The coordinator recorded the end of the stream; the Node stops shipping it.
     """
+
+
+@dataclass(eq=False, repr=False)
+class CredentialRenewal(betterproto.Message):
+    """
+    Credential rotation. The Node asks for a new control credential at a jittered point in the
+     second half of the current one's lifetime. The coordinator records the new one (hashed) beside
+     the old, both valid, and sends it in CredentialIssued. The Node stores it durably, then says
+     CredentialStored; only then (or when the Node next connects with the new one) does the
+     coordinator retire the old credential. A crash at any point leaves the Node a working one.
+    """
+
+    request_id: int = betterproto.uint64_field(1)
+    """Chosen by the Node; echoed in CredentialIssued and CredentialStored."""
+
+
+@dataclass(eq=False, repr=False)
+class CredentialIssued(betterproto.Message):
+    request_id: int = betterproto.uint64_field(1)
+    node_credential: str = betterproto.string_field(2)
+    credential_issued_at_ms: int = betterproto.int64_field(3)
+    credential_expires_at_ms: int = betterproto.int64_field(4)
+
+
+@dataclass(eq=False, repr=False)
+class CredentialStored(betterproto.Message):
+    request_id: int = betterproto.uint64_field(1)
 
 
 @dataclass(eq=False, repr=False)
@@ -1129,6 +1190,23 @@ class ApiStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def revoke_node(
+        self,
+        revoke_node_request: "RevokeNodeRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "Node":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/RevokeNode",
+            revoke_node_request,
+            Node,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class ControlStub(betterproto.ServiceStub):
     async def enroll(
@@ -1265,6 +1343,9 @@ class ApiBase(ServiceBase):
     async def get_logs(self, get_logs_request: "GetLogsRequest") -> "GetLogsReply":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def revoke_node(self, revoke_node_request: "RevokeNodeRequest") -> "Node":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_preview(
         self, stream: "grpclib.server.Stream[PreviewRequest, PreviewReply]"
     ) -> None:
@@ -1370,6 +1451,13 @@ class ApiBase(ServiceBase):
         response = await self.get_logs(request)
         await stream.send_message(response)
 
+    async def __rpc_revoke_node(
+        self, stream: "grpclib.server.Stream[RevokeNodeRequest, Node]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.revoke_node(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/tuneplane.v1.Api/Preview": grpclib.const.Handler(
@@ -1461,6 +1549,12 @@ class ApiBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 GetLogsRequest,
                 GetLogsReply,
+            ),
+            "/tuneplane.v1.Api/RevokeNode": grpclib.const.Handler(
+                self.__rpc_revoke_node,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                RevokeNodeRequest,
+                Node,
             ),
         }
 
