@@ -668,8 +668,8 @@ class HeartbeatAck(betterproto.Message):
 @dataclass(eq=False, repr=False)
 class MemberReport(betterproto.Message):
     """
-    A member's state change. `report_seq` increases per Node and survives agent restarts; the Node
-     resends every report until it is acknowledged and the coordinator applies each one once.
+    A member's state change. `report_seq` increases per journal and survives agent restarts; the
+     Node resends every report until it is acknowledged and the coordinator applies each one once.
     """
 
     report_seq: int = betterproto.uint64_field(1)
@@ -681,11 +681,25 @@ class MemberReport(betterproto.Message):
     exit_code: int = betterproto.int32_field(7)
     signal: int = betterproto.int32_field(8)
     out_dir: str = betterproto.string_field(9)
+    journal_id: str = betterproto.string_field(10)
+    """
+    The random id of the journal that numbered this report, created with the journal. A fresh
+     journal (safe-mode recovery) starts its numbering again under a new id. The coordinator
+     never drops a report for its number: it applies a report only as a move the member's
+     lifecycle allows from its recorded state, so a repeat, a late copy or a forged number
+     changes nothing.
+    """
 
 
 @dataclass(eq=False, repr=False)
 class ReportAck(betterproto.Message):
     report_seq: int = betterproto.uint64_field(1)
+    refused: str = betterproto.string_field(2)
+    """
+    Set when the coordinator refused the report: a sentence saying why (a member not placed on
+     this Node, a move its lifecycle does not allow). Nothing was changed; the Node drops the
+     report, records the refusal in its journal and never sends it again.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -932,6 +946,23 @@ class ShipReply(betterproto.Message):
 
     duplicates: int = betterproto.uint32_field(2)
     server_time_ms: int = betterproto.int64_field(3)
+    refused: List["RefusedPoint"] = betterproto.message_field(4)
+    """
+    Points the gateway refused one by one (a step beyond int64, an absurd wall time, a name that
+     cannot be stored); the rest of the batch was stored. They will never be stored: the collector
+     records each as data loss and drops it instead of sending it again.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class RefusedPoint(betterproto.Message):
+    source_id: str = betterproto.string_field(1)
+    """The point's dedup key, as it was sent."""
+
+    offset: int = betterproto.uint64_field(2)
+    index: int = betterproto.uint32_field(3)
+    reason: str = betterproto.string_field(4)
+    """Why, as a sentence naming the field and the limit."""
 
 
 class ApiStub(betterproto.ServiceStub):
