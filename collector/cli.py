@@ -10,6 +10,7 @@ import datetime
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuneplane.collector.files import kind_of, read_file, telemetry_files
+from tuneplane.collector.point_rules import PointScreen
 from tuneplane.collector.points import ReadWarning, ScalarPoint
 from tuneplane.collector.spool import DEFAULT_MAX_POINTS
 
@@ -55,7 +57,9 @@ def _collect(path: Path) -> tuple[list[ScalarPoint], list[ReadWarning]]:
             raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
         points += found
         warnings += problems
-    return points, warnings
+    # As the tailer does: a point the gateway would refuse is shown as the warning it becomes.
+    points, refused = PointScreen().screen(points, time.time())
+    return points, warnings + refused
 
 
 def _when(wall_time: float | None) -> str:

@@ -5,8 +5,10 @@ Rules:
   the flat ``{"step": N, tag: number, ..., "wall_time"?: t}``, and the SDK's
   ``{"hparams": {...}}`` record (read, not a scalar). Blank lines are ignored.
 - A line is consumed only up to its newline: a partial last line is waited for (and, once the
-  writer is done, decoded if it is complete JSON). Malformed lines, lines over 1 MiB and
-  non-numeric values are skipped and reported with file, byte offset and line number.
+  writer is done, decoded if it is complete JSON). Malformed lines (not JSON, nested deeper
+  than the decoder allows, an integer of more than 4300 digits, a tag holding a NUL or a lone
+  surrogate), lines over 1 MiB and non-numeric values are skipped and reported with file, byte
+  offset and line number; decoding never raises, and the next line is read.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tuneplane.collector.point_rules import encoding_problem
 from tuneplane.collector.points import Decoded, ReadWarning, ScalarPoint
 
 MAX_LINE_BYTES = 1024 * 1024
@@ -106,9 +109,23 @@ class JsonlDecoder:
             return
         try:
             obj = _DECODE(line.decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except RecursionError:
             self._warn(
-                warnings, offset, "malformed-line", f"the line is not valid JSON ({exc}); skipped"
+                warnings,
+                offset,
+                "malformed-line",
+                "the line nests JSON deeper than the decoder allows; skipped. Write one flat "
+                "object per step",
+            )
+            return
+        except ValueError as exc:
+            # JSONDecodeError, UnicodeDecodeError, and Python's refusal of an integer of more
+            # than 4300 digits are all ValueErrors.
+            self._warn(
+                warnings,
+                offset,
+                "malformed-line",
+                f"the line is not valid JSON ({_first_words(exc)}); skipped",
             )
             return
         if not isinstance(obj, dict):
@@ -127,7 +144,7 @@ class JsonlDecoder:
                 warnings,
                 offset,
                 "malformed-line",
-                f"field 'step' is {step!r}; every metrics line needs an integer 'step'. "
+                f"field 'step' is {_short(step)}; every metrics line needs an integer 'step'. "
                 "The line is skipped",
             )
             return
@@ -137,8 +154,8 @@ class JsonlDecoder:
                 warnings,
                 offset,
                 "non-numeric",
-                f"field 'wall_time' is {wall_time!r}, not a number; the line's values are kept "
-                "without a wall time",
+                f"field 'wall_time' is {_short(wall_time)}, not a number; the line's values are "
+                "kept without a wall time",
             )
             wall_time = None
         if "metrics" in obj:
@@ -155,6 +172,12 @@ class JsonlDecoder:
             items = list(metrics.items())
         else:
             items = [(k, v) for k, v in obj.items() if k not in _RESERVED]
+        for tag, _ in items:
+            why = encoding_problem("tag", tag)
+            if why is not None:
+                # A NUL or a lone surrogate: the line is not text a person meant to write.
+                self._warn(warnings, offset, "malformed-line", f"{why}; the line is skipped")
+                return
         when = float(wall_time) if wall_time is not None else None
         for index, (tag, value) in enumerate(items):
             if not _is_number(value):
@@ -162,7 +185,7 @@ class JsonlDecoder:
                     warnings,
                     offset,
                     "non-numeric",
-                    f"metric {tag!r} is {_short(value)}, not a number; that value is skipped",
+                    f"metric {tag[:80]!r} is {_short(value)}, not a number; that value is skipped",
                 )
                 continue
             if not tag:
@@ -190,6 +213,18 @@ def _is_number(value: object) -> bool:
     return True
 
 
+def _first_words(exc: ValueError) -> str:
+    """The decoder's reason, bounded (a reason may quote the line)."""
+    if not isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+        # Python refuses to convert an integer literal of more than 4300 digits.
+        return "it holds an integer too long to convert"
+    text = str(exc)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def _short(value: object) -> str:
-    shown = json.dumps(value)
+    try:
+        shown = json.dumps(value)
+    except (RecursionError, ValueError):
+        return f"a JSON {type(value).__name__}"
     return shown if len(shown) <= 60 else shown[:57] + "..."

@@ -8,7 +8,9 @@ Rules:
   batches, so the tailer stops reading (the files stay on disk) until shipping makes room; the
   collector logs it and reports it with every call (``tp job show`` shows it).
 - Every Ship has a deadline; failures are retried with jittered backoff (0.5 s doubling to 30 s),
-  whatever the reason, and logged with the gateway's own sentence.
+  whatever the reason, and logged with the gateway's own sentence. Points the gateway refused one
+  by one (the reply names them) are never sent again: they leave the spool with the batch and
+  stay recorded as data-loss warnings with their file and offset.
 - The member's end is a file the Node writes (``member-exited`` in the state directory). Then
   the tailer drains every file, the spool is shipped to empty, a last call says ``drained``,
   ``drained`` is written beside it, and the process exits 0. SIGTERM/SIGINT stop it early
@@ -36,6 +38,7 @@ from tuneplane.collector.ship_wire import (
     ShipFailed,
     TelemetryClient,
     open_telemetry_client,
+    refusals,
 )
 from tuneplane.collector.spool import DEFAULT_MAX_POINTS, SPOOL_FILE, Spool
 from tuneplane.collector.tailer import Batch, Tailer
@@ -222,7 +225,16 @@ class Collector:
             failures = 0
             last_call = trio.current_time()
             if batch:
-                await self._spool_call(self.spool.acknowledge, batch[-1].id)
+                refused = refusals(reply)
+                for warning in refused:
+                    log.warning(
+                        "telemetry data loss source=%s offset=%d kind=%s reason=%s",
+                        warning.source,
+                        warning.offset,
+                        warning.kind,
+                        warning.message,
+                    )
+                await self._spool_call(self.spool.acknowledge, batch[-1].id, refused)
                 shared.room.set()
                 log.debug("points delivered count=%d stored=%d duplicates=%d spool=%d",
                           len(batch), reply.stored, reply.duplicates,

@@ -25,10 +25,14 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from tuneplane.collector.point_rules import storable
+from tuneplane.collector.points import ReadWarning
 from tuneplane.collector.spool import SpooledPoint
 from tuneplane.proto import v1
 
 DEADLINE_S = 10.0
+#: The data-loss warning a point becomes when the gateway refused it (it is never sent again).
+GATEWAY_REFUSED_KIND = "refused-by-gateway"
 
 
 class ShipFailed(Exception):
@@ -184,6 +188,14 @@ class TelemetryClient:
         except (OSError, ssl.SSLError, StreamTerminatedError, ProtocolError, EOFError) as exc:
             raise ShipFailed(f"{where} cannot be reached ({type(exc).__name__}: {exc})") from None
         return reply
+
+
+def refusals(reply: v1.ShipReply) -> list[ReadWarning]:
+    """The points the gateway refused for good, as data-loss warnings naming file and offset."""
+    return [
+        ReadWarning(storable(r.source_id), r.offset, GATEWAY_REFUSED_KIND, storable(r.reason))
+        for r in reply.refused
+    ]
 
 
 async def _aio_channel(gateway: Gateway, ctx: ssl.SSLContext) -> Channel:

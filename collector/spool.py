@@ -4,7 +4,8 @@ Rules:
 - One SQLite file on private host-local storage, WAL, ``synchronous=FULL``: a returned
   :meth:`Spool.append` is on disk. Points are UNIQUE on their dedup key and appended with
   ``ON CONFLICT DO NOTHING``, so bytes re-read after a crash never sit in the spool twice.
-- Points leave the spool only through :meth:`Spool.acknowledge`, after the gateway stored them.
+- Points leave the spool only through :meth:`Spool.acknowledge`, after the gateway stored them
+  or refused them for good (then recorded as data-loss warnings in the same transaction).
   Ids grow (AUTOINCREMENT), so acknowledging "up to id N" never touches a later point.
 - Bounded: :meth:`Spool.full` says when ``max_points`` are waiting. The caller then stops
   reading (backpressure); nothing is ever dropped to make room.
@@ -15,19 +16,17 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 
+from tuneplane.collector.point_rules import PointScreen, storable
 from tuneplane.collector.points import ReadWarning, ScalarPoint
 
 SPOOL_FILE = "spool.db"
 DEFAULT_MAX_POINTS = 1_000_000
-# What the telemetry gateway accepts (coordinator/telemetry_gateway.py); a point outside these
-# limits would be refused forever, so it is recorded as a data-loss warning instead of spooled.
-MAX_TAG_CHARS = 1024
-MAX_SOURCE_CHARS = 4096
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS points (
@@ -79,6 +78,7 @@ class Spool:
         self.max_points = max_points
         (depth,) = db.execute("SELECT COUNT(*) FROM points").fetchone()
         self._depth: int = int(depth)
+        self._screen = PointScreen()
 
     @classmethod
     def open(cls, path: Path, max_points: int = DEFAULT_MAX_POINTS) -> Spool:
@@ -112,24 +112,21 @@ class Spool:
 
     def append(self, points: Sequence[ScalarPoint], warnings: Sequence[ReadWarning]) -> int:
         """Make ``points`` and ``warnings`` durable in one transaction; returns points added."""
-        rows = []
-        refused = []
-        for p in points:
-            source_id = p.source_id or p.source
-            if not p.tag or len(p.tag) > MAX_TAG_CHARS or len(source_id) > MAX_SOURCE_CHARS:
-                refused.append(
-                    ReadWarning(
-                        p.source,
-                        p.offset,
-                        "not-shippable",
-                        f"the tag is {len(p.tag)} characters and the source name "
-                        f"{len(source_id)}; the gateway takes at most {MAX_TAG_CHARS} and "
-                        f"{MAX_SOURCE_CHARS}, so this value is not shipped",
-                    )
-                )
-                continue
-            value = None if math.isnan(p.value) else p.value
-            rows.append((source_id, p.offset, p.index, p.tag, p.step, p.wall_time, value))
+        # The tailer screened these already; screening again costs little and means no caller
+        # can put a point into the spool that the gateway would refuse or SQLite cannot hold.
+        good, refused = self._screen.screen(points, time.time())
+        rows = [
+            (
+                p.source_id or p.source,
+                p.offset,
+                p.index,
+                p.tag,
+                p.step,
+                p.wall_time,
+                None if math.isnan(p.value) else p.value,
+            )
+            for p in good
+        ]
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -142,10 +139,7 @@ class Spool:
             db.executemany(
                 "INSERT INTO warnings (source, byte_offset, kind, data_loss, message) "
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                [
-                    (w.source, w.offset, w.kind, int(w.data_loss), w.message)
-                    for w in [*warnings, *refused]
-                ],
+                [_warning_row(w) for w in [*warnings, *refused]],
             )
             db.execute("COMMIT")
         except BaseException:
@@ -175,10 +169,25 @@ class Spool:
             for r in rows
         ]
 
-    def acknowledge(self, upto_id: int) -> int:
-        """Drop every point with ``id <= upto_id`` (the gateway stored them); returns how many."""
-        cursor = self._db.execute("DELETE FROM points WHERE id <= ?", (upto_id,))
-        removed = max(cursor.rowcount, 0)
+    def acknowledge(self, upto_id: int, refused: Sequence[ReadWarning] = ()) -> int:
+        """Drop every point with ``id <= upto_id`` (the gateway stored them, or refused them for
+        good: ``refused`` records those as data-loss warnings in the same transaction, so a
+        crash between the two can neither lose the record nor keep the point). Returns how many
+        points left."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            cursor = db.execute("DELETE FROM points WHERE id <= ?", (upto_id,))
+            removed = max(cursor.rowcount, 0)
+            db.executemany(
+                "INSERT INTO warnings (source, byte_offset, kind, data_loss, message) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [_warning_row(w) for w in refused],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
         self._depth -= removed
         return removed
 
@@ -188,3 +197,8 @@ class Spool:
             "SELECT COUNT(*), COALESCE(SUM(data_loss), 0) FROM warnings"
         ).fetchone()
         return int(total), int(lost)
+
+
+def _warning_row(w: ReadWarning) -> tuple[str, int, str, int, str]:
+    """A warning as a row; a file name that is not UTF-8 is kept as escapes, not a crash."""
+    return (storable(w.source), w.offset, w.kind, int(w.data_loss), storable(w.message))

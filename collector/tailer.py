@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import trio
 
 from tuneplane.collector.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tuneplane.collector.files import make_decoder, read_chunks, telemetry_files
+from tuneplane.collector.point_rules import PointScreen, storable
 from tuneplane.collector.points import Decoder, ReadWarning, ScalarPoint
 from tuneplane.collector.tracking import (
     HEAD_BYTES,
@@ -133,6 +135,7 @@ class Tailer:
         self._skipped_copies: set[str] = set()
         self._counters = _Counters()
         self._persist_lock = trio.Lock()
+        self._screen = PointScreen()
 
     def statistics(self) -> TailerStatistics:
         c = self._counters
@@ -196,6 +199,10 @@ class Tailer:
         points: list[ScalarPoint],
         warnings: list[ReadWarning],
     ) -> None:
+        # A point the gateway would refuse (a step beyond int64, an absurd wall time, a name
+        # that cannot travel) becomes a data-loss warning here, before it can reach the spool.
+        points, refused = self._screen.screen(points, time.time())
+        warnings = [*warnings, *refused]
         self._seq += 1
         self._counters.points += len(points)
         self._counters.warnings += len(warnings)
@@ -204,7 +211,7 @@ class Tailer:
                 self._counters.data_loss += 1
                 log.warning(
                     "telemetry data loss source=%s offset=%d kind=%s line=%s",
-                    warning.source,
+                    storable(warning.source),
                     warning.offset,
                     warning.kind,
                     warning.line,

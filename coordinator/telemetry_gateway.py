@@ -4,8 +4,10 @@ Rules:
 - ``Ship`` takes only a collector credential, and only for the member it was minted for; Node
   control credentials and user tokens are refused. ``Ping`` also answers user tokens, so an
   operator can check the listener.
-- A Ship is validated whole before anything is stored, then stored in one transaction and
-  acknowledged only once it is on disk: a retried batch stores nothing twice.
+- Every point is checked by the collector's own rule (:mod:`tuneplane.collector.point_rules`):
+  a collector is not trusted to have applied it. A bad point is refused on its own and named in
+  the reply; the rest of the batch is stored in one transaction and acknowledged only once it is
+  on disk, so a retried batch stores nothing twice and one bad point never blocks the others.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
+from tuneplane.collector.point_rules import PointScreen, storable
 from tuneplane.coordinator.api_service import user_principal
 from tuneplane.coordinator.auth import PermissionDenied, Principal, bearer_token
 from tuneplane.coordinator.clock import now_ms
@@ -35,8 +38,6 @@ from tuneplane.proto import v1
 log = logging.getLogger(__name__)
 
 MAX_POINTS_PER_SHIP = 5000
-MAX_TAG_CHARS = 1024
-MAX_SOURCE_CHARS = 4096
 
 
 class TelemetryGateway:
@@ -87,7 +88,7 @@ class TelemetryGateway:
             points = _points(request.points)
             if request.columns is not None and request.columns.strings:
                 points += _columns(request.columns)
-            _check(points)
+            points, refused = _screen(points, now / 1000)
             p = request.progress or v1.CollectorProgress()
             report = CollectorReport(
                 spool_points=p.spool_points,
@@ -109,9 +110,25 @@ class TelemetryGateway:
                 report.spool_points,
                 report.drained,
             )
+            if refused:
+                first = refused[0]
+                log.warning(
+                    "telemetry points refused run_id=%s attempt=%d member=%d count=%d "
+                    "source=%s offset=%d reason=%s",
+                    member.run_id,
+                    member.attempt,
+                    member.member_index,
+                    len(refused),
+                    storable(first.source_id),
+                    first.offset,
+                    first.reason,
+                )
             await stream.send_message(
                 v1.ShipReply(
-                    stored=result.stored, duplicates=result.duplicates, server_time_ms=now_ms()
+                    stored=result.stored,
+                    duplicates=result.duplicates,
+                    server_time_ms=now_ms(),
+                    refused=refused,
                 )
             )
 
@@ -176,28 +193,34 @@ def _columns(c: v1.PointColumns) -> list[ShippedPoint]:
     ]
 
 
-def _check(points: list[ShippedPoint]) -> None:
-    """Validate a whole batch (nothing is stored when one point is bad)."""
+def _screen(
+    points: list[ShippedPoint], now_s: float
+) -> tuple[list[ShippedPoint], list[v1.RefusedPoint]]:
+    """The points that may be stored, and each other one refused on its own with a reason.
+
+    A batch over the count limit is refused whole: no honest collector sends one. Anything else
+    wrong is a property of one point, which the collector cannot fix by sending it again.
+    """
     if len(points) > MAX_POINTS_PER_SHIP:
         raise GRPCError(
             Status.INVALID_ARGUMENT,
             f"ShipRequest holds {len(points)} points, more than {MAX_POINTS_PER_SHIP}. "
             "Send smaller batches.",
         )
-    seen: set[tuple[str, str]] = set()
-    for n, p in enumerate(points):
-        if (p.source_id, p.tag) in seen:
-            continue
-        seen.add((p.source_id, p.tag))
-        if not p.tag or len(p.tag) > MAX_TAG_CHARS:
-            raise GRPCError(
-                Status.INVALID_ARGUMENT,
-                f"point {n} of the ShipRequest has a tag that is empty or longer than "
-                f"{MAX_TAG_CHARS} characters. Name every point's tag within that length.",
+    rule = PointScreen()
+    good: list[ShippedPoint] = []
+    refused: list[v1.RefusedPoint] = []
+    for p in points:
+        why = rule.problem(p.source_id, p.tag, p.step, p.wall_time, p.offset, now_s)
+        if why is None:
+            good.append(p)
+        else:
+            refused.append(
+                v1.RefusedPoint(
+                    source_id=storable(p.source_id),
+                    offset=p.offset,
+                    index=p.index,
+                    reason=f"{why}; the point is not stored",
+                )
             )
-        if not p.source_id or len(p.source_id) > MAX_SOURCE_CHARS:
-            raise GRPCError(
-                Status.INVALID_ARGUMENT,
-                f"point {n} of the ShipRequest has a source_id that is empty or longer than "
-                f"{MAX_SOURCE_CHARS} characters. Every point needs the identity of its file.",
-            )
+    return good, refused

@@ -1,0 +1,132 @@
+"""Which points may be shipped: one rule, used by the collector before it spools a point and by
+the telemetry gateway for every point it receives (a collector is not trusted to have used it).
+
+Rules:
+- Pure: the caller passes ``now`` (seconds since the epoch); nothing here reads a clock.
+- A point is refused on its own, with a sentence naming the field, what is wrong and the limit;
+  the rest of its batch goes on. docs/telemetry.md ("Points the collector refuses") lists them.
+- Values are never refused: NaN and the infinities are data (a diverging loss). Steps are any
+  int64, negative ones included, as TensorBoard keeps them. A wall time, when present, must be
+  finite, not before 2000-01-01 and at most a day ahead of ``now``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from tuneplane.collector.points import ReadWarning, ScalarPoint
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+MAX_TAG_CHARS = 1024
+MAX_SOURCE_CHARS = 4096
+#: 2000-01-01T00:00:00Z. Earlier wall times are a unit mistake (steps, or milliseconds / 1e6).
+EARLIEST_WALL_TIME = 946_684_800.0
+#: How far ahead of the checking clock a wall time may be (clock skew between machines).
+MAX_FUTURE_S = 86_400.0
+#: The kind of the data-loss warning a refused point becomes.
+REFUSED_KIND = "not-shippable"
+
+
+def text_problem(field: str, text: str, limit: int) -> str | None:
+    """Why ``text`` cannot name a point's ``field`` (``tag`` or ``source name``), or None."""
+    if not text:
+        return f"the {field} is empty"
+    if len(text) > limit:
+        return f"the {field} is {len(text)} characters, more than {limit}"
+    return encoding_problem(field, text)
+
+
+def encoding_problem(field: str, text: str) -> str | None:
+    """Why ``text`` cannot travel or be stored as a name: a NUL, or a lone surrogate."""
+    if "\x00" in text:
+        return f"the {field} contains a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"the {field} is not valid UTF-8 (it holds a lone surrogate)"
+    return None
+
+
+def number_problem(step: int, wall_time: float | None, offset: int, now: float) -> str | None:
+    """Why a point's step, wall time or byte offset is out of range, or None."""
+    if not INT64_MIN <= step <= INT64_MAX:
+        return f"the step {_short(step)} does not fit a signed 64-bit integer"
+    if not 0 <= offset <= INT64_MAX:
+        return f"the byte offset {_short(offset)} is outside 0..2^63-1"
+    if wall_time is None:
+        return None
+    if not math.isfinite(wall_time):
+        return f"the wall time is {wall_time}; it must be a finite number of seconds"
+    if wall_time < EARLIEST_WALL_TIME:
+        return (
+            f"the wall time {wall_time:g} is before 2000-01-01; write seconds since the epoch "
+            "(time.time())"
+        )
+    if wall_time > now + MAX_FUTURE_S:
+        return (
+            f"the wall time {wall_time:g} is more than a day after this machine's clock "
+            f"({now:.0f}); write seconds since the epoch (time.time())"
+        )
+    return None
+
+
+class PointScreen:
+    """Applies the rule to many points, remembering the names it already found good."""
+
+    def __init__(self) -> None:
+        self._good_tags: set[str] = set()
+        self._good_sources: set[str] = set()
+
+    def problem(
+        self, source_id: str, tag: str, step: int, wall_time: float | None, offset: int, now: float
+    ) -> str | None:
+        """Why this point may not be shipped or stored, or None when it may."""
+        if source_id not in self._good_sources:
+            why = text_problem("source name", source_id, MAX_SOURCE_CHARS)
+            if why is not None:
+                return why
+            self._good_sources.add(source_id)
+        if tag not in self._good_tags:
+            why = text_problem("tag", tag, MAX_TAG_CHARS)
+            if why is not None:
+                return why
+            self._good_tags.add(tag)
+        return number_problem(step, wall_time, offset, now)
+
+    def screen(
+        self, points: Iterable[ScalarPoint], now: float
+    ) -> tuple[list[ScalarPoint], list[ReadWarning]]:
+        """Split ``points`` into those that may be shipped and a data-loss warning per other."""
+        good: list[ScalarPoint] = []
+        refused: list[ReadWarning] = []
+        for p in points:
+            why = self.problem(p.source_id or p.source, p.tag, p.step, p.wall_time, p.offset, now)
+            if why is None:
+                good.append(p)
+            else:
+                refused.append(
+                    ReadWarning(
+                        p.source,
+                        p.offset,
+                        REFUSED_KIND,
+                        f"{why}; the value of tag {p.tag[:80]!r} is not shipped",
+                    )
+                )
+        return good, refused
+
+
+def storable(text: str) -> str:
+    """``text`` with lone surrogates (an undecodable file name) written as escapes, so SQLite
+    and protobuf can hold it; valid text comes back unchanged."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _short(number: int) -> str:
+    # str() of a huge integer is slow, and refused past 4300 digits: say how big it is instead.
+    return str(number) if number.bit_length() <= 128 else f"of {number.bit_length()} bits"
