@@ -1,0 +1,234 @@
+"""The checks every piece of outside text passes before TunePlane acts on it.
+
+Rules:
+- One function per rule, used on every side: :func:`check_file_name` is what ``tp`` applies when
+  it collects an experiment, what the coordinator applies at Preview and what the agent applies
+  at Prepare; :func:`check_text` and :func:`check_message_text` are what every wire edge applies
+  to decoded strings; :func:`check_env` is the one rule for a JobSpec's environment.
+- Every refusal is an :class:`InputRefused` naming the field, what is wrong and how to fix it.
+  Nothing here does I/O; callers wrap the refusal into their own error type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+import betterproto
+
+MAX_FILE_NAME_CHARS = 1024
+MAX_FILE_NAME_PART_BYTES = 255
+MAX_ENV_NAME_CHARS = 256
+MAX_ENV_VALUE_CHARS = 32 * 1024
+# Variables that make the dynamic loader or the Python interpreter load code the Node did not
+# choose. A JobSpec never sets them; a runtime defined by the Node's operator may.
+LOADER_VARIABLES = frozenset(
+    {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONEXECUTABLE"}
+)
+LOADER_PREFIXES = ("LD_", "DYLD_")
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class InputRefused(ValueError):
+    """Outside input breaks a rule. ``str()`` is a sentence: the field, the problem, the fix."""
+
+    def __init__(self, field: str, why: str, fix: str) -> None:
+        self.field = field
+        self.why = why
+        self.fix = fix
+        super().__init__(f"{field} {why}. {fix}")
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be stored or passed on (a NUL or a lone surrogate), or ``None``."""
+    if "\x00" in value:
+        return "contains a NUL character (\\0)"
+    found = _SURROGATE.search(value)
+    if found:
+        return f"contains a lone surrogate (U+{ord(found.group()):04X}), which is not valid Unicode"
+    return None
+
+
+def check_text(value: str, field: str, max_chars: int | None = None) -> None:
+    """Refuse a NUL, a lone surrogate, or more than ``max_chars`` characters."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise InputRefused(field, problem, "Send plain UTF-8 text without NUL characters.")
+    if max_chars is not None and len(value) > max_chars:
+        raise InputRefused(
+            field, f"is {len(value)} characters long, over the limit of {max_chars}", "Shorten it."
+        )
+
+
+def check_file_name(name: str, field: str = "file name") -> PurePosixPath:
+    """The one rule for a file name inside an experiment or a capsule; returns it as a path.
+
+    A name is a plain relative POSIX path: not empty, no leading ``/``, no ``.``, ``..`` or empty
+    parts, no backslash, no control character or NUL, valid Unicode, at most
+    ``MAX_FILE_NAME_CHARS`` characters and ``MAX_FILE_NAME_PART_BYTES`` bytes per part.
+    """
+    fix = "Rename the file to a plain relative path inside the experiment, e.g. src/train.py."
+    shown = f"{field} {name[:80]!r}"
+
+    def refused(detail: str) -> InputRefused:
+        return InputRefused(shown, f"is not a plain relative path: it {detail}", fix)
+
+    if not name:
+        raise InputRefused(field, "is not a plain relative path: it is empty", fix)
+    problem = text_problem(name)
+    if problem is not None:
+        raise refused(problem)
+    if _CONTROL.search(name):
+        raise refused("contains a control character")
+    if len(name) > MAX_FILE_NAME_CHARS:
+        raise refused(f"is longer than {MAX_FILE_NAME_CHARS} characters")
+    if name.startswith("/"):
+        raise refused("starts with /")
+    if "\\" in name:
+        raise refused("contains a backslash")
+    parts = name.split("/")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise refused("has an empty, '.' or '..' part")
+        if len(part.encode("utf-8")) > MAX_FILE_NAME_PART_BYTES:
+            raise refused(f"has a part longer than {MAX_FILE_NAME_PART_BYTES} bytes")
+    return PurePosixPath(*parts)
+
+
+def is_loader_variable(name: str) -> bool:
+    """True for ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``PYTHONPATH`` and their kin."""
+    return name in LOADER_VARIABLES or name.startswith(LOADER_PREFIXES)
+
+
+def check_env(name: str, value: str, field: str = "env") -> None:
+    """The one rule for an environment variable a JobSpec asks for."""
+    where = f"{field}.{name[:80]}"
+    if not _ENV_NAME.fullmatch(name) or len(name) > MAX_ENV_NAME_CHARS:
+        raise InputRefused(
+            where,
+            "is not a valid environment variable name (letters, digits and '_', not starting "
+            f"with a digit, at most {MAX_ENV_NAME_CHARS} characters; no '=' or NUL)",
+            "Rename the variable.",
+        )
+    if name.startswith("TUNEPLANE_"):
+        raise InputRefused(where, "uses the reserved TUNEPLANE_ prefix", "Rename the variable.")
+    if is_loader_variable(name):
+        raise InputRefused(
+            where,
+            "would change which libraries or Python modules the workload loads, and a JobSpec "
+            "may not set it",
+            "Put the libraries in the experiment (or ask the Node's operator for a runtime that "
+            "provides them) and remove the variable.",
+        )
+    check_text(value, where, MAX_ENV_VALUE_CHARS)
+
+
+# -- decoded protocol messages --------------------------------------------------------------------
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        _FIELDS[cls] = names
+    return names
+
+
+def _strings(msg: betterproto.Message, path: str) -> Iterator[tuple[str, str]]:
+    """Every string in ``msg`` (map keys included) with its field path, depth first."""
+    for name in _field_names(type(msg)):
+        try:
+            value = getattr(msg, name)
+        except AttributeError:
+            continue  # a member of a oneof that another member holds
+        where = f"{path}.{name}"
+        if isinstance(value, str):
+            yield where, value
+        elif isinstance(value, betterproto.Message):
+            if betterproto.serialized_on_wire(value):
+                yield from _strings(value, where)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, str):
+                    yield f"{where}[{i}]", item
+                elif isinstance(item, betterproto.Message):
+                    yield from _strings(item, f"{where}[{i}]")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str):
+                    yield f"{where} key", key
+                if isinstance(item, str):
+                    yield f"{where}[{key!r}]", item
+                elif isinstance(item, betterproto.Message):
+                    yield from _strings(item, f"{where}[{key!r}]")
+
+
+def check_message_text(msg: betterproto.Message) -> None:
+    """Refuse a decoded message with a NUL or lone surrogate in any string, naming the field."""
+    for where, value in _strings(msg, type(msg).__name__):
+        problem = text_problem(value)
+        if problem is not None:
+            raise InputRefused(
+                where, problem, "Send plain UTF-8 text without NUL characters in every field."
+            )
+
+
+# -- decoded JSON -----------------------------------------------------------------------------
+
+
+class HugeInt(str):
+    """A JSON integer with too many digits to convert; kept as text so its field can be named."""
+
+
+def bounded_int(text: str, max_digits: int) -> int | HugeInt:
+    """A ``json.loads(parse_int=...)`` hook: converts at most ``max_digits`` digits."""
+    if len(text.lstrip("-")) > max_digits:
+        return HugeInt(text)
+    return int(text)
+
+
+def check_json(value: Any, field: str, max_depth: int, int_bound: int, depth: int = 0) -> None:
+    """Walk decoded JSON: depth, integer size (``|i| < int_bound``) and every string and key."""
+    if depth > max_depth:
+        raise InputRefused(
+            field,
+            f"nests deeper than {max_depth} levels of objects and lists",
+            "Flatten the value.",
+        )
+    if isinstance(value, HugeInt):
+        raise InputRefused(
+            field,
+            f"is an integer with {len(value.lstrip('-'))} digits, beyond the limit of "
+            f"{int_bound:.3g}",
+            "Use a smaller number (or a string).",
+        )
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return
+    if isinstance(value, int):
+        if not -int_bound < value < int_bound:
+            raise InputRefused(
+                field,
+                f"is an integer beyond the limit of +/-{int_bound}",
+                "Use a smaller number (or a string).",
+            )
+        return
+    if isinstance(value, str):
+        check_text(value, field)
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            where = f"{field}.{key}" if field != "<root>" else str(key)
+            check_text(str(key), where)
+            check_json(item, where, max_depth, int_bound, depth + 1)
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_json(item, f"{field}[{i}]", max_depth, int_bound, depth + 1)

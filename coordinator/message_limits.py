@@ -1,0 +1,289 @@
+"""Bounds on every incoming gRPC message, checked on raw bytes before anything is decoded.
+
+Rules:
+- A message's size is read from its 5-byte gRPC prefix and refused (RESOURCE_EXHAUSTED, naming
+  the limit and its setting) before its body is read; grpclib's flow control then never lets the
+  sender push more than one window of it.
+- Repeated fields that cost decoding time per entry (an inventory's GPUs, a Ship batch's points)
+  are counted on the raw bytes, stopping at the bound, before betterproto sees them
+  (:data:`COUNT_RULES`).
+- A body larger than :data:`INLINE_DECODE_BYTES` is decoded in a worker thread, so no request
+  holds the event loop for more than a few milliseconds; every decoded string is then checked
+  (:func:`~tuneplane.coordinator.input_checks.check_message_text`).
+- Bytes that are not the message they claim to be are INVALID_ARGUMENT, never an unknown error.
+
+grpclib has no hook between the length prefix and the body, so :func:`bounded_handlers` wraps each
+handler and gives its stream a ``recv_message`` that reads through grpclib's transport stream
+(``stream._stream``, grpclib 0.4): the one place that knows grpclib's internals.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+import anyio
+import betterproto
+from grpclib import GRPCError
+from grpclib.const import Handler, Status
+
+from tuneplane.coordinator.input_checks import InputRefused, check_message_text
+from tuneplane.proto import v1
+
+M = TypeVar("M", bound=betterproto.Message)
+
+INLINE_DECODE_BYTES = 16 * 1024
+# What a Node accepts from the coordinator: a Prepare carries the JobSpec (experiment files up to
+# 8 MiB, about 11 MiB in base64) and the sealed capsule.
+AGENT_RECEIVE_BYTES = 32 * 1024 * 1024
+# Fields looked at per message level while counting; more is refused outright.
+MAX_SCANNED_FIELDS = 20_000
+MAX_INVENTORY_GPUS = 256
+MAX_HELD_MEMBERS = 4096
+MAX_SHIP_POINTS = 5000
+MAX_SHIP_STRINGS = 20_000
+
+
+class TooMany(ValueError):
+    """A repeated field holds more entries than its bound (or a level has too many fields)."""
+
+
+def _numbers(cls: type[betterproto.Message], dotted: str) -> tuple[int, ...]:
+    """Field numbers along ``dotted`` (``"inventory.gpus"``), read from the generated classes."""
+    numbers = []
+    current: Any = cls  # betterproto types its per-class metadata too loosely for mypy
+    for name in dotted.split("."):
+        info = current._betterproto
+        numbers.append(info.meta_by_field_name[name].number)
+        current = info.cls_by_field.get(name, current)
+    return tuple(numbers)
+
+
+def _rules(
+    cls: type[betterproto.Message], *rules: tuple[str, int]
+) -> tuple[tuple[str, tuple[int, ...], int], ...]:
+    return tuple((dotted, _numbers(cls, dotted), bound) for dotted, bound in rules)
+
+
+# Message type -> (field path, field numbers, most entries). A path counts across every copy of
+# each message on the way (protobuf merges repeated copies of a singular message field).
+COUNT_RULES: Mapping[type[betterproto.Message], tuple[tuple[str, tuple[int, ...], int], ...]] = {
+    v1.EnrollRequest: _rules(v1.EnrollRequest, ("inventory.gpus", MAX_INVENTORY_GPUS)),
+    v1.NodeMessage: _rules(
+        v1.NodeMessage,
+        ("hello.inventory.gpus", MAX_INVENTORY_GPUS),
+        ("hello.held", MAX_HELD_MEMBERS),
+        ("heartbeat.inventory.gpus", MAX_INVENTORY_GPUS),
+    ),
+    v1.ShipRequest: _rules(
+        v1.ShipRequest, ("points", MAX_SHIP_POINTS), ("columns.strings", MAX_SHIP_STRINGS)
+    ),
+}
+
+
+def _varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("a varint runs past the end of the message")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(data: bytes | memoryview) -> Iterable[tuple[int, memoryview | None]]:
+    """(field number, payload of a length-delimited field or None), at most MAX_SCANNED_FIELDS."""
+    view = memoryview(data)
+    pos = 0
+    seen = 0
+    while pos < len(view):
+        seen += 1
+        if seen > MAX_SCANNED_FIELDS:
+            raise TooMany(f"holds more than {MAX_SCANNED_FIELDS} fields at one level")
+        key, pos = _varint(view, pos)
+        number, kind = key >> 3, key & 7
+        if kind == 0:
+            _, pos = _varint(view, pos)
+            yield number, None
+        elif kind == 1:
+            pos += 8
+            yield number, None
+        elif kind == 5:
+            pos += 4
+            yield number, None
+        elif kind == 2:
+            length, pos = _varint(view, pos)
+            if pos + length > len(view):
+                raise ValueError("a length-delimited field runs past the end of the message")
+            yield number, view[pos : pos + length]
+            pos += length
+        else:
+            raise ValueError(f"wire type {kind} (groups) is not used by TunePlane")
+        if pos > len(view):
+            raise ValueError("a field runs past the end of the message")
+
+
+def count_field(data: bytes | memoryview, numbers: tuple[int, ...], bound: int) -> int:
+    """How many entries the field at ``numbers`` holds, counting no further than ``bound + 1``."""
+    total = 0
+    head, rest = numbers[0], numbers[1:]
+    for number, payload in _fields(data):
+        if number != head:
+            continue
+        if not rest:
+            total += 1
+        elif payload is not None:
+            total += count_field(payload, rest, bound - total)
+        if total > bound:
+            break
+    return total
+
+
+def check_counts(data: bytes | memoryview, message_type: type[betterproto.Message]) -> None:
+    """Raise :class:`TooMany` when a bounded repeated field of ``data`` holds too many entries."""
+    for dotted, numbers, bound in COUNT_RULES.get(message_type, ()):
+        if count_field(data, numbers, bound) > bound:
+            raise TooMany(f"{message_type.__name__}.{dotted} holds more than {bound} entries")
+
+
+def decode(data: bytes, message_type: type[M]) -> M:
+    """Counts, then betterproto, then the string checks: a message, or a GRPCError.
+
+    Only two status codes leave here: RESOURCE_EXHAUSTED (too many entries) and INVALID_ARGUMENT
+    (not a valid message, or a string with a NUL), each with a sentence.
+    """
+    name = message_type.__name__
+    try:
+        check_counts(data, message_type)
+    except TooMany as exc:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED, f"{exc}; that is more than TunePlane accepts. Send less."
+        ) from None
+    except ValueError as exc:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT, f"The {name} message is not valid protobuf ({exc})."
+        ) from None
+    try:
+        message = message_type().parse(data)
+    except Exception as exc:  # betterproto raises many types on bad bytes; all mean "not valid"
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"The {name} message cannot be decoded ({type(exc).__name__}); send a valid {name}.",
+        ) from None
+    try:
+        check_message_text(message)
+    except InputRefused as exc:
+        raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+    return message
+
+
+def refuse_size(length: int, limit: int, setting: str, what: str) -> None:
+    """RESOURCE_EXHAUSTED when a message announced as ``length`` bytes is over ``limit``."""
+    if length > limit:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED,
+            f"The {what} message is {length} bytes, over the limit of {limit} bytes "
+            f"({setting}). Send a smaller message.",
+        )
+
+
+async def read_bounded(stream: Any, message_type: type[M], limit: int, setting: str) -> M | None:
+    """grpclib's ``recv_message`` with the size checked before the body is read.
+
+    ``stream`` is a grpclib server stream; ``None`` means the client ended its side.
+    """
+    transport = stream._stream  # grpclib 0.4: the HTTP/2 stream behind the gRPC stream
+    prefix = await transport.recv_data(5)
+    if not prefix:
+        return None
+    compressed, length = struct.unpack(">?I", prefix)
+    if compressed:
+        raise GRPCError(
+            Status.UNIMPLEMENTED,
+            f"The {message_type.__name__} message is compressed; TunePlane accepts only "
+            "uncompressed messages. Turn compression off in the client.",
+        )
+    refuse_size(length, limit, setting, message_type.__name__)
+    data = await transport.recv_data(length)
+    if len(data) < length:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"The {message_type.__name__} message ended after {len(data)} of its {length} bytes.",
+        )
+    if length <= INLINE_DECODE_BYTES:
+        return decode(data, message_type)
+    return await anyio.to_thread.run_sync(decode, data, message_type)
+
+
+def bounded_handlers(
+    services: Iterable[Any],
+    limits: Mapping[str, tuple[int, str]],
+    default: tuple[int, str],
+    errors: Callable[[], AbstractContextManager[None]],
+) -> list[Any]:
+    """``services`` with every handler reading through :func:`read_bounded`.
+
+    ``limits`` maps a method path (``/tuneplane.v1.Control/Enroll``) to (bytes, setting name);
+    other methods get ``default``. ``errors`` is the wire edge's exception translator, entered
+    around every handler so no exception leaves as grpclib's bare "Internal Server Error".
+    """
+    wrapped = []
+    for service in services:
+        mapping = {
+            path: Handler(
+                _guard(handler.func, handler.request_type, *limits.get(path, default), errors),
+                handler.cardinality,
+                handler.request_type,
+                handler.reply_type,
+            )
+            for path, handler in service.__mapping__().items()
+        }
+        wrapped.append(_Service(mapping))
+    return wrapped
+
+
+class _Service:
+    def __init__(self, mapping: dict[str, Handler]) -> None:
+        self._mapping = mapping
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return self._mapping
+
+
+def _guard(
+    func: Callable[[Any], Awaitable[None]],
+    request_type: type[betterproto.Message],
+    limit: int,
+    setting: str,
+    errors: Callable[[], AbstractContextManager[None]],
+) -> Callable[[Any], Awaitable[None]]:
+    async def guarded(stream: Any) -> None:
+        # An instance attribute shadows grpclib's method for this one call.
+        stream.recv_message = functools.partial(read_bounded, stream, request_type, limit, setting)
+        with errors():
+            await func(stream)
+
+    return guarded
+
+
+def guard_client_reads(stream: Any, limit: int, what: str) -> None:
+    """On a grpclib *client* stream (after ``send_request``): refuse replies over ``limit``.
+
+    grpclib reads a message as a 5-byte prefix, then one read of the announced length; a read
+    longer than ``limit`` is therefore exactly a message over the limit.
+    """
+    transport = stream._stream  # grpclib 0.4
+    read = transport.recv_data
+
+    async def recv_data(size: int) -> bytes:
+        refuse_size(size, limit, "the Node's receive limit", what)
+        data: bytes = await read(size)
+        return data
+
+    transport.recv_data = recv_data
