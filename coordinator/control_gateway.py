@@ -4,9 +4,13 @@ Rules:
 - Enroll spends a single-use, unexpired join token and hands out a fresh Node id and a random
   control credential (stored hashed). Connect is authenticated by that credential only.
 - On Connect the first message must be Hello; the coordinator answers Welcome and then acks every
-  Heartbeat and every MemberReport (a report is applied once, acked always). A Heartbeat is acked
-  from memory (:mod:`~tuneplane.coordinator.heartbeats` stores the times in batches); only an
-  inventory change it carries is written before the ack.
+  Heartbeat and every MemberReport. A Heartbeat is acked from memory
+  (:mod:`~tuneplane.coordinator.heartbeats` stores the times in batches); only an inventory
+  change it carries is written before the ack.
+- A report is applied only as a move its member's lifecycle allows on this Node
+  (:func:`~tuneplane.coordinator.lifecycle.judge_report`); a refused one is acked with the
+  sentence in ``ReportAck.refused`` and changes nothing. A second Connect of one Node ends the
+  first, and the takeover is recorded (see :mod:`~tuneplane.coordinator.sessions`).
 - Dead peers are found by silence, not TCP: nothing heard for ``heartbeat_timeout`` closes the
   stream. Whatever ends a stream, the Node is recorded ``disconnected`` and its members
   ``unknown`` (never failed) - unless a newer stream of the same Node already replaced it.
@@ -40,7 +44,6 @@ from tuneplane.coordinator.collector_credentials import (
     is_collector_credential,
 )
 from tuneplane.coordinator.heartbeats import HeartbeatBook
-from tuneplane.coordinator.lifecycle import TERMINAL_MEMBER_STATES
 from tuneplane.coordinator.logship import receive_chunk
 from tuneplane.coordinator.records import AbortOrder, CommitOrder, NodeRecord, Order
 from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
@@ -50,6 +53,15 @@ from tuneplane.coordinator.store_logs import LogStore
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
+
+
+def _peer(stream: Any) -> str:
+    """The client's ``HOST:PORT`` as the listener saw it ("" when the transport does not say)."""
+    try:
+        addr = stream.peer.addr()
+    except AttributeError:
+        return ""
+    return f"{addr[0]}:{addr[1]}" if addr else ""
 
 
 class ControlGateway:
@@ -162,8 +174,12 @@ class ControlGateway:
         with wire.grpc_errors():
             node = await self._authenticate(stream)
             hello = await self._hello(stream, node)
-            session = NodeSession.create(node.id)
-            self._registry.attach(session)
+            session = NodeSession.create(node.id, _peer(stream), now_ms())
+            replaced = self._registry.attach(session)
+            if replaced is not None:
+                await self._store.session_replaced(
+                    node.id, replaced.peer, session.peer, replaced.opened_at_ms, now_ms()
+                )
             log.info("control stream opened node=%s agent=%s", node.id, hello.agent_version)
             try:
                 with session.scope:
@@ -261,26 +277,42 @@ class ControlGateway:
             )
         elif isinstance(body, v1.MemberReport):
             report = wire.report(body)
-            applied = await self._store.apply_report(node_id, report, now)
-            if self._collectors is not None and report.state in TERMINAL_MEMBER_STATES:
+            outcome = await self._store.apply_report(node_id, report, now)
+            if outcome.early:
+                # It overtook a report before it: unacknowledged, the Node sends it again.
+                log.info(
+                    "member report early node=%s journal=%s seq=%d run_id=%s member=%d state=%s",
+                    node_id, report.journal_id or "-", report.report_seq, report.member.run_id,
+                    report.member.member_index, report.state,
+                )  # fmt: skip
+                return
+            if outcome.refused:
+                log.warning(
+                    "member report refused node=%s journal=%s seq=%d run_id=%s attempt=%d "
+                    "member=%d state=%s reason=%s",
+                    node_id, report.journal_id or "-", report.report_seq, report.member.run_id,
+                    report.member.attempt, report.member.member_index, report.state,
+                    outcome.refused,
+                )  # fmt: skip
+            else:
+                log.info(
+                    "member report node=%s journal=%s seq=%d run_id=%s member=%d state=%s "
+                    "applied=%s",
+                    node_id, report.journal_id or "-", report.report_seq, report.member.run_id,
+                    report.member.member_index, report.state, outcome.applied,
+                )  # fmt: skip
+            if self._collectors is not None and outcome.ended:
                 # Also for a repeated report: the store may have applied it before a crash.
                 await self._collectors.member_ended(report.member, now)
-            log.info(
-                "member report node=%s seq=%d run_id=%s member=%d state=%s applied=%s",
-                node_id,
-                report.report_seq,
-                report.member.run_id,
-                report.member.member_index,
-                report.state,
-                applied,
-            )
             self._registry.send(
                 node_id,
-                v1.CoordinatorMessage(report_ack=v1.ReportAck(report_seq=body.report_seq)),
+                v1.CoordinatorMessage(
+                    report_ack=v1.ReportAck(report_seq=body.report_seq, refused=outcome.refused)
+                ),
             )
-            if applied:
+            if outcome.applied:
                 self._wake()
-            if report.state in TERMINAL_MEMBER_STATES:
+            if outcome.ended:
                 # Also for a repeat: the first copy may have been applied just before a crash.
                 self._registry.dispatch(await stop_siblings(self._store, report.member, now))
         elif isinstance(body, v1.LogChunk):

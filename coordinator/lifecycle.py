@@ -9,11 +9,20 @@ Rules:
   newer one. ``unknown`` is not a rank: it overlays a member whose Node dropped, and the member's
   last known state is kept so the truth comes back when the Node reports again.
 - The Job's state is *derived* from its attempt's decision and members (:func:`derive_job_state`);
-  a lost connection never makes a Job ``failed``.
+  a lost connection never makes a Job ``failed``. A committed member its Node could not start
+  (``aborted`` after Commit) fails the Job with the Node's sentence: nothing waits for it.
+- A Node's report is judged before anything is written (:func:`judge_report`): only a member
+  placed on that Node, only one step of :data:`REPORT_MOVES` from its recorded state, only after
+  Commit for the states that need it. A copy of an older report is *stale* (acknowledged, no
+  change); a report two or more allowed steps ahead is *early* (not acknowledged, so the Node
+  sends it again once the steps before it have arrived); anything else is *refused* with a
+  sentence and changes nothing. Report numbers decide nothing, so a forged or restarted
+  sequence can never hide a true report, and reordering only delays one.
 """
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 
 import attrs
@@ -127,6 +136,163 @@ def member_after_report(known: str, reported: str) -> str | None:
     return reported
 
 
+#: What a Node may report next about a member, from the member's recorded (known) state: one
+#: step of the agent's member lifecycle (``agent/member_state.py``) seen through the states a Node
+#: reports. ``reserved``/``preparing``/``prepared`` are the coordinator's own words (a Prepare
+#: sent, a PrepareReply received); from them a Node can only have committed or given up. The
+#: agent reports ``running`` before ``exited`` even for a workload that ended before it looked, so
+#: a member that never ran cannot be reported finished.
+REPORT_MOVES: dict[str, frozenset[str]] = {
+    M_RESERVED: frozenset({M_ABORTED}),
+    M_PREPARING: frozenset({M_ABORTED}),
+    M_PREPARED: frozenset({M_COMMITTED, M_ABORTED}),
+    M_COMMITTED: frozenset({M_STARTING, M_ABORTED}),
+    M_STARTING: frozenset({M_RUNNING, M_CANCELLING, M_LOST, M_ABORTED}),
+    M_RUNNING: frozenset({M_CANCELLING, M_EXITED, M_LOST}),
+    M_CANCELLING: frozenset({M_EXITED, M_LOST}),
+    M_EXITED: frozenset(),
+    M_ABORTED: frozenset(),
+    M_LOST: frozenset(),
+}
+#: The states a MemberReport may carry (the rest are the coordinator's own words).
+REPORTABLE = frozenset(
+    {M_COMMITTED, M_STARTING, M_RUNNING, M_CANCELLING, M_EXITED, M_ABORTED, M_LOST}
+)
+#: Reported states that exist only once the attempt's Commit decision is recorded.
+NEEDS_COMMIT = REPORTABLE - {M_ABORTED}
+
+
+@attrs.frozen
+class ReportFacts:
+    """What :func:`judge_report` needs: the report, and the member as the store records it."""
+
+    node_id: str  # the Node whose credential sent the report
+    member: str  # the member's name for sentences: ``<run id> attempt <n> member <i>``
+    run_id: str
+    attempt: int
+    member_index: int
+    reported: str
+    has_exit: bool
+    out_dir: str
+    placed_on: str | None  # the Node the member is placed on; None when there is no such member
+    known: str = M_RESERVED  # its last real state (never ``unknown``)
+    decision: str | None = None  # its attempt's decision
+    recorded_out_dir: str = ""
+
+
+@attrs.frozen
+class ApplyReport:
+    """Record the member in ``state`` (with the report's exit and out dir)."""
+
+    state: str
+
+
+@attrs.frozen
+class StaleReport:
+    """The member is already at or past what the report says: acknowledge, change nothing."""
+
+
+@attrs.frozen
+class EarlyReport:
+    """The report is more than one allowed step ahead of the recorded state (it overtook the
+    reports before it): apply nothing and do not acknowledge it, so the Node sends it again."""
+
+
+@attrs.frozen
+class RefuseReport:
+    """The Node could not have made this report: change nothing, answer ``reason``."""
+
+    reason: str
+
+
+ReportVerdict = ApplyReport | StaleReport | EarlyReport | RefuseReport
+
+
+def _reachable(known: str) -> frozenset[str]:
+    """Every state reachable from ``known`` along :data:`REPORT_MOVES` (``known`` excluded)."""
+    seen: set[str] = set()
+    todo = list(REPORT_MOVES[known])
+    while todo:
+        state = todo.pop()
+        if state not in seen:
+            seen.add(state)
+            todo.extend(REPORT_MOVES[state])
+    return frozenset(seen)
+
+
+#: For each recorded state, the reported states that need more than one step to get there.
+REPORT_LATER: dict[str, frozenset[str]] = {
+    known: _reachable(known) - REPORT_MOVES[known] for known in REPORT_MOVES
+}
+
+
+def _out_dir_problem(facts: ReportFacts) -> str | None:
+    """Why the report's out dir cannot be this member's, or None when it can be."""
+    out = facts.out_dir
+    if not out:
+        return None
+    parts = out.split("/")
+    if (
+        "\x00" in out
+        or not out.startswith("/")
+        or posixpath.normpath(out) != out
+        or ".." in parts
+        or not any(facts.run_id in part for part in parts)
+    ):
+        return (
+            f"its out dir {out!r} is not an absolute, normalised path with the run id "
+            f"{facts.run_id!r} in it, as every Node lays out $TUNEPLANE_OUT_DIR"
+        )
+    if facts.recorded_out_dir and out != facts.recorded_out_dir:
+        return (
+            f"its out dir {out!r} differs from the one already recorded "
+            f"({facts.recorded_out_dir!r}); a member's out dir never moves"
+        )
+    return None
+
+
+def judge_report(facts: ReportFacts) -> ReportVerdict:
+    """Whether a Node's MemberReport is applied, stale, or refused (see the module rules).
+
+    Pure: the caller reads the member and its attempt, asks here, then writes what it says.
+    """
+
+    def refuse(why: str) -> RefuseReport:
+        return RefuseReport(
+            f"Node {facts.node_id} reported {facts.member} as {facts.reported!r}, but {why}. "
+            "The report was refused and changed nothing."
+        )
+
+    if facts.placed_on is None:
+        return refuse("the coordinator holds no such member")
+    if facts.placed_on != facts.node_id:
+        return refuse("that member is not placed on this Node; a Node reports only its own members")
+    if facts.reported not in REPORTABLE:
+        return refuse(
+            f"a MemberReport carries only {', '.join(sorted(REPORTABLE))}; "
+            f"{facts.reported!r} is not one of them"
+        )
+    known = facts.known
+    if known in TERMINAL_MEMBER_STATES or MEMBER_RANK[facts.reported] <= MEMBER_RANK[known]:
+        return StaleReport()
+    if facts.reported in NEEDS_COMMIT and facts.decision != COMMIT:
+        return refuse(
+            f"its attempt {'was aborted' if facts.decision == ABORT else 'is not committed'}, "
+            "so nothing of it can have started"
+        )
+    if facts.reported in REPORT_LATER[known]:
+        return EarlyReport()
+    if facts.reported not in REPORT_MOVES[known]:
+        allowed = ", ".join(sorted(REPORT_MOVES[known])) or "nothing (it has ended)"
+        return refuse(f"the member is {known} and can only move to {allowed} from there")
+    if facts.reported == M_EXITED and not facts.has_exit:
+        return refuse("an exited member's report must carry its exit code or signal")
+    problem = _out_dir_problem(facts)
+    if problem is not None:
+        return refuse(problem)
+    return ApplyReport(facts.reported)
+
+
 @attrs.frozen
 class MemberFacts:
     """What :func:`derive_job_state` needs to know about one member."""
@@ -136,6 +302,7 @@ class MemberFacts:
     has_exit: bool = False
     exit_code: int = 0
     signal: int = 0
+    reason: str = ""  # why it is in ``state``, as its Node (or the coordinator) said
 
 
 def _failure(m: MemberFacts) -> str | None:
@@ -146,6 +313,14 @@ def _failure(m: MemberFacts) -> str | None:
             return f"member {m.index} was ended by signal {m.signal}"
         return f"member {m.index} exited with code {m.exit_code}"
     return None
+
+
+def _launch_failure(m: MemberFacts) -> str | None:
+    """A committed member that ended ``aborted``: its Node could not start it."""
+    if m.state != M_ABORTED:
+        return None
+    why = m.reason.strip().rstrip(".") or "no reason given"
+    return f"member {m.index} could not be started on its Node: {why}"
 
 
 def derive_job_state(
@@ -167,10 +342,15 @@ def derive_job_state(
         return CANCELLING, f"{cancel_reason}; waiting for every member to stop"
     if decision == ABORT:
         return ABORTED, decision_reason
-    for m in members:
-        why = _failure(m)
-        if why is not None:
-            return FAILED, why
+    # A workload's own failure explains more than a sibling stopped because of it, so exits and
+    # losses are named first, then members their Node could not start. Before the Commit
+    # decision an aborted member is a refused Prepare, which aborts the attempt instead.
+    checks = (_failure, _launch_failure) if decision == COMMIT else (_failure,)
+    for failure in checks:
+        for m in members:
+            why = failure(m)
+            if why is not None:
+                return FAILED, why
     if any(m.state == M_UNKNOWN for m in members):
         return UNKNOWN, "a Node holding a member is disconnected"
     if decision is None:

@@ -83,6 +83,7 @@ class Report:
     exit_code: int = 0
     signal: int = 0
     out_dir: str = ""
+    journal_id: str = ""  # the Node's journal that numbered it ("" from an older agent)
 
 
 @attrs.frozen

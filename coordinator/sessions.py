@@ -2,6 +2,11 @@
 
 Rules:
 - At most one session per Node: attaching a second one closes the first (the newer Connect wins).
+  Why not refuse the newer one: an agent whose TCP connection died silently reconnects long
+  before the old stream's heartbeat timeout, and refusing it would lock an honest Node out for
+  that long. A thief holding a stolen credential can push the real Node off, but the real Node
+  reconnects and pushes back, and the gateway records every takeover in ``decisions`` and the
+  log, so a fight over one Node's session is loud (and revoking the credential ends it).
 - Sending never blocks the sender: each session has a bounded outbox; a full outbox means the
   Node is not reading, so its session is closed and the Node reconnects.
 - On shutdown :meth:`SessionRegistry.close_all` closes every session and waits until each one has
@@ -35,11 +40,15 @@ class NodeSession:
     scope: anyio.CancelScope = attrs.field(factory=anyio.CancelScope)
     finished: anyio.Event = attrs.field(factory=anyio.Event)
     close_reason: str = ""
+    peer: str = ""  # the client's HOST:PORT as the listener saw it, for the audit of takeovers
+    opened_at_ms: int = 0
 
     @classmethod
-    def create(cls, node_id: str) -> NodeSession:
+    def create(cls, node_id: str, peer: str = "", opened_at_ms: int = 0) -> NodeSession:
         send, receive = anyio.create_memory_object_stream[v1.CoordinatorMessage](OUTBOX_SIZE)
-        return cls(node_id=node_id, outbox=send, inbox=receive)
+        return cls(
+            node_id=node_id, outbox=send, inbox=receive, peer=peer, opened_at_ms=opened_at_ms
+        )
 
     def close(self, reason: str) -> None:
         if not self.close_reason:
@@ -52,15 +61,24 @@ class SessionRegistry:
     _sessions: dict[str, NodeSession] = attrs.field(factory=dict, alias="sessions")
     _closing: bool = attrs.field(default=False, alias="closing")
 
-    def attach(self, session: NodeSession) -> None:
-        """Make ``session`` the Node's session, closing an older one."""
+    def attach(self, session: NodeSession) -> NodeSession | None:
+        """Make ``session`` the Node's session, closing an older one; returns the one closed."""
         if self._closing:
             session.close("the coordinator is stopping")
         old = self._sessions.get(session.node_id)
         self._sessions[session.node_id] = session
         if old is not None:
-            log.info("control stream replaced node=%s", session.node_id)
-            old.close("a newer Connect from the same Node replaced this stream")
+            log.warning(
+                "control stream replaced node=%s old_peer=%s new_peer=%s",
+                session.node_id,
+                old.peer or "-",
+                session.peer or "-",
+            )
+            old.close(
+                "a newer Connect with this Node's credential replaced this stream; if this Node "
+                "did not open it, its credential is in other hands: revoke it and re-enroll"
+            )
+        return old
 
     def detach(self, session: NodeSession) -> bool:
         """Forget ``session``; True when it was still the Node's current one."""

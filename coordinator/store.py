@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
+import attrs
 
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.placement import NodeOffer, Placement
@@ -67,6 +68,22 @@ class Conflict(StoreError):
 
 class EnrollRefused(StoreError):
     """The join token cannot enroll a Node (gRPC PERMISSION_DENIED)."""
+
+
+@attrs.frozen
+class ReportOutcome:
+    """What :meth:`Store.apply_report` did with one MemberReport.
+
+    ``applied``: the member moved. ``ended``: the member has ended (now or before), so its
+    collector credential and failed-sibling handling follow. ``early``: the report overtook the
+    ones before it; nothing was changed and it must not be acknowledged (the Node sends it again).
+    ``refused``: the sentence sent back to the Node; nothing was changed.
+    """
+
+    applied: bool = False
+    ended: bool = False
+    early: bool = False
+    refused: str = ""
 
 
 class Store(SqliteFile):
@@ -336,6 +353,25 @@ class Store(SqliteFile):
                     "last_heartbeat_ms = MAX(COALESCE(last_heartbeat_ms, 0), ?) WHERE id = ?",
                     (inventory.to_json(), now, node_id),
                 )
+
+        await self._shielded(work())
+
+    async def session_replaced(
+        self, node_id: str, old_peer: str, new_peer: str, old_opened_at_ms: int, now: int
+    ) -> None:
+        """Audit a second Connect of one Node that ended its live stream (the newer one wins).
+
+        Nothing else changes: the Node stays connected and its members keep their states.
+        """
+
+        async def work() -> None:
+            async with self._txn() as db:
+                await self._log(
+                    db, now, "control stream replaced",
+                    {"old_peer": old_peer, "new_peer": new_peer,
+                     "old_opened_at_ms": old_opened_at_ms},
+                    node_id=node_id,
+                )  # fmt: skip
 
         await self._shielded(work())
 
@@ -1009,52 +1045,73 @@ class Store(SqliteFile):
 
     # ----- member reports ----------------------------------------------------------------------
 
-    async def apply_report(self, node_id: str, report: Report, now: int) -> bool:
-        """Apply a MemberReport at most once (by the Node's report_seq). True when applied."""
+    async def apply_report(self, node_id: str, report: Report, now: int) -> ReportOutcome:
+        """Judge a Node's MemberReport (:func:`lifecycle.judge_report`) and apply what it allows.
 
-        async def work() -> bool:
+        Report numbers decide nothing: a repeat or a late copy is stale by the member's own
+        state, so a restarted journal or a forged number can never hide a true report. A refused
+        report changes nothing but an audit row in ``decisions``.
+        """
+
+        async def work() -> ReportOutcome:
             async with self._txn() as db:
-                rows = list(
-                    await db.execute_fetchall(
-                        "SELECT last_report_seq FROM nodes WHERE id = ?", (node_id,)
-                    )
-                )
-                if not rows or report.report_seq <= int(rows[0][0]):
-                    return False
-                await db.execute(
-                    "UPDATE nodes SET last_report_seq = ? WHERE id = ?",
-                    (report.report_seq, node_id),
-                )
                 key = report.member
-                row = await self._member_row(db, key)
-                if row is None or row["node_id"] != node_id:
-                    log.warning(
-                        "report for a member this Node does not hold node=%s run_id=%s "
-                        "attempt=%d member=%d seq=%d",
-                        node_id,
-                        key.run_id,
-                        key.attempt,
-                        key.member_index,
-                        report.report_seq,
-                    )
-                    return True
-                moved = lc.member_after_report(row["known_state"], report.state)
-                known = moved or row["known_state"]
-                why = report.reason or f"reported {report.state} by its Node"
-                if moved is not None or row["state"] == lc.M_UNKNOWN:
-                    await self._set_member_state(db, key, known, now, why, known=known)
-                if moved is not None and report.has_exit:
+                row = await _first(
+                    db,
+                    "SELECT m.node_id, m.state, m.known_state, m.out_dir, a.decision "
+                    "FROM members m JOIN attempts a ON a.run_id = m.run_id "
+                    "AND a.number = m.attempt "
+                    "WHERE m.run_id = ? AND m.attempt = ? AND m.member_index = ?",
+                    (key.run_id, key.attempt, key.member_index),
+                )
+                facts = lc.ReportFacts(
+                    node_id=node_id,
+                    member=f"{key.run_id} attempt {key.attempt} member {key.member_index}",
+                    run_id=key.run_id,
+                    attempt=key.attempt,
+                    member_index=key.member_index,
+                    reported=report.state,
+                    has_exit=report.has_exit,
+                    out_dir=report.out_dir,
+                    placed_on=None if row is None else str(row[0]),
+                    known=lc.M_RESERVED if row is None else str(row[2]),
+                    decision=None if row is None or row[4] is None else str(row[4]),
+                    recorded_out_dir="" if row is None else str(row[3]),
+                )
+                verdict = lc.judge_report(facts)
+                if isinstance(verdict, lc.RefuseReport):
+                    # Audited against the reporting Node only: the member it named may be
+                    # another user's, and this row must not read as that Job's history.
+                    await self._log(
+                        db, now, "report refused",
+                        {"reason": verdict.reason, "member": str(key), "state": report.state,
+                         "report_seq": report.report_seq, "journal_id": report.journal_id},
+                        node_id=node_id,
+                    )  # fmt: skip
+                    return ReportOutcome(refused=verdict.reason)
+                assert row is not None
+                if isinstance(verdict, lc.EarlyReport):
+                    return ReportOutcome(early=True)
+                known = str(row[2])
+                if isinstance(verdict, lc.StaleReport):
+                    if str(row[1]) == lc.M_UNKNOWN:
+                        # Its Node is talking again: the member shows its last real state.
+                        await self._set_member_state(
+                            db, key, known, now, f"reported {report.state} by its Node",
+                            known=known,
+                        )  # fmt: skip
+                        await self._refresh_job(db, key.run_id, now)
+                    return ReportOutcome(ended=known in lc.TERMINAL_MEMBER_STATES)
+                moved = verdict.state
+                why = report.reason or f"reported {moved} by its Node"
+                await self._set_member_state(db, key, moved, now, why, known=moved)
+                if report.has_exit and moved == lc.M_EXITED:
                     await db.execute(
                         "UPDATE members SET has_exit = 1, exit_code = ?, signal = ? "
                         "WHERE run_id = ? AND attempt = ? AND member_index = ?",
-                        (
-                            report.exit_code,
-                            report.signal,
-                            key.run_id,
-                            key.attempt,
-                            key.member_index,
-                        ),
-                    )
+                        (report.exit_code, report.signal, key.run_id, key.attempt,
+                         key.member_index),
+                    )  # fmt: skip
                 if report.out_dir:
                     await db.execute(
                         "UPDATE members SET out_dir = ? WHERE run_id = ? AND attempt = ? "
@@ -1064,7 +1121,7 @@ class Store(SqliteFile):
                 if moved in lc.TERMINAL_MEMBER_STATES:
                     await self._release(db, key, now, f"the member {moved}")
                 await self._refresh_job(db, key.run_id, now)
-                return True
+                return ReportOutcome(applied=True, ended=moved in lc.TERMINAL_MEMBER_STATES)
 
         return await self._shielded(work())
 
@@ -1134,12 +1191,19 @@ class Store(SqliteFile):
         cancel_reason: str | None = None
         if attempt:
             number, decision, decision_reason = attempt[0]
-            for idx, state, has_exit, code, sig in await db.execute_fetchall(
-                "SELECT member_index, state, has_exit, exit_code, signal FROM members "
-                "WHERE run_id = ? AND attempt = ? ORDER BY member_index",
+            # The reason of each member's latest state: a launch failure's sentence from its
+            # Node becomes the Job's reason.
+            for idx, state, has_exit, code, sig, why in await db.execute_fetchall(
+                "SELECT m.member_index, m.state, m.has_exit, m.exit_code, m.signal, "
+                "(SELECT s.reason FROM member_states s WHERE s.run_id = m.run_id "
+                " AND s.attempt = m.attempt AND s.member_index = m.member_index "
+                " ORDER BY s.id DESC LIMIT 1) "
+                "FROM members m WHERE m.run_id = ? AND m.attempt = ? ORDER BY m.member_index",
                 (run_id, number),
             ):
-                facts.append(lc.MemberFacts(int(idx), str(state), bool(has_exit), code, sig))
+                facts.append(
+                    lc.MemberFacts(int(idx), str(state), bool(has_exit), code, sig, str(why or ""))
+                )
             cancel = await _first(
                 db,
                 "SELECT reason FROM attempt_stops WHERE run_id = ? AND attempt = ? "

@@ -8,7 +8,8 @@ Rules:
   for the caller to dispatch; a Node that is away gets them from :func:`stops_to_resend` when it
   reconnects. Every operation here is safe to repeat.
 - Only a person's cancel decides a Job's state (``cancelling`` -> ``cancelled``); stopping the
-  siblings of a failed member leaves the Job ``failed`` with that member's exit.
+  siblings of a failed member (an exit, a loss, or a launch its Node could not carry out) leaves
+  the Job ``failed`` with that member's reason.
 """
 
 from __future__ import annotations
@@ -184,7 +185,9 @@ async def _cancel_queued(
 
 
 def _failure(state: str, has_exit: bool, exit_code: int, signal: int) -> bool:
-    if state == lc.M_LOST:
+    # An aborted member here was committed (an undecided attempt's abort leaves no live sibling,
+    # and a person's cancel is handled before): its Node could not start it.
+    if state in (lc.M_LOST, lc.M_ABORTED):
         return True
     return state == lc.M_EXITED and has_exit and (exit_code != 0 or signal != 0)
 
@@ -232,6 +235,8 @@ def _describe(row: Any) -> str:
     state, _has_exit, exit_code, signal = row
     if state == lc.M_LOST:
         return "lost by its Node"
+    if state == lc.M_ABORTED:
+        return "it could not be started on its Node"
     return f"signal {signal}" if signal else f"exit code {exit_code}"
 
 

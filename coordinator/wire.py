@@ -120,6 +120,7 @@ def report(msg: v1.MemberReport) -> Report:
         exit_code=msg.exit_code,
         signal=msg.signal,
         out_dir=msg.out_dir,
+        journal_id=msg.journal_id,
     )
 
 

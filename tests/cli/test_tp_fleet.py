@@ -25,7 +25,6 @@ from tests.coordinator.grpc_client import Api, NodeStream, api_client, enroll, j
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.proto import v1
 
-RUNNING = v1.MemberState(v1.MemberState.RUNNING)
 EXITED = v1.MemberState(v1.MemberState.EXITED)
 
 
@@ -85,7 +84,7 @@ async def _start(api: Api, node: NodeStream, run_id: str, seq: int) -> v1.Prepar
     assert prepare.member.run_id == run_id
     await node.send(prepare_reply=v1.PrepareReply(member=prepare.member, ok=True))
     await node.expect("commit")
-    await node.report(seq, prepare.member, RUNNING)
+    await node.report_running(seq, prepare.member)
     await api.wait_for_state(run_id, "running")
     return prepare
 

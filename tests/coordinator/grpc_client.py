@@ -176,6 +176,15 @@ class NodeStream:
         ack = await self.expect("report_ack")
         return int(ack.report_seq)
 
+    async def report_running(self, seq: int, member: v1.MemberRef) -> int:
+        """Report a committed member committed, starting, then running (``seq`` on), as a real
+        Node does: the coordinator applies only one lifecycle step at a time. Returns the last
+        sequence number used."""
+        for offset, name in enumerate(("COMMITTED", "STARTING", "RUNNING")):
+            ack = await self.report(seq + offset, member, v1.MemberState[name])
+            assert ack == seq + offset
+        return seq + 2
+
 
 @asynccontextmanager
 async def node_stream(

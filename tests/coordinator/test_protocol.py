@@ -82,13 +82,13 @@ def test_a_job_runs_to_success_and_a_repeated_report_is_applied_once(
             assert capsule["entrypoint"] == ["bash", "train.sh"]
             assert json.loads(prepare.jobspec_json)["source_files"]["train.sh"]
 
-            assert await node.report(1, prepare.member, RUNNING) == 1
+            assert await node.report_running(1, prepare.member) == 3
             await api.wait_for_state(run_id, "running")
-            assert await node.report(2, prepare.member, EXITED, has_exit=True, exit_code=0) == 2
+            assert await node.report(4, prepare.member, EXITED, has_exit=True, exit_code=0) == 4
             # The same report again (the Node did not see the ack): acked, not applied twice.
-            assert await node.report(2, prepare.member, EXITED, has_exit=True, exit_code=0) == 2
+            assert await node.report(4, prepare.member, EXITED, has_exit=True, exit_code=0) == 4
             # An old report arriving late is acked and changes nothing.
-            assert await node.report(1, prepare.member, RUNNING) == 1
+            assert await node.report(3, prepare.member, RUNNING) == 3
             return await api.wait_for_state(run_id, "succeeded")
 
     job = asyncio.run(go())
@@ -98,6 +98,8 @@ def test_a_job_runs_to_success_and_a_repeated_report_is_applied_once(
         "reserved",
         "preparing",
         "prepared",
+        "committed",
+        "starting",
         "running",
         "exited",
     ]
@@ -126,8 +128,8 @@ def test_a_nonzero_exit_fails_the_job_and_frees_the_gpus(coord: CoordinatorProce
             ) as node,
         ):
             run_id, prepare = await _launch(api, node, "fails")
-            await node.report(1, prepare.member, RUNNING)
-            await node.report(2, prepare.member, EXITED, has_exit=True, exit_code=3)
+            seq = await node.report_running(1, prepare.member)
+            await node.report(seq + 1, prepare.member, EXITED, has_exit=True, exit_code=3)
             job = await api.wait_for_state(run_id, "failed")
             # The GPUs came back: the next Job is placed on the same Node's GPUs.
             _, again = await _launch(api, node, "after-failure")
@@ -220,7 +222,7 @@ def test_a_dropped_node_makes_the_job_unknown_until_it_reports_again(
                 hostname="node-drop",
             ) as node:
                 run_id, prepare = await _launch(api, node, "drops")
-                await node.report(1, prepare.member, RUNNING)
+                await node.report_running(1, prepare.member)
                 await api.wait_for_state(run_id, "running")
             # The stream closed: the workload may well still run. Never failed, only unknown.
             unknown = await api.wait_for_state(run_id, "unknown")
@@ -234,7 +236,7 @@ def test_a_dropped_node_makes_the_job_unknown_until_it_reports_again(
                 held=held,
             ) as node:
                 back = await api.wait_for_state(run_id, "running")
-                await node.report(2, prepare.member, EXITED, has_exit=True, exit_code=0)
+                await node.report(4, prepare.member, EXITED, has_exit=True, exit_code=0)
                 done = await api.wait_for_state(run_id, "succeeded")
             return unknown, back, done
 
