@@ -236,6 +236,14 @@ def run_command(
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (which stop it and leave every member running)."""
     _setup_logging(log_level)
+    if not state_dir.is_absolute():
+        # Every runner the agent starts works from its own directory and finds its member by the
+        # paths the journal holds: a relative one would point somewhere else there.
+        raise click.UsageError(
+            f"--state-dir {state_dir} is a relative path, but the agent and the runners it "
+            "starts must find it from any working directory. Pass an absolute path, for "
+            f"example --state-dir {state_dir.absolute()}."
+        )
     state = StateDir(state_dir)
     with _sentences():
         node = state.load_node()

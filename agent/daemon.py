@@ -314,8 +314,11 @@ class Daemon:
                 if isinstance(effect.message, m.Report):
                     crashpoint("after-report-sent")
             elif isinstance(effect, DropReport):
+                if effect.refused:
+                    log.warning("report refused by the coordinator seq=%d reason=%s",
+                                effect.report_seq, effect.refused)  # fmt: skip
                 if self.journal is not None:
-                    await self.journal.ack_report(effect.report_seq)
+                    await self.journal.ack_report(effect.report_seq, effect.refused, now_ms())
             elif isinstance(effect, HandleCommand):
                 await self._commands_send.send(effect.command)
             elif isinstance(effect, Connected):

@@ -7,6 +7,8 @@ Rules:
 - A member owns GPUs exactly while its state is in ``OWNS_GPUS``; ``gpu_ownership.gpu_index`` is
   the primary key, so SQLite itself refuses a GPU owned twice.
 - ``report_seq`` comes from a durable counter in ``meta``; it never goes back, across restarts.
+  ``meta.journal_id`` is a random id made with the journal (or by the migration that added it):
+  every report carries it, so a fresh journal's numbering is a new sequence, not a repeat.
 The schema is documented in docs/journal.md; aiosqlite runs through :mod:`tuneplane.agent.adapter`.
 """
 
@@ -33,7 +35,7 @@ from tuneplane.agent.member_state import (
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Migration n brings a journal from version n-1 to n. Append only; never edit a shipped one.
 MIGRATIONS: Sequence[str] = (
@@ -94,6 +96,11 @@ MIGRATIONS: Sequence[str] = (
         rotated_at_ms INTEGER
     );
     INSERT INTO meta (key, value) VALUES ('next_report_seq', '1');
+    """,
+    # 2: the journal's identity. Random, made once, here: a new journal gets it as it is created
+    # (after migration 1) and an existing one as it is opened by this agent for the first time.
+    """
+    INSERT INTO meta (key, value) VALUES ('journal_id', lower(hex(randomblob(16))));
     """,
 )
 
@@ -194,6 +201,7 @@ class PendingReport:
     reason: str
     exit: Exit | None
     out_dir: str
+    journal_id: str = ""  # the journal that numbered it (``meta.journal_id``)
 
 
 @attrs.frozen
@@ -238,10 +246,11 @@ def member_from_row(row: Sequence[Any]) -> MemberRecord:
     )
 
 
-def report_from_row(row: Sequence[Any]) -> PendingReport:
+def report_from_row(row: Sequence[Any], journal_id: str = "") -> PendingReport:
     """A ``pending_reports`` row (selected as :data:`REPORT_COLUMNS`) as a record."""
     has_exit = bool(row[5])
     return PendingReport(
+        journal_id=journal_id,
         report_seq=int(row[0]),
         key=MemberKey.parse(row[1]),
         state=MemberState(row[2]),
@@ -266,10 +275,12 @@ class Journal:
     from cancellation so a cancelled caller never leaves a half-written transaction behind.
     """
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path, journal_id: str = "") -> None:
         self._db = db
         self.path = path
         self._lock = trio.Lock()
+        #: This journal's random identity (``meta.journal_id``), sent with every report.
+        self.journal_id = journal_id
 
     # --- opening -----------------------------------------------------------------------------
 
@@ -281,7 +292,8 @@ class Journal:
         :class:`JournalTooNew` when its schema is newer than this agent knows.
         """
         db = await run_aio(_aio_open, path)
-        return cls(db, path)
+        rows = await run_aio(_fetchall, db, "SELECT value FROM meta WHERE key = 'journal_id'")
+        return cls(db, path, str(rows[0][0]))
 
     async def close(self) -> None:
         async with self._lock:
@@ -482,7 +494,7 @@ class Journal:
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     row,
                 )
-                reports.append(report_from_row(row))
+                reports.append(report_from_row(row, self.journal_id))
 
         await self._write(fn)
         record = await self.member(key)
@@ -496,18 +508,33 @@ class Journal:
     async def pending_reports(self) -> list[PendingReport]:
         """Every report the coordinator has not acknowledged, oldest first."""
         rows = await self._read(f"SELECT {REPORT_COLUMNS} FROM pending_reports ORDER BY report_seq")
-        return [report_from_row(r) for r in rows]
+        return [report_from_row(r, self.journal_id) for r in rows]
 
-    async def ack_report(self, report_seq: int) -> bool:
-        """Drop an acknowledged report. A repeated or unknown acknowledgement is harmless."""
+    async def ack_report(self, report_seq: int, refused: str = "", at_ms: int = 0) -> bool:
+        """Drop an acknowledged report. A repeated or unknown acknowledgement is harmless.
+
+        ``refused`` is the coordinator's sentence when it would not apply the report: the report
+        is dropped all the same (resending cannot change the answer) and the refusal is kept as
+        a ``report-refused`` event on the member, in the same transaction.
+        """
         gone: list[int] = []
 
         async def fn(db: aiosqlite.Connection) -> None:
+            rows = await _fetchall(
+                db, "SELECT member_key, state FROM pending_reports WHERE report_seq = ?",
+                (report_seq,),
+            )  # fmt: skip
             cursor = await db.execute(
                 "DELETE FROM pending_reports WHERE report_seq = ?", (report_seq,)
             )
             gone.append(cursor.rowcount)
             await cursor.close()
+            if refused and rows:
+                member_key, state = rows[0]
+                await _insert_event(
+                    db, at_ms, member_key, "report-refused", None, None, refused,
+                    {"report_seq": report_seq, "state": state},
+                )  # fmt: skip
 
         await self._write(fn)
         return bool(gone and gone[0])

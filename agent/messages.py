@@ -32,6 +32,7 @@ class HeartbeatAck:
 @attrs.frozen
 class ReportAck:
     report_seq: int
+    refused: str = ""  # the coordinator's sentence when it refused the report (it changed nothing)
 
 
 @attrs.frozen

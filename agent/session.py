@@ -60,9 +60,14 @@ class Send:
 
 @attrs.frozen
 class DropReport:
-    """The coordinator acknowledged this report: delete it from ``pending_reports``."""
+    """The coordinator acknowledged this report: delete it from ``pending_reports``.
+
+    ``refused`` carries the coordinator's sentence when it refused the report: resending would
+    get the same answer, so it is dropped too, and the refusal is journaled.
+    """
 
     report_seq: int
+    refused: str = ""
 
 
 @attrs.frozen
@@ -167,7 +172,7 @@ class ControlSession:
             return [HeartbeatAcked(message.seq)]
         if isinstance(message, m.ReportAck):
             self.report_sent_at.pop(message.report_seq, None)
-            return [DropReport(message.report_seq)]
+            return [DropReport(message.report_seq, message.refused)]
         if isinstance(message, m.LogAck):
             return [LogAcked(message)]
         return [HandleCommand(message)]

@@ -208,6 +208,7 @@ def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
                 exit_code=(exit.exit_code or 0) if exit else 0,
                 signal=(exit.signal or 0) if exit else 0,
                 out_dir=r.out_dir,
+                journal_id=r.journal_id,
             )
         )
     if isinstance(msg, m.PrepareReply):
@@ -242,7 +243,7 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
     if isinstance(body, v1.HeartbeatAck):
         return m.HeartbeatAck(body.seq)
     if isinstance(body, v1.ReportAck):
-        return m.ReportAck(body.report_seq)
+        return m.ReportAck(body.report_seq, body.refused)
     if isinstance(body, v1.Prepare):
         return m.Prepare(
             key=_key(body.member),
