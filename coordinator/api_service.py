@@ -19,13 +19,15 @@ from typing import Any
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
-from tuneplane.coordinator import jobspec, store_fleet
+from tuneplane.coordinator import jobspec, store_access, store_fleet
 from tuneplane.coordinator.admission import resolve
 from tuneplane.coordinator.auth import AuthError, Principal, bearer_token, hash_credential
 from tuneplane.coordinator.capacity import never_fits
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import CoordinatorConfig
+from tuneplane.coordinator.fleet_service import caller
+from tuneplane.coordinator.job_access import check_read
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.records import PreviewRecord
 from tuneplane.coordinator.store import Store
@@ -190,24 +192,23 @@ class ApiService:
 
     async def _get_job(self, stream: Any) -> None:
         with grpc_errors():
-            await user_principal(self._store, stream)
+            user = await caller(self._store, stream)
             request: v1.GetJobRequest = await stream.recv_message()
             if not request.run_id:
                 raise GRPCError(
                     Status.INVALID_ARGUMENT, "GetJobRequest.run_id is empty. Name a run id."
                 )
+            check_read(await store_access.job_access(self._store, request.run_id), user, "state")
             job = await self._store.get_job(request.run_id)
             await stream.send_message(job_message(job))
 
     async def _list_jobs(self, stream: Any) -> None:
         with grpc_errors():
-            principal = await user_principal(self._store, stream)
+            user = await caller(self._store, stream)
             request: v1.ListJobsRequest = await stream.recv_message()
             limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
-            jobs = await self._store.list_jobs(
-                project=request.project,
-                state=request.state,
-                owner=principal.name if request.mine else "",
-                limit=limit,
+            # Only the Jobs this user may read (job_access): another user's never show up.
+            jobs = await store_access.readable_jobs(
+                self._store, user, request.project, request.state, request.mine, limit
             )
             await stream.send_message(v1.ListJobsReply(jobs=[job_message(j) for j in jobs]))

@@ -72,6 +72,9 @@ class JobSpec:
     init_from: str | None = None
     # Experiment files, relative path -> base64 content; materialised in the member's work dir.
     source_files: Mapping[str, str] = attrs.field(factory=dict)
+    # TunePlane users besides the owner who may read this Job (state, logs, metrics): the
+    # project's `share_with` in tuneplane.yaml. Reading only; changing a Job stays the owner's.
+    share_with: tuple[str, ...] = ()
 
 
 def make_converter() -> cattrs.Converter:
@@ -126,6 +129,12 @@ def parse(raw: Mapping[str, Any]) -> JobSpec:
     """Build and validate a JobSpec from decoded JSON. Raises :class:`JobSpecError`."""
     if not isinstance(raw, Mapping):
         raise JobSpecError("<root>", raw, "a JobSpec is a JSON object", "Send a JSON object.")
+    shared = raw.get("share_with", [])
+    if not isinstance(shared, list):
+        # cattrs would read the string "bob" as the names ("b", "o", "b").
+        raise JobSpecError(
+            "share_with", shared, "must be a list of user names", "Write share_with: [name, ...]."
+        )
     try:
         spec = _CONVERTER.structure(dict(raw), JobSpec)
     except (ClassValidationError, IterableValidationError, ForbiddenExtraKeysError) as exc:
@@ -211,6 +220,7 @@ def validate(spec: JobSpec) -> None:
                 "is not a valid environment variable name or uses the reserved TUNEPLANE_ prefix",
                 "Rename the variable.",
             )
+    _check_share_with(spec.share_with)
     total = 0
     for name, content in spec.source_files.items():
         if name.startswith("/") or ".." in name.split("/") or not name:
@@ -238,10 +248,37 @@ def validate(spec: JobSpec) -> None:
         )
 
 
+MAX_SHARE_WITH = 100
+
+
+def _check_share_with(names: tuple[str, ...]) -> None:
+    if len(names) > MAX_SHARE_WITH:
+        raise JobSpecError(
+            "share_with",
+            f"{len(names)} users",
+            f"names more than {MAX_SHARE_WITH} users",
+            "Share the project with fewer users.",
+        )
+    for n, name in enumerate(names):
+        if not _NAME.match(name):
+            raise JobSpecError(
+                f"share_with[{n}]",
+                name,
+                "is not a user name (1-63 lowercase letters, digits, '.', '_' or '-')",
+                "Fix the name in share_with in tuneplane.yaml.",
+            )
+
+
 def to_json_obj(spec: JobSpec) -> dict[str, Any]:
     """The JobSpec as plain JSON data (lists, dicts, str, int, None)."""
     data = _CONVERTER.unstructure(spec)
     data["entrypoint"] = list(spec.entrypoint)
+    if not spec.share_with:
+        # Absent when empty, so a JobSpec that shares with nobody keeps the digest it had
+        # before the field existed.
+        del data["share_with"]
+    else:
+        data["share_with"] = list(spec.share_with)
     return json.loads(json.dumps(data))  # type: ignore[no-any-return]
 
 

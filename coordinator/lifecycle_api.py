@@ -3,7 +3,8 @@
 Rules:
 - Served on the API listener beside :class:`~tuneplane.coordinator.api_service.ApiService`; every
   call is authenticated from its user token before the request is read. Only a Job's owner or
-  an admin may cancel or retry it; any user may read its logs.
+  an admin may cancel or retry it; its logs are read by those who may read the Job
+  (:mod:`~tuneplane.coordinator.job_access`: owner, the users its project shares it with, admins).
 - A cancel is on disk (:mod:`~tuneplane.coordinator.store_lifecycle`) before its orders go to
   the Nodes; an order for a disconnected Node waits in the store for its next Hello.
 - GetLogs is bounded (at most :data:`MAX_LOG_BYTES` per call) and never waits: ``tp logs
@@ -22,9 +23,11 @@ from grpclib.const import Cardinality, Handler, Status
 from tuneplane.coordinator import store_lifecycle
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.fleet_service import ADMIN_ROLE, caller
+from tuneplane.coordinator.job_access import check_read
 from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import NotFound, Store, _first
+from tuneplane.coordinator.store_access import job_access
 from tuneplane.coordinator.store_logs import BadStream, LogStore, check_stream
 from tuneplane.coordinator.wire import grpc_errors, job_message
 from tuneplane.proto import v1
@@ -111,9 +114,10 @@ class LifecycleApi:
 
     async def _get_logs(self, stream: Any) -> None:
         with grpc_errors():
-            await caller(self._store, stream)
+            user = await caller(self._store, stream)
             request: v1.GetLogsRequest = await stream.recv_message()
             _require_run_id(request.run_id, "GetLogsRequest")
+            check_read(await job_access(self._store, request.run_id), user, "logs")
             try:
                 name = check_stream(request.stream or "stdout")
             except BadStream as exc:

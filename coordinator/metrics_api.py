@@ -2,8 +2,10 @@
 
 Rules:
 - Registered on the Api listener beside :class:`~tuneplane.coordinator.api_service.ApiService`;
-  user tokens only. Every answer is bounded: a series comes back whole only when it has at most
-  ``max_points`` points, otherwise as at most that many buckets (min, max and last each).
+  user tokens only, and only those who may read the Job (its owner, the users its project
+  shares it with, admins: :mod:`~tuneplane.coordinator.job_access`). Every answer is bounded:
+  a series comes back whole only when it has at most ``max_points`` points, otherwise as at
+  most that many buckets (min, max and last each).
 - Reads only: nothing here touches a Job's state, and a Job's state never waits for these.
 """
 
@@ -15,9 +17,11 @@ from typing import Any
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
-from tuneplane.coordinator.api_service import user_principal
 from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.fleet_service import caller
+from tuneplane.coordinator.job_access import check_read
 from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store_access import job_access
 from tuneplane.coordinator.store_metrics import TelemetryStore
 from tuneplane.coordinator.telemetry_records import MetricSelector
 from tuneplane.coordinator.wire import grpc_errors
@@ -74,10 +78,10 @@ class MetricsApi:
 
     async def _list_metrics(self, stream: Any) -> None:
         with grpc_errors():
-            await user_principal(self._store, stream)
+            user = await caller(self._store, stream)
             request: v1.ListMetricsRequest = await stream.recv_message()
             selector = selector_from_wire(request.selector)
-            await self._store.get_job(selector.run_id)
+            check_read(await job_access(self._store, selector.run_id), user, "metrics")
             attempt, tags = await self._telemetry.list_tags(selector)
             await stream.send_message(
                 v1.ListMetricsReply(
@@ -102,7 +106,7 @@ class MetricsApi:
 
     async def _query_series(self, stream: Any) -> None:
         with grpc_errors():
-            await user_principal(self._store, stream)
+            user = await caller(self._store, stream)
             request: v1.QuerySeriesRequest = await stream.recv_message()
             selector = selector_from_wire(request.selector)
             if not request.tag:
@@ -117,7 +121,7 @@ class MetricsApi:
                     f"QuerySeriesRequest.max_points is {max_points}, more than {MAX_MAX_POINTS}. "
                     "Ask for fewer points; buckets keep each interval's min, max and last.",
                 )
-            await self._store.get_job(selector.run_id)
+            check_read(await job_access(self._store, selector.run_id), user, "metrics")
             result = await self._telemetry.query_series(selector, request.tag, max_points)
             await stream.send_message(
                 v1.QuerySeriesReply(
@@ -142,13 +146,13 @@ class MetricsApi:
 
     async def _get_delivery(self, stream: Any) -> None:
         with grpc_errors():
-            await user_principal(self._store, stream)
+            user = await caller(self._store, stream)
             request: v1.GetDeliveryRequest = await stream.recv_message()
             if not request.run_id:
                 raise GRPCError(
                     Status.INVALID_ARGUMENT, "GetDeliveryRequest.run_id is empty. Name a run id."
                 )
-            await self._store.get_job(request.run_id)
+            check_read(await job_access(self._store, request.run_id), user, "metrics")
             members = await self._telemetry.delivery(request.run_id)
             await stream.send_message(
                 v1.GetDeliveryReply(

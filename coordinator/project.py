@@ -91,6 +91,9 @@ class Project:
 
     root: Path
     name: str
+    # TunePlane users besides the submitter who may read this project's Jobs (state, logs,
+    # metrics); carried in every JobSpec submitted from here. Never lets them change a Job.
+    share_with: tuple[str, ...] = ()
 
     @property
     def data_dir(self) -> Path:
@@ -125,13 +128,34 @@ def load_project(root: Path) -> Project:
     path = root / PROJECT_FILE
     shown = str(path)
     data = _load_yaml(path, shown)
-    _refuse_unknown_keys(data, ("name",), shown)
+    _refuse_unknown_keys(data, ("name", "share_with"), shown)
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ProjectError(f"{shown} must set 'name' to the project's name, e.g. 'name: demo'.")
     if not NAME_RULE.match(name):
         raise ProjectError(f"{shown} key 'name' = '{name}' is not valid: use {NAME_RULE_TEXT}.")
-    return Project(root=root, name=name)
+    return Project(root=root, name=name, share_with=_share_with(data.get("share_with"), shown))
+
+
+def _share_with(value: object, shown: str) -> tuple[str, ...]:
+    """``share_with``: a list of TunePlane user names (absent: the project shares nothing)."""
+    if value is None:
+        return ()
+    example = "e.g. 'share_with: [alice, bob]'"
+    if not isinstance(value, list):
+        raise ProjectError(
+            f"{shown} key 'share_with' must be a list of TunePlane user names, {example}."
+        )
+    names: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or not NAME_RULE.match(item):
+            raise ProjectError(
+                f"{shown} key 'share_with' holds {item!r}, which is not a user name: use "
+                f"{NAME_RULE_TEXT}, {example}."
+            )
+        if item not in names:
+            names.append(item)
+    return tuple(names)
 
 
 def find_project(start: Path) -> Project:

@@ -332,6 +332,7 @@ def build_jobspec(
         grace_period_s=config.grace_period_s,
         init_from=init_from,
         source_files=collect_source_files(folder),
+        share_with=project.share_with,
     )
     try:
         jobspec.validate(spec)
