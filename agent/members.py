@@ -336,8 +336,27 @@ class MemberManager:
                 supervision.write_launch(self._plan(record))
             except supervision.LaunchAlreadyClaimed:
                 log.info("launch already claimed member=%s", key)
-            except (LaunchFailed, supervision.LaunchSpecError, OSError) as exc:
+            except (LaunchFailed, supervision.LaunchSpecError) as exc:
                 await self._launch_failed(key, str(exc))
+                return
+            except OSError as exc:
+                # A file or directory the launch needs could not be made (an out root that is
+                # not a directory, a full disk): the Job's reason says so, and a retry can work.
+                await self._launch_failed(
+                    key,
+                    f"The Node could not set up the member's files ({exc}). Ask the Node's "
+                    f"operator to fix that, then retry the Job with `tp job retry {key.run_id}`.",
+                )
+                return
+            except Exception as exc:
+                # Whatever else goes wrong here must still end the attempt: a member left
+                # committed would hold its GPUs and keep its Job starting forever.
+                log.exception("member launch failed unexpectedly member=%s", key)
+                await self._launch_failed(
+                    key,
+                    f"The Node failed unexpectedly while setting up the launch "
+                    f"({type(exc).__name__}: {exc}); the agent's log has the details.",
+                )
                 return
             record, report = await self.journal.transition(key, E.SPAWN_REQUESTED, now_ms())
             await self._report(report)
