@@ -246,3 +246,39 @@ def test_a_share_list_is_validated_before_anything_is_stored(world: World) -> No
         refused = asyncio.run(preview(share))
         assert "INVALID_ARGUMENT" in refused and "share_with" in refused, refused
     assert _snapshot(world) == before
+
+
+def _tp_in(world: World, who: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        "TUNEPLANE_CONTEXT": str(world.coord.context_path),
+        "TUNEPLANE_TOKEN_FILE": str(world.tokens[who]),
+    }
+    return run_tp(*args, cwd=cwd, env=env)
+
+
+def test_share_with_in_tuneplane_yaml_reaches_the_job(world: World, tmp_path: Path) -> None:
+    """The whole path a researcher takes: tuneplane.yaml, `tp submit`, then who may read."""
+    root = tmp_path / "team2"
+    made = _tp_in(world, "alice", tmp_path, "init", str(root), "--name", "team2")
+    assert made.returncode == 0, made.stderr
+    made = _tp_in(world, "alice", root, "new", "job", "--method", "custom/custom")
+    assert made.returncode == 0, made.stderr
+    project_file = root / "tuneplane.yaml"
+    plain = project_file.read_text()
+
+    # A share list that is not user names is refused by tp, naming the file and key; no Job.
+    before = _snapshot(world)
+    project_file.write_text(plain + "share_with: carol\n")
+    bad = _tp_in(world, "alice", root, "submit", "job", "--profile", "h200:1", "--yes", "--json")
+    assert bad.returncode != 0
+    assert "tuneplane.yaml key 'share_with' must be a list" in bad.stderr, bad.stderr
+    assert _snapshot(world) == before
+
+    project_file.write_text(plain + "share_with: [carol]\n")
+    done = _tp_in(world, "alice", root, "submit", "job", "--profile", "h200:1", "--yes", "--json")
+    assert done.returncode == 0, done.stderr
+    run_id = str(json.loads(done.stdout.strip().splitlines()[-1])["run_id"])
+    assert run_id in _ok(world, "carol", "job", "show", run_id)
+    assert run_id in _listed(world, "carol")
+    _refused(world, "bob", "job", "show", run_id)
+    assert run_id not in _listed(world, "bob")
