@@ -23,6 +23,7 @@ from tuneplane.agent.journal import MemberKey
 from tuneplane.agent.runner_pyz import CAPSULE_DIR as CAPSULE_DIR
 from tuneplane.agent.runner_pyz import WORK_DIR as WORK_DIR
 from tuneplane.agent.state_dir import write_atomic
+from tuneplane.coordinator.input_checks import InputRefused, check_file_name
 
 CAPSULE_JSON = "capsule.json"
 JOBSPEC_FILE = "jobspec.json"
@@ -56,10 +57,12 @@ def check_gpus(
 
 
 def _safe_relative(name: str, what: str) -> PurePosixPath:
-    path = PurePosixPath(name)
-    if not name or path.is_absolute() or ".." in path.parts or "\\" in name:
-        raise PrepareRefused(f"The {what} name {name!r} is not a plain relative path.")
-    return path
+    """The coordinator's one file-name rule (also applied by ``tp`` and at Preview), again here:
+    a Prepare from a coordinator that skipped it must still never write outside the work dir."""
+    try:
+        return check_file_name(name, f"The {what} name")
+    except InputRefused as exc:
+        raise PrepareRefused(str(exc)) from None
 
 
 def _digest_matches(data: bytes, expected: str) -> bool:
@@ -110,6 +113,11 @@ def materialise(
                 f"{capsule_digests[name]}."
             )
     work = member_dir / WORK_DIR
+    # Every name is checked before the first byte is written: a refused Prepare leaves nothing.
+    for name in source_files:
+        _safe_relative(name, "experiment file")
+    for name in capsule_files:
+        _safe_relative(name, "capsule file")
     work.mkdir(parents=True, exist_ok=True)
     write_atomic(member_dir / JOBSPEC_FILE, jobspec_json.encode(), 0o644)
     for name, content in source_files.items():

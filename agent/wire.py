@@ -28,6 +28,8 @@ from tuneplane.agent.adapter import run_aio
 from tuneplane.agent.inventory import Gpu, Inventory
 from tuneplane.agent.journal import MemberKey
 from tuneplane.agent.member_state import MemberState
+from tuneplane.coordinator.input_checks import InputRefused, check_message_text
+from tuneplane.coordinator.message_limits import AGENT_RECEIVE_BYTES, guard_client_reads
 from tuneplane.proto import v1
 
 UNARY_DEADLINE_S = 10.0
@@ -235,9 +237,27 @@ class UnknownMessage(WireError):
     """The coordinator sent a message this agent does not know (a newer protocol)."""
 
 
+def _refuse_bad_text(msg: v1.CoordinatorMessage, body: object) -> None:
+    """A NUL or lone surrogate in a string is refused here, naming the field.
+
+    A Prepare's file names and JobSpec are Prepare's own to refuse (its PrepareReply says why
+    and the Job is aborted); only the member it names must be usable to answer at all.
+    """
+    try:
+        if isinstance(body, v1.Prepare):
+            check_message_text(body.member or v1.MemberRef())
+        else:
+            check_message_text(msg)
+    except InputRefused as exc:
+        raise UnknownMessage(
+            f"The coordinator sent a message this agent cannot use: {exc} The message is skipped."
+        ) from None
+
+
 def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
     """The domain message carried by one CoordinatorMessage; :class:`UnknownMessage` if none."""
     name, body = betterproto.which_one_of(msg, "body")
+    _refuse_bad_text(msg, body)
     if isinstance(body, v1.Welcome):
         return m.Welcome(body.heartbeat_interval_ms, body.heartbeat_timeout_ms, body.server_time_ms)
     if isinstance(body, v1.HeartbeatAck):
@@ -315,6 +335,8 @@ class ControlStream:
         self._endpoint = endpoint
         self._ca_path = ca_path
         self._send_lock = trio.Lock()
+        # A message over the limit is refused from its length prefix, before it is read.
+        guard_client_reads(stream, AGENT_RECEIVE_BYTES, "CoordinatorMessage")
 
     async def send(self, msg: m.Outgoing) -> None:
         async with self._send_lock:

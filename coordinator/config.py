@@ -33,6 +33,14 @@ DEFAULT_CONFIG = """\
 #   env               environment variables this shape needs
 # [quota.<fleet>]     optional: per Series, the most GPUs Jobs may hold at once in that Fleet,
 #   h200 = 4          e.g. a fifth h200 GPU waits ("waiting: quota h200 4/4 in use")
+# [limits]            optional: bounds on what callers may send (docs/security-input.md)
+#   api_message_bytes = 16777216        one message on the API listener (a Preview carries
+#                                       up to 8 MiB of experiment files, base64-encoded)
+#   control_message_bytes = 4194304     one message on the control listener
+#   telemetry_message_bytes = 2097152   one Ship batch on the telemetry listener
+#   enroll_message_bytes = 65536        one Enroll (unauthenticated)
+#   enroll_burst = 20                   Enroll calls one address may make at once,
+#   enroll_per_second = 2.0             and then per second (enroll_burst = 0: no limit)
 
 [series.h200]
 card_memory_gib = 141
@@ -94,11 +102,25 @@ class Profile:
 
 
 @attrs.frozen
+class Limits:
+    """``[limits]``: the largest message each listener reads, and how often one address may
+    call ``Enroll``. Every size is checked before the message is decoded."""
+
+    api_message_bytes: int = 16 * 1024 * 1024
+    control_message_bytes: int = 4 * 1024 * 1024
+    telemetry_message_bytes: int = 2 * 1024 * 1024
+    enroll_message_bytes: int = 64 * 1024
+    enroll_burst: int = 20
+    enroll_per_second: float = 2.0
+
+
+@attrs.frozen
 class CoordinatorConfig:
     series: Mapping[str, Series]
     profiles: Mapping[str, Profile]
     # (fleet, series) -> most GPUs of that Series Jobs may hold at once in that Fleet.
     quotas: Mapping[tuple[str, str], int] = attrs.field(factory=dict)
+    limits: Limits = attrs.field(factory=Limits)
 
 
 def _take(table: Mapping[str, Any], key: str, kind: type, where: str, path: Path) -> Any:
@@ -128,7 +150,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc}). Fix the syntax.") from None
-    _check_keys(raw, {"series", "profiles", "quota"}, "<top level>", path)
+    _check_keys(raw, {"series", "profiles", "quota", "limits"}, "<top level>", path)
     series: dict[str, Series] = {}
     for name, table in raw.get("series", {}).items():
         where = f"series.{name}"
@@ -168,8 +190,43 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
             env=dict(env),
         )
     return CoordinatorConfig(
-        series=series, profiles=profiles, quotas=_quotas(raw.get("quota", {}), series, path)
+        series=series,
+        profiles=profiles,
+        quotas=_quotas(raw.get("quota", {}), series, path),
+        limits=_limits(raw.get("limits", {}), path),
     )
+
+
+def _limits(table: Any, path: Path) -> Limits:
+    """``[limits]``: sizes are whole numbers of bytes >= 1024; the Enroll rate is >= 0."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: limits must be a table ([limits]).")
+    fields = {f.name: f for f in attrs.fields(Limits)}
+    _check_keys(table, set(fields), "limits", path)
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key == "enroll_per_second":
+            if type(value) not in (int, float) or not 0 <= value <= 1e6:
+                raise ConfigError(
+                    f"{path}: [limits] enroll_per_second = {value!r} must be a number from 0 "
+                    "to 1000000."
+                )
+            values[key] = float(value)
+        elif key == "enroll_burst":
+            if type(value) is not int or not 0 <= value <= 1_000_000:
+                raise ConfigError(
+                    f"{path}: [limits] enroll_burst = {value!r} must be a whole number from 0 "
+                    "(no limit) to 1000000."
+                )
+            values[key] = value
+        else:
+            if type(value) is not int or not 1024 <= value <= 2**31 - 1:
+                raise ConfigError(
+                    f"{path}: [limits] {key} = {value!r} must be a whole number of bytes from "
+                    "1024 to 2147483647."
+                )
+            values[key] = value
+    return Limits(**values)
 
 
 def _quotas(

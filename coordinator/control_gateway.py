@@ -19,7 +19,9 @@ Rules:
 from __future__ import annotations
 
 import logging
+import math
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +47,7 @@ from tuneplane.coordinator.collector_credentials import (
 )
 from tuneplane.coordinator.heartbeats import HeartbeatBook
 from tuneplane.coordinator.logship import receive_chunk
+from tuneplane.coordinator.rate_limit import PeerRateLimit, peer_host
 from tuneplane.coordinator.records import AbortOrder, CommitOrder, NodeRecord, Order
 from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
 from tuneplane.coordinator.store import Store
@@ -78,7 +81,10 @@ class ControlGateway:
         logs: LogStore | None = None,
         *,
         heartbeats: HeartbeatBook,
+        enroll_limit: PeerRateLimit | None = None,
     ) -> None:
+        # Enroll is the one call anyone may make: each address gets a token bucket.
+        self._enroll_limit = enroll_limit if enroll_limit is not None else PeerRateLimit(0, 0)
         self._logs = logs
         self._heartbeats = heartbeats
         self._store = store
@@ -98,8 +104,21 @@ class ControlGateway:
             ),
         }
 
+    def _refuse_enroll_flood(self, stream: Any) -> None:
+        """RESOURCE_EXHAUSTED, before the request is read, for an address over its Enroll rate."""
+        peer = peer_host(stream.peer.addr() if stream.peer is not None else None)
+        wait = self._enroll_limit.take(peer, time.monotonic())
+        if wait > 0:
+            log.warning("enroll refused: rate limit peer=%s retry_after_s=%.1f", peer, wait)
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"Too many Enroll calls from {peer}; retry in {math.ceil(wait)} s (the "
+                "coordinator's [limits] enroll_burst and enroll_per_second).",
+            )
+
     async def _enroll(self, stream: Any) -> None:
         with wire.grpc_errors():
+            self._refuse_enroll_flood(stream)
             request: v1.EnrollRequest = await stream.recv_message()
             if not request.join_token:
                 raise AuthError(

@@ -20,11 +20,26 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
+from tuneplane.coordinator.input_checks import (
+    InputRefused,
+    bounded_int,
+    check_env,
+    check_file_name,
+    check_json,
+    check_text,
+    text_problem,
+)
+
 API_VERSION = "tuneplane/v1"
 MAX_MEMBERS = 32
 MAX_SOURCE_BYTES = 8 * 1024 * 1024
+# Bounds on the JSON itself, checked before any field is read: nesting (objects and lists) and
+# integers (what SQLite and every int64 on the wire can hold).
+MAX_JSON_DEPTH = 32
+INT_BOUND = 2**63
+_INT_DIGITS = len(str(INT_BOUND))
+MAX_ENV_VARS = 256
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class JobSpecError(ValueError):
@@ -212,24 +227,32 @@ def validate(spec: JobSpec) -> None:
             "must be between 0 and 3600 seconds",
             "Pick a grace period of at most an hour.",
         )
-    for key in spec.env:
-        if not _ENV_NAME.match(key) or key.startswith("TUNEPLANE_"):
-            raise JobSpecError(
-                f"env.{key}",
-                spec.env[key],
-                "is not a valid environment variable name or uses the reserved TUNEPLANE_ prefix",
-                "Rename the variable.",
-            )
+    _check_strings(spec)
     _check_share_with(spec.share_with)
+    if len(spec.env) > MAX_ENV_VARS:
+        raise JobSpecError(
+            "env",
+            f"{len(spec.env)} variables",
+            f"holds more than {MAX_ENV_VARS} variables",
+            "Pass fewer environment variables (put settings in a file in the experiment).",
+        )
+    for key, value in spec.env.items():
+        try:
+            check_env(key, value)
+        except InputRefused as exc:
+            raise JobSpecError(exc.field, value, exc.why, exc.fix) from None
     total = 0
     for name, content in spec.source_files.items():
-        if name.startswith("/") or ".." in name.split("/") or not name:
+        try:
+            check_file_name(name, "source_files")
+        except InputRefused as exc:
+            shown = name if text_problem(name) is None else repr(name[:80])
             raise JobSpecError(
-                f"source_files.{name}",
+                f"source_files.{shown}",
                 name,
-                "must be a relative path inside the experiment",
-                "Keep experiment files inside experiments/<name>/.",
-            )
+                exc.why,
+                "Keep experiment files inside experiments/<name>/ under plain relative names.",
+            ) from None
         try:
             total += len(base64.b64decode(content, validate=True))
         except ValueError:
@@ -295,7 +318,11 @@ def digest(spec: JobSpec) -> str:
 def loads(text: str) -> JobSpec:
     """Parse JobSpec JSON text; a syntax error is a :class:`JobSpecError` too."""
     try:
-        raw = json.loads(text)
+        raw = json.loads(
+            text,
+            parse_int=lambda digits: bounded_int(digits, _INT_DIGITS),
+            parse_constant=_no_constant,
+        )
     except json.JSONDecodeError as exc:
         raise JobSpecError(
             "<root>",
@@ -303,4 +330,40 @@ def loads(text: str) -> JobSpec:
             f"is not JSON ({exc.msg} at line {exc.lineno})",
             "Send the JSON that `tp` builds.",
         ) from None
+    except RecursionError:
+        raise JobSpecError(
+            "<root>",
+            text[:40],
+            f"nests deeper than {MAX_JSON_DEPTH} levels of objects and lists",
+            "Send the JSON that `tp` builds.",
+        ) from None
+    except ValueError as exc:
+        # parse_constant's refusal, or a float the decoder cannot read.
+        raise JobSpecError(
+            "<root>", text[:40], str(exc), "Send the JSON that `tp` builds."
+        ) from None
+    try:
+        check_json(raw, "<root>", MAX_JSON_DEPTH, INT_BOUND)
+    except InputRefused as exc:
+        raise JobSpecError(exc.field, _lookup(raw, exc.field), exc.why, exc.fix) from None
     return parse(raw)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"holds {name}, which is not JSON (no NaN or Infinity)")
+
+
+def _check_strings(spec: JobSpec) -> None:
+    """Every string of the JobSpec is plain text: no NUL, no lone surrogate (named by field)."""
+    try:
+        for field in ("project", "experiment", "method_id", "recipe_digest", "runtime_id"):
+            check_text(getattr(spec, field), field)
+        for i, arg in enumerate(spec.entrypoint):
+            check_text(arg, f"entrypoint[{i}]")
+        check_text(spec.resources.profile, "resources.profile")
+        check_text(spec.resources.series, "resources.series")
+        if spec.init_from is not None:
+            check_text(spec.init_from, "init_from")
+        check_json(dict(spec.parameters), "parameters", MAX_JSON_DEPTH, INT_BOUND)
+    except InputRefused as exc:
+        raise JobSpecError(exc.field, None, exc.why, exc.fix) from None

@@ -27,12 +27,14 @@ from tuneplane.coordinator.api_service import ApiService
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.collector_credentials import CollectorCredentials
-from tuneplane.coordinator.config import load_config
+from tuneplane.coordinator.config import Limits, load_config
 from tuneplane.coordinator.control_gateway import ControlGateway
 from tuneplane.coordinator.fleet_service import FleetService
 from tuneplane.coordinator.heartbeats import HeartbeatBook, HeartbeatFlusher
 from tuneplane.coordinator.lifecycle_api import LifecycleApi
+from tuneplane.coordinator.message_limits import bounded_handlers
 from tuneplane.coordinator.metrics_api import MetricsApi
+from tuneplane.coordinator.rate_limit import PeerRateLimit
 from tuneplane.coordinator.scheduler import Scheduler
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.state_dir import Endpoints, publish, require_initialised, withdraw
@@ -41,8 +43,11 @@ from tuneplane.coordinator.store_logs import LogStore, logs_db_path
 from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
 from tuneplane.coordinator.telemetry_gateway import TelemetryGateway
 from tuneplane.coordinator.tls import TlsPaths, server_context
+from tuneplane.coordinator.wire import grpc_errors
 
 log = logging.getLogger(__name__)
+
+ENROLL_METHOD = "/tuneplane.v1.Control/Enroll"
 
 
 @attrs.frozen
@@ -95,6 +100,19 @@ def _address(host: str, port: int) -> str:
     except ValueError:
         pass
     return f"{host}:{port}"
+
+
+def _bounded(listener: str, services: list[Any], limits: Limits) -> list[Any]:
+    """The listener's services with every request bounded before decoding (message_limits)."""
+    size = getattr(limits, f"{listener}_message_bytes")
+    per_method = {}
+    if listener == "control":
+        per_method[ENROLL_METHOD] = (
+            limits.enroll_message_bytes,
+            "[limits] enroll_message_bytes in coordinator.toml",
+        )
+    default = (size, f"[limits] {listener}_message_bytes in coordinator.toml")
+    return bounded_handlers(services, per_method, default, grpc_errors)
 
 
 async def _run_listener(
@@ -162,6 +180,7 @@ async def serve(opts: ServeOptions) -> None:
             collectors,
             log_store,
             heartbeats=heartbeats,
+            enroll_limit=PeerRateLimit(config.limits.enroll_burst, config.limits.enroll_per_second),
         )
         lifecycle = LifecycleApi(store, log_store, registry, scheduler.wake)
         telemetry = TelemetryGateway(store, collectors)
@@ -172,18 +191,28 @@ async def serve(opts: ServeOptions) -> None:
                 api_addr = await tg.start(
                     _run_listener,
                     "api",
-                    [api, fleets, metrics, lifecycle],
+                    _bounded("api", [api, fleets, metrics, lifecycle], config.limits),
                     opts.host,
                     opts.api_port,
                     ctx,
                 )
                 # Telemetry before control: every Commit a Node receives names the gateway.
                 telemetry_addr = await tg.start(
-                    _run_listener, "telemetry", [telemetry], opts.host, opts.telemetry_port, ctx
+                    _run_listener,
+                    "telemetry",
+                    _bounded("telemetry", [telemetry], config.limits),
+                    opts.host,
+                    opts.telemetry_port,
+                    ctx,
                 )
                 collectors.telemetry_address = telemetry_addr
                 control_addr = await tg.start(
-                    _run_listener, "control", [control], opts.host, opts.control_port, ctx
+                    _run_listener,
+                    "control",
+                    _bounded("control", [control], config.limits),
+                    opts.host,
+                    opts.control_port,
+                    ctx,
                 )
                 tg.start_soon(scheduler.run)
                 tg.start_soon(flusher.run)

@@ -8,15 +8,18 @@ handler raises leaves through :func:`grpc_errors` as a status code with a senten
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from grpclib import GRPCError
 from grpclib.const import Status
+from grpclib.exceptions import ProtocolError, StreamTerminatedError
 
 from tuneplane.coordinator import capsule
 from tuneplane.coordinator.auth import AuthError, PermissionDenied
 from tuneplane.coordinator.config import ConfigError
+from tuneplane.coordinator.input_checks import InputRefused
 from tuneplane.coordinator.jobspec import JobSpecError
 from tuneplane.coordinator.records import (
     AbortOrder,
@@ -205,12 +208,34 @@ def job_message(job: JobView) -> v1.Job:
     )
 
 
+def _only_grpc_error(group: BaseExceptionGroup[BaseException]) -> GRPCError | None:
+    """A task group's failure that is one gRPC status (a session's refusal), else None."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    if len(leaves) == 1 and isinstance(leaves[0], GRPCError):
+        return leaves[0]
+    return None
+
+
 @contextmanager
 def grpc_errors() -> Iterator[None]:
-    """Translate the coordinator's typed errors into gRPC status codes, once, at the edge."""
+    """Translate the coordinator's typed errors into gRPC status codes, once, at the edge.
+
+    This is the one translator: every handler of every listener runs inside it (the listeners
+    wrap each handler, :mod:`~tuneplane.coordinator.message_limits`). An exception nobody
+    expected becomes INTERNAL with an error id that is also in the log, and the process keeps
+    serving.
+    """
     try:
         yield
-    except GRPCError:
+    except (GRPCError, StreamTerminatedError, ProtocolError):
+        # A status already chosen, or a peer that went away: grpclib handles both.
         raise
     except AuthError as exc:
         raise GRPCError(Status.UNAUTHENTICATED, str(exc)) from None
@@ -226,3 +251,16 @@ def grpc_errors() -> Iterator[None]:
         raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from None
     except ConfigError as exc:
         raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from None
+    except InputRefused as exc:
+        raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+    except Exception as exc:
+        single = _only_grpc_error(exc) if isinstance(exc, BaseExceptionGroup) else None
+        if single is not None:
+            raise single from None
+        error_id = secrets.token_hex(6)
+        log.exception("unexpected error in a call error_id=%s", error_id)
+        raise GRPCError(
+            Status.INTERNAL,
+            f"The coordinator failed unexpectedly (error id {error_id}) and keeps serving. "
+            "Tell the coordinator's operator the error id; its log holds the details.",
+        ) from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ import attrs
 
 from tuneplane.coordinator import jobspec
 from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
+from tuneplane.coordinator.input_checks import InputRefused, check_file_name
 from tuneplane.coordinator.project import (
     CONFIG_FILE,
     DATA_DIR,
@@ -254,13 +256,17 @@ def resolve_resources(profile_text: str, source: str, members: int | None) -> jo
 def collect_source_files(folder: Path, limit: int = jobspec.MAX_SOURCE_BYTES) -> dict[str, str]:
     """Every regular file under ``folder`` (relative path -> base64), skipping VCS and caches.
 
-    Refuses an experiment larger than ``limit`` bytes, naming its biggest files.
+    Only what is inside the experiment is ever read: a symbolic link is refused with its path
+    (one that leads outside says where it leads), and every name passes the one file-name rule
+    (:func:`~tuneplane.coordinator.input_checks.check_file_name`) that Preview and Prepare apply
+    too. Refuses an experiment larger than ``limit`` bytes, naming its biggest files.
     """
+    root = folder.resolve()
     found: list[tuple[str, Path]] = []
-    for path in _walk(folder):
-        found.append((path.relative_to(folder).as_posix(), path))
+    for path in _walk(root, root):
+        found.append((path.relative_to(root).as_posix(), path))
     found.sort()
-    sizes = [(path.stat().st_size, rel) for rel, path in found]
+    sizes = [(path.lstat().st_size, rel) for rel, path in found]
     total = sum(size for size, _ in sizes)
     if total > limit:
         biggest = ", ".join(
@@ -271,17 +277,52 @@ def collect_source_files(folder: Path, limit: int = jobspec.MAX_SOURCE_BYTES) ->
             f"limit for what a Job carries (largest: {biggest}). Keep datasets and checkpoints "
             "out of the experiment directory."
         )
-    return {rel: base64.b64encode(path.read_bytes()).decode("ascii") for rel, path in found}
+    return {rel: base64.b64encode(_read_regular(path)).decode("ascii") for rel, path in found}
 
 
-def _walk(folder: Path) -> Iterable[Path]:
+def _walk(root: Path, folder: Path) -> Iterable[Path]:
     for entry in sorted(folder.iterdir()):
+        if entry.name in SKIPPED_DIRS and entry.is_dir():
+            continue
+        rel = entry.relative_to(root).as_posix()
+        try:
+            check_file_name(rel, "Experiment file name")
+        except InputRefused as exc:
+            raise ProjectError(f"{exc} (file {entry})") from None
+        if entry.is_symlink():
+            _refuse_link(root, entry)
         if entry.is_dir():
-            # A linked directory could lead anywhere (even back up here): never follow one.
-            if entry.name not in SKIPPED_DIRS and not entry.is_symlink():
-                yield from _walk(entry)
+            yield from _walk(root, entry)
         elif entry.is_file():
             yield entry
+
+
+def _refuse_link(root: Path, link: Path) -> None:
+    """A link is never followed: ``tp`` sends files, not links, and never what lies outside."""
+    target = link.resolve()
+    if target != root and root not in target.parents:
+        raise ProjectError(
+            f"{link} is a symbolic link that leads outside the experiment (to {target}); tp "
+            "never uploads what is outside experiments/<name>/. Remove the link, or copy what "
+            "the Job needs into the experiment."
+        )
+    raise ProjectError(
+        f"{link} is a symbolic link (to {target}); tp sends only regular files and directories. "
+        "Replace the link with a copy of its target, or remove it."
+    )
+
+
+def _read_regular(path: Path) -> bytes:
+    """The file's bytes, refusing one that became a link since the walk (O_NOFOLLOW)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ProjectError(
+            f"{path} cannot be read ({exc.strerror}); it changed while tp was reading the "
+            "experiment (a link is never followed). Run the command again."
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 # -- the whole intent ------------------------------------------------------------------------

@@ -1,0 +1,315 @@
+"""Bad input is an error, never a crash (issue 8, must have 8 and 11), with real processes.
+
+A real coordinator answers hostile JobSpecs and hostile protobuf with INVALID_ARGUMENT naming the
+field, stores nothing and keeps serving; a Prepare the coordinator should never have sent (a NUL
+in a file name) is refused by a real agent with a PrepareReply, the Job ends aborted and the
+agent keeps running; the real ``tp`` never uploads through a symbolic link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import betterproto
+import pytest
+from grpclib import GRPCError
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.server import Server
+
+from tests.coordinator.grpc_client import api_client, bearer, enroll, jobspec, open_channel
+from tests.security.raw_calls import call, frame
+from tests.support.agent import start_agent
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tuneplane.coordinator.tls import TlsPaths, server_context
+from tuneplane.coordinator.wire import grpc_errors
+from tuneplane.proto import v1
+
+PREVIEW = "/tuneplane.v1.Api/Preview"
+GET_JOB = "/tuneplane.v1.Api/GetJob"
+ENROLL = "/tuneplane.v1.Control/Enroll"
+TP = [sys.executable, "-m", "tuneplane.coordinator.cli.tp"]
+
+
+@pytest.fixture(scope="module")
+def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+    with start_coordinator(tmp_path_factory.mktemp("bad-input")) as c:
+        yield c
+
+
+def _spec_text(**changes: Any) -> str:
+    """A valid custom/custom JobSpec as JSON text, with ``changes`` merged in."""
+    spec = jobspec(gpus=0, profile="cpu")
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return json.dumps(spec)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HOSTILE_SPECS = [
+    ("NUL in a file name", _spec_text(source_files={"a\x00b.sh": "AA=="}), "source_files"),
+    ("lone surrogate", _spec_text(parameters={"note": "\ud800"}), "parameters.note"),
+    ("deep JSON", _spec_text(parameters={"x": "DEEP"}).replace('"DEEP"', DEEP), "nests deeper"),
+    (
+        "4,300-digit integer",
+        _spec_text(parameters={"big": "HUGE"}).replace('"HUGE"', "9" * 4300),
+        "parameters.big",
+    ),
+    (
+        "integer beyond int64",
+        _spec_text(grace_period_s="HUGE").replace('"HUGE"', str(2**64)),
+        "grace_period_s",
+    ),
+    ("NaN", _spec_text(parameters={"x": "NAN"}).replace('"NAN"', "NaN"), "NaN"),
+    ("loader variable", _spec_text(env={"LD_PRELOAD": "/tmp/x.so"}), "env.LD_PRELOAD"),
+    ("PYTHONPATH", _spec_text(env={"PYTHONPATH": "/tmp"}), "env.PYTHONPATH"),
+    ("'=' in an env name", _spec_text(env={"A=B": "1"}), "not a valid environment variable"),
+    ("NUL in an env value", _spec_text(env={"SEED": "1\x002"}), "env.SEED"),
+    ("escaping file name", _spec_text(source_files={"../x.sh": "AA=="}), "relative path"),
+    ("absolute file name", _spec_text(source_files={"/etc/x": "AA=="}), "relative path"),
+]
+
+
+async def _jobs(coord: CoordinatorProcess) -> int:
+    async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+        return len((await api.stub.list_jobs(v1.ListJobsRequest())).jobs)
+
+
+async def _fleets(coord: CoordinatorProcess) -> list[str]:
+    channel = open_channel(coord.api, coord.ca_path)
+    try:
+        stub = v1.ApiStub(channel, metadata=bearer(coord.admin_token), timeout=10)
+        return [f.name for f in (await stub.list_fleets(v1.ListFleetsRequest())).fleets]
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize(
+    ("what", "text", "named"), HOSTILE_SPECS, ids=[h[0] for h in HOSTILE_SPECS]
+)
+def test_a_hostile_jobspec_is_invalid_argument_naming_the_field(
+    coord: CoordinatorProcess, what: str, text: str, named: str
+) -> None:
+    body = bytes(v1.PreviewRequest(jobspec_json=text))
+    answer = asyncio.run(call(coord.api, coord.ca_path, PREVIEW, body, coord.admin_token))
+    assert answer.status == Status.INVALID_ARGUMENT, (what, answer)
+    assert named in answer.message, (what, answer.message)
+    assert answer.message.rstrip().endswith("."), answer.message
+    # Nothing was admitted and the coordinator still serves.
+    assert asyncio.run(_jobs(coord)) == 0
+    assert asyncio.run(_fleets(coord)) == ["default"]
+
+
+def test_hostile_protobuf_is_invalid_argument_and_the_coordinator_keeps_serving(
+    coord: CoordinatorProcess,
+) -> None:
+    cases = [
+        (bytes(v1.GetJobRequest(run_id="run-\x00")), "GetJobRequest.run_id contains a NUL"),
+        (frame(1, b"run-\xed\xa0\x80"), "cannot be decoded"),  # a surrogate, UTF-8 encoded
+        (frame(1, b"\xff\xfe"), "cannot be decoded"),
+        (b"\xff" * 12, "GetJobRequest"),
+        (frame(1, b"x")[:-1] + b"", "GetJobRequest"),
+    ]
+    for body, named in cases:
+        answer = asyncio.run(call(coord.api, coord.ca_path, GET_JOB, body, coord.admin_token))
+        assert answer.status == Status.INVALID_ARGUMENT, (body, answer)
+        assert named in answer.message, (body, answer.message)
+    assert asyncio.run(_fleets(coord)) == ["default"]
+    assert "error_id" not in coord.read_log()
+
+
+def test_a_nul_in_enroll_is_refused_and_spends_nothing(coord: CoordinatorProcess) -> None:
+    token = coord.create_join_token()
+    body = bytes(v1.EnrollRequest(join_token=token, hostname="evil\x00host"))
+    answer = asyncio.run(call(coord.control, coord.ca_path, ENROLL, body))
+    assert answer.status == Status.INVALID_ARGUMENT, answer
+    assert "EnrollRequest.hostname contains a NUL" in answer.message
+    # The join token is unspent: a clean Enroll with it works.
+    node = asyncio.run(enroll(coord.control, coord.ca_path, token, "clean-host", 1))
+    assert node.node_id
+
+
+def test_an_unexpected_error_is_internal_with_an_id_that_is_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR)
+    with pytest.raises(GRPCError) as caught, grpc_errors():
+        raise KeyError("a bug")
+    assert caught.value.status == Status.INTERNAL
+    message = caught.value.message or ""
+    error_id = message.split("error id ")[1].split(")")[0]
+    assert len(error_id) == 12
+    assert f"error_id={error_id}" in caplog.text and "KeyError" in caplog.text
+
+
+class HostileControl:
+    """The control gateway of a coordinator that skips every check: it sends what it is given.
+
+    It answers Hello with Welcome, acks heartbeats and reports, sends ``orders`` and collects
+    the PrepareReplies; nothing else.
+    """
+
+    def __init__(self, orders: list[v1.CoordinatorMessage]) -> None:
+        self.orders = orders
+        self.replies: asyncio.Queue[v1.PrepareReply] = asyncio.Queue()
+        self.heartbeats = 0
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            "/tuneplane.v1.Control/Connect": Handler(
+                self._connect, Cardinality.STREAM_STREAM, v1.NodeMessage, v1.CoordinatorMessage
+            )
+        }
+
+    async def _connect(self, stream: Any) -> None:
+        await stream.recv_message()  # Hello
+        now = int(time.time() * 1000)
+        welcome = v1.Welcome(
+            heartbeat_interval_ms=500,
+            heartbeat_timeout_ms=10_000,
+            server_time_ms=now,
+            credential_issued_at_ms=now,
+            credential_expires_at_ms=now + 86_400_000,
+        )
+        await stream.send_message(v1.CoordinatorMessage(welcome=welcome))
+        for order in self.orders:
+            await stream.send_message(order)
+        async for message in stream:
+            _, body = betterproto.which_one_of(message, "body")
+            if isinstance(body, v1.Heartbeat):
+                self.heartbeats += 1
+                ack = v1.HeartbeatAck(seq=body.seq)
+                await stream.send_message(v1.CoordinatorMessage(heartbeat_ack=ack))
+            elif isinstance(body, v1.MemberReport):
+                ack = v1.ReportAck(report_seq=body.report_seq)
+                await stream.send_message(v1.CoordinatorMessage(report_ack=ack))
+            elif isinstance(body, v1.PrepareReply):
+                self.replies.put_nowait(body)
+
+
+def _prepare(run_id: str, source_files: dict[str, str], capsule: dict[str, bytes]) -> Any:
+    spec = jobspec(gpus=1, profile="h200")
+    spec["source_files"] = source_files
+    spec["runtime_id"] = "host:bash"  # what admission resolves custom/custom to
+    return v1.CoordinatorMessage(
+        prepare=v1.Prepare(
+            member=v1.MemberRef(run_id=run_id, attempt=1, member_index=0),
+            jobspec_json=json.dumps(spec),
+            member_count=1,
+            gpu_indexes=[0],
+            capsule_files=capsule,
+            capsule_digests={
+                k: "sha256:" + hashlib.sha256(v).hexdigest() for k, v in capsule.items()
+            },
+        )
+    )
+
+
+def test_an_agent_refuses_a_prepare_with_a_nul_in_a_file_name_and_keeps_running(
+    tmp_path: Path,
+) -> None:
+    """A real agent, enrolled with a real coordinator, then served by a stand-in on the same
+    address that sends what the real one never would: NUL in an experiment file name, in a
+    capsule file name, and in the run id itself."""
+    coord = start_coordinator(tmp_path)
+    agent = start_agent(tmp_path, coord, "node-a", simulate_gpus="h200:1")
+    try:
+        agent.wait_connected()
+        host, _, port = coord.control.rpartition(":")
+        coord.stop()
+        control = HostileControl(
+            [
+                _prepare("run-nul-source", {"a\x00b.sh": "AA=="}, {}),
+                _prepare("run-nul-capsule", {}, {"cap\x00sule.json": b"{}"}),
+                _prepare("run-\x00", {}, {}),
+            ]
+        )
+
+        async def scenario() -> list[v1.PrepareReply]:
+            server = Server([control])
+            await server.start(host, int(port), ssl=server_context(TlsPaths.under(coord.state_dir)))
+            try:
+                replies = [
+                    await asyncio.wait_for(control.replies.get(), timeout=60) for _ in range(2)
+                ]
+                # The third order is skipped; the session goes on: more heartbeats arrive.
+                seen = control.heartbeats
+                async with asyncio.timeout(30):
+                    while control.heartbeats < seen + 3:
+                        await asyncio.sleep(0.1)
+                return replies
+            finally:
+                server.close()
+                await server.wait_closed()
+
+        replies = asyncio.run(scenario())
+        by_run = {r.member.run_id: r for r in replies}
+        for run_id, named in (
+            ("run-nul-source", "source_files"),
+            ("run-nul-capsule", "capsule file name"),
+        ):
+            assert not by_run[run_id].ok, by_run[run_id]
+            assert "NUL" in by_run[run_id].reason and named in by_run[run_id].reason, by_run
+        assert agent.alive(), agent.read_log()
+        log = agent.read_log()
+        assert "Traceback" not in log
+        assert "MemberRef.run_id contains a NUL" in log
+        # Nothing was written for the refused members (every name is checked before writing).
+        members = agent.state_dir / "members"
+        written = [p for p in members.rglob("*") if p.is_file()] if members.exists() else []
+        assert not [p for p in written if p.name.endswith(".sh")], written
+    finally:
+        agent.stop()
+        coord.kill()
+
+
+def _tp(root: Path, *args: str, context: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TP, "--context", str(context), *args],
+        cwd=root, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_tp_never_uploads_through_a_symbolic_link(
+    coord: CoordinatorProcess, tmp_path: Path
+) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    for args in (
+        ("init", str(root), "--name", "links"),
+        ("new", "job", "--method", "custom/custom"),
+    ):
+        done = _tp(root, *args, context=coord.context_path)
+        assert done.returncode == 0, done.stderr
+    experiment = root / "experiments" / "job"
+    secret = tmp_path / "control.token"
+    secret.write_text("tpn-secret\n")
+    outside = experiment / "token.txt"
+    outside.symlink_to(secret)
+    submit = ("submit", "job", "--profile", "cpu:0", "--preview", "--json")
+    done = _tp(root, *submit, context=coord.context_path)
+    assert done.returncode != 0
+    assert f"{outside} is a symbolic link that leads outside the experiment" in done.stderr
+    assert str(secret) in done.stderr
+    assert "tpn-secret" not in done.stdout + done.stderr
+    outside.unlink()
+    inside = experiment / "again.sh"
+    inside.symlink_to(experiment / "train.sh")
+    done = _tp(root, *submit, context=coord.context_path)
+    assert done.returncode != 0
+    assert f"{inside} is a symbolic link (to {experiment / 'train.sh'})" in done.stderr
+    inside.unlink()
+    done = _tp(root, *submit, context=coord.context_path)
+    assert done.returncode == 0, done.stderr
+    assert asyncio.run(_jobs(coord)) == 0

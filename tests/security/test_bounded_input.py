@@ -1,0 +1,190 @@
+"""Bounded input (issue 8, must have 7), against a real coordinator over loopback TLS.
+
+Each listener refuses a message over its size limit from the 5-byte length prefix, before reading
+or decoding it; Enroll is rate-limited per address and its inventory bounded by count; and while a
+hostile 50 MB request is being sent and refused, ListFleets and heartbeats are still answered
+within a second. Every refusal is checked together with "nothing changed".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from grpclib.const import Status
+
+from tests.coordinator.grpc_client import bearer, enroll, node_stream, open_channel
+from tests.security.raw_calls import Outcome, call, frame
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tuneplane.coordinator.message_limits import MAX_INVENTORY_GPUS
+from tuneplane.proto import v1
+
+ENROLL = "/tuneplane.v1.Control/Enroll"
+PREVIEW = "/tuneplane.v1.Api/Preview"
+PING = "/tuneplane.v1.Telemetry/Ping"
+HOSTILE_BYTES = 50 * 1000 * 1000
+HOSTILE_RUNS = 5
+ANSWER_WITHIN_S = 1.0
+
+
+def coordinator_with_limits(root: Path, limits: str) -> CoordinatorProcess:
+    """``init``, then a ``[limits]`` table in coordinator.toml, then ``serve``."""
+    state_dir = root / "coordinator"
+    subprocess.run(
+        [sys.executable, "-m", "tuneplane.coordinator.cli.admin", "init", "--state-dir",
+         str(state_dir)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    with open(state_dir / "coordinator.toml", "a", encoding="utf-8") as f:
+        f.write("\n[limits]\n" + limits)
+    return start_coordinator(root, heartbeat_interval=0.5, heartbeat_timeout=5)
+
+
+@pytest.fixture(scope="module")
+def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+    with coordinator_with_limits(
+        tmp_path_factory.mktemp("bounded"), "enroll_burst = 1000\nenroll_per_second = 100\n"
+    ) as c:
+        yield c
+
+
+async def _node_ids(coord: CoordinatorProcess) -> list[str]:
+    channel = open_channel(coord.api, coord.ca_path)
+    try:
+        stub = v1.ApiStub(channel, metadata=bearer(coord.admin_token), timeout=10)
+        reply = await stub.list_nodes(v1.ListNodesRequest())
+        return sorted(n.id for n in reply.nodes)
+    finally:
+        channel.close()
+
+
+async def _job_count(coord: CoordinatorProcess) -> int:
+    channel = open_channel(coord.api, coord.ca_path)
+    try:
+        stub = v1.ApiStub(channel, metadata=bearer(coord.admin_token), timeout=10)
+        return len((await stub.list_jobs(v1.ListJobsRequest())).jobs)
+    finally:
+        channel.close()
+
+
+def _hostname_enroll(size: int) -> bytes:
+    """An EnrollRequest whose hostname (field 2) makes it ``size`` bytes or a few more."""
+    return frame(1, b"tpj-hostile") + frame(2, b"h" * size)
+
+
+def test_a_50_mb_request_is_refused_while_list_fleets_and_heartbeats_are_answered(
+    coord: CoordinatorProcess,
+) -> None:
+    token = coord.create_join_token()
+    node = asyncio.run(enroll(coord.control, coord.ca_path, token, "node-probe", 2))
+    hostile = _hostname_enroll(HOSTILE_BYTES)
+
+    async def scenario() -> tuple[list[Outcome], list[float], list[float]]:
+        refusals: list[Outcome] = []
+        fleets_s: list[float] = []
+        beats_s: list[float] = []
+        done = asyncio.Event()
+        channel = open_channel(coord.api, coord.ca_path)
+        api = v1.ApiStub(channel, metadata=bearer(coord.admin_token), timeout=10)
+        try:
+            async with node_stream(
+                coord.control, coord.ca_path, node.node_credential, node.node_id
+            ) as stream:
+
+                async def probe() -> None:
+                    seq = 0
+                    while not done.is_set():
+                        started = time.perf_counter()
+                        await api.list_fleets(v1.ListFleetsRequest())
+                        fleets_s.append(time.perf_counter() - started)
+                        seq += 1
+                        started = time.perf_counter()
+                        await stream.send(heartbeat=v1.Heartbeat(seq=seq, sent_at_ms=0))
+                        while True:
+                            message = await stream.stream.recv_message()
+                            assert message is not None, "the coordinator ended the Node's stream"
+                            if message.heartbeat_ack.seq == seq:
+                                break
+                        beats_s.append(time.perf_counter() - started)
+                        await asyncio.sleep(0.02)
+
+                async def attack() -> None:
+                    try:
+                        for _ in range(HOSTILE_RUNS):
+                            refusals.append(
+                                await call(coord.control, coord.ca_path, ENROLL, hostile)
+                            )
+                    finally:
+                        done.set()
+
+                await asyncio.wait_for(asyncio.gather(probe(), attack()), timeout=120)
+        finally:
+            channel.close()
+        return refusals, fleets_s, beats_s
+
+    refusals, fleets_s, beats_s = asyncio.run(scenario())
+    for outcome in refusals:
+        assert outcome.status == Status.RESOURCE_EXHAUSTED, outcome
+        assert "65536 bytes" in outcome.message and "enroll_message_bytes" in outcome.message
+    assert fleets_s and beats_s
+    assert max(fleets_s) < ANSWER_WITHIN_S, fleets_s
+    assert max(beats_s) < ANSWER_WITHIN_S, beats_s
+    median = statistics.median(o.seconds for o in refusals)
+    print(
+        f"hostile 50 MB Enroll refused: median {median * 1000:.0f} ms over {len(refusals)} runs; "
+        f"while it ran, ListFleets max {max(fleets_s) * 1000:.0f} ms ({len(fleets_s)} calls), "
+        f"heartbeat ack max {max(beats_s) * 1000:.0f} ms ({len(beats_s)} beats)"
+    )
+    # Nothing changed: only the probing Node is enrolled, and the coordinator still serves.
+    assert asyncio.run(_node_ids(coord)) == [node.node_id]
+    assert "Traceback" not in coord.read_log()
+
+
+def test_each_listener_refuses_a_message_over_its_limit(coord: CoordinatorProcess) -> None:
+    preview = frame(1, b"{" + b" " * (17 * 1024 * 1024) + b"}")
+    api = asyncio.run(call(coord.api, coord.ca_path, PREVIEW, preview, coord.admin_token))
+    assert api.status == Status.RESOURCE_EXHAUSTED, api
+    assert "16777216 bytes" in api.message and "api_message_bytes" in api.message
+    ping = asyncio.run(
+        call(coord.telemetry, coord.ca_path, PING, frame(15, b"x" * (3 << 20)), coord.admin_token)
+    )
+    assert ping.status == Status.RESOURCE_EXHAUSTED, ping
+    assert "2097152 bytes" in ping.message and "telemetry_message_bytes" in ping.message
+    assert asyncio.run(_job_count(coord)) == 0
+
+
+def test_an_inventory_with_too_many_gpus_is_refused_before_decoding(
+    coord: CoordinatorProcess,
+) -> None:
+    before = asyncio.run(_node_ids(coord))
+    token = coord.create_join_token()
+    gpus = b"".join(frame(4, b"") for _ in range(MAX_INVENTORY_GPUS + 1))
+    body = frame(1, token.encode()) + frame(3, gpus)
+    refused = asyncio.run(call(coord.control, coord.ca_path, ENROLL, body))
+    assert refused.status == Status.RESOURCE_EXHAUSTED, refused
+    assert f"EnrollRequest.inventory.gpus holds more than {MAX_INVENTORY_GPUS}" in refused.message
+    assert asyncio.run(_node_ids(coord)) == before
+    # The refused call did not spend the join token: the same token still enrolls a real Node.
+    node = asyncio.run(enroll(coord.control, coord.ca_path, token, "node-after", 8))
+    assert asyncio.run(_node_ids(coord)) == sorted([*before, node.node_id])
+
+
+def test_enroll_is_rate_limited_per_address(tmp_path: Path) -> None:
+    with coordinator_with_limits(tmp_path, "enroll_burst = 3\nenroll_per_second = 0.001\n") as c:
+        bogus = bytes(v1.EnrollRequest(join_token="tpj-not-a-token", hostname="x"))
+        for _ in range(3):
+            answer = asyncio.run(call(c.control, c.ca_path, ENROLL, bogus))
+            assert answer.status in (Status.UNAUTHENTICATED, Status.PERMISSION_DENIED), answer
+        token = c.create_join_token()
+        real = bytes(v1.EnrollRequest(join_token=token, hostname="late"))
+        limited = asyncio.run(call(c.control, c.ca_path, ENROLL, real))
+        assert limited.status == Status.RESOURCE_EXHAUSTED, limited
+        assert "Too many Enroll calls from 127.0.0.1; retry in" in limited.message
+        assert asyncio.run(_node_ids(c)) == []
+        assert "enroll refused: rate limit peer=127.0.0.1" in c.read_log()
