@@ -192,8 +192,8 @@ class HostileControl:
                 ack = v1.HeartbeatAck(seq=body.seq)
                 await stream.send_message(v1.CoordinatorMessage(heartbeat_ack=ack))
             elif isinstance(body, v1.MemberReport):
-                ack = v1.ReportAck(report_seq=body.report_seq)
-                await stream.send_message(v1.CoordinatorMessage(report_ack=ack))
+                done = v1.ReportAck(report_seq=body.report_seq)
+                await stream.send_message(v1.CoordinatorMessage(report_ack=done))
             elif isinstance(body, v1.PrepareReply):
                 self.replies.put_nowait(body)
 
