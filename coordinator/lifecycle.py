@@ -293,6 +293,26 @@ def judge_report(facts: ReportFacts) -> ReportVerdict:
     return ApplyReport(facts.reported)
 
 
+def held_after_hello(known: str, held: str, decision: str | None) -> str | None:
+    """The member's new recorded state when its Node's Hello says it holds it in ``held``, or
+    None to keep ``known``.
+
+    A Hello is a snapshot, not a step: the Node may have moved on several steps while it was
+    away, so any state reachable from ``known`` is taken, but never a started state before
+    Commit, never a state that is not reachable (backwards, or off the lifecycle), and never an
+    end (ends come as reports, with their exit).
+    """
+    if held == M_PREPARED:
+        return held if MEMBER_RANK[known] < MEMBER_RANK[M_PREPARED] else None
+    if held not in REPORTABLE or held in TERMINAL_MEMBER_STATES:
+        return None
+    if held in NEEDS_COMMIT and decision != COMMIT:
+        return None
+    if known not in REPORT_MOVES or held not in REPORT_MOVES[known] | REPORT_LATER[known]:
+        return None
+    return held
+
+
 @attrs.frozen
 class MemberFacts:
     """What :func:`derive_job_state` needs to know about one member."""

@@ -303,18 +303,23 @@ class Store(SqliteFile):
                 held_states = {h.member: h.state for h in held}
                 rows = list(
                     await db.execute_fetchall(
-                        "SELECT run_id, attempt, member_index, state, known_state FROM members "
-                        "WHERE node_id = ? AND state = 'unknown'",
+                        "SELECT m.run_id, m.attempt, m.member_index, m.known_state, a.decision "
+                        "FROM members m JOIN attempts a ON a.run_id = m.run_id "
+                        "AND a.number = m.attempt WHERE m.node_id = ? AND m.state = 'unknown'",
                         (node_id,),
                     )
                 )
                 touched: set[str] = set()
-                for run_id, attempt, index, _state, known in rows:
+                for run_id, attempt, index, known, decision in rows:
                     key = MemberKey(str(run_id), int(attempt), int(index))
                     new_known = str(known)
                     reported = held_states.get(key)
-                    if reported is not None and reported not in lc.TERMINAL_MEMBER_STATES:
-                        moved = lc.member_after_report(new_known, reported)
+                    if reported is not None:
+                        # Judged like a report (lifecycle.held_after_hello): only this Node's
+                        # members are read, and only a reachable state is taken.
+                        moved = lc.held_after_hello(
+                            new_known, reported, None if decision is None else str(decision)
+                        )
                         new_known = moved or new_known
                     await self._set_member_state(
                         db, key, new_known, now, "its Node reconnected", known=new_known

@@ -275,3 +275,22 @@ def test_a_committed_member_its_node_could_not_start_fails_the_job_with_the_node
     # Before Commit an aborted member is a refused Prepare: that aborts, it does not fail.
     assert lc.derive_job_state(None, "", [aborted, running])[0] != lc.FAILED
     assert lc.next_job_state(lc.STARTING, lc.FAILED) == lc.FAILED
+
+
+def test_a_hello_moves_a_member_only_forward_along_its_lifecycle() -> None:
+    hello = lc.held_after_hello
+    assert hello(lc.M_COMMITTED, lc.M_RUNNING, lc.COMMIT) == lc.M_RUNNING  # moved on while away
+    assert hello(lc.M_PREPARING, lc.M_PREPARED, None) == lc.M_PREPARED
+    assert hello(lc.M_PREPARING, lc.M_RUNNING, None) is None  # nothing starts before Commit
+    assert hello(lc.M_RUNNING, lc.M_STARTING, lc.COMMIT) is None  # never backwards
+    assert hello(lc.M_RUNNING, lc.M_EXITED, lc.COMMIT) is None  # ends come as reports
+    assert hello(lc.M_COMMITTED, lc.M_PREPARED, lc.COMMIT) is None
+    assert hello(lc.M_RUNNING, "bogus", lc.COMMIT) is None
+    for known, held, decision in itertools.product(
+        lc.MEMBER_RANK, ALL_STATES, (None, lc.COMMIT, lc.ABORT)
+    ):
+        moved = hello(known, held, decision)
+        if moved is not None:
+            assert lc.MEMBER_RANK[moved] > lc.MEMBER_RANK[known]
+            assert moved not in lc.TERMINAL_MEMBER_STATES
+            assert moved not in lc.NEEDS_COMMIT or decision == lc.COMMIT

@@ -140,8 +140,14 @@ async def send_report(
     return ack
 
 
-def as_thief(coord: CoordinatorProcess, victim_node: AgentProcess, attack: Any) -> Any:
-    """Run ``attack(node_stream)`` on a Connect opened with ``victim_node``'s stolen credential."""
+def as_thief(
+    coord: CoordinatorProcess,
+    victim_node: AgentProcess,
+    attack: Any,
+    held: list[v1.HeldMember] | None = None,
+) -> Any:
+    """Run ``attack(node_stream)`` on a Connect opened with ``victim_node``'s stolen credential
+    (its Hello claiming to hold ``held``)."""
 
     async def go() -> Any:
         with anyio.fail_after(STREAM_TIMEOUT_S):
@@ -151,6 +157,7 @@ def as_thief(coord: CoordinatorProcess, victim_node: AgentProcess, attack: Any) 
                 stolen_credential(victim_node),
                 victim_node.node_id,
                 hostname=victim_node.state_dir.name,
+                held=held,
             ) as node:
                 return await attack(node)
 
@@ -274,6 +281,17 @@ def test_moves_the_lifecycle_forbids_are_refused_on_the_nodes_own_members(
             members = [m for m in seen["members"] if m[0] == run_id]
             assert [m[4] for m in members] == ["preparing"]
             assert [g for g in seen["gpus"] if g[2] == run_id], "its GPUs stay reserved"
+
+            # A Hello claiming the member runs is judged too: nothing starts before Commit.
+            async def claim(node: NodeStream) -> dict[str, Any]:
+                await node.expect("prepare", timeout=STREAM_TIMEOUT_S)  # sent again, unanswered
+                return snapshot(coord)
+
+            claimed = as_thief(coord, b, claim, held=[v1.HeldMember(member=member, state=RUNNING)])
+            assert [m[4:6] for m in claimed["members"] if m[0] == run_id] == [
+                ("preparing", "preparing")
+            ]
+            assert [j[1] for j in claimed["jobs"] if j[0] == run_id] == ["preparing"]
             # The real Node takes the Prepare now and runs the member.
             b.start()
             b.wait_connected()
