@@ -100,8 +100,10 @@ def reservations(db: sqlite3.Connection) -> list[dict[str, Any]]:
 
 
 def pending_reports(db: sqlite3.Connection) -> list[PendingReport]:
+    # A journal not yet opened by an agent that gives journals an id has none: "".
+    journal_id = meta(db).get("journal_id", "")
     rows = db.execute(f"SELECT {REPORT_COLUMNS} FROM pending_reports ORDER BY report_seq")
-    return [report_from_row(r) for r in rows.fetchall()]
+    return [report_from_row(r, journal_id) for r in rows.fetchall()]
 
 
 def credentials(db: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -137,6 +139,7 @@ def member_json(record: MemberRecord) -> dict[str, Any]:
 def report_json(report: PendingReport) -> dict[str, Any]:
     return {
         "report_seq": report.report_seq,
+        "journal_id": report.journal_id,
         "member": str(report.key),
         "state": report.state.value,
         "at_ms": report.at_ms,

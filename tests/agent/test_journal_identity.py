@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from tuneplane.agent import journal_read
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.journal import MIGRATIONS, SCHEMA_VERSION, Journal, MemberKey, NewMember
 from tuneplane.agent.member_state import MemberEvent
@@ -96,3 +97,19 @@ async def test_a_refused_report_is_dropped_and_the_refusal_journaled(tmp_path: P
         assert not await journal.ack_report(report.report_seq, why, 5)
         assert len([e for e in await journal.events(KEY) if e["kind"] == "report-refused"]) == 1
         await journal.close()
+
+
+async def test_the_offline_reader_shows_which_journal_numbered_each_report(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    async with open_aio_host():
+        journal = await Journal.open(path)
+        await journal.create_member(_member(), 1)
+        await journal.transition(KEY, E.PREPARE_SUCCEEDED, 2)
+        await journal.transition(KEY, E.COMMIT_RECEIVED, 3)
+        await journal.close()
+    with journal_read.open_readonly(path) as db:
+        (report,) = journal_read.pending_reports(db)
+        exported = journal_read.export(db)
+    assert report.journal_id == journal.journal_id
+    assert exported["meta"]["journal_id"] == journal.journal_id
+    assert [r["journal_id"] for r in exported["pending_reports"]] == [journal.journal_id]
