@@ -32,6 +32,8 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from tuneplane.collector.point_rules import REFUSED_KIND, PointScreen, storable
+from tuneplane.collector.points import ReadWarning
 from tuneplane.collector.ship_wire import (
     Gateway,
     Progress,
@@ -40,7 +42,7 @@ from tuneplane.collector.ship_wire import (
     open_telemetry_client,
     refusals,
 )
-from tuneplane.collector.spool import DEFAULT_MAX_POINTS, SPOOL_FILE, Spool
+from tuneplane.collector.spool import DEFAULT_MAX_POINTS, SPOOL_FILE, Spool, SpooledPoint
 from tuneplane.collector.tailer import Batch, Tailer
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,23 @@ def drained(state_dir: Path) -> bool:
     return (state_dir / DRAINED_MARKER).exists()
 
 
+def screen_spooled(
+    screen: PointScreen, points: list[SpooledPoint], now: float
+) -> tuple[list[SpooledPoint], list[ReadWarning]]:
+    """The spooled points that may be sent, and a data-loss warning for each other one."""
+    sendable: list[SpooledPoint] = []
+    refused: list[ReadWarning] = []
+    for p in points:
+        why = screen.problem(p.source_id, p.tag, p.step, p.wall_time, p.offset, now)
+        if why is None:
+            sendable.append(p)
+        else:
+            refused.append(
+                ReadWarning(storable(p.source_id), p.offset, REFUSED_KIND, f"{why}; not shipped")
+            )
+    return sendable, refused
+
+
 def write_marker(path: Path) -> None:
     """Create ``path`` durably (tmp, fsync, rename, fsync dir): it exists whole or not at all."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -119,6 +138,7 @@ class Collector:
         self.writers_done = trio.Event()
         self._shared = _Shared()
         self._spool_lock = trio.Lock()
+        self._screen = PointScreen()
 
     async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking spool method in a worker thread, one at a time."""
@@ -207,8 +227,11 @@ class Collector:
                     await shared.wrote.wait()
                 continue
             progress = await self._progress(finished)
+            # A spool written before the point rule existed (or under another clock) may hold
+            # points the gateway would refuse: they go as data loss, never on the wire.
+            sendable, unsendable = screen_spooled(self._screen, batch, time.time())
             try:
-                reply = await client.ship(self.opts.member, batch, progress)
+                reply = await client.ship(self.opts.member, sendable, progress)
             except ShipFailed as exc:
                 failures += 1
                 delay = backoff_s(failures, random.random())
@@ -225,7 +248,7 @@ class Collector:
             failures = 0
             last_call = trio.current_time()
             if batch:
-                refused = refusals(reply)
+                refused = unsendable + refusals(reply)
                 for warning in refused:
                     log.warning(
                         "telemetry data loss source=%s offset=%d kind=%s reason=%s",
