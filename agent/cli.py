@@ -19,11 +19,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
 import click
 import trio
 
 from tuneplane.agent import config as node_config
-from tuneplane.agent import journal_read
+from tuneplane.agent import journal_read, workload_checks
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.daemon import Daemon, run_daemon
 from tuneplane.agent.inventory import (
@@ -55,6 +56,22 @@ EXPECTED_ERRORS = (
     journal_read.JournalUnreadable,
     ValueError,
 )
+
+
+@attrs.frozen
+class _Settings:
+    """node.toml as ``main`` read it (``values`` is None without a file), for the commands."""
+
+    values: dict[str, Any] | None
+    path: Path | None
+
+
+def _workload_policy() -> node_config.WorkloadPolicy:
+    """The workload policy of node.toml (or the safe default) for this agent's user."""
+    found = click.get_current_context().find_root().obj
+    if isinstance(found, _Settings):
+        return workload_checks.policy_from(found.values, found.path)
+    return workload_checks.policy_from(None, None)
 
 
 @contextmanager
@@ -135,6 +152,7 @@ def main(ctx: click.Context, config_path: Path | None) -> None:
         except node_config.NodeConfigError as exc:
             raise click.ClickException(str(exc)) from None
         ctx.default_map = node_config.default_map(settings)
+    ctx.obj = _Settings(settings if config_path is not None else None, config_path)
 
 
 # --- enroll ------------------------------------------------------------------------------------
@@ -228,11 +246,23 @@ async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int) -> None:
     "--out-root",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Where $TUNEPLANE_OUT_DIR of every member lives (default: <state dir>/outputs).",
+    help="Where $TUNEPLANE_OUT_DIR of every member lives, outside the state dir (default: "
+    "tuneplane-outputs beside the state dir).",
+)
+@click.option(
+    "--work-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where members' work directories live, outside the state dir (default: "
+    "tuneplane-work beside the state dir).",
 )
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]))
 def run_command(
-    state_dir: Path, simulate_gpus: str | None, out_root: Path | None, log_level: str
+    state_dir: Path,
+    simulate_gpus: str | None,
+    out_root: Path | None,
+    work_root: Path | None,
+    log_level: str,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (which stop it and leave every member running)."""
     _setup_logging(log_level)
@@ -249,10 +279,19 @@ def run_command(
         node = state.load_node()
         credential = state.read_credential()
         state.create()
-        outputs = (out_root or state.root / "outputs").resolve()
-        outputs.mkdir(parents=True, exist_ok=True)
+        outputs = (out_root or workload_checks.default_out_root(state.root)).resolve()
+        works = (work_root or workload_checks.default_work_root(state.root)).resolve()
+        policy = _workload_policy()
+        refused = workload_checks.start_problems(policy, state.root, works, outputs)
+        if refused:
+            raise click.ClickException(" ".join(refused))
+        for warning in workload_checks.warnings(policy):
+            logging.getLogger(__name__).warning("workload policy warning=%s", warning)
+        # Members must be able to pass through the roots to their own 0700 directories.
+        for root in (outputs, works):
+            root.mkdir(mode=0o711, parents=True, exist_ok=True)
         source = InventorySource(node.name, _simulate(simulate_gpus))
-        daemon = Daemon(state, node, credential, source, outputs)
+        daemon = Daemon(state, node, credential, source, outputs, work_root=works, policy=policy)
         logging.getLogger(__name__).info(
             "agent starting node_id=%s coordinator=%s gpus=%d gpu_source=%s pid=%d",
             node.node_id, node.coordinator, len(daemon.inventory.gpus),
@@ -312,6 +351,7 @@ def status_command(state_dir: Path, as_json: bool) -> None:
         "reservations": reservations,
         "pending_reports": pending,
         "journal_problem": journal_problem,
+        "workload_warnings": workload_checks.warnings(_workload_policy()),
     }
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -331,6 +371,8 @@ def status_command(state_dir: Path, as_json: bool) -> None:
             click.echo(f"last error: {data['last_error']}")
     if data["safe_mode"]:
         click.echo(f"SAFE MODE: {data['safe_mode_reason']}")
+    for warning in data["workload_warnings"]:
+        click.echo(f"WARNING: {warning}")
     if journal_problem:
         click.echo(f"journal: {journal_problem}")
     inv = data["inventory"]
@@ -418,8 +460,27 @@ def doctor_command(state_dir: Path) -> None:
         line(False, f"journal integrity: {exc} The agent runs in safe mode until it is repaired.")
     ok, text = _nvml_line()
     line(ok, text)
+    failures += _workload_lines(state.root)
     if failures:
         raise SystemExit(1)
+
+
+def _workload_lines(state_dir: Path) -> int:
+    """Print doctor's workload-policy lines (accounts, runtimes, bubblewrap); the failures."""
+    try:
+        policy = _workload_policy()
+    except node_config.NodeConfigError as exc:
+        click.echo(f"FAIL  {exc}")
+        return 1
+    settings = click.get_current_context().find_root().obj
+    known = (settings.values if isinstance(settings, _Settings) else None) or {}
+    outputs = Path(known.get("out_root") or workload_checks.default_out_root(state_dir))
+    works = Path(known.get("work_root") or workload_checks.default_work_root(state_dir))
+    failures = 0
+    for finding in workload_checks.doctor_findings(policy, state_dir, works, outputs):
+        failures += finding.level == "FAIL"
+        click.echo(f"{finding.level.ljust(4)}  {finding.text}")
+    return failures
 
 
 # --- journal -----------------------------------------------------------------------------------

@@ -1,31 +1,242 @@
 """``/etc/tuneplane/node.toml``: the settings a sysadmin writes once per machine.
 
-Rules: the file only supplies defaults for command-line options (a flag always wins); an unknown
-key or a value of the wrong type is an error naming the file, the key and the fix, so a typo
-never silently falls back to a built-in default.
+Rules: the file only supplies defaults for command-line options (a flag always wins), except the
+workload policy (``isolation``, ``[accounts]``, ``[runtimes.<name>]``), which only the file sets;
+an unknown key or a value of the wrong type is an error naming the file, the key and the fix, so a
+typo never silently falls back to a built-in default.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 DEFAULT_PATH = Path("/etc/tuneplane/node.toml")
+DEFAULT_WORK_ROOT = Path("/var/lib/tuneplane-work")
+# Where a runtime without its own [runtimes.<name>] table looks for its interpreter, and the
+# PATH its workloads get: the distribution's directories, never the agent's own PATH.
+DEFAULT_RUNTIME_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The pool a root agent uses when node.toml has no [accounts] table (see docs/operator.md).
+DEFAULT_POOL_PREFIX = "tuneplane-member-"
+DEFAULT_POOL_COUNT = 8
+
+ACCOUNT_MODES = ("pool", "user", "agent")
+ISOLATIONS = ("none", "bwrap")
 
 # key in node.toml -> (type, the commands whose option of the same name it sets)
 _KEYS: Mapping[str, tuple[type, tuple[str, ...]]] = {
     "state_dir": (str, ("enroll", "run", "status", "doctor", "journal")),
     "out_root": (str, ("run",)),
+    "work_root": (str, ("run",)),
     "simulate_gpus": (str, ("enroll", "run")),
     "log_level": (str, ("run",)),
+    # The workload policy: read by run, status and doctor from the file itself.
+    "isolation": (str, ()),
+    "accounts": (dict, ()),
+    "runtimes": (dict, ()),
 }
 _JOURNAL_COMMANDS = ("members", "show", "events", "reservations", "export")
+_ACCOUNT_KEYS: Mapping[str, type] = {"mode": str, "pool": list, "prefix": str, "count": int}
+_RUNTIME_KEYS: Mapping[str, type] = {"path": str, "interpreter": str, "allow_loader_env": bool}
+_ACCOUNT_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 
 
 class NodeConfigError(ValueError):
     """node.toml cannot be used; the message says which key and how to fix it."""
+
+
+@attrs.frozen
+class Runtime:
+    """What ``host:<name>`` means on this Node: the interpreter and the workload's PATH."""
+
+    name: str
+    path: str
+    interpreter: str
+    allow_loader_env: bool = False
+    # False when node.toml has no [runtimes.<name>] table and the documented default applies.
+    configured: bool = True
+
+
+@attrs.frozen
+class WorkloadPolicy:
+    """Who members run as and how they are confined (node.toml's workload settings).
+
+    ``mode``: ``pool`` (one account of ``pool`` per member at a time), ``user`` (the local
+    account named like the submitting TunePlane user) or ``agent`` (the agent's own user; only
+    allowed when the agent is not root). ``isolation``: ``none`` or ``bwrap``.
+    """
+
+    mode: str
+    pool: tuple[str, ...] = ()
+    isolation: str = "none"
+    runtimes: Mapping[str, Runtime] = attrs.field(factory=dict)
+    # True when node.toml said nothing about accounts and the safe default was chosen.
+    defaulted: bool = False
+
+    def runtime(self, name: str) -> Runtime:
+        """The runtime ``host:<name>``: node.toml's definition or the documented default."""
+        found = self.runtimes.get(name)
+        if found is not None:
+            return found
+        return Runtime(
+            name=name,
+            path=DEFAULT_RUNTIME_PATH,
+            interpreter=_which(name, DEFAULT_RUNTIME_PATH) or name,
+            configured=False,
+        )
+
+    def problem_running_as(self, euid: int) -> str | None:
+        """A sentence when this policy must not be used by an agent with effective uid ``euid``."""
+        if self.mode == "agent" and euid == 0:
+            return (
+                '[accounts] mode = "agent" would run every workload as root, the agent\'s own '
+                'user; use mode = "pool" with dedicated accounts (see docs/operator.md) or run '
+                "the agent as an unprivileged user."
+            )
+        if self.mode != "agent" and euid != 0:
+            return (
+                f'[accounts] mode = "{self.mode}" needs the agent to run as root to switch to the '
+                'members\' accounts; run it as root or set mode = "agent".'
+            )
+        return None
+
+
+def _which(name: str, path: str) -> str | None:
+    if "/" in name:
+        return name
+    for folder in path.split(":"):
+        candidate = os.path.join(folder, name)
+        if folder and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def default_policy(euid: int) -> WorkloadPolicy:
+    """The policy without an [accounts] table: never the agent's user when that is root.
+
+    Root gets the pool ``tuneplane-member-0`` .. ``tuneplane-member-7`` (created by the
+    operator; a missing account refuses the Prepare with a sentence saying how to create it);
+    a non-root agent can only run members as itself.
+    """
+    if euid == 0:
+        pool = tuple(f"{DEFAULT_POOL_PREFIX}{i}" for i in range(DEFAULT_POOL_COUNT))
+        return WorkloadPolicy(mode="pool", pool=pool, defaulted=True)
+    return WorkloadPolicy(mode="agent", defaulted=True)
+
+
+def _type_name(kind: type) -> str:
+    return {str: "a string", int: "an integer", bool: "true or false", list: "a list",
+            dict: "a table"}[kind]  # fmt: skip
+
+
+def _check_table(path: Path, where: str, raw: Mapping[str, Any], keys: Mapping[str, type]) -> None:
+    for key, value in raw.items():
+        if key not in keys:
+            known = ", ".join(sorted(keys))
+            raise NodeConfigError(
+                f"{path}: unknown key '{where}.{key}'. Known keys of [{where}] are {known}; "
+                "remove or rename it."
+            )
+        kind = keys[key]
+        if type(value) is not kind:
+            raise NodeConfigError(
+                f"{path}: '{where}.{key}' must be {_type_name(kind)}, not "
+                f"{type(value).__name__} ({value!r}). Fix its value."
+            )
+
+
+def _accounts(path: Path, raw: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+    _check_table(path, "accounts", raw, _ACCOUNT_KEYS)
+    mode = raw.get("mode")
+    if mode not in ACCOUNT_MODES:
+        raise NodeConfigError(
+            f"{path}: 'accounts.mode' is {mode!r}; set it to one of "
+            f"{', '.join(repr(m) for m in ACCOUNT_MODES)}."
+        )
+    if mode == "user":
+        raise NodeConfigError(
+            f'{path}: [accounts] mode = "user" is not available in this version of the agent: '
+            'the Prepare does not carry the submitting user yet. Use mode = "pool".'
+        )
+    pool: tuple[str, ...] = ()
+    if "pool" in raw and ("prefix" in raw or "count" in raw):
+        raise NodeConfigError(
+            f"{path}: [accounts] gives both 'pool' and 'prefix'/'count'; keep one way of naming "
+            "the pool."
+        )
+    if "pool" in raw:
+        names = raw["pool"]
+        if not all(isinstance(n, str) for n in names):
+            raise NodeConfigError(f"{path}: 'accounts.pool' must be a list of account names.")
+        pool = tuple(names)
+    elif "prefix" in raw or "count" in raw:
+        if "prefix" not in raw or "count" not in raw:
+            raise NodeConfigError(
+                f"{path}: [accounts] needs both 'prefix' and 'count' to name a pool "
+                '(e.g. prefix = "tp-member-", count = 8).'
+            )
+        if not 1 <= raw["count"] <= 1024:
+            raise NodeConfigError(
+                f"{path}: 'accounts.count' is {raw['count']}; give 1 to 1024 accounts."
+            )
+        pool = tuple(f"{raw['prefix']}{i}" for i in range(raw["count"]))
+    for name in pool:
+        if not _ACCOUNT_NAME.match(name) or name == "root":
+            raise NodeConfigError(
+                f"{path}: the pool account name {name!r} is not a valid unprivileged account "
+                "name; use lower-case letters, digits, '_', '-' or '.', and never root."
+            )
+    if len(set(pool)) != len(pool):
+        raise NodeConfigError(f"{path}: 'accounts.pool' names an account more than once.")
+    if mode == "pool" and not pool:
+        raise NodeConfigError(
+            f'{path}: [accounts] mode = "pool" needs the accounts: set pool = ["tp-member-0", '
+            '...] or prefix = "tp-member-" and count = 8.'
+        )
+    if mode != "pool" and pool:
+        raise NodeConfigError(
+            f'{path}: [accounts] names a pool but mode is "{mode}"; remove the pool or set '
+            'mode = "pool".'
+        )
+    return mode, pool
+
+
+def _runtimes(path: Path, raw: Mapping[str, Any]) -> dict[str, Runtime]:
+    runtimes: dict[str, Runtime] = {}
+    for name, table in raw.items():
+        where = f"runtimes.{name}"
+        if not isinstance(table, dict):
+            raise NodeConfigError(
+                f"{path}: '{where}' must be a table ([{where}] with path and interpreter)."
+            )
+        _check_table(path, where, table, _RUNTIME_KEYS)
+        for key in ("path", "interpreter"):
+            if key not in table:
+                raise NodeConfigError(f"{path}: [{where}] has no '{key}'; add it.")
+        folders = table["path"].split(":")
+        if not all(f.startswith("/") for f in folders):
+            raise NodeConfigError(
+                f"{path}: '{where}.path' = {table['path']!r} holds a folder that is not "
+                'absolute; give absolute folders separated by ":".'
+            )
+        if not table["interpreter"].startswith("/"):
+            raise NodeConfigError(
+                f"{path}: '{where}.interpreter' = {table['interpreter']!r} is not an absolute "
+                'path; give the full path, e.g. "/usr/bin/python3".'
+            )
+        runtimes[name] = Runtime(
+            name=name,
+            path=table["path"],
+            interpreter=table["interpreter"],
+            allow_loader_env=table.get("allow_loader_env", False),
+        )
+    return runtimes
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -45,11 +256,39 @@ def load(path: Path) -> dict[str, Any]:
             )
         kind = _KEYS[key][0]
         if not isinstance(value, kind):
+            if kind is dict:
+                raise NodeConfigError(
+                    f"{path}: '{key}' must be a table ([{key}]), not {type(value).__name__}."
+                )
             raise NodeConfigError(
                 f"{path}: '{key}' must be a {kind.__name__}, not {type(value).__name__} "
                 f'({value!r}). Quote it, e.g. {key} = "...".'
             )
+    workload_policy(raw, path, euid=None)
     return dict(raw)
+
+
+def workload_policy(
+    settings: Mapping[str, Any], path: Path | None = None, euid: int | None = None
+) -> WorkloadPolicy:
+    """The workload policy node.toml's settings describe (the safe default where it is silent).
+
+    ``euid`` (the agent's effective uid) picks the default when there is no [accounts] table;
+    ``None`` only checks the settings.
+    """
+    where = path or DEFAULT_PATH
+    isolation = settings.get("isolation", "none")
+    if isolation not in ISOLATIONS:
+        raise NodeConfigError(
+            f"{where}: 'isolation' is {isolation!r}; set it to "
+            f"{' or '.join(repr(i) for i in ISOLATIONS)}."
+        )
+    runtimes = _runtimes(where, settings.get("runtimes", {}))
+    if "accounts" in settings:
+        mode, pool = _accounts(where, settings["accounts"])
+        return WorkloadPolicy(mode=mode, pool=pool, isolation=isolation, runtimes=runtimes)
+    base = default_policy(os.geteuid() if euid is None else euid)
+    return attrs.evolve(base, isolation=isolation, runtimes=runtimes)
 
 
 def default_map(settings: Mapping[str, Any]) -> dict[str, Any]:

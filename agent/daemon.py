@@ -24,6 +24,7 @@ import trio
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.collectors import CollectorSupervisor
+from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource
 from tuneplane.agent.journal import Journal, JournalCorrupt, MemberKey, PendingReport
@@ -105,12 +106,17 @@ class Daemon:
         credential: str,
         source: InventorySource,
         out_root: Path,
+        *,
+        work_root: Path,
+        policy: WorkloadPolicy,
     ) -> None:
         self.state = state
         self.node = node
         self.credential = credential
         self.source = source
         self.out_root = out_root
+        self.work_root = work_root
+        self.policy = policy
         self.endpoint = Endpoint.parse(node.coordinator)
         self.ca_path = Path(node.ca)
         self.inventory = source.collect()
@@ -151,6 +157,7 @@ class Daemon:
                         self.manager = MemberManager(
                             self.journal, self.state.members_dir, self.out_root,
                             lambda: self.inventory, self._node_address, self.publish, nursery,
+                            work_root=self.work_root, policy=self.policy,
                         )  # fmt: skip
                         await self.journal.node_event(now_ms(), "agent-started", pid=os.getpid())
                         await self.manager.replay()

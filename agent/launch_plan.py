@@ -13,6 +13,10 @@ from pathlib import Path
 import attrs
 
 LAUNCHERS = ("member", "process-group")
+# Variables that change what code the loader or the interpreter runs; a Job sets them only when
+# its runtime's node.toml definition says allow_loader_env = true.
+LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONPATH", "PYTHONHOME")
+DEFAULT_LANG = "C.UTF-8"
 
 
 class LaunchPlanError(ValueError):
@@ -42,6 +46,53 @@ class ProcessSpec:
     env: Mapping[str, str]
     cwd: str
     local_rank: int
+
+
+def refused_loader_variable(job_env: Mapping[str, str], allow_loader_env: bool) -> str | None:
+    """A sentence naming the first loader variable the Job may not set, or None."""
+    if allow_loader_env:
+        return None
+    for name in LOADER_VARIABLES:
+        if name in job_env:
+            return (
+                f"The Job's env sets {name}, a loader variable this Node's runtime does not allow; "
+                f"remove {name} from the env, or ask the operator to set allow_loader_env = true "
+                "for the runtime in node.toml."
+            )
+    return None
+
+
+def workload_env(
+    job_env: Mapping[str, str],
+    tuneplane_env: Mapping[str, str],
+    runtime_path: str,
+    home: str,
+) -> dict[str, str]:
+    """The whole base environment of a member's processes: an allow-list, nothing inherited.
+
+    The Job's ``env`` first (LANG among it, or ``C.UTF-8``); then what TunePlane owns, which
+    always wins: ``TUNEPLANE_*``, ``HOME`` (the member's work directory) and ``PATH`` (the
+    runtime's definition in node.toml, never the agent's). The launcher adds ranks and the
+    rendezvous; the runner adds the SDK to PYTHONPATH.
+    """
+    env = {"LANG": DEFAULT_LANG, **job_env}
+    env.update(tuneplane_env)
+    env["HOME"] = home
+    env["PATH"] = runtime_path
+    return env
+
+
+def resolve_entrypoint(
+    entrypoint: tuple[str, ...], runtime: str, interpreter: str
+) -> tuple[str, ...]:
+    """The entrypoint with a bare runtime name (``python3`` for ``host:python3``) made absolute.
+
+    Which program ``python3`` is belongs to the operator (node.toml), not to whichever PATH the
+    process happens to get.
+    """
+    if entrypoint and entrypoint[0] == runtime:
+        return (interpreter, *entrypoint[1:])
+    return entrypoint
 
 
 def _check(

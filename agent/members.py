@@ -7,6 +7,9 @@ Rules:
   already holds and never starts anything twice (the runner's launch claim is the last guard).
 - A lost connection changes nothing here; only the coordinator's decisions and the runner's
   durable files move a member. Watchers are owned by the daemon's nursery.
+- A member runs as the account its lease names (agent/accounts.py), in a work directory outside
+  the state directory that only that account can enter, with an environment built from an
+  allow-list (agent/launch_plan.py): nothing of the agent's own environment reaches it.
 """
 
 from __future__ import annotations
@@ -14,14 +17,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import trio
 
+from tuneplane.agent import accounts, runner_pyz, sandbox, supervision
 from tuneplane.agent import messages as m
-from tuneplane.agent import runner_pyz, supervision
 from tuneplane.agent.collectors import telemetry_dir
+from tuneplane.agent.config import Runtime, WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory
 from tuneplane.agent.journal import (
@@ -33,7 +37,15 @@ from tuneplane.agent.journal import (
     NewMember,
     PendingReport,
 )
-from tuneplane.agent.launch_plan import LAUNCHERS, LaunchPlanError, UnknownLauncher, plan_processes
+from tuneplane.agent.launch_plan import (
+    LAUNCHERS,
+    LaunchPlanError,
+    UnknownLauncher,
+    plan_processes,
+    refused_loader_variable,
+    resolve_entrypoint,
+    workload_env,
+)
 from tuneplane.agent.member_state import (
     COMMITTED_OR_LATER,
     TERMINAL,
@@ -44,7 +56,6 @@ from tuneplane.agent.member_state import (
 from tuneplane.agent.prepare import (
     CAPSULE_DIR,
     JOBSPEC_FILE,
-    WORK_DIR,
     PrepareRefused,
     check_gpus,
     materialise,
@@ -52,14 +63,13 @@ from tuneplane.agent.prepare import (
     read_capsule,
 )
 from tuneplane.coordinator import jobspec
+from tuneplane.runner.member_file import Account as RunAs
 
 log = logging.getLogger(__name__)
 
 E = MemberEvent
 S = MemberState
 WATCH_INTERVAL_S = 0.25
-# Agent environment passed to workloads; nothing else of the agent's environment leaks in.
-PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME")
 
 Publish = Callable[[m.Outgoing], Awaitable[None]]
 
@@ -71,6 +81,22 @@ def now_ms() -> int:
 def out_dir_for(out_root: Path, key: MemberKey) -> Path:
     """``$TUNEPLANE_OUT_DIR`` of a member: ``<out root>/<run id>/attempt-<n>/member-<i>``."""
     return out_root / key.run_id / f"attempt-{key.attempt}" / f"member-{key.member_index}"
+
+
+def work_dir_for(work_root: Path, key: MemberKey) -> Path:
+    """The member's work directory (its cwd and HOME): ``<work root>/<member key>``."""
+    return work_root / str(key)
+
+
+def runtime_of(spec: jobspec.JobSpec, policy: WorkloadPolicy) -> Runtime:
+    """The node.toml runtime a JobSpec's ``host:<name>`` runtime id names."""
+    kind, _, name = spec.runtime_id.partition(":")
+    if kind != "host" or not name:
+        raise PrepareRefused(
+            f"The runtime {spec.runtime_id!r} is not a host runtime; this Node runs "
+            "host:<interpreter> runtimes defined in its node.toml."
+        )
+    return policy.runtime(name)
 
 
 class LaunchFailed(Exception):
@@ -93,10 +119,16 @@ class MemberManager:
         node_address: Callable[[], str],
         publish: Publish,
         nursery: trio.Nursery,
+        *,
+        work_root: Path,
+        policy: WorkloadPolicy,
     ) -> None:
         self.journal = journal
         self.members_dir = members_dir
+        self.state_dir = members_dir.parent
         self.out_root = out_root
+        self.work_root = work_root
+        self.policy = policy
         self._inventory = inventory
         self._node_address = node_address
         self._publish = publish
@@ -169,9 +201,19 @@ class MemberManager:
             if spec is None:
                 raise PrepareRefused(spec_error)
             check_gpus(key, cmd.gpu_indexes, self._inventory(), await self.journal.gpu_owners())
+            refused = refused_loader_variable(
+                spec.env, runtime_of(spec, self.policy).allow_loader_env
+            )
+            if refused:
+                raise PrepareRefused(refused)
+            # The lease is on disk before any file is written for the member, so a crash here
+            # still holds the account until the member is failed on replay.
+            held, ended = await self._pool_leases(key)
+            lease = accounts.lease_for(self.policy, held, work_dir_for(self.work_root, key))
+            accounts.write_lease(member_dir, lease)
             work = await trio.to_thread.run_sync(
-                materialise, member_dir, cmd.jobspec_json, cmd.capsule_files,
-                cmd.capsule_digests, spec.source_files,
+                self._materialise, member_dir, lease, cmd, spec.source_files,
+                ended.get(lease.account.name, []),
             )  # fmt: skip
             launch = read_capsule(work)
             if launch.launcher not in LAUNCHERS:
@@ -185,7 +227,7 @@ class MemberManager:
                 details={"gpu_indexes": list(cmd.gpu_indexes),
                          "runner_sha256": runner_pyz.recorded(work / CAPSULE_DIR)},
             )  # fmt: skip
-        except (PrepareRefused, GpuAlreadyOwned, OSError) as exc:
+        except (PrepareRefused, GpuAlreadyOwned, accounts.AccountError, OSError) as exc:
             reason = str(exc)
             log.warning("prepare refused run_id=%s member=%s reason=%s", key.run_id, key, reason)
             _, report = await self.journal.transition(
@@ -198,6 +240,58 @@ class MemberManager:
                  list(cmd.gpu_indexes))  # fmt: skip
         crashpoint("after-prepare-journaled")
         await self._publish(m.PrepareReply(key, True, "", rendezvous))
+
+    async def _pool_leases(self, key: MemberKey) -> tuple[set[str], dict[str, list[Path]]]:
+        """Pool accounts held by members that have not ended, and the ended members' paths.
+
+        Both come from the journal and the members' lease files alone, so they are the same
+        after an agent restart. A lease file that cannot be read holds nothing back: its member
+        cannot launch either.
+        """
+        held: set[str] = set()
+        ended: dict[str, list[Path]] = {}
+        for record in await self.journal.members():
+            if record.key == key:
+                continue
+            try:
+                lease = accounts.read_lease(Path(record.member_dir))
+            except accounts.AccountError as exc:
+                log.warning("account lease unreadable member=%s reason=%s", record.key, exc)
+                continue
+            if lease is None or lease.mode != "pool":
+                continue
+            if record.state in TERMINAL:
+                paths = ended.setdefault(lease.account.name, [])
+                paths += [lease.work_dir, Path(record.out_dir)]
+            else:
+                held.add(lease.account.name)
+        return held, ended
+
+    def _materialise(
+        self,
+        member_dir: Path,
+        lease: accounts.Lease,
+        cmd: m.Prepare,
+        sources: Mapping[str, str],
+        previous: list[Path],
+    ) -> Path:
+        """Write the member's files, then give its work directory to its account (0700).
+
+        A pool account's earlier members' directories first go back to root (their runners did
+        that for members that ran), so this member cannot read them.
+        """
+        if lease.mode == "pool":
+            accounts.reclaim(previous, lease.account)
+        self.work_root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        lease.work_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(lease.work_dir, 0o700)
+        work = materialise(
+            member_dir, cmd.jobspec_json, cmd.capsule_files, cmd.capsule_digests, sources,
+            lease.work_dir,
+        )  # fmt: skip
+        if lease.switches_user:
+            accounts.chown_tree(work, lease.account)
+        return work
 
     async def commit(self, cmd: m.Commit) -> None:
         key = cmd.key
@@ -271,9 +365,22 @@ class MemberManager:
         except (OSError, jobspec.JobSpecError) as exc:
             raise LaunchFailed(f"The member's JobSpec cannot be read: {exc}") from None
         try:
-            capsule = read_capsule(member_dir / WORK_DIR)
+            lease = accounts.read_lease(member_dir)
+        except accounts.AccountError as exc:
+            raise LaunchFailed(str(exc)) from None
+        if lease is None:
+            raise LaunchFailed(
+                f"The member has no account lease ({member_dir / accounts.LEASE_FILE}); it was "
+                "prepared by an older agent, so start a new attempt."
+            )
+        try:
+            capsule = read_capsule(lease.work_dir)
+            runtime = runtime_of(spec, self.policy)
         except PrepareRefused as exc:
             raise LaunchFailed(str(exc)) from None
+        refused = refused_loader_variable(spec.env, runtime.allow_loader_env)
+        if refused:
+            raise LaunchFailed(refused)
         inventory = self._inventory()
         uuids = []
         for index in record.gpu_indexes:
@@ -292,24 +399,44 @@ class MemberManager:
         # The collector follows this directory; the SDK and TensorBoard writers log into it.
         telemetry = telemetry_dir(out_dir)
         telemetry.mkdir(exist_ok=True)
+        if lease.switches_user:
+            accounts.chown_tree(out_dir, lease.account)
         key = record.key
-        base_env = {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
-        base_env.update(spec.env)
-        base_env.update(
-            TUNEPLANE_RUN_ID=key.run_id,
-            TUNEPLANE_ATTEMPT=str(key.attempt),
-            TUNEPLANE_MEMBER_INDEX=str(key.member_index),
-            TUNEPLANE_MEMBER_COUNT=str(record.member_count),
-            TUNEPLANE_OUT_DIR=str(out_dir),
-            TUNEPLANE_TELEMETRY_DIR=str(telemetry),
+        base_env = workload_env(
+            spec.env,
+            {
+                "TUNEPLANE_RUN_ID": key.run_id,
+                "TUNEPLANE_ATTEMPT": str(key.attempt),
+                "TUNEPLANE_MEMBER_INDEX": str(key.member_index),
+                "TUNEPLANE_MEMBER_COUNT": str(record.member_count),
+                "TUNEPLANE_OUT_DIR": str(out_dir),
+                "TUNEPLANE_TELEMETRY_DIR": str(telemetry),
+            },
+            runtime.path,
+            str(lease.work_dir),
         )
+        entrypoint = resolve_entrypoint(capsule.entrypoint, runtime.name, runtime.interpreter)
         try:
             processes = plan_processes(
-                capsule.launcher, capsule.entrypoint, tuple(uuids), key.member_index,
-                record.member_count, addr, port, base_env, member_dir / WORK_DIR,
+                capsule.launcher, entrypoint, tuple(uuids), key.member_index,
+                record.member_count, addr, port, base_env, lease.work_dir,
             )  # fmt: skip
         except LaunchPlanError as exc:
             raise LaunchFailed(str(exc)) from None
+        account = None
+        if lease.switches_user:
+            account = RunAs(
+                lease.account.name, lease.account.uid, lease.account.gid, lease.account.groups,
+                reap=lease.mode == "pool", release_paths=(str(lease.work_dir), str(out_dir)),
+            )  # fmt: skip
+        wrapper: tuple[str, ...] = ()
+        if self.policy.isolation == "bwrap":
+            present = {str(p) for p in Path("/dev").glob("nvidia*")}
+            wrapper = sandbox.bwrap_argv(
+                state_dir=self.state_dir, work_root=self.work_root, out_root=self.out_root,
+                work_dir=lease.work_dir, out_dir=out_dir,
+                devices=sandbox.gpu_devices(record.gpu_indexes, present),
+            )  # fmt: skip
         return supervision.MemberLaunch(
             member_dir=member_dir,
             run_id=key.run_id,
@@ -320,6 +447,9 @@ class MemberManager:
             grace_period_s=record.grace_period_s,
             stdout_path=member_dir / "stdout.log",
             stderr_path=member_dir / "stderr.log",
+            run_as=account,
+            sandbox_argv=wrapper,
+            sdk_path=lease.work_dir / CAPSULE_DIR / runner_pyz.RUNNER_PYZ,
         )
 
     async def _launch_failed(self, key: MemberKey, reason: str) -> None:

@@ -3,7 +3,8 @@
 Rules: each step either succeeds or raises :class:`PrepareRefused` with a sentence that goes back
 to the coordinator in PrepareReply.reason. Materialising is idempotent (the same Prepare writes
 the same bytes again) and every file is written atomically, then read back and checked against
-its sha256 digest.
+its sha256 digest. The runner the agent starts is the copy in the root-only member directory;
+the copy in the workload's work directory only serves its ``tuneplane.report`` imports.
 """
 
 from __future__ import annotations
@@ -88,12 +89,15 @@ def materialise(
     capsule_files: Mapping[str, bytes],
     capsule_digests: Mapping[str, str],
     source_files: Mapping[str, str],
+    work_dir: Path | None = None,
 ) -> Path:
     """Write the member's JobSpec, capsule, runner and experiment files; return the work dir.
 
-    Layout: ``<member_dir>/jobspec.json``, ``<member_dir>/work/`` (the workload's cwd, holding the
-    experiment files) and ``<member_dir>/work/.tuneplane/capsule/`` (the Job Capsule: the sealed
-    files plus this Node's ``runner.pyz`` and its ``runner.sha256``).
+    Layout: ``<member_dir>/jobspec.json``; ``<work_dir>/`` (the workload's cwd, holding the
+    experiment files; ``<member_dir>/work`` when not given) and ``<work_dir>/.tuneplane/capsule/``
+    (the Job Capsule: the sealed files plus this Node's ``runner.pyz`` and ``runner.sha256``);
+    and ``<member_dir>/work/.tuneplane/capsule/runner.pyz``, the copy the agent starts, which a
+    workload never can write.
     """
     if set(capsule_files) != set(capsule_digests):
         missing = sorted(set(capsule_digests) ^ set(capsule_files))
@@ -112,12 +116,12 @@ def materialise(
                 f"The capsule file {name} arrived with content that does not match its digest "
                 f"{capsule_digests[name]}."
             )
-    work = member_dir / WORK_DIR
     # Every name is checked before the first byte is written: a refused Prepare leaves nothing.
     for name in source_files:
         _safe_relative(name, "experiment file")
     for name in capsule_files:
         _safe_relative(name, "capsule file")
+    work = work_dir if work_dir is not None else member_dir / WORK_DIR
     work.mkdir(parents=True, exist_ok=True)
     write_atomic(member_dir / JOBSPEC_FILE, jobspec_json.encode(), 0o644)
     for name, content in source_files.items():
@@ -132,6 +136,8 @@ def materialise(
         _write_checked(work / CAPSULE_DIR / rel, data, capsule_digests[name], "capsule file")
     try:
         runner_pyz.materialise(work / CAPSULE_DIR)
+        if work != member_dir / WORK_DIR:
+            runner_pyz.materialise(runner_pyz.capsule_dir(member_dir))
     except runner_pyz.RunnerPyzError as exc:
         raise PrepareRefused(str(exc)) from None
     return work

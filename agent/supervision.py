@@ -24,7 +24,8 @@ from tuneplane.agent import runner_pyz
 from tuneplane.agent.launch_plan import ProcessSpec
 from tuneplane.runner import main as runner_main
 from tuneplane.runner.durable import write_json_atomic
-from tuneplane.runner.member_file import MEMBER_FILE, MemberFile, ProcessEntry
+from tuneplane.runner.member_file import MEMBER_FILE, MemberFile, ProcessEntry, Sandbox
+from tuneplane.runner.member_file import Account as RunAs
 from tuneplane.runner.records import (
     CLAIM_FILE,
     ProcessIdentity,
@@ -82,6 +83,12 @@ class MemberLaunch:
     grace_period_s: int
     stdout_path: Path
     stderr_path: Path
+    # The account the workload runs as (None: the runner's own user, only for a non-root agent).
+    run_as: RunAs | None = None
+    # The sandbox command put before every process's argv (empty: no sandbox).
+    sandbox_argv: tuple[str, ...] = ()
+    # The workload-readable runner.pyz its tuneplane.report comes from (None: the runner's own).
+    sdk_path: Path | None = None
 
 
 @attrs.frozen
@@ -117,9 +124,9 @@ Observation = NotStarted | Running | Exited | Vanished
 
 
 def _member_file(launch: MemberLaunch) -> MemberFile:
-    for name in ("member_dir", "out_dir", "stdout_path", "stderr_path"):
+    for name in ("member_dir", "out_dir", "stdout_path", "stderr_path", "sdk_path"):
         value = getattr(launch, name)
-        if not value.is_absolute():
+        if value is not None and not value.is_absolute():
             raise LaunchSpecError(
                 f"MemberLaunch.{name} = {str(value)!r} is not an absolute path; the runner runs "
                 f"from '/', so give an absolute path."
@@ -141,6 +148,9 @@ def _member_file(launch: MemberLaunch) -> MemberFile:
             ProcessEntry(argv=p.argv, env=dict(p.env), cwd=p.cwd, local_rank=p.local_rank)
             for p in launch.processes
         ),
+        account=launch.run_as,
+        sandbox=Sandbox(launch.sandbox_argv) if launch.sandbox_argv else None,
+        sdk_path=str(launch.sdk_path) if launch.sdk_path else None,
     )
 
 

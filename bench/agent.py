@@ -34,6 +34,7 @@ import psutil
 import trio
 
 from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.config import default_policy
 from tuneplane.agent.inventory import InventorySource, parse_simulate_gpus
 from tuneplane.agent.journal import Exit, Journal, MemberKey, NewMember
 from tuneplane.agent.member_state import MemberEvent
@@ -280,6 +281,7 @@ async def _recover(path: Path, root: Path) -> float:
             manager = MemberManager(
                 journal, root / "members", root / "outputs", lambda: inventory,
                 lambda: "127.0.0.1", publish, nursery,
+                work_root=root / "work", policy=default_policy(os.geteuid()),
             )  # fmt: skip
             await manager.replay()
             elapsed = time.perf_counter() - started

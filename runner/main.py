@@ -3,11 +3,14 @@
 Rules: the launch is claimed (``launch.claim``, exclusive create) before anything starts, so a
 second runner for the same member refuses itself and touches nothing; the runner detaches into
 its own session so the agent's death never reaches it; ``exit.json`` is written atomically
-before the runner exits. Stdlib + psutil only: this ships inside ``runner.pyz``.
+before the runner exits. The runner stays root (it writes the member's records); each workload
+process switches to the member's account (supplementary groups, gid, uid, then no new
+privileges) between fork and exec. Stdlib + psutil only: this ships inside ``runner.pyz``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import select
@@ -24,7 +27,7 @@ import psutil
 
 from tuneplane.runner import lifecycle as lc
 from tuneplane.runner.durable import create_exclusive, write_json_atomic
-from tuneplane.runner.member_file import MemberFile, MemberFileError, read_member_file
+from tuneplane.runner.member_file import Account, MemberFile, MemberFileError, read_member_file
 from tuneplane.runner.records import (
     CLAIM_FILE,
     EXIT_FILE,
@@ -50,6 +53,46 @@ EXIT_USAGE = 64
 # A process that could not be exec'd gets the shell's "command not found" code.
 EXIT_NOT_STARTED = 127
 _STARTED = b"started\n"
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_CHILD_SUBREAPER = 36
+# How long the runner waits for a pool account's killed processes to be gone before it records
+# the exit anyway (a process stuck in the kernel cannot be waited for forever).
+RELEASE_TIMEOUT_S = 10.0
+
+
+def _prctl(option: int, what: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({what}) failed")
+
+
+def _no_new_privileges() -> None:
+    """``prctl(PR_SET_NO_NEW_PRIVS)``: exec can never gain privileges again (no setuid binaries)."""
+    _prctl(_PR_SET_NO_NEW_PRIVS, "PR_SET_NO_NEW_PRIVS")
+
+
+def _workload_preexec(sandboxed: bool) -> None:
+    """Runs in the forked child after subprocess switched groups, gid and uid, before exec.
+
+    Under the sandbox, bubblewrap itself ignores SIGTERM so that a stop reaches the workload
+    (``env --default-signal=TERM`` restores it there) and bubblewrap exits only with the
+    workload, keeping the grace period; SIGKILL still ends bubblewrap and its whole sandbox.
+    """
+    _no_new_privileges()
+    if sandboxed:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    if not root.exists():
+        return
+    os.lchown(root, uid, gid)
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
+            try:
+                os.lchown(os.path.join(folder, name), uid, gid)
+            except FileNotFoundError:
+                continue
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +193,9 @@ def _run_detached(member_dir: Path, member: MemberFile, ready_fd: int) -> int:
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
     )
     os.chdir("/")
+    # Orphans of the workload (a daemon it started, bubblewrap's helpers) become the runner's
+    # children instead of init's, so the runner reaps them and knows when they are all gone.
+    _prctl(_PR_SET_CHILD_SUBREAPER, "PR_SET_CHILD_SUBREAPER")
     runner = MemberRunner(member_dir, member)
     try:
         runner.start()
@@ -226,7 +272,9 @@ class MemberRunner:
         self._install_signals()
         self._record()
         Path(member.out_dir).mkdir(parents=True, exist_ok=True)
-        root = sdk_root(self.member_dir / "sdk")
+        root = Path(member.sdk_path) if member.sdk_path else sdk_root(self.member_dir / "sdk")
+        account = member.account
+        sandbox = tuple(member.sandbox.argv) if member.sandbox else ()
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         out = os.open(member.stdout_path, flags, 0o644)
         err = os.open(member.stderr_path, flags, 0o644)
@@ -234,7 +282,7 @@ class MemberRunner:
             for index, proc in enumerate(member.processes):
                 try:
                     popen = subprocess.Popen(
-                        proc.argv,
+                        (*sandbox, *proc.argv),
                         env=with_sdk_on_path(dict(proc.env), root),
                         cwd=proc.cwd,
                         stdin=subprocess.DEVNULL,
@@ -242,6 +290,10 @@ class MemberRunner:
                         stderr=err,
                         process_group=0,
                         close_fds=True,
+                        preexec_fn=lambda: _workload_preexec(bool(sandbox)),
+                        user=account.uid if account else None,
+                        group=account.gid if account else None,
+                        extra_groups=list(account.groups) if account else None,
                     )
                 except OSError as exc:
                     self._not_started(index, exc)
@@ -330,11 +382,58 @@ class MemberRunner:
                 # The group is empty already: nothing left to stop.
                 continue
 
+    def _reap_orphans(self) -> int:
+        """Reap exited children that are not local processes; the number still running."""
+        ours = {popen.pid for popen in self.live.values()}
+        running = 0
+        for child in psutil.Process().children():
+            if child.pid in ours:
+                continue
+            try:
+                pid, _ = os.waitpid(child.pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            running += pid == 0
+        return running
+
+    def _release(self, account: Account) -> None:
+        """End everything the member left behind, then give its folders back to root.
+
+        The runner is a child subreaper, so whatever the workload started, even a daemon that
+        left its process group and session, is still a descendant of the runner: it is killed
+        and reaped here (bounded by RELEASE_TIMEOUT_S), before exit.json, so the account is
+        only leased again once nothing of this member runs or owns a file.
+        """
+        deadline = time.monotonic() + RELEASE_TIMEOUT_S
+        while True:
+            self._reap_orphans()
+            left = psutil.Process().children(recursive=True)
+            if not left:
+                break
+            for proc in left:
+                try:
+                    proc.send_signal(signal.SIGKILL)
+                except psutil.Error:
+                    continue
+            if time.monotonic() >= deadline:
+                log.error("member processes left running account=%s count=%d", account.name,
+                          len(left))  # fmt: skip
+                break
+            # SIGCHLD (through the wakeup fd) ends the wait as soon as one of them exits.
+            select.select([self._wake_r], [], [], 0.05)
+            self._drain_wakeups()
+        for root in account.release_paths:
+            _chown_tree(Path(root), 0, 0)
+
     def _wait(self) -> None:
+        self._reap_orphans()
         timeout = 1.0
         if self.grace_deadline is not None:
             timeout = min(timeout, max(self.grace_deadline - time.monotonic(), 0.0))
         select.select([self._wake_r], [], [], timeout)
+        self._drain_wakeups()
+
+    def _drain_wakeups(self) -> None:
         try:
             while self._wake_r.recv(4096):
                 continue
@@ -342,6 +441,9 @@ class MemberRunner:
             return
 
     def _finish(self, finish: lc.Finish) -> None:
+        account = self.member.account
+        if account is not None and account.reap:
+            self._release(account)
         record = ExitRecord(
             exit_code=finish.exit_code,
             signal=finish.signal,

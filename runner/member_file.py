@@ -1,7 +1,9 @@
 """``member.json``: what the agent asks one runner to start (agent writes, runner reads).
 
 Rules: the format is versioned (``format``); every path is absolute; unknown or missing keys are
-errors that name the file and the field. Stdlib only: this module ships inside ``runner.pyz``.
+errors that name the file and the field. ``account`` and ``sandbox`` are always written (``null``
+means "run as the runner's own user" / "no sandbox"), so a file can never drop them by omission.
+Stdlib only: this module ships inside ``runner.pyz``.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ from typing import Any, NoReturn
 from tuneplane.runner.durable import read_json
 
 MEMBER_FILE = "member.json"
-FORMAT = 1
+FORMAT = 2
 
 
-_KIND_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+_KIND_NAMES = {
+    int: "an integer",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+    bool: "true or false",
+}
 
 
 class MemberFileError(ValueError):
@@ -35,6 +43,40 @@ class ProcessEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class Account:
+    """The unprivileged account the workload runs as; the runner switches to it before exec.
+
+    ``reap``: the account is a pool account leased to this member alone, so when the member ends
+    the runner kills every process left running as ``uid`` and hands ``release_paths`` back to
+    root before it records the exit (then the next member leasing the account finds nothing).
+    """
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    reap: bool
+    release_paths: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "uid": self.uid,
+            "gid": self.gid,
+            "groups": list(self.groups),
+            "reap": self.reap,
+            "release_paths": list(self.release_paths),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Sandbox:
+    """The sandbox command every local process runs under: ``argv`` is put before its own."""
+
+    argv: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class MemberFile:
     """The member a runner starts; ``processes`` are started in order, one process group each."""
 
@@ -46,6 +88,10 @@ class MemberFile:
     stdout_path: str
     stderr_path: str
     processes: tuple[ProcessEntry, ...]
+    account: Account | None = None
+    sandbox: Sandbox | None = None
+    # The runner.pyz the workload imports tuneplane.report from (None: the runner's own).
+    sdk_path: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +107,9 @@ class MemberFile:
                 {"argv": list(p.argv), "env": dict(p.env), "cwd": p.cwd, "local_rank": p.local_rank}
                 for p in self.processes
             ],
+            "account": self.account.to_json() if self.account else None,
+            "sandbox": {"argv": list(self.sandbox.argv)} if self.sandbox else None,
+            "sdk_path": self.sdk_path,
         }
 
 
@@ -100,6 +149,11 @@ class _Reader:
             self.fail(self.field(name), value, "is not an absolute path")
         return value
 
+    def nullable(self, name: str) -> Any:
+        if name not in self.raw:
+            self.fail(self.field(name), None, "is missing (write null for none)")
+        return self.raw[name]
+
     def no_extra(self, allowed: Sequence[str]) -> None:
         extra = sorted(set(self.raw) - set(allowed))
         if extra:
@@ -119,6 +173,42 @@ def _process(source: Path, raw: object, index: int) -> ProcessEntry:
     if local_rank != index:
         r.fail(r.field("local_rank"), local_rank, f"is not {index} (its position in the list)")
     return ProcessEntry(argv=tuple(argv), env=dict(env), cwd=r.path("cwd"), local_rank=local_rank)
+
+
+def _account(source: Path, raw: object) -> Account | None:
+    if raw is None:
+        return None
+    r = _Reader(source, raw, "account")
+    r.no_extra(("name", "uid", "gid", "groups", "reap", "release_paths"))
+    uid, gid = r.take("uid", int), r.take("gid", int)
+    for name, value in (("uid", uid), ("gid", gid)):
+        if value <= 0:
+            r.fail(r.field(name), value, "is not the id of an unprivileged account (above 0)")
+    groups = r.take("groups", list)
+    if not all(type(g) is int and g > 0 for g in groups):
+        r.fail(r.field("groups"), groups, "is not a list of group ids above 0")
+    paths = r.take("release_paths", list)
+    if not all(isinstance(p, str) and Path(p).is_absolute() for p in paths):
+        r.fail(r.field("release_paths"), paths, "is not a list of absolute paths")
+    return Account(
+        name=r.take("name", str),
+        uid=uid,
+        gid=gid,
+        groups=tuple(groups),
+        reap=r.take("reap", bool),
+        release_paths=tuple(paths),
+    )
+
+
+def _sandbox(source: Path, raw: object) -> Sandbox | None:
+    if raw is None:
+        return None
+    r = _Reader(source, raw, "sandbox")
+    r.no_extra(("argv",))
+    argv = r.take("argv", list)
+    if not argv or not all(isinstance(a, str) for a in argv) or not argv[0].startswith("/"):
+        r.fail(r.field("argv"), argv, "is not a list of strings starting with an absolute path")
+    return Sandbox(argv=tuple(argv))
 
 
 def parse_member_file(source: Path, raw: object) -> MemberFile:
@@ -142,7 +232,17 @@ def parse_member_file(source: Path, raw: object) -> MemberFile:
         stdout_path=r.path("stdout_path"),
         stderr_path=r.path("stderr_path"),
         processes=tuple(_process(source, p, i) for i, p in enumerate(processes)),
+        account=_account(source, r.nullable("account")),
+        sandbox=_sandbox(source, r.nullable("sandbox")),
+        sdk_path=_sdk_path(r),
     )
+
+
+def _sdk_path(r: _Reader) -> str | None:
+    value = r.nullable("sdk_path")
+    if value is not None and (not isinstance(value, str) or not Path(value).is_absolute()):
+        r.fail("sdk_path", value, "is not null or an absolute path")
+    return value if value is None else str(value)
 
 
 def read_member_file(member_dir: Path) -> MemberFile:

@@ -11,8 +11,10 @@ from pathlib import Path
 import attrs
 import trio
 
+from tests.support import accounts
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
 from tuneplane.agent.journal import Journal, MemberKey, NewMember
 from tuneplane.agent.member_state import MemberState
@@ -49,6 +51,8 @@ class Harness:
     manager: MemberManager
     journal: Journal
     sent: list[m.Outgoing]
+    # Where members' work and output directories live (reachable by the pool's accounts).
+    roots: Path
 
     async def state(self, key: MemberKey = KEY) -> MemberState | None:
         record = await self.journal.member(key)
@@ -75,13 +79,18 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         async def publish(message: m.Outgoing) -> None:
             sent.append(message)
 
+        # As root, members run as a real pool of fresh accounts, as on a production Node.
+        pool = tuple(accounts.make_pool(2)) if accounts.is_root() else ()
+        policy = WorkloadPolicy("pool", pool) if pool else WorkloadPolicy("agent")
+        roots = accounts.traversable_root("members") if pool else tmp_path
         try:
             async with trio.open_nursery() as nursery:
                 manager = MemberManager(
-                    journal, tmp_path / "members", tmp_path / "out", lambda: INV,
+                    journal, tmp_path / "members", roots / "out", lambda: INV,
                     lambda: "127.0.0.1", publish, nursery,
+                    work_root=roots / "work", policy=policy,
                 )  # fmt: skip
-                yield Harness(manager, journal, sent)
+                yield Harness(manager, journal, sent, roots)
                 nursery.cancel_scope.cancel()
         finally:
             await journal.close()
@@ -96,7 +105,7 @@ async def test_prepare_is_idempotent_and_owns_the_gpus(tmp_path: Path) -> None:
         assert first.rendezvous.master_addr == "127.0.0.1"
         assert again == first
         assert await h.journal.gpu_owners() == {1: KEY}
-        work = tmp_path / "members" / str(KEY) / "work"
+        work = h.roots / "work" / str(KEY)
         assert (work / "train.sh").read_text() == "exit 0\n"
 
 
@@ -140,7 +149,7 @@ async def test_abort_releases_a_prepared_member(tmp_path: Path) -> None:
         assert await h.journal.gpu_owners() == {}
         assert h.reports() == ["aborted"]
         await h.manager.handle(m.Commit(KEY, None))  # a late Commit starts nothing
-        assert await h.state() is S.ABORTED and not (tmp_path / "out").exists()
+        assert await h.state() is S.ABORTED and not (h.roots / "out").exists()
 
 
 async def test_cancel_stops_a_running_member(tmp_path: Path) -> None:

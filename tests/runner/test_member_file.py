@@ -52,7 +52,7 @@ def edited(path: list[Any], value: Any) -> dict[str, Any]:
         (["attempt"], "2", "field 'attempt' = '2' is not an integer"),
         (["run_id"], KeyError, "field 'run_id' = None is missing"),
         (["out_dir"], "out", "field 'out_dir' = 'out' is not an absolute path"),
-        (["format"], 9, "field 'format' = 9 is not 1"),
+        (["format"], 9, "field 'format' = 9 is not 2"),
         (["grace_period_s"], -1, "field 'grace_period_s' = -1 is negative"),
         (["processes"], [], "field 'processes' = [] is empty"),
         (["procs"], [], "field 'procs' = [] is not a known field"),

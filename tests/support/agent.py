@@ -3,7 +3,9 @@
 Rules: the agent is the real CLI in its own process; its log goes to ``<state_dir>/../<name>.log``;
 whoever starts it owns it, and every agent this helper started is reaped (SIGKILL as a last resort
 at exit) so a failed test leaves no stray daemon behind. Waits poll files the agent writes
-atomically (status.json), never fixed sleeps.
+atomically (status.json), never fixed sleeps. Every agent gets a real node.toml: as root, a pool
+of fresh Unix accounts of its own (members never run as root) with work and output roots that
+those accounts can reach; otherwise the agent's own user, as a non-root Node runs.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.support import processes
+from tests.support import accounts, processes
 from tests.support.coordinator import CoordinatorProcess
 from tests.support.processes import stop_cleanly, track, untrack
 
 CONNECT_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
+POOL_SIZE = 4
 
 
 def node_cli(*args: str) -> list[str]:
@@ -43,9 +46,16 @@ class AgentProcess:
         node_id: str,
         simulate_gpus: str | None,
         log_path: Path,
+        config_path: Path,
+        work_root: Path,
+        pool: tuple[str, ...] = (),
     ) -> None:
         self.state_dir = state_dir
         self.out_root = out_root
+        self.config_path = config_path
+        self.work_root = work_root
+        # The accounts this agent's members run as (empty when it runs them as its own user).
+        self.pool = pool
         self.node_id = node_id
         self.simulate_gpus = simulate_gpus
         self.log_path = log_path
@@ -62,7 +72,10 @@ class AgentProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self, env: Mapping[str, str] | None = None) -> None:
-        args = ["run", "--state-dir", str(self.state_dir), "--out-root", str(self.out_root)]
+        args = [
+            "--config", str(self.config_path), "run", "--state-dir", str(self.state_dir),
+            "--out-root", str(self.out_root), "--work-root", str(self.work_root),
+        ]  # fmt: skip
         if self.simulate_gpus:
             args += ["--simulate-gpus", self.simulate_gpus]
         self.status_path.unlink(missing_ok=True)
@@ -119,7 +132,7 @@ class AgentProcess:
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run another ``tuneplane-node`` command against this state directory."""
         return subprocess.run(
-            node_cli(*args, "--state-dir", str(self.state_dir)),
+            node_cli("--config", str(self.config_path), *args, "--state-dir", str(self.state_dir)),
             capture_output=True,
             text=True,
             timeout=60,
@@ -170,22 +183,43 @@ def enroll(
     return subprocess.run(node_cli(*args), capture_output=True, text=True, timeout=60, check=False)
 
 
+def write_node_toml(path: Path, pool: tuple[str, ...], extra: str = "") -> None:
+    """node.toml for a test agent: its own account pool as root, nothing to switch to otherwise."""
+    text = ""
+    if pool:
+        names = ", ".join(f'"{n}"' for n in pool)
+        text += f'[accounts]\nmode = "pool"\npool = [{names}]\n'
+    path.write_text(extra + text)
+
+
 def start_agent(
     tmp_path: Path,
     coordinator: CoordinatorProcess,
     name: str = "node-a",
     simulate_gpus: str | None = "h200:2",
     env: Mapping[str, str] | None = None,
+    node_toml: str = "",
 ) -> AgentProcess:
-    """Enroll a Node under ``tmp_path/<name>`` and start ``tuneplane-node run`` for it."""
+    """Enroll a Node under ``tmp_path/<name>`` and start ``tuneplane-node run`` for it.
+
+    ``node_toml``: top-level settings put before the test's [accounts] table
+    (``isolation = "bwrap"``, [runtimes.*] tables go after it through the same text).
+    """
     state_dir = tmp_path / name
     done = enroll(state_dir, coordinator, name, simulate_gpus)
     if done.returncode != 0:
         raise RuntimeError(f"tuneplane-node enroll failed ({done.returncode}): {done.stderr}")
     node = json.loads((state_dir / "node.json").read_text())
+    pool: tuple[str, ...] = ()
+    roots = tmp_path
+    if accounts.is_root():
+        pool = tuple(accounts.make_pool(POOL_SIZE))
+        roots = accounts.traversable_root(name)
+    config_path = tmp_path / f"{name}-node.toml"
+    write_node_toml(config_path, pool, node_toml)
     agent = AgentProcess(
-        state_dir, tmp_path / f"{name}-outputs", str(node["node_id"]), simulate_gpus,
-        tmp_path / f"{name}.log",
+        state_dir, roots / f"{name}-outputs", str(node["node_id"]), simulate_gpus,
+        tmp_path / f"{name}.log", config_path, roots / f"{name}-work", pool,
     )  # fmt: skip
     agent.start(env)
     return agent

@@ -1,0 +1,179 @@
+"""What ``run``, ``status`` and ``doctor`` say about the workload policy (accounts, runtimes,
+bubblewrap, where members' files live).
+
+Rules: ``run`` refuses to start on a policy that would run workloads as root or put their files
+inside the state directory (:func:`start_problems`); ``status`` and ``doctor`` print the same
+findings as warnings or failures, each a sentence with the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tuneplane.agent import accounts, sandbox
+from tuneplane.agent.config import WorkloadPolicy, workload_policy
+
+BWRAP_CHECK_TIMEOUT_S = 20.0
+
+
+@attrs.frozen
+class Finding:
+    """One line of ``doctor``: ``level`` is ``ok``, ``warn`` or ``FAIL``."""
+
+    level: str
+    text: str
+
+
+def default_out_root(state_dir: Path) -> Path:
+    """``$TUNEPLANE_OUT_DIR``'s root when none is set: beside the state dir, never inside it."""
+    return state_dir.parent / "tuneplane-outputs"
+
+
+def default_work_root(state_dir: Path) -> Path:
+    """Where members' work directories live when none is set: beside the state dir."""
+    return state_dir.parent / "tuneplane-work"
+
+
+def policy_from(settings: Mapping[str, Any] | None, path: Path | None) -> WorkloadPolicy:
+    """The policy node.toml (already checked by ``config.load``) sets for this agent's user."""
+    return workload_policy(settings or {}, path, os.geteuid())
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
+
+
+def start_problems(
+    policy: WorkloadPolicy, state_dir: Path, work_root: Path, out_root: Path
+) -> list[str]:
+    """Sentences for why the agent must not start with this policy (empty: it may)."""
+    problems = []
+    running_as = policy.problem_running_as(os.geteuid())
+    if running_as:
+        problems.append(running_as)
+    if policy.mode != "agent":
+        for name, root in (("--work-root", work_root), ("--out-root", out_root)):
+            if _inside(root, state_dir):
+                problems.append(
+                    f"{name} {root} is inside the state directory {state_dir}, which members "
+                    f"must never reach; put it beside it, e.g. {state_dir.parent / root.name}."
+                )
+    return problems
+
+
+def warnings(policy: WorkloadPolicy) -> list[str]:
+    """What ``status`` and ``doctor`` warn about even though the agent runs."""
+    if policy.mode == "agent":
+        who = accounts.agent_account().name
+        return [
+            f"members run as the agent's own user {who}: they can read this Node's state "
+            "directory and credentials. Run the agent as root with an account pool "
+            "([accounts] in node.toml) to isolate them."
+        ]
+    return []
+
+
+def _account_findings(policy: WorkloadPolicy) -> list[Finding]:
+    found = [Finding("warn", text) for text in warnings(policy)]
+    if policy.mode != "pool":
+        return found
+    missing: list[str] = []
+    bad: list[str] = []
+    for name in policy.pool:
+        try:
+            accounts.lookup(name)
+        except accounts.AccountError as exc:
+            (missing if "does not exist" in str(exc) else bad).append(str(exc))
+    origin = "the default pool" if policy.defaulted else "the pool in node.toml"
+    if missing or bad:
+        absent = [n for n in policy.pool if any(f"account {n} " in m for m in missing)]
+        text = f"account pool: {len(absent)} of {len(policy.pool)} accounts of {origin} are missing"
+        if absent:
+            text += (
+                f" ({', '.join(absent)}); create them with `useradd --system --no-create-home "
+                "NAME` or set [accounts] in node.toml"
+            )
+        found.append(Finding("FAIL", " ".join([text + ".", *bad])))
+    else:
+        listed = ", ".join(policy.pool)
+        found.append(
+            Finding("ok", f"account pool ({origin}): {len(policy.pool)} accounts, {listed}")
+        )
+    return found
+
+
+def _runtime_findings(policy: WorkloadPolicy) -> list[Finding]:
+    found = []
+    names = sorted(set(policy.runtimes) | {"python3"})
+    for name in names:
+        runtime = policy.runtime(name)
+        origin = "node.toml" if runtime.configured else "the default"
+        usable = runtime.interpreter.startswith("/") and os.access(runtime.interpreter, os.X_OK)
+        loader = ", loader variables allowed" if runtime.allow_loader_env else ""
+        text = (
+            f"runtime host:{name} ({origin}): interpreter {runtime.interpreter}, "
+            f"PATH {runtime.path}{loader}"
+        )
+        if not usable:
+            text += (
+                f"; {runtime.interpreter} is not an executable file, set interpreter in "
+                f"[runtimes.{name}] of node.toml"
+            )
+        found.append(Finding("ok" if usable else "FAIL", text))
+    return found
+
+
+def bwrap_finding(policy: WorkloadPolicy) -> Finding:
+    """Run ``bwrap … true`` as a member would (a pool account, no new privileges)."""
+    argv = [sandbox.BWRAP, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--", "true"]  # fmt: skip
+    as_user: dict[str, Any] = {}
+    if policy.mode == "pool":
+        try:
+            account = accounts.lookup(policy.pool[0])
+            as_user = {"user": account.uid, "group": account.gid, "extra_groups": []}
+        except accounts.AccountError:
+            as_user = {}
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=BWRAP_CHECK_TIMEOUT_S, check=False,
+            **as_user,
+        )  # fmt: skip
+    except FileNotFoundError:
+        return Finding(
+            "FAIL",
+            f'isolation = "bwrap" but {sandbox.BWRAP} is not installed; install the '
+            "distribution's bubblewrap (apt-get install bubblewrap).",
+        )
+    except subprocess.TimeoutExpired:
+        return Finding(
+            "FAIL", f"bubblewrap did not finish `true` within {BWRAP_CHECK_TIMEOUT_S:g} s."
+        )
+    if done.returncode != 0:
+        return Finding(
+            "FAIL",
+            f"bubblewrap cannot start a sandbox ({done.stderr.strip() or done.returncode}); "
+            "check that unprivileged user namespaces are enabled.",
+        )
+    return Finding("ok", f"bubblewrap sandbox works ({sandbox.BWRAP})")
+
+
+def doctor_findings(
+    policy: WorkloadPolicy, state_dir: Path, work_root: Path, out_root: Path
+) -> list[Finding]:
+    """Every workload-policy line of ``tuneplane-node doctor``."""
+    found = [Finding("FAIL", p) for p in start_problems(policy, state_dir, work_root, out_root)]
+    found += _account_findings(policy)
+    found += _runtime_findings(policy)
+    if policy.isolation == "bwrap":
+        found.append(bwrap_finding(policy))
+    else:
+        found.append(Finding("ok", 'isolation: none (set isolation = "bwrap" for a sandbox)'))
+    return found

@@ -1,0 +1,48 @@
+"""Session-wide test setup: agents started outside tests/support run members as real accounts.
+
+Rules: as root, every ``tuneplane-node`` this test run starts without its own ``--config`` reads a
+node.toml naming a pool of fresh accounts (``TUNEPLANE_NODE_CONFIG``), so no test ever runs a
+workload as root; pytest's temporary folders (0700) are made passable (0711, never listable) so
+those accounts reach their own work and output directories under them. tests/support's agents
+each get a pool of their own; this shared pool serves the demo cluster's agents.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import accounts
+
+SESSION_POOL_SIZE = 8
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not accounts.is_root() or "TUNEPLANE_NODE_CONFIG" in os.environ:
+        return
+    pool = accounts.make_pool(SESSION_POOL_SIZE)
+    path = accounts.traversable_root("session") / "node.toml"
+    names = ", ".join(f'"{name}"' for name in pool)
+    path.write_text(f'[accounts]\nmode = "pool"\npool = [{names}]\n')
+    os.environ["TUNEPLANE_NODE_CONFIG"] = str(path)
+
+
+def _passable(folder: Path) -> None:
+    mode = folder.stat().st_mode & 0o777
+    if mode & 0o001 == 0:
+        folder.chmod(mode | 0o011)
+
+
+@pytest.fixture(autouse=True)
+def _members_can_reach_temporary_folders(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Let member accounts pass through pytest's folders to their own (root only)."""
+    if accounts.is_root():
+        base = tmp_path_factory.getbasetemp()
+        for folder in (base.parent, base, *(p for p in base.iterdir() if p.is_dir()), tmp_path):
+            _passable(folder)
+    yield

@@ -1,0 +1,94 @@
+"""Real Unix accounts and traversable folders for tests that run members as an account pool.
+
+Rules: accounts are created with ``useradd --system --no-create-home`` (root only) under names
+unique to this test process and removed with ``userdel`` when it exits; members' work and output
+roots live under one folder in /tmp that the accounts can pass through (pytest's own temporary
+folders are 0700 root), removed at exit too. Tests that need root skip outside root with a
+sentence, except under ``CI=true``, where a missing prerequisite fails them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+_CREATED: list[str] = []
+_ROOTS: list[Path] = []
+_COUNTER = itertools.count()
+USERADD_ATTEMPTS = 50
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def require(ok: bool, what: str) -> None:
+    """Skip the test (fail it under CI=true) unless ``ok``; ``what`` says what is missing."""
+    if ok:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run this test, but {what}.")
+    pytest.skip(f"this test needs {what}")
+
+
+def require_root() -> None:
+    require(is_root(), "root (it creates Unix accounts and runs members as them)")
+
+
+def _run_locked(argv: list[str]) -> None:
+    """useradd/userdel, retried while another process holds /etc/passwd's lock."""
+    for _ in range(USERADD_ATTEMPTS):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode == 0:
+            return
+        if "lock" not in done.stderr:
+            raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr}")
+        time.sleep(0.1)
+    raise RuntimeError(f"{' '.join(argv)} could not lock /etc/passwd")
+
+
+def make_pool(count: int) -> list[str]:
+    """``count`` fresh unprivileged accounts, removed when this test process exits."""
+    names = []
+    for _ in range(count):
+        name = f"tpt{os.getpid()}x{next(_COUNTER)}"
+        _run_locked(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                     name])  # fmt: skip
+        _CREATED.append(name)
+        names.append(name)
+    return names
+
+
+def traversable_root(prefix: str) -> Path:
+    """A fresh folder under /tmp (0711) that accounts can pass through; removed at exit."""
+    root = Path(tempfile.mkdtemp(prefix=f"tuneplane-{prefix}-", dir="/tmp"))
+    os.chmod(root, 0o711)
+    _ROOTS.append(root)
+    return root
+
+
+@atexit.register
+def _remove_all() -> None:
+    for root in _ROOTS:
+        shutil.rmtree(root, ignore_errors=True)
+    _ROOTS.clear()
+    for name in _CREATED:
+        # As the account itself, kill(-1) reaches only that account's own processes.
+        subprocess.run(["kill", "-KILL", "-1"], user=name, group=name, extra_groups=[],
+                       capture_output=True, check=False)  # fmt: skip
+        try:
+            _run_locked(["userdel", name])
+        except RuntimeError:
+            continue
+    _CREATED.clear()
+
+
+__all__ = ["is_root", "make_pool", "require", "require_root", "traversable_root"]
