@@ -161,8 +161,8 @@ def _listed(world: World, who: str, *args: str) -> set[str]:
 
 
 def _snapshot(world: World) -> dict[str, Any]:
-    """What a refused read must leave as it was: Job states, stored points, stored log bytes,
-    the decision log."""
+    """What a refused read must leave as it was: Job states, reserved GPUs, stored points,
+    stored log bytes, the decision log."""
     state = world.coord.state_dir
 
     def rows(db_name: str, sql: str) -> list[tuple[Any, ...]]:
@@ -173,6 +173,7 @@ def _snapshot(world: World) -> dict[str, Any]:
     return {
         "jobs": rows("coordinator.db", "SELECT run_id, state, updated_at_ms FROM jobs ORDER BY 1"),
         "decisions": rows("coordinator.db", "SELECT COUNT(*) FROM decisions"),
+        "gpus": rows("coordinator.db", "SELECT node_id, gpu_index, run_id FROM reservations"),
         "points": rows("telemetry.db", "SELECT series_id, step, value FROM metric_points"),
         "logs": rows("logs.db", "SELECT run_id, stream, next_offset, kept_bytes FROM log_streams"),
     }
