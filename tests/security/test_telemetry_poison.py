@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
+from tensorboardX.proto import event_pb2, summary_pb2
 
 from tests.collector.delivery import (
     CollectorProcess,
@@ -33,7 +34,9 @@ from tests.collector.delivery import (
 from tests.coordinator.grpc_client import bearer, open_channel
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.processes import track, wait_until
-from tuneplane.collector.spool import SPOOL_FILE, Spool
+from tuneplane.collector.ship_wire import columns
+from tuneplane.collector.spool import SPOOL_FILE, Spool, SpooledPoint
+from tuneplane.collector.tfrecord import frame
 from tuneplane.proto import v1
 
 WALL = 1.7e9
@@ -232,9 +235,6 @@ def test_a_hostile_ship_stores_the_good_points_and_refuses_each_bad_one(
 
 
 def _columns(points: list[v1.MetricPoint]) -> v1.PointColumns:
-    from tuneplane.collector.ship_wire import columns
-    from tuneplane.collector.spool import SpooledPoint
-
     return columns(
         [
             SpooledPoint(n, p.source_id, p.offset, p.index, p.tag, p.step, p.wall_time, p.value)
@@ -347,3 +347,36 @@ def test_points_the_gateway_refuses_are_dropped_as_data_loss_not_retried(
     row = delivery_row(coord, launched.run_id)
     assert row is not None
     assert (row["points_stored"], row["drained"], row["data_loss_warnings"]) == (57, 1, 3)
+
+
+def test_an_event_file_record_out_of_range_costs_only_itself(
+    coord: CoordinatorProcess, tmp_path: Path
+) -> None:
+    """The same rule holds for TensorBoard event files: a record with a wall time of 1e300 or
+    a negative one is refused on its own, the records around it arrive."""
+    launched = launch_member(coord, "poison-events")
+    telemetry = tmp_path / "telemetry"
+    telemetry.mkdir()
+    bad_walls = {5: 1e300, 9: -3.0}
+    data = b""
+    offsets: dict[int, int] = {}
+    for step in range(12):
+        event = event_pb2.Event(
+            wall_time=bad_walls.get(step, WALL + step),
+            step=step,
+            summary=summary_pb2.Summary(
+                value=[summary_pb2.Summary.Value(tag="eval/acc", simple_value=step / 10)]
+            ),
+        )
+        offsets[step] = len(data)
+        data += frame(event.SerializeToString())
+    name = "events.out.tfevents.1700000000.host"
+    (telemetry / name).write_bytes(data)
+    collector = CollectorProcess(coord, launched, telemetry, tmp_path / "collector")
+    collector.start()
+    collector.member_exited()
+    assert collector.wait() == 0, collector.read_log()
+    assert _stored_steps(coord, launched.run_id) == [s for s in range(12) if s not in bad_walls]
+    assert _spool_warnings(collector.state_dir) == [
+        (name, offsets[s], "not-shippable", 1) for s in sorted(bad_walls)
+    ]
