@@ -24,13 +24,16 @@ PROTO_TOOLS = [
 def tests(session: nox.Session) -> None:
     """Install TunePlane with its test extras and run the whole suite.
 
-    As root (CI), bubblewrap is installed from the distribution when missing, so the sandbox
-    tests run instead of skipping (under CI=true a missing prerequisite fails them).
+    As root (CI), bubblewrap and faketime are installed from the distribution when missing, so
+    the sandbox tests and the skewed-clock telemetry test run instead of skipping (under CI=true
+    a missing prerequisite fails them).
     """
     session.install("-e", ".[test]")
-    if os.geteuid() == 0 and shutil.which("bwrap") is None:
+    wanted = {"bubblewrap": "bwrap", "faketime": "faketime"}
+    missing = [package for package, tool in wanted.items() if shutil.which(tool) is None]
+    if os.geteuid() == 0 and missing:
         session.run("apt-get", "update", external=True)
-        session.run("apt-get", "install", "-y", "bubblewrap", external=True)
+        session.run("apt-get", "install", "-y", *missing, external=True)
     session.run("pytest", *session.posargs)
 
 
