@@ -13,6 +13,7 @@ import trio
 
 from tests.support import accounts
 from tuneplane.agent import messages as m
+from tuneplane.agent.accounts import read_lease
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
@@ -71,7 +72,10 @@ class Harness:
 
 
 @asynccontextmanager
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+async def harness(
+    tmp_path: Path, pool: tuple[str, ...] | None = None, roots: Path | None = None
+) -> AsyncIterator[Harness]:
+    """A manager on ``tmp_path``'s journal; a second one on the same path is a restarted agent."""
     async with open_aio_host():
         journal = await Journal.open(tmp_path / "journal.db")
         sent: list[m.Outgoing] = []
@@ -80,9 +84,11 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
             sent.append(message)
 
         # As root, members run as a real pool of fresh accounts, as on a production Node.
-        pool = tuple(accounts.make_pool(2)) if accounts.is_root() else ()
+        if pool is None:
+            pool = tuple(accounts.make_pool(2)) if accounts.is_root() else ()
         policy = WorkloadPolicy("pool", pool) if pool else WorkloadPolicy("agent")
-        roots = accounts.traversable_root("members") if pool else tmp_path
+        if roots is None:
+            roots = accounts.traversable_root("members") if pool else tmp_path
         try:
             async with trio.open_nursery() as nursery:
                 manager = MemberManager(
@@ -208,3 +214,42 @@ async def test_a_runner_changed_between_prepare_and_commit_aborts_the_member(
         assert record is not None and "it changed after Prepare" in record.reason
         assert not (Path(record.out_dir) / "runs").exists()
         assert await h.journal.gpu_owners() == {}
+
+
+async def test_pool_leases_survive_a_restart_and_end_with_their_member(tmp_path: Path) -> None:
+    accounts.require_root()
+    pool, roots = tuple(accounts.make_pool(2)), accounts.traversable_root("leases")
+    first, second, third = (MemberKey(f"run-{i}", 1, 0) for i in (1, 2, 3))
+    members = tmp_path / "members"
+    async with harness(tmp_path, pool, roots) as h:
+        await h.manager.handle(prepare(first, (0,)))
+    async with harness(tmp_path, pool, roots) as h:
+        # A restarted agent knows the first lease from the journal and account.json alone.
+        await h.manager.handle(prepare(second, (1,)))
+        one, two = (read_lease(members / str(k)) for k in (first, second))
+        assert one is not None and two is not None and one.account != two.account
+        assert {one.account.name, two.account.name} == set(pool)
+        assert one.work_dir.stat().st_uid == one.account.uid
+        # An aborted member gives its account back.
+        await h.manager.handle(m.Abort(second, "make room"))
+        await h.manager.handle(prepare(third, (1,)))
+        three = read_lease(members / str(third))
+        # Its folder went back to root before the next member got the account.
+        assert three is not None and three.account == two.account
+        assert two.work_dir.stat().st_uid == 0 and two.work_dir.stat().st_mode & 0o777 == 0o700
+        await h.manager.handle(prepare(MemberKey("run-4", 1, 0), (1,)))
+        assert not h.replies()[-1].ok and "GPU 1 is busy" in h.replies()[-1].reason
+
+
+async def test_an_exhausted_pool_refuses_the_prepare_and_changes_nothing(tmp_path: Path) -> None:
+    accounts.require_root()
+    pool, roots = tuple(accounts.make_pool(1)), accounts.traversable_root("exhausted")
+    async with harness(tmp_path, pool, roots) as h:
+        await h.manager.handle(prepare(KEY, (0,)))
+        other = MemberKey("run-2", 1, 0)
+        await h.manager.handle(prepare(other, (1,)))
+        refused = h.replies()[-1]
+        assert not refused.ok and "Every account of this Node's pool" in refused.reason
+        assert await h.state(other) is S.ABORTED
+        assert await h.journal.gpu_owners() == {0: KEY}
+        assert not (roots / "work" / str(other)).exists()
