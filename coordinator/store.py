@@ -441,7 +441,7 @@ class Store(SqliteFile):
 
         async def work() -> ReceiptRecord:
             async with self._txn() as db:
-                earlier = await self._receipt_for_key(db, retry_key)
+                earlier = await self._receipt_for_key(db, retry_key, owner)
                 if earlier is not None:
                     if (earlier.preview_id, earlier.digest) != (preview_id, digest):
                         raise Conflict(
@@ -452,10 +452,13 @@ class Store(SqliteFile):
                     return earlier
                 rows = list(
                     await db.execute_fetchall(
-                        "SELECT digest, resolved_json, summary_json FROM previews WHERE id = ?",
-                        (preview_id,),
+                        "SELECT digest, resolved_json, summary_json FROM previews "
+                        "WHERE id = ? AND owner = ?",
+                        (preview_id, owner),
                     )
                 )
+                # Another user's preview reads as absent: a preview is its author's intent,
+                # and committing it would run their code (and show its output) as the caller.
                 if not rows:
                     raise NotFound(
                         f"there is no preview {preview_id!r}. Run `tp submit --preview` again."
@@ -517,23 +520,33 @@ class Store(SqliteFile):
             # Another process admitted the same retry key between our read and our insert: the
             # UNIQUE constraint refused ours, so the earlier receipt is the answer.
             async with self._txn() as db:
-                earlier = await self._receipt_for_key(db, retry_key)
+                earlier = await self._receipt_for_key(db, retry_key, owner)
             if earlier is None:
                 raise
             return earlier
 
     async def _receipt_for_key(
-        self, db: aiosqlite.Connection, retry_key: str
+        self, db: aiosqlite.Connection, retry_key: str, owner: str
     ) -> ReceiptRecord | None:
+        """The receipt this owner already got for ``retry_key``; None when the key is unused.
+
+        Another user's key is a Conflict that names no Job: answering with their receipt would
+        hand a guesser someone else's run id.
+        """
         rows = list(
             await db.execute_fetchall(
-                "SELECT run_id, preview_id, digest, created_at_ms FROM jobs WHERE retry_key = ?",
+                "SELECT run_id, preview_id, digest, created_at_ms, owner FROM jobs "
+                "WHERE retry_key = ?",
                 (retry_key,),
             )
         )
         if not rows:
             return None
         r = rows[0]
+        if r[4] != owner:
+            raise Conflict(
+                f"the retry key {retry_key!r} is already in use. Confirm with a new retry key."
+            )
         return ReceiptRecord(str(r[0]), str(r[1]), str(r[2]), retry_key, int(r[3]), created=False)
 
     async def get_job(self, run_id: str) -> JobView:
