@@ -26,6 +26,7 @@ import trio
 from tuneplane.agent import config as node_config
 from tuneplane.agent import journal_read, workload_checks
 from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.credential_renewal import credential_health, renewal_deadline_ms
 from tuneplane.agent.daemon import Daemon, run_daemon
 from tuneplane.agent.inventory import (
     Inventory,
@@ -39,6 +40,7 @@ from tuneplane.agent.journal import Journal, JournalError, MemberKey
 from tuneplane.agent.journal_owner import owner_problem, stamped_node_id
 from tuneplane.agent.state_dir import (
     AlreadyEnrolled,
+    CredentialLife,
     NodeConfig,
     StateDir,
     StateDirError,
@@ -171,6 +173,13 @@ def main(ctx: click.Context, config_path: Path | None) -> None:
 @_state_dir_option
 @click.option("--simulate-gpus", default=None, help="Report N simulated GPUs of SERIES (h200:2).")
 @click.option("--name", default=None, help="The Node's host name as the coordinator shows it.")
+@click.option(
+    "--re-enroll",
+    "re_enroll",
+    is_flag=True,
+    help="This state dir is already a Node (revoked, or offline past its credential's expiry): "
+    "get it a new control credential and keep its id, journal and running members.",
+)
 def enroll_command(
     coordinator: str,
     ca: Path,
@@ -178,16 +187,21 @@ def enroll_command(
     state_dir: Path,
     simulate_gpus: str | None,
     name: str | None,
+    re_enroll: bool,
 ) -> None:
     """Trade a join token for a node id and a private control credential."""
     state = StateDir(state_dir)
     with _sentences():
-        if state.node_file.exists():
+        existing: NodeConfig | None = None
+        if re_enroll:
             existing = state.load_node()
+        elif state.node_file.exists():
+            found = state.load_node()
             raise AlreadyEnrolled(
-                f"{state.root} is already enrolled as Node {existing.node_id} with "
-                f"{existing.coordinator}; a Node's id does not survive a reinstall, so to enroll "
-                "again as a new Node use an empty --state-dir."
+                f"{state.root} is already enrolled as Node {found.node_id} with "
+                f"{found.coordinator}. To give this same Node a new credential (after a revoke "
+                "or an expiry) add --re-enroll; to enroll the machine as a new Node use an empty "
+                "--state-dir."
             )
         endpoint = Endpoint.parse(coordinator)
         try:
@@ -197,14 +211,19 @@ def enroll_command(
                 f"The CA file {ca} cannot be read ({exc.strerror}); pass the coordinator's "
                 "tls/ca.pem."
             ) from None
-        node_name = name or default_node_name()
+        node_name = name or (existing.name if existing else default_node_name())
         inventory = InventorySource(node_name, _simulate(simulate_gpus)).collect()
-        enrolled = trio.run(_enroll, endpoint, ca, token, inventory)
+        enrolled = trio.run(
+            _enroll, endpoint, ca, token, inventory, existing.node_id if existing else ""
+        )
         state.create()
         write_atomic(state.ca_path, ca_bytes, 0o644)
-        state.save_credential(enrolled.node_credential)
+        state.save_credential(
+            enrolled.node_credential,
+            CredentialLife(enrolled.credential_issued_at_ms, enrolled.credential_expires_at_ms),
+        )
         at_ms = int(time.time() * 1000)
-        trio.run(_journal_enrolment, state, enrolled.node_id, at_ms)
+        trio.run(_journal_enrolment, state, enrolled.node_id, at_ms, existing is not None)
         # node.json last: its presence is what "enrolled" means.
         state.save_node(
             NodeConfig(
@@ -216,22 +235,31 @@ def enroll_command(
                 enrolled_at_ms=at_ms,
             )
         )
+    if existing is not None:
+        click.echo(f"re-enrolled Node {enrolled.node_id} in Fleet {enrolled.fleet}")
+        click.echo(
+            "a running agent uses the new credential at its next reconnect; its members stay "
+            "as they are"
+        )
+        return
     click.echo(f"enrolled as Node {enrolled.node_id} in Fleet {enrolled.fleet}")
     click.echo(f"start it with: tuneplane-node run --state-dir {state.root}")
 
 
-async def _enroll(endpoint: Endpoint, ca: Path, token: str, inventory: Inventory) -> Enrolled:
+async def _enroll(
+    endpoint: Endpoint, ca: Path, token: str, inventory: Inventory, node_id: str
+) -> Enrolled:
     async with open_aio_host():
-        return await enroll(endpoint, ca, token, inventory)
+        return await enroll(endpoint, ca, token, inventory, node_id)
 
 
-async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int) -> None:
+async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int, again: bool) -> None:
     async with open_aio_host():
         journal = await Journal.open(state.journal_path)
         try:
             await journal.set_meta("node_id", node_id)
             await journal.record_credential("control", at_ms)
-            await journal.node_event(at_ms, "enrolled", node_id=node_id)
+            await journal.node_event(at_ms, "re-enrolled" if again else "enrolled", node_id=node_id)
         finally:
             await journal.close()
 
@@ -336,6 +364,7 @@ def status_command(state_dir: Path, as_json: bool) -> None:
                 pending = len(journal_read.pending_reports(db))
         except journal_read.JournalUnreadable as exc:
             journal_problem = str(exc)
+    credential = _credential_json(state)
     data = {
         "node_id": node.node_id,
         "fleet": node.fleet,
@@ -352,6 +381,7 @@ def status_command(state_dir: Path, as_json: bool) -> None:
         "pending_reports": pending,
         "journal_problem": journal_problem,
         "workload_warnings": workload_checks.warnings(_workload_policy()),
+        "credential": credential,
     }
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -373,6 +403,7 @@ def status_command(state_dir: Path, as_json: bool) -> None:
         click.echo(f"SAFE MODE: {data['safe_mode_reason']}")
     for warning in data["workload_warnings"]:
         click.echo(f"WARNING: {warning}")
+    click.echo(credential["summary"])
     if journal_problem:
         click.echo(f"journal: {journal_problem}")
     inv = data["inventory"]
@@ -400,6 +431,24 @@ def status_command(state_dir: Path, as_json: bool) -> None:
         )
     for mb in active:
         click.echo(f"  {mb['member']}  {mb['state']}  gpus {mb['gpu_indexes']}")
+
+
+def _credential_line(state: StateDir) -> tuple[str, str]:
+    life = state.load_credential_life() or CredentialLife()
+    return credential_health(life.issued_at_ms, life.expires_at_ms, int(time.time() * 1000))
+
+
+def _credential_json(state: StateDir) -> dict[str, Any]:
+    """The control credential's age and expiry for ``status`` (never its value)."""
+    life = state.load_credential_life() or CredentialLife()
+    level, text = _credential_line(state)
+    return {
+        "issued_at_ms": life.issued_at_ms or None,
+        "expires_at_ms": life.expires_at_ms or None,
+        "renew_by_ms": renewal_deadline_ms(life.issued_at_ms, life.expires_at_ms) or None,
+        "health": level,
+        "summary": text,
+    }
 
 
 # --- doctor ------------------------------------------------------------------------------------
@@ -445,6 +494,11 @@ def doctor_command(state_dir: Path) -> None:
     try:
         state.read_credential()
         line(True, f"control credential present ({state.control_token})")
+        level, text = _credential_line(state)
+        if level == "warn":
+            click.echo(f"WARN  {text}")
+        else:
+            line(level == "ok", text)
     except StateDirError as exc:
         line(False, str(exc))
     try:

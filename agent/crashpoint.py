@@ -19,6 +19,11 @@ POINTS = frozenset(
         "after-spawn",
         "after-exit-observed",
         "after-report-sent",
+        # Control credential rotation (agent/daemon.py: Daemon._rotate).
+        "after-credential-issued",
+        "after-next-credential-stored",
+        "after-credential-swapped",
+        "after-credential-confirmed",
     }
 )
 

@@ -7,6 +7,11 @@ Rules:
 - Effects from the session core run in order: journal, then network, then processes.
 - A journal that fails its integrity check puts the agent in SAFE MODE: it connects, refuses every
   Prepare with the reason, touches no workload and says so in logs and the status file.
+- The control credential is read from the state directory before every Connect (so a
+  re-enrolment takes effect without a restart). A rotation stores the successor durably
+  (``control.token.next``, then a rename) before saying CredentialStored; crash points
+  ``after-credential-issued``, ``after-next-credential-stored``, ``after-credential-swapped`` and
+  ``after-credential-confirmed`` sit between the steps.
 """
 
 from __future__ import annotations
@@ -44,14 +49,23 @@ from tuneplane.agent.session import (
     LogAcked,
     Phase,
     Send,
+    StoreCredential,
     backoff_delay,
 )
-from tuneplane.agent.state_dir import NodeConfig, StateDir, write_json_atomic
+from tuneplane.agent.state_dir import (
+    CredentialLife,
+    NodeConfig,
+    StateDir,
+    StateDirError,
+    write_json_atomic,
+)
 from tuneplane.agent.wire import (
     ControlStream,
+    CoordinatorUnreachable,
     Endpoint,
     UnknownMessage,
     WireError,
+    control_refusal,
     open_control_stream,
 )
 
@@ -83,6 +97,10 @@ class Status:
     safe_mode: bool = False
     safe_mode_reason: str = ""
     inventory: dict[str, Any] = attrs.field(factory=dict)
+    # The control credential's lifetime as the coordinator last stated it (never its value).
+    credential_issued_at_ms: int = 0
+    credential_expires_at_ms: int = 0
+    credential_renewal_at_ms: int = 0
 
 
 def _inventory_summary(inv: Inventory) -> dict[str, Any]:
@@ -130,6 +148,9 @@ class Daemon:
         self._stream: ControlStream | None = None
         self._wake = trio.Event()
         self._welcomed = False
+        # Where this Node renews in each credential's window: fixed per process, so a Fleet
+        # spreads out and one Node does not wander.
+        self._renewal_jitter = random.random()
         self._commands_send, self._commands_recv = trio.open_memory_channel[m.MemberCommand](
             COMMAND_QUEUE
         )
@@ -235,12 +256,16 @@ class Daemon:
         failures = 0
         while True:
             self._welcomed = False
+            ended: BaseException | None = None
             try:
+                # Read each time: a re-enrolment or a rotation a crash cut short changed it.
+                self.credential = self.state.read_credential()
                 async with open_control_stream(
                     self.endpoint, self.ca_path, self.credential
                 ) as stream:
                     await self._run_session(stream)
-            except (WireError, SessionClosed) as exc:
+            except (WireError, SessionClosed, StateDirError) as exc:
+                ended = exc
                 self._session_ended(exc)
             except BaseExceptionGroup as group:
                 # The session's nursery groups what its tasks raised; anything other than a
@@ -251,6 +276,7 @@ class Daemon:
                 first: BaseException = matched
                 while isinstance(first, BaseExceptionGroup):
                     first = first.exceptions[0]
+                ended = first
                 self._session_ended(first)
             finally:
                 self._session = None
@@ -258,6 +284,12 @@ class Daemon:
                 if self.status.connected:
                     self.status.connected = False
                     self._write_status()
+            if isinstance(ended, CoordinatorUnreachable) and not self._welcomed:
+                # A refused Connect can reach us as a bare stream reset; ask once more in a way
+                # that always returns the coordinator's sentence (revoked, expired, unknown).
+                refusal = await control_refusal(self.endpoint, self.ca_path, self.credential)
+                if refusal is not None:
+                    self._session_ended(refusal)
             # A session that got as far as Welcome starts the backoff over.
             failures = 1 if self._welcomed else failures + 1
             self.status.reconnects += 1
@@ -275,7 +307,9 @@ class Daemon:
 
     async def _run_session(self, stream: ControlStream) -> None:
         """Drive one session until it closes: raises SessionClosed or WireError, never returns."""
-        session = ControlSession(self.node.node_id, AGENT_VERSION)
+        session = ControlSession(
+            self.node.node_id, AGENT_VERSION, renewal_jitter=self._renewal_jitter
+        )
         self._session, self._stream = session, stream
         await self._execute(session.start(trio.current_time(), self.inventory,
                                           await self._held()))  # fmt: skip
@@ -336,6 +370,9 @@ class Daemon:
                 self._write_status()
                 if self.logship is not None:
                     self.logship.session_opened()
+                self._credential_life(
+                    effect.credential_issued_at_ms, effect.credential_expires_at_ms
+                )
                 log.info("connected coordinator=%s heartbeat_interval_s=%.2f timeout_s=%.2f",
                          self.endpoint, effect.heartbeat_interval_s,
                          effect.heartbeat_timeout_s)  # fmt: skip
@@ -344,8 +381,42 @@ class Daemon:
             elif isinstance(effect, LogAcked):
                 if self.logship is not None:
                     await self.logship.acked(effect.ack)
+            elif isinstance(effect, StoreCredential):
+                await self._rotate(effect.issued)
             elif isinstance(effect, Close):
                 raise SessionClosed(effect.reason)
+
+    async def _rotate(self, issued: m.CredentialIssued) -> None:
+        """Store a successor credential durably, switch to it, then confirm it.
+
+        Each step leaves a working credential behind: until the rename the old one is in
+        ``control.token`` (and still accepted); after it, the new one is (and is accepted, and
+        the next Connect with it confirms it if CredentialStored never got out).
+        """
+        crashpoint("after-credential-issued")
+        await trio.to_thread.run_sync(self.state.save_next_credential, issued.credential)
+        crashpoint("after-next-credential-stored")
+        await trio.to_thread.run_sync(self.state.promote_next_credential)
+        self.credential = issued.credential
+        crashpoint("after-credential-swapped")
+        self._credential_life(issued.issued_at_ms, issued.expires_at_ms)
+        if self.journal is not None:
+            await self.journal.record_credential("control", now_ms())
+        log.info("control credential rotated expires_at_ms=%d request_id=%d",
+                 issued.expires_at_ms, issued.request_id)  # fmt: skip
+        session = self._session
+        if session is not None:
+            await self._execute(session.credential_stored(issued))
+        crashpoint("after-credential-confirmed")
+
+    def _credential_life(self, issued_at_ms: int, expires_at_ms: int) -> None:
+        """Remember what the coordinator said about the credential's lifetime (status, doctor)."""
+        if expires_at_ms:
+            self.state.save_credential_life(CredentialLife(issued_at_ms, expires_at_ms))
+        self.status.credential_issued_at_ms = issued_at_ms
+        self.status.credential_expires_at_ms = expires_at_ms
+        due = self._session.renewal_due_ms() if self._session is not None else None
+        self.status.credential_renewal_at_ms = due or 0
 
     async def publish(self, message: m.Outgoing) -> None:
         """Send a manager's reply or report now if a session is open, else drop it.

@@ -22,6 +22,9 @@ class Welcome:
     heartbeat_interval_ms: int
     heartbeat_timeout_ms: int
     server_time_ms: int
+    # The lifetime of the credential this stream was opened with; 0: none stated (no renewal).
+    credential_issued_at_ms: int = 0
+    credential_expires_at_ms: int = 0
 
 
 @attrs.frozen
@@ -84,7 +87,27 @@ class LogAck:
     eof: bool
 
 
-Incoming = Welcome | HeartbeatAck | ReportAck | Prepare | Commit | Abort | Cancel | LogAck
+@attrs.frozen
+class CredentialIssued:
+    """A successor control credential, answering :class:`CredentialRenewal` ``request_id``."""
+
+    request_id: int
+    credential: str = attrs.field(repr=False)
+    issued_at_ms: int
+    expires_at_ms: int
+
+
+Incoming = (
+    Welcome
+    | HeartbeatAck
+    | ReportAck
+    | Prepare
+    | Commit
+    | Abort
+    | Cancel
+    | LogAck
+    | CredentialIssued
+)
 MemberCommand = Prepare | Commit | Abort | Cancel
 
 # --- node -> coordinator ------------------------------------------------------------------------
@@ -135,4 +158,27 @@ class LogChunk:
     eof: bool
 
 
-Outgoing = Hello | Heartbeat | Report | PrepareReply | DecisionQuery | LogChunk
+@attrs.frozen
+class CredentialRenewal:
+    """Ask for a successor control credential."""
+
+    request_id: int
+
+
+@attrs.frozen
+class CredentialStored:
+    """The successor of ``request_id`` is durably stored and in use: retire the old one."""
+
+    request_id: int
+
+
+Outgoing = (
+    Hello
+    | Heartbeat
+    | Report
+    | PrepareReply
+    | DecisionQuery
+    | LogChunk
+    | CredentialRenewal
+    | CredentialStored
+)

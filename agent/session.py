@@ -9,6 +9,11 @@ Rules:
   about with DecisionQuery.
 - Heartbeat every ``heartbeat_interval``; a peer silent for ``heartbeat_timeout`` closes the
   session. :meth:`ControlSession.next_deadline` says when :meth:`ControlSession.tick` is due.
+- Credential rotation: Welcome says when the stream's credential expires; at the jittered point
+  :func:`~tuneplane.agent.credential_renewal.renewal_at_ms` picks (checked on every tick, so at
+  heartbeat granularity) the session asks with CredentialRenewal, resent after a heartbeat
+  timeout. A matching CredentialIssued becomes :class:`StoreCredential`; only after the shell
+  stored it durably does :meth:`ControlSession.credential_stored` say CredentialStored.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Sequence
 import attrs
 
 from tuneplane.agent import messages as m
+from tuneplane.agent.credential_renewal import renewal_at_ms
 from tuneplane.agent.inventory import Inventory
 from tuneplane.agent.journal import MemberKey, PendingReport
 from tuneplane.agent.member_state import MemberState
@@ -83,6 +89,8 @@ class Connected:
 
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
+    credential_issued_at_ms: int = 0
+    credential_expires_at_ms: int = 0
 
 
 @attrs.frozen
@@ -98,13 +106,30 @@ class LogAcked:
 
 
 @attrs.frozen
+class StoreCredential:
+    """Store this successor durably (next file, fsync, rename), then call
+    :meth:`ControlSession.credential_stored`; until then the old credential stays in use."""
+
+    issued: m.CredentialIssued
+
+
+@attrs.frozen
 class Close:
     """End the session; the daemon reconnects with backoff. ``reason`` is a sentence."""
 
     reason: str
 
 
-Effect = Send | DropReport | HandleCommand | Connected | HeartbeatAcked | LogAcked | Close
+Effect = (
+    Send
+    | DropReport
+    | HandleCommand
+    | Connected
+    | HeartbeatAcked
+    | LogAcked
+    | StoreCredential
+    | Close
+)
 
 
 class SessionError(Exception):
@@ -127,6 +152,14 @@ class ControlSession:
     # report_seq -> when it was last sent on this stream; unacknowledged reports are sent again
     # after a heartbeat timeout, and a report never sent on this stream goes at the next tick.
     report_sent_at: dict[int, float] = attrs.field(factory=dict)
+    # Where in the renewal window (uniform in [0, 1)) this Node asks; chosen by the shell.
+    renewal_jitter: float = 0.5
+    credential_issued_at_ms: int = 0
+    credential_expires_at_ms: int = 0
+    # The outstanding CredentialRenewal: its request id and when it was sent (monotonic).
+    renewal_request: int = 0
+    renewal_sent_at: float = 0.0
+    renewal_seq: int = 0
 
     def start(
         self,
@@ -175,7 +208,28 @@ class ControlSession:
             return [DropReport(message.report_seq, message.refused)]
         if isinstance(message, m.LogAck):
             return [LogAcked(message)]
+        if isinstance(message, m.CredentialIssued):
+            if not self.renewal_request or message.request_id != self.renewal_request:
+                return []  # an answer to a request this session did not make, or a repeat
+            return [StoreCredential(message)]
         return [HandleCommand(message)]
+
+    def credential_stored(self, issued: m.CredentialIssued) -> list[Effect]:
+        """The shell stored ``issued`` durably and uses it: tell the coordinator."""
+        if issued.request_id != self.renewal_request:
+            return []
+        self.renewal_request = 0
+        self.credential_issued_at_ms = issued.issued_at_ms
+        self.credential_expires_at_ms = issued.expires_at_ms
+        if self.phase is not Phase.OPEN:
+            return []  # the next Connect, made with the new credential, confirms it instead
+        return [Send(m.CredentialStored(issued.request_id))]
+
+    def renewal_due_ms(self) -> int | None:
+        """When this session asks for a successor (epoch ms); None: never (no lifetime stated)."""
+        return renewal_at_ms(
+            self.credential_issued_at_ms, self.credential_expires_at_ms, self.renewal_jitter
+        )
 
     def _timing(self, welcome: m.Welcome) -> None:
         # A coordinator that sends zeros gets sane floors rather than a busy loop.
@@ -194,7 +248,16 @@ class ControlSession:
         self._timing(welcome)
         self.phase = Phase.OPEN
         self.next_beat_at = now + self.heartbeat_interval_s
-        effects: list[Effect] = [Connected(self.heartbeat_interval_s, self.heartbeat_timeout_s)]
+        self.credential_issued_at_ms = welcome.credential_issued_at_ms
+        self.credential_expires_at_ms = welcome.credential_expires_at_ms
+        effects: list[Effect] = [
+            Connected(
+                self.heartbeat_interval_s,
+                self.heartbeat_timeout_s,
+                welcome.credential_issued_at_ms,
+                welcome.credential_expires_at_ms,
+            )
+        ]
         for report in sorted(pending, key=lambda r: r.report_seq):
             self.report_sent_at[report.report_seq] = now
             effects.append(Send(m.Report(report)))
@@ -245,7 +308,20 @@ class ControlSession:
                 if sent is None or now - sent >= self.heartbeat_timeout_s:
                     self.report_sent_at[report.report_seq] = now
                     effects.append(Send(m.Report(report)))
+            effects.extend(self._renewal(now, wall_ms))
         return effects
+
+    def _renewal(self, now: float, wall_ms: int) -> list[Effect]:
+        """Ask for a successor once due; ask again if no answer came within the timeout."""
+        due = self.renewal_due_ms()
+        if due is None or wall_ms < due:
+            return []
+        if self.renewal_request and now - self.renewal_sent_at < self.heartbeat_timeout_s:
+            return []
+        self.renewal_seq += 1
+        self.renewal_request = self.renewal_seq
+        self.renewal_sent_at = now
+        return [Send(m.CredentialRenewal(self.renewal_request))]
 
     def stream_ended(self) -> list[Effect]:
         """The coordinator ended the stream (or it broke)."""

@@ -3,6 +3,12 @@
 Rules: the directory is 0700 and the credential file 0600 in a 0700 ``credentials/``; every file
 here is written atomically (tmp, fsync, rename, fsync dir) so a crash leaves the old or the new
 version, never half of one. Errors name the file and say how to fix it.
+
+Credential rotation (see docs/security-identity.md): a successor is written whole to
+``credentials/control.token.next`` (fsync), then renamed over ``control.token`` (fsync of the
+directory). Reading the credential first finishes a rename a crash interrupted, so the agent
+always starts with the newest credential it stored; the coordinator accepts both until the new
+one is confirmed. ``credentials/control.json`` holds its issue and expiry times, never its value.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ NODE_FILE = "node.json"
 CA_FILE = "ca.pem"
 CREDENTIALS_DIR = "credentials"
 CONTROL_TOKEN = "control.token"
+CONTROL_TOKEN_NEXT = "control.token.next"
+CONTROL_LIFE = "control.json"
 JOURNAL_FILE = "journal.db"
 STATUS_FILE = "status.json"
 MEMBERS_DIR = "members"
@@ -77,6 +85,14 @@ class NodeConfig:
 
 
 @attrs.frozen
+class CredentialLife:
+    """When the control credential was issued and expires (epoch ms; 0: not known)."""
+
+    issued_at_ms: int = 0
+    expires_at_ms: int = 0
+
+
+@attrs.frozen
 class StateDir:
     root: Path
 
@@ -95,6 +111,14 @@ class StateDir:
     @property
     def control_token(self) -> Path:
         return self.credentials_dir / CONTROL_TOKEN
+
+    @property
+    def control_token_next(self) -> Path:
+        return self.credentials_dir / CONTROL_TOKEN_NEXT
+
+    @property
+    def control_life(self) -> Path:
+        return self.credentials_dir / CONTROL_LIFE
 
     @property
     def journal_path(self) -> Path:
@@ -148,6 +172,8 @@ class StateDir:
         write_json_atomic(self.node_file, attrs.asdict(node), 0o644)
 
     def read_credential(self) -> str:
+        """The control credential, after finishing a rotation a crash left half done."""
+        self.promote_next_credential()
         try:
             token = self.control_token.read_text().strip()
         except OSError as exc:
@@ -161,9 +187,43 @@ class StateDir:
             )
         return token
 
-    def save_credential(self, token: str) -> None:
+    def save_credential(self, token: str, life: CredentialLife | None = None) -> None:
+        """Replace the credential (enrolment); a half-done rotation's successor is dropped."""
         self.create()
         write_atomic(self.control_token, (token + "\n").encode(), 0o600)
+        self.control_token_next.unlink(missing_ok=True)
+        if life is not None:
+            self.save_credential_life(life)
+
+    def save_next_credential(self, token: str) -> None:
+        """Step one of a rotation: the successor, whole and fsynced, beside the current one."""
+        write_atomic(self.control_token_next, (token + "\n").encode(), 0o600)
+
+    def promote_next_credential(self) -> bool:
+        """Step two: the successor replaces the current credential (atomic rename, dir fsync).
+
+        True when there was one to promote. An empty or unreadable successor (it cannot be: it is
+        written atomically) is left alone so the current credential keeps working.
+        """
+        try:
+            if not self.control_token_next.read_text().strip():
+                return False
+        except OSError:
+            return False
+        os.replace(self.control_token_next, self.control_token)
+        fsync_dir(self.credentials_dir)
+        return True
+
+    def save_credential_life(self, life: CredentialLife) -> None:
+        write_json_atomic(self.control_life, attrs.asdict(life), 0o600)
+
+    def load_credential_life(self) -> CredentialLife | None:
+        """What the coordinator last said about the credential's lifetime; None if never told."""
+        try:
+            raw = json.loads(self.control_life.read_text())
+            return CredentialLife(int(raw["issued_at_ms"]), int(raw["expires_at_ms"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def permission_problems(self) -> list[str]:
         """Sentences for every file or folder whose permissions let others read secrets."""

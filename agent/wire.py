@@ -230,6 +230,10 @@ def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
                 eof=msg.eof,
             )
         )
+    if isinstance(msg, m.CredentialRenewal):
+        return v1.NodeMessage(credential_renewal=v1.CredentialRenewal(request_id=msg.request_id))
+    if isinstance(msg, m.CredentialStored):
+        return v1.NodeMessage(credential_stored=v1.CredentialStored(request_id=msg.request_id))
     return v1.NodeMessage(decision_query=v1.DecisionQuery(member=_ref(msg.key)))
 
 
@@ -259,7 +263,13 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
     name, body = betterproto.which_one_of(msg, "body")
     _refuse_bad_text(msg, body)
     if isinstance(body, v1.Welcome):
-        return m.Welcome(body.heartbeat_interval_ms, body.heartbeat_timeout_ms, body.server_time_ms)
+        return m.Welcome(
+            body.heartbeat_interval_ms,
+            body.heartbeat_timeout_ms,
+            body.server_time_ms,
+            body.credential_issued_at_ms,
+            body.credential_expires_at_ms,
+        )
     if isinstance(body, v1.HeartbeatAck):
         return m.HeartbeatAck(body.seq)
     if isinstance(body, v1.ReportAck):
@@ -287,6 +297,13 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
         return m.Cancel(_key(body.member), body.reason, body.grace_period_s)
     if isinstance(body, v1.LogAck):
         return m.LogAck(_key(body.member), body.stream, body.offset, body.eof)
+    if isinstance(body, v1.CredentialIssued):
+        return m.CredentialIssued(
+            body.request_id,
+            body.node_credential,
+            body.credential_issued_at_ms,
+            body.credential_expires_at_ms,
+        )
     raise UnknownMessage(
         f"The coordinator sent a message this agent does not understand ({name or 'empty'}); "
         "upgrade tuneplane-node to the coordinator's version."
@@ -300,7 +317,9 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
 class Enrolled:
     node_id: str
     fleet: str
-    node_credential: str
+    node_credential: str = attrs.field(repr=False)
+    credential_issued_at_ms: int = 0
+    credential_expires_at_ms: int = 0
 
 
 async def _aio_channel(endpoint: Endpoint, ctx: ssl.SSLContext) -> Channel:
@@ -308,12 +327,18 @@ async def _aio_channel(endpoint: Endpoint, ctx: ssl.SSLContext) -> Channel:
 
 
 async def enroll(
-    endpoint: Endpoint, ca_path: Path, join_token: str, inventory: Inventory
+    endpoint: Endpoint, ca_path: Path, join_token: str, inventory: Inventory, node_id: str = ""
 ) -> Enrolled:
-    """Trade a one-time join token for a node id and control credential (unary, 10 s deadline)."""
+    """Trade a one-time join token for a node id and control credential (unary, 10 s deadline).
+
+    ``node_id`` re-enrolls that existing Node (same id, journal and members) instead.
+    """
     ctx = client_tls(ca_path)
     request = v1.EnrollRequest(
-        join_token=join_token, hostname=inventory.hostname, inventory=inventory_to_wire(inventory)
+        join_token=join_token,
+        hostname=inventory.hostname,
+        inventory=inventory_to_wire(inventory),
+        node_id=node_id,
     )
     with _translated(endpoint, ca_path):
         channel = await run_aio(_aio_channel, endpoint, ctx)
@@ -324,7 +349,13 @@ async def enroll(
                 )
         finally:
             channel.close()
-    return Enrolled(reply.node_id, reply.fleet, reply.node_credential)
+    return Enrolled(
+        reply.node_id,
+        reply.fleet,
+        reply.node_credential,
+        reply.credential_issued_at_ms,
+        reply.credential_expires_at_ms,
+    )
 
 
 class ControlStream:
@@ -348,6 +379,44 @@ class ControlStream:
         with _translated(self._endpoint, self._ca_path):
             raw = await run_aio(self._stream.recv_message)
         return None if raw is None else from_wire(raw)
+
+
+async def control_refusal(endpoint: Endpoint, ca_path: Path, credential: str) -> Refused | None:
+    """Why the coordinator refuses ``credential`` on Connect, or None when it does not.
+
+    A refusal that races with the stream reset reaches a live session as a bare reset. This
+    opens Connect and ends it at once, sending no Hello: a refused credential is answered with
+    its status and sentence; an accepted one only with "no Hello", so no session starts.
+    """
+    ctx = client_tls(ca_path)
+    try:
+        with _translated(endpoint, ca_path):
+            channel = await run_aio(_aio_channel, endpoint, ctx)
+    except WireError:
+        return None
+    try:
+        with trio.fail_after(UNARY_DEADLINE_S), _translated(endpoint, ca_path):
+            await run_aio(_probe_connect, channel, credential)
+    except Refused as exc:
+        if exc.status in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            return exc
+    except WireError:
+        pass
+    finally:
+        channel.close()
+    return None
+
+
+async def _probe_connect(channel: Channel, credential: str) -> None:
+    async with channel.request(
+        CONNECT_METHOD,
+        Cardinality.STREAM_STREAM,
+        v1.NodeMessage,
+        v1.CoordinatorMessage,
+        metadata={"authorization": f"Bearer {credential}"},
+    ) as stream:
+        await stream.send_request(end=True)
+        await stream.recv_message()
 
 
 @asynccontextmanager

@@ -19,9 +19,9 @@ from typing import Any
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
-from tuneplane.coordinator import jobspec, store_access, store_fleet
+from tuneplane.coordinator import jobspec, store_access, store_fleet, store_identity
 from tuneplane.coordinator.admission import resolve
-from tuneplane.coordinator.auth import AuthError, Principal, bearer_token, hash_credential
+from tuneplane.coordinator.auth import Principal, bearer_token, hash_credential
 from tuneplane.coordinator.capacity import never_fits
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
@@ -44,13 +44,8 @@ MAX_LIST_LIMIT = 1000
 async def user_principal(store: Store, stream: Any) -> Principal:
     """The user a call's bearer token belongs to, or :class:`AuthError`."""
     token = bearer_token(stream.metadata.items() if stream.metadata else ())
-    name = await store.user_for_token(hash_credential(token))
-    if name is None:
-        raise AuthError(
-            "this token is not a user token of this coordinator. Use the admin.token written by "
-            "`tuneplane-coordinator init`, or the token file named in your tp context."
-        )
-    return Principal("user", name)
+    user = await store_identity.authenticate_user(store, hash_credential(token), now_ms())
+    return Principal("user", user.name)
 
 
 class ApiService:

@@ -204,6 +204,11 @@ class ApiClient:
         )
         return node_from_wire(msg)
 
+    async def revoke_node(self, node_id: str, reason: str) -> Node:
+        request = v1.RevokeNodeRequest(node_id=node_id, reason=reason)
+        msg = await self._call("RevokeNode", lambda t: self._stub.revoke_node(request, timeout=t))
+        return node_from_wire(msg)
+
     async def cancel_job(self, run_id: str, reason: str = "") -> CancelOutcome:
         request = v1.CancelJobRequest(run_id=run_id, reason=reason)
         reply = await self._call("CancelJob", lambda t: self._stub.cancel_job(request, timeout=t))

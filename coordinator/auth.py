@@ -5,6 +5,9 @@ Rules:
   ``tpj_`` join token, ``tpn_`` Node control credential), and is stored only as its sha256 hash.
 - Every call presents ``authorization: Bearer <credential>``; a missing or malformed header is an
   :class:`AuthError` with a sentence that says how to fix it.
+- Node control credentials and user tokens have a lifetime and can be revoked: a spent one is
+  refused (UNAUTHENTICATED) with a sentence that says what to do, decided here by pure functions
+  over what the store recorded (:class:`CredentialLife`) and the time passed in.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
 import attrs
 
@@ -62,3 +66,60 @@ def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
             "the authorization metadata is not `Bearer <token>`. Send the token after `Bearer `."
         )
     return token.strip()
+
+
+#: How long a Node's control credential lives unless ``coordinator.toml`` says otherwise.
+DEFAULT_NODE_CREDENTIAL_LIFETIME_S = 30 * 86400
+#: How long a user token made by ``tuneplane-coordinator user create`` lives by default.
+DEFAULT_USER_TOKEN_LIFETIME_S = 90 * 86400
+
+
+@attrs.frozen
+class CredentialLife:
+    """What the store recorded about one credential's life (epoch ms; ``None``: not recorded).
+
+    ``expires_at_ms`` of ``None`` means it does not expire: user tokens made without an expiry
+    (the admin token ``init`` writes) and Node credentials issued before credentials expired
+    (those get a lifetime at their next Connect).
+    """
+
+    issued_at_ms: int | None = None
+    expires_at_ms: int | None = None
+    revoked_at_ms: int | None = None
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def check_node_credential(node_id: str, life: CredentialLife, now_ms: int) -> None:
+    """Refuse a revoked or expired Node control credential with the operator's next step."""
+    if life.revoked_at_ms is not None:
+        raise AuthError(
+            f"Node {node_id}'s control credential was revoked at {_utc(life.revoked_at_ms)} and "
+            "is refused. If this machine should still be a Node, re-enroll it with a new join "
+            "token: `tuneplane-node enroll --re-enroll --token <join token>` on that machine."
+        )
+    if life.expires_at_ms is not None and life.expires_at_ms <= now_ms:
+        raise AuthError(
+            f"Node {node_id}'s control credential expired at {_utc(life.expires_at_ms)} (it was "
+            "offline past its lifetime, so it could not renew it) and is refused. Re-enroll it "
+            "with a new join token: `tuneplane-node enroll --re-enroll --token <join token>` on "
+            "that machine."
+        )
+
+
+def check_user_token(user: str, life: CredentialLife, now_ms: int) -> None:
+    """Refuse a revoked or expired user token with a sentence naming the user and the fix."""
+    if life.revoked_at_ms is not None:
+        raise AuthError(
+            f"the token of user {user!r} was revoked at {_utc(life.revoked_at_ms)}. Ask the "
+            "coordinator's operator for a new one (`tuneplane-coordinator user token "
+            f"{user}`)."
+        )
+    if life.expires_at_ms is not None and life.expires_at_ms <= now_ms:
+        raise AuthError(
+            f"the token of user {user!r} expired at {_utc(life.expires_at_ms)}. Ask the "
+            "coordinator's operator for a new one (`tuneplane-coordinator user token "
+            f"{user}`)."
+        )

@@ -8,12 +8,18 @@ Rules:
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from tuneplane.coordinator.auth import (
+    DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
+    DEFAULT_USER_TOKEN_LIFETIME_S,
+)
 
 CONFIG_NAME = "coordinator.toml"
 
@@ -33,6 +39,9 @@ DEFAULT_CONFIG = """\
 #   env               environment variables this shape needs
 # [quota.<fleet>]     optional: per Series, the most GPUs Jobs may hold at once in that Fleet,
 #   h200 = 4          e.g. a fifth h200 GPU waits ("waiting: quota h200 4/4 in use")
+# [credentials]       optional: how long credentials live (a whole number and s, m, h or d)
+#   node_lifetime = "30d"        a Node's control credential; renewed in its second half
+#   user_token_lifetime = "90d"  the default of `user create --expires-in`
 # [limits]            optional: bounds on what callers may send (docs/security-input.md)
 #   api_message_bytes = 16777216        one message on the API listener (a Preview carries
 #                                       up to 8 MiB of experiment files, base64-encoded)
@@ -79,6 +88,18 @@ fleet = "default"
 """
 
 
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> int | None:
+    """``30s``, ``15m``, ``1h``, ``7d`` -> seconds (at least 1); ``None`` when it is not one."""
+    match = _DURATION.match(text.strip())
+    if not match or int(match.group(1)) == 0:
+        return None
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
 class ConfigError(ValueError):
     """``coordinator.toml`` is missing or wrong; ``str()`` names the file, the key and the fix."""
 
@@ -120,6 +141,8 @@ class CoordinatorConfig:
     profiles: Mapping[str, Profile]
     # (fleet, series) -> most GPUs of that Series Jobs may hold at once in that Fleet.
     quotas: Mapping[tuple[str, str], int] = attrs.field(factory=dict)
+    node_credential_lifetime_s: int = DEFAULT_NODE_CREDENTIAL_LIFETIME_S
+    user_token_lifetime_s: int = DEFAULT_USER_TOKEN_LIFETIME_S
     limits: Limits = attrs.field(factory=Limits)
 
 
@@ -150,7 +173,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc}). Fix the syntax.") from None
-    _check_keys(raw, {"series", "profiles", "quota", "limits"}, "<top level>", path)
+    _check_keys(raw, {"series", "profiles", "quota", "credentials", "limits"}, "<top level>", path)
     series: dict[str, Series] = {}
     for name, table in raw.get("series", {}).items():
         where = f"series.{name}"
@@ -189,12 +212,39 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
             gpus_per_member=gpm,
             env=dict(env),
         )
+    node_lifetime, user_lifetime = _lifetimes(raw.get("credentials", {}), path)
     return CoordinatorConfig(
         series=series,
         profiles=profiles,
         quotas=_quotas(raw.get("quota", {}), series, path),
+        node_credential_lifetime_s=node_lifetime,
+        user_token_lifetime_s=user_lifetime,
         limits=_limits(raw.get("limits", {}), path),
     )
+
+
+def _lifetimes(table: Any, path: Path) -> tuple[int, int]:
+    """``[credentials]``: ``node_lifetime`` and ``user_token_lifetime`` as durations."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: credentials must be a table ([credentials]).")
+    _check_keys(table, {"node_lifetime", "user_token_lifetime"}, "credentials", path)
+    found = []
+    for key, default in (
+        ("node_lifetime", DEFAULT_NODE_CREDENTIAL_LIFETIME_S),
+        ("user_token_lifetime", DEFAULT_USER_TOKEN_LIFETIME_S),
+    ):
+        if key not in table:
+            found.append(default)
+            continue
+        value = table[key]
+        seconds = parse_duration(value) if isinstance(value, str) else None
+        if seconds is None:
+            raise ConfigError(
+                f"{path}: [credentials] {key} = {value!r} is not a duration. Write a whole "
+                'number and a unit in quotes: "30s", "15m", "12h" or "30d".'
+            )
+        found.append(seconds)
+    return found[0], found[1]
 
 
 def _limits(table: Any, path: Path) -> Limits:

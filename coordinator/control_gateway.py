@@ -14,6 +14,10 @@ Rules:
 - Dead peers are found by silence, not TCP: nothing heard for ``heartbeat_timeout`` closes the
   stream. Whatever ends a stream, the Node is recorded ``disconnected`` and its members
   ``unknown`` (never failed) - unless a newer stream of the same Node already replaced it.
+- Control credentials expire and rotate (:mod:`~tuneplane.coordinator.store_identity`): Welcome
+  says when the stream's credential expires; a CredentialRenewal gets a successor that works
+  beside the old one until the Node says CredentialStored or connects with it. A revoked or
+  expired credential is refused before Hello is read.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import StreamTerminatedError
 
-from tuneplane.coordinator import wire
+from tuneplane.coordinator import store_identity, wire
 from tuneplane.coordinator.auth import (
+    DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
     NODE_PREFIX,
     AuthError,
+    CredentialLife,
     PermissionDenied,
     bearer_token,
+    check_node_credential,
     hash_credential,
     new_credential,
 )
@@ -81,10 +88,14 @@ class ControlGateway:
         logs: LogStore | None = None,
         *,
         heartbeats: HeartbeatBook,
+        credential_lifetime_s: int = DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
         enroll_limit: PeerRateLimit | None = None,
     ) -> None:
         # Enroll is the one call anyone may make: each address gets a token bucket.
         self._enroll_limit = enroll_limit if enroll_limit is not None else PeerRateLimit(0, 0)
+        self._credential_lifetime_ms = credential_lifetime_s * 1000
+        # node id -> (request id, hash) of the successor credential handed out on its stream.
+        self._issued: dict[str, tuple[int, str]] = {}
         self._logs = logs
         self._heartbeats = heartbeats
         self._store = store
@@ -125,21 +136,50 @@ class ControlGateway:
                     "EnrollRequest.join_token is empty. Pass the join token from "
                     "`tuneplane-coordinator token create` to `tuneplane-node enroll`."
                 )
-            node_id = "node-" + secrets.token_hex(8)
             credential = new_credential(NODE_PREFIX)
             inventory = wire.inventory(request.inventory, request.hostname)
-            fleet = await self._store.enroll(
-                hash_credential(request.join_token),
-                node_id,
-                inventory,
-                hash_credential(credential),
-                now_ms(),
-            )
+            now = now_ms()
+            expires = now + self._credential_lifetime_ms
+            if request.node_id:
+                # Re-enrolment: the same Node (its id, proven by a join token of its Fleet that
+                # the operator issued for it) gets a new credential and keeps its members.
+                node_id = request.node_id
+                fleet = await store_identity.reenroll(
+                    self._store,
+                    hash_credential(request.join_token),
+                    node_id,
+                    inventory,
+                    hash_credential(credential),
+                    expires,
+                    now,
+                )
+                self._issued.pop(node_id, None)
+                self._registry.end(node_id, "the Node was re-enrolled; its old credential is void")
+            else:
+                node_id = "node-" + secrets.token_hex(8)
+                fleet = await self._store.enroll(
+                    hash_credential(request.join_token),
+                    node_id,
+                    inventory,
+                    hash_credential(credential),
+                    now,
+                    expires,
+                )
             log.info(
-                "node enrolled node=%s fleet=%s hostname=%s", node_id, fleet, inventory.hostname
+                "node enrolled node=%s fleet=%s hostname=%s again=%s",
+                node_id,
+                fleet,
+                inventory.hostname,
+                bool(request.node_id),
             )
             await stream.send_message(
-                v1.EnrollReply(node_id=node_id, fleet=fleet, node_credential=credential)
+                v1.EnrollReply(
+                    node_id=node_id,
+                    fleet=fleet,
+                    node_credential=credential,
+                    credential_issued_at_ms=now,
+                    credential_expires_at_ms=expires,
+                )
             )
 
     async def _with_credentials(self, orders: list[Order]) -> list[Order]:
@@ -148,20 +188,38 @@ class ControlGateway:
             return orders
         return await self._collectors.attach(orders, now_ms())
 
-    async def _authenticate(self, stream: Any) -> NodeRecord:
+    async def _authenticate(self, stream: Any) -> tuple[NodeRecord, CredentialLife]:
         token = bearer_token(stream.metadata.items() if stream.metadata else ())
         if is_collector_credential(token):
             raise PermissionDenied(
                 "a collector credential opens only the telemetry gateway, never the control "
                 "gateway. Connect with the Node's control credential (credentials/control.token)."
             )
-        node = await self._store.node_for_credential(hash_credential(token))
-        if node is None:
+        credential_hash = hash_credential(token)
+        match = await store_identity.node_for_credential(self._store, credential_hash)
+        if match is None:
             raise AuthError(
                 "this Node is not enrolled with this coordinator (its control credential is "
-                "unknown). Enroll it again with `tuneplane-node enroll` and a new join token."
+                "unknown: never issued, or retired by a rotation or a re-enrolment). Re-enroll "
+                "it with `tuneplane-node enroll --re-enroll` and a new join token."
             )
-        return node
+        now = now_ms()
+        check_node_credential(match.node.id, match.life, now)
+        life = match.life
+        if match.is_next:
+            # Connecting with the successor proves the Node stored it: the old one retires.
+            confirmed = await store_identity.confirm_rotation(
+                self._store, match.node.id, credential_hash, now, "Connect"
+            )
+            life = confirmed or life
+            log.info("node credential rotated node=%s via=Connect", match.node.id)
+        if life.expires_at_ms is None:
+            # Issued before credentials expired: its lifetime starts now, and the Node renews it.
+            life = CredentialLife(now, now + self._credential_lifetime_ms)
+            await store_identity.start_lifetime(
+                self._store, match.node.id, now, life.expires_at_ms or 0
+            )
+        return match.node, life
 
     async def _hello(self, stream: Any, node: NodeRecord) -> v1.Hello:
         with anyio.move_on_after(self._timeout):
@@ -191,7 +249,7 @@ class ControlGateway:
 
     async def _connect(self, stream: Any) -> None:
         with wire.grpc_errors():
-            node = await self._authenticate(stream)
+            node, life = await self._authenticate(stream)
             hello = await self._hello(stream, node)
             session = NodeSession.create(node.id, _peer(stream), now_ms())
             replaced = self._registry.attach(session)
@@ -202,7 +260,7 @@ class ControlGateway:
             log.info("control stream opened node=%s agent=%s", node.id, hello.agent_version)
             try:
                 with session.scope:
-                    await self._run_session(stream, session, node, hello)
+                    await self._run_session(stream, session, node, hello, life)
             finally:
                 with anyio.CancelScope(shield=True):
                     if self._registry.detach(session):
@@ -219,7 +277,12 @@ class ControlGateway:
                 raise GRPCError(Status.UNAVAILABLE, session.close_reason)
 
     async def _run_session(
-        self, stream: Any, session: NodeSession, node: NodeRecord, hello: v1.Hello
+        self,
+        stream: Any,
+        session: NodeSession,
+        node: NodeRecord,
+        hello: v1.Hello,
+        life: CredentialLife,
     ) -> None:
         connected_at = now_ms()
         orders = await self._store.node_connected(
@@ -241,6 +304,8 @@ class ControlGateway:
                     heartbeat_interval_ms=int(self._interval * 1000),
                     heartbeat_timeout_ms=int(self._timeout * 1000),
                     server_time_ms=now_ms(),
+                    credential_issued_at_ms=life.issued_at_ms or 0,
+                    credential_expires_at_ms=life.expires_at_ms or 0,
                 )
             )
         )
@@ -356,5 +421,43 @@ class ControlGateway:
             order = await self._store.decision_for(node_id, wire.member_key(body.member))
             if order is not None:
                 self._registry.dispatch(await self._with_credentials([order]))
+        elif isinstance(body, v1.CredentialRenewal):
+            await self._renew(node_id, body.request_id, now)
+        elif isinstance(body, v1.CredentialStored):
+            issued = self._issued.get(node_id)
+            if issued is not None and issued[0] == body.request_id:
+                del self._issued[node_id]
+                confirmed = await store_identity.confirm_rotation(
+                    self._store, node_id, issued[1], now, "CredentialStored"
+                )
+                log.info(
+                    "node credential rotated node=%s via=CredentialStored applied=%s",
+                    node_id,
+                    confirmed is not None,
+                )
         else:
             log.warning("unexpected message on control stream node=%s kind=%s", node_id, kind)
+
+    async def _renew(self, node_id: str, request_id: int, now: int) -> None:
+        """Hand out a successor credential; the old one keeps working until it is confirmed."""
+        credential = new_credential(NODE_PREFIX)
+        expires = now + self._credential_lifetime_ms
+        credential_hash = hash_credential(credential)
+        # Recorded before it is sent: a Node that stores it and then crashes can use it.
+        if not await store_identity.issue_next_credential(
+            self._store, node_id, credential_hash, now, expires
+        ):
+            return
+        self._issued[node_id] = (request_id, credential_hash)
+        log.info("node credential issued node=%s request_id=%d", node_id, request_id)
+        self._registry.send(
+            node_id,
+            v1.CoordinatorMessage(
+                credential_issued=v1.CredentialIssued(
+                    request_id=request_id,
+                    node_credential=credential,
+                    credential_issued_at_ms=now,
+                    credential_expires_at_ms=expires,
+                )
+            ),
+        )

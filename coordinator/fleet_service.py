@@ -20,8 +20,8 @@ import attrs
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
-from tuneplane.coordinator import store_fleet
-from tuneplane.coordinator.auth import AuthError, PermissionDenied, bearer_token, hash_credential
+from tuneplane.coordinator import store_fleet, store_identity
+from tuneplane.coordinator.auth import PermissionDenied, bearer_token, hash_credential
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.fleetviews import FleetView, NodeView, UserView
 from tuneplane.coordinator.heartbeats import HeartbeatBook
@@ -40,13 +40,7 @@ MAX_REASON = 500
 async def caller(store: Store, stream: Any) -> UserView:
     """The user whose token this call carries, or :class:`AuthError`."""
     token = bearer_token(stream.metadata.items() if stream.metadata else ())
-    user = await store_fleet.user_for_token(store, hash_credential(token))
-    if user is None:
-        raise AuthError(
-            "this token is not a user token of this coordinator. Use the token from "
-            "`tuneplane-coordinator user create`, or the token file named in your tp context."
-        )
-    return user
+    return await store_identity.authenticate_user(store, hash_credential(token), now_ms())
 
 
 def inventory_message(inv: InventoryInfo) -> v1.Inventory:
@@ -104,6 +98,9 @@ def node_message(node: NodeView) -> v1.Node:
             )
             for m in node.members
         ],
+        credential_issued_at_ms=node.credential_issued_at_ms,
+        credential_expires_at_ms=node.credential_expires_at_ms,
+        revoked_at_ms=node.revoked_at_ms,
     )
 
 

@@ -75,3 +75,7 @@ class Node:
     cuda_version: str
     gpus: tuple[Gpu, ...]
     members: tuple[NodeMember, ...]
+    # The control credential's lifetime (epoch ms; 0: none recorded) and when it was revoked.
+    credential_issued_at_ms: int = 0
+    credential_expires_at_ms: int = 0
+    revoked_at_ms: int = 0

@@ -62,6 +62,10 @@ class NodeView:
     # GPU index -> the member whose reservation holds it.
     held_by: Mapping[int, MemberKey]
     members: tuple[NodeMemberView, ...]
+    # The control credential's lifetime (epoch ms; 0: none recorded) and when it was revoked.
+    credential_issued_at_ms: int = 0
+    credential_expires_at_ms: int = 0
+    revoked_at_ms: int = 0
 
 
 @attrs.frozen

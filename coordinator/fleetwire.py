@@ -79,4 +79,7 @@ def node_from_wire(msg: v1.Node) -> Node:
             )
             for m in msg.members
         ),
+        credential_issued_at_ms=msg.credential_issued_at_ms,
+        credential_expires_at_ms=msg.credential_expires_at_ms,
+        revoked_at_ms=msg.revoked_at_ms,
     )

@@ -181,6 +181,26 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX attempts_by_decision ON attempts (decision, prepare_deadline_ms)",
         ),
     ),
+    (
+        5,
+        (
+            # Credentials that expire and can be revoked (hashes only, never values). A Node's
+            # credential has a lifetime; during a rotation the issued-but-unconfirmed successor
+            # sits in next_credential_* and both work until the Node proves it holds the new one.
+            # NULL expiry: issued before credentials expired; its lifetime starts at next Connect.
+            "ALTER TABLE nodes ADD COLUMN credential_issued_at_ms BIGINT",
+            "ALTER TABLE nodes ADD COLUMN credential_expires_at_ms BIGINT",
+            "ALTER TABLE nodes ADD COLUMN next_credential_hash TEXT",
+            "ALTER TABLE nodes ADD COLUMN next_credential_issued_at_ms BIGINT",
+            "ALTER TABLE nodes ADD COLUMN next_credential_expires_at_ms BIGINT",
+            "ALTER TABLE nodes ADD COLUMN revoked_at_ms BIGINT",
+            "CREATE UNIQUE INDEX nodes_by_next_credential ON nodes (next_credential_hash)",
+            # A user token expires (NULL: never, as for the admin token init writes) and can be
+            # revoked; both are checked on every call.
+            "ALTER TABLE users ADD COLUMN expires_at_ms BIGINT",
+            "ALTER TABLE users ADD COLUMN revoked_at_ms BIGINT",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -31,6 +31,7 @@ from tuneplane.coordinator.config import Limits, load_config
 from tuneplane.coordinator.control_gateway import ControlGateway
 from tuneplane.coordinator.fleet_service import FleetService
 from tuneplane.coordinator.heartbeats import HeartbeatBook, HeartbeatFlusher
+from tuneplane.coordinator.identity_api import IdentityApi
 from tuneplane.coordinator.lifecycle_api import LifecycleApi
 from tuneplane.coordinator.message_limits import bounded_handlers
 from tuneplane.coordinator.metrics_api import MetricsApi
@@ -180,8 +181,10 @@ async def serve(opts: ServeOptions) -> None:
             collectors,
             log_store,
             heartbeats=heartbeats,
+            credential_lifetime_s=config.node_credential_lifetime_s,
             enroll_limit=PeerRateLimit(config.limits.enroll_burst, config.limits.enroll_per_second),
         )
+        identity = IdentityApi(store, registry)
         lifecycle = LifecycleApi(store, log_store, registry, scheduler.wake)
         telemetry = TelemetryGateway(store, collectors)
         metrics = MetricsApi(store, telemetry_store)
@@ -191,7 +194,7 @@ async def serve(opts: ServeOptions) -> None:
                 api_addr = await tg.start(
                     _run_listener,
                     "api",
-                    _bounded("api", [api, fleets, metrics, lifecycle], config.limits),
+                    _bounded("api", [api, fleets, metrics, lifecycle, identity], config.limits),
                     opts.host,
                     opts.api_port,
                     ctx,

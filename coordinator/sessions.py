@@ -87,6 +87,15 @@ class SessionRegistry:
             return True
         return False
 
+    def end(self, node_id: str, reason: str) -> bool:
+        """Close the Node's live session now (revoked, re-enrolled); False when it had none."""
+        session = self._sessions.get(node_id)
+        if session is None:
+            return False
+        log.info("control stream ended node=%s why=%s", node_id, reason)
+        session.close(reason)
+        return True
+
     def is_connected(self, node_id: str) -> bool:
         return node_id in self._sessions
 

@@ -178,10 +178,6 @@ class Store(SqliteFile):
 
         await self._shielded(work())
 
-    async def user_for_token(self, token_hash: str) -> str | None:
-        row = await _first(self._db, "SELECT name FROM users WHERE token_hash = ?", (token_hash,))
-        return None if row is None else str(row[0])
-
     # ----- nodes -------------------------------------------------------------------------------
 
     async def enroll(
@@ -191,41 +187,17 @@ class Store(SqliteFile):
         inventory: InventoryInfo,
         credential_hash: str,
         now: int,
+        credential_expires_at_ms: int | None = None,
     ) -> str:
         """Spend a join token on a new Node; returns its Fleet. Raises :class:`EnrollRefused`."""
 
         async def work() -> str:
             async with self._txn() as db:
-                rows = list(
-                    await db.execute_fetchall(
-                        "SELECT fleet, expires_at_ms, used_at_ms FROM join_tokens "
-                        "WHERE token_hash = ?",
-                        (join_token_hash,),
-                    )
-                )
-                if not rows:
-                    raise EnrollRefused(
-                        "this join token is not known to the coordinator. Ask the coordinator's "
-                        "operator for a new one (`tuneplane-coordinator token create`)."
-                    )
-                fleet, expires, used = rows[0]
-                if used is not None:
-                    raise EnrollRefused(
-                        "this join token was already used to enroll a Node; a join token works "
-                        "once. Create a new one with `tuneplane-coordinator token create`."
-                    )
-                if int(expires) <= now:
-                    raise EnrollRefused(
-                        "this join token has expired. Create a new one with "
-                        "`tuneplane-coordinator token create --ttl <duration>`."
-                    )
-                await db.execute(
-                    "UPDATE join_tokens SET used_at_ms = ?, used_by_node = ? WHERE token_hash = ?",
-                    (now, node_id, join_token_hash),
-                )
+                fleet = await self.spend_join_token(db, join_token_hash, node_id, now)
                 await db.execute(
                     "INSERT INTO nodes (id, fleet, hostname, inventory_json, credential_hash, "
-                    "enrolled_at_ms, disconnected_since_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "enrolled_at_ms, disconnected_since_ms, credential_issued_at_ms, "
+                    "credential_expires_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         node_id,
                         fleet,
@@ -234,6 +206,8 @@ class Store(SqliteFile):
                         credential_hash,
                         now,
                         now,
+                        now,
+                        credential_expires_at_ms,
                     ),
                 )
                 await self._log(
@@ -243,9 +217,41 @@ class Store(SqliteFile):
                     {"fleet": fleet, "hostname": inventory.hostname},
                     node_id=node_id,
                 )
-                return str(fleet)
+                return fleet
 
         return await self._shielded(work())
+
+    async def spend_join_token(
+        self, db: aiosqlite.Connection, join_token_hash: str, node_id: str, now: int
+    ) -> str:
+        """Inside a transaction: mark a join token used by ``node_id``; returns its Fleet."""
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT fleet, expires_at_ms, used_at_ms FROM join_tokens WHERE token_hash = ?",
+                (join_token_hash,),
+            )
+        )
+        if not rows:
+            raise EnrollRefused(
+                "this join token is not known to the coordinator. Ask the coordinator's "
+                "operator for a new one (`tuneplane-coordinator token create`)."
+            )
+        fleet, expires, used = rows[0]
+        if used is not None:
+            raise EnrollRefused(
+                "this join token was already used to enroll a Node; a join token works "
+                "once. Create a new one with `tuneplane-coordinator token create`."
+            )
+        if int(expires) <= now:
+            raise EnrollRefused(
+                "this join token has expired. Create a new one with "
+                "`tuneplane-coordinator token create --ttl <duration>`."
+            )
+        await db.execute(
+            "UPDATE join_tokens SET used_at_ms = ?, used_by_node = ? WHERE token_hash = ?",
+            (now, node_id, join_token_hash),
+        )
+        return str(fleet)
 
     async def node_for_credential(self, credential_hash: str) -> NodeRecord | None:
         rows = list(

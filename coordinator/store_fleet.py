@@ -74,7 +74,8 @@ async def _node_rows(store: Store, fleet: str, node_id: str) -> list[Any]:
     return await _rows(
         store,
         "SELECT id, fleet, hostname, inventory_json, scheduling, connected, last_heartbeat_ms, "
-        f"disconnected_since_ms, enrolled_at_ms FROM nodes {where} ORDER BY fleet, id",
+        "disconnected_since_ms, enrolled_at_ms, credential_issued_at_ms, "
+        f"credential_expires_at_ms, revoked_at_ms FROM nodes {where} ORDER BY fleet, id",
         args,
     )
 
@@ -142,6 +143,9 @@ async def node_views(store: Store, fleet: str = "", node_id: str = "") -> list[N
                 enrolled_at_ms=int(r[8]),
                 held_by=held.get(nid, {}),
                 members=tuple(members.get(nid, ())),
+                credential_issued_at_ms=int(r[9] or 0),
+                credential_expires_at_ms=int(r[10] or 0),
+                revoked_at_ms=int(r[11] or 0),
             )
         )
     return views
@@ -435,26 +439,32 @@ async def mark_drained(store: Store, now: int) -> list[str]:
 # ----- users ------------------------------------------------------------------------------------
 
 
-async def create_user(store: Store, name: str, token_hash: str, role: str, now: int) -> None:
+async def create_user(
+    store: Store,
+    name: str,
+    token_hash: str,
+    role: str,
+    now: int,
+    expires_at_ms: int | None = None,
+) -> None:
     async def work() -> None:
         async with store._txn() as db:
             rows = await db.execute_fetchall("SELECT 1 FROM users WHERE name = ?", (name,))
             if list(rows):
                 raise Conflict(f"the user {name!r} already exists. Pick another name.")
             await db.execute(
-                "INSERT INTO users (name, token_hash, role, created_at_ms) VALUES (?, ?, ?, ?)",
-                (name, token_hash, role, now),
+                "INSERT INTO users (name, token_hash, role, created_at_ms, expires_at_ms) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (name, token_hash, role, now, expires_at_ms),
             )
-            await store._log(db, now, "user created", {"user": name, "role": role})
+            await store._log(
+                db,
+                now,
+                "user created",
+                {"user": name, "role": role, "expires_at_ms": expires_at_ms},
+            )
 
     await store._shielded(work())
-
-
-async def user_for_token(store: Store, token_hash: str) -> UserView | None:
-    rows = await _rows(
-        store, "SELECT name, role, created_at_ms FROM users WHERE token_hash = ?", (token_hash,)
-    )
-    return UserView(str(rows[0][0]), str(rows[0][1]), int(rows[0][2])) if rows else None
 
 
 async def users(store: Store) -> list[UserView]:

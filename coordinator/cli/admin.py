@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Awaitable, Callable
@@ -20,10 +21,13 @@ import anyio
 import attrs
 import click
 
-from tuneplane.coordinator import store_fleet
+from tuneplane.coordinator import store_fleet, store_identity
+from tuneplane.coordinator.apiclient import ApiClient
+from tuneplane.coordinator.apimodel import ApiError
 from tuneplane.coordinator.auth import JOIN_PREFIX, USER_PREFIX, hash_credential, new_credential
+from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
 from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.config import ConfigError, load_config
+from tuneplane.coordinator.config import ConfigError, load_config, parse_duration
 from tuneplane.coordinator.decisions import (
     DecisionLogError,
     format_row,
@@ -32,16 +36,29 @@ from tuneplane.coordinator.decisions import (
 )
 from tuneplane.coordinator.fleetviews import FleetView, UserView
 from tuneplane.coordinator.server import ServeError, ServeOptions, serve
-from tuneplane.coordinator.state_dir import StateDirError, initialise, require_initialised
+from tuneplane.coordinator.state_dir import (
+    ENDPOINTS,
+    TP_CONTEXT,
+    StateDirError,
+    initialise,
+    require_initialised,
+)
 from tuneplane.coordinator.store import Store, StoreError, db_path
 from tuneplane.coordinator.tls import TlsError
 
 T = TypeVar("T")
-_DURATION = re.compile(r"^(\d+)([smhd])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _FLEET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _USER_NAME = _FLEET_NAME
-_ERRORS = (StateDirError, StoreError, ConfigError, TlsError, ServeError, DecisionLogError)
+_ERRORS = (
+    StateDirError,
+    StoreError,
+    ConfigError,
+    TlsError,
+    ServeError,
+    DecisionLogError,
+    ApiError,
+    ConnectionConfigError,
+)
 
 state_dir_option = click.option(
     "--state-dir",
@@ -58,15 +75,15 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         raise click.ClickException(str(exc)) from None
 
 
-def parse_ttl(text: str) -> int:
+def parse_ttl(text: str, option: str = "--ttl") -> int:
     """``30s``, ``15m``, ``1h``, ``7d`` -> seconds."""
-    match = _DURATION.match(text.strip())
-    if not match or int(match.group(1)) == 0:
+    seconds = parse_duration(text)
+    if seconds is None:
         raise click.BadParameter(
             f"{text!r} is not a duration. Write a whole number and a unit: 30s, 15m, 1h or 7d.",
-            param_hint="--ttl",
+            param_hint=option,
         )
-    return int(match.group(1)) * _UNITS[match.group(2)]
+    return seconds
 
 
 @click.group()
@@ -258,12 +275,23 @@ def user() -> None:
     """Users: who may call the API. Each has a token; Jobs record the user who committed them."""
 
 
+_expires_in_option = click.option(
+    "--expires-in",
+    default=None,
+    help="How long the token works: 30m, 12h, 90d, or never (default: coordinator.toml's "
+    "[credentials] user_token_lifetime, 90d unless set).",
+)
+
+
 @user.command(name="create")
 @click.argument("name")
 @state_dir_option
 @click.option("--admin", "is_admin", is_flag=True, help="May cordon, uncordon and drain Nodes.")
+@_expires_in_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the token.")
-def user_create(name: str, state_dir: Path, is_admin: bool, as_json: bool) -> None:
+def user_create(
+    name: str, state_dir: Path, is_admin: bool, expires_in: str | None, as_json: bool
+) -> None:
     """Create the user NAME and print their token (shown once, stored only hashed)."""
     if not _USER_NAME.match(name):
         raise click.BadParameter(
@@ -272,15 +300,77 @@ def user_create(name: str, state_dir: Path, is_admin: bool, as_json: bool) -> No
         )
     secret = new_credential(USER_PREFIX)
     role = "admin" if is_admin else "researcher"
+    now = now_ms()
+    expires = _token_expiry(state_dir, expires_in, now)
 
     async def work(store: Store) -> None:
-        await store_fleet.create_user(store, name, hash_credential(secret), role, now_ms())
+        await store_fleet.create_user(store, name, hash_credential(secret), role, now, expires)
 
     _run(_with_store, state_dir, work)
+    _print_token(name, role, secret, expires, as_json)
+
+
+def _token_expiry(state_dir: Path, expires_in: str | None, now: int) -> int | None:
+    """When a new user token expires: ``--expires-in``, else coordinator.toml's lifetime."""
+    if expires_in == "never":
+        return None
+    if expires_in is None:
+        seconds = _run_sync(load_config, state_dir).user_token_lifetime_s
+    else:
+        seconds = parse_ttl(expires_in, "--expires-in")
+    return now + seconds * 1000
+
+
+def _print_token(name: str, role: str, secret: str, expires: int | None, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps({"user": name, "role": role, "token": secret}, sort_keys=True))
+        click.echo(
+            json.dumps(
+                {"user": name, "role": role, "token": secret, "expires_at_ms": expires},
+                sort_keys=True,
+            )
+        )
     else:
         click.echo(secret)
+
+
+@user.command(name="token")
+@click.argument("name")
+@state_dir_option
+@_expires_in_option
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the token.")
+def user_token(name: str, state_dir: Path, expires_in: str | None, as_json: bool) -> None:
+    """Give the user NAME a new token (printed once); their old token stops working at once."""
+    secret = new_credential(USER_PREFIX)
+    now = now_ms()
+    expires = _token_expiry(state_dir, expires_in, now)
+
+    async def work(store: Store) -> str:
+        await store_identity.issue_user_token(
+            store, name, hash_credential(secret), expires, "admin CLI", now
+        )
+        return next(u.role for u in await store_fleet.users(store) if u.name == name)
+
+    role = _run(_with_store, state_dir, work)
+    _print_token(name, role, secret, expires, as_json)
+
+
+@user.command(name="revoke")
+@click.argument("name")
+@state_dir_option
+def user_revoke(name: str, state_dir: Path) -> None:
+    """Revoke the user NAME's token: every call with it is refused from the next one on."""
+
+    async def work(store: Store) -> bool:
+        return await store_identity.revoke_user(store, name, "admin CLI", now_ms())
+
+    changed = _run(_with_store, state_dir, work)
+    if changed:
+        click.echo(
+            f"Revoked the token of user {name}. Give them a new one with "
+            f"`tuneplane-coordinator user token {name}`."
+        )
+    else:
+        click.echo(f"The token of user {name} was already revoked; nothing changed.")
 
 
 @user.command(name="ls")
@@ -298,6 +388,62 @@ def user_ls(state_dir: Path, as_json: bool) -> None:
         return
     for u in found:
         click.echo(f"{u.name}  role={u.role}")
+
+
+@main.group()
+def node() -> None:
+    """Nodes: revoke a Node's control credential."""
+
+
+@node.command(name="revoke")
+@click.argument("node_id")
+@state_dir_option
+@click.option("--reason", default="", help="Why; recorded in the decision log.")
+def node_revoke(node_id: str, state_dir: Path, reason: str) -> None:
+    """Revoke NODE_ID: end its live control stream now and refuse its credential from then on.
+
+    With the coordinator serving, this goes through its API (admin token), which records the
+    decision and ends the stream at once; when it is not serving, the store is written directly.
+    """
+    state_dir = state_dir.absolute()
+    _run_sync(require_initialised, state_dir)
+    live = _serving_pid(state_dir)
+    if live:
+        endpoint = _run_sync(resolve_connection, state_dir / TP_CONTEXT, None, None, None)
+
+        async def call() -> None:
+            async with ApiClient(endpoint) as api:
+                await api.revoke_node(node_id, reason or "revoked by the operator")
+
+        _run(call)
+        click.echo(
+            f"Revoked Node {node_id}: its control stream is ended and its credential refused. "
+            "To use the machine again, run `tuneplane-node enroll --re-enroll` there with a new "
+            "join token."
+        )
+        return
+
+    async def work(store: Store) -> bool:
+        return await store_identity.revoke_node(
+            store, node_id, "admin CLI", reason or "revoked by the operator", now_ms()
+        )
+
+    changed = _run(_with_store, state_dir, work)
+    click.echo(
+        (f"Revoked Node {node_id}" if changed else f"Node {node_id} was already revoked")
+        + " (the coordinator is not serving, so no live stream needed ending). To use the "
+        "machine again, run `tuneplane-node enroll --re-enroll` there with a new join token."
+    )
+
+
+def _serving_pid(state_dir: Path) -> int:
+    """The pid of a ``serve`` running on this state directory (its endpoints.json), or 0."""
+    try:
+        pid = int(json.loads((state_dir / ENDPOINTS).read_text(encoding="utf-8"))["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return pid
 
 
 @main.command()

@@ -39,6 +39,18 @@ def control(node: Node, now_ms: int) -> str:
     return "disconnected"
 
 
+def credential(node: Node, now_ms: int) -> str:
+    """The control credential's state: revoked, expired, or when it expires (never its value)."""
+    if node.revoked_at_ms:
+        return f"REVOKED at {when(node.revoked_at_ms)} (re-enroll the Node to use it again)"
+    if not node.credential_expires_at_ms:
+        return "no expiry recorded (set at its next connection)"
+    if node.credential_expires_at_ms <= now_ms:
+        return f"EXPIRED at {when(node.credential_expires_at_ms)} (re-enroll the Node)"
+    issued = ago(node.credential_issued_at_ms, now_ms)
+    return f"expires {when(node.credential_expires_at_ms)}, issued {issued}"
+
+
 def _capacity_text(c: SeriesCapacity) -> str:
     text = f"{c.series} {c.free} free/{c.healthy} healthy"
     if c.healthy != c.total:
@@ -161,6 +173,7 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
                 ("Control", control(node, now_ms)),
                 ("Last heartbeat", ago(node.last_heartbeat_ms, now_ms)),
                 ("Enrolled", when(node.enrolled_at_ms)),
+                ("Credential", credential(node, now_ms)),
                 ("CPUs", str(node.cpu_count or "-")),
                 ("Memory", _bytes(node.memory_bytes)),
                 (
