@@ -60,8 +60,12 @@ for name, path in targets.items():
                 found[name] = "READ " + fh.read(200).decode("utf-8", "replace")
     except OSError as exc:
         found[name] = "errno " + str(exc.errno)
+status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines()
+              if ":\t" in line)
 report = {"found": found, "env": dict(os.environ), "uid": os.getuid(), "gid": os.getgid(),
-          "groups": os.getgroups(), "cwd": os.getcwd()}
+          "groups": os.getgroups(), "cwd": os.getcwd(),
+          "no_new_privs": status["NoNewPrivs"].strip(), "cap_eff": status["CapEff"].strip(),
+          "cap_prm": status["CapPrm"].strip()}
 with open(os.path.join(os.environ["TUNEPLANE_OUT_DIR"], "attack.json"), "w") as fh:
     json.dump(report, fh)
 PY
@@ -186,6 +190,9 @@ def test_a_workload_reaches_nothing_of_the_node(
     assert lease["mode"] == "pool" and lease["account"] in agent.pool
     assert report["uid"] == lease["uid"] != 0 and report["uid"] != victim_lease["uid"]
     assert report["gid"] != 0 and 0 not in report["groups"]
+    # No capability left, and no exec can bring privileges back (setuid programs included).
+    assert report["no_new_privs"] == "1"
+    assert int(report["cap_eff"], 16) == 0 and int(report["cap_prm"], 16) == 0
     assert report["cwd"] == lease["work_dir"] and not lease["work_dir"].startswith(str(state))
     # Its environment is the allow-list, nothing of the agent's.
     names = set(report["env"])
@@ -271,3 +278,22 @@ def test_a_loader_variable_in_the_jobs_env_is_refused(
     assert not (Path(member["out_dir"]) / "ran").exists()
     assert not any(g["member"] == member["member"] for g in held_gpus(agent))
     assert (agent.state_dir / "credentials" / "control.token").read_bytes() == token_before
+
+
+def test_a_member_survives_an_agent_crash_and_is_reattached(
+    node: tuple[str, CoordinatorProcess, AgentProcess], tmp_path: Path
+) -> None:
+    _, coord, agent = node
+    run_id = _submit(coord, _project(coord, tmp_path / "p", {"train.sh": WAITS_FOR_GO}))
+    wait_state(coord, run_id, "running", 60)
+    member = _member(agent, run_id)
+    out, work = Path(member["out_dir"]), Path(_lease(agent, member)["work_dir"])
+    wait_until("the workload to start", lambda: (out / "up").exists(), 60)
+    agent.kill()
+    agent.start()
+    agent.wait_connected()
+    assert _member(agent, run_id)["state"] == "running"
+    assert job(coord, run_id)["state"] == "running"
+    (work / "go").touch()
+    done = wait_job(coord, run_id, 60)
+    assert done["state"] == "succeeded", done
