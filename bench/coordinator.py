@@ -93,8 +93,11 @@ class Coordinator:
         )
         config = self.state_dir / "coordinator.toml"
         # A Fleet with no Nodes: admitted bench Jobs stay queued and never touch the Nodes.
+        # Every bench Node enrolls from this one address: the per-address Enroll limit is off.
         config.write_text(
-            config.read_text() + '\n[profiles.bench]\nseries = "h200"\nfleet = "empty"\n'
+            config.read_text()
+            + '\n[profiles.bench]\nseries = "h200"\nfleet = "empty"\n'
+            + "\n[limits]\nenroll_burst = 0\n"
         )
         subprocess.run(
             [*ADMIN, "fleet", "create", "empty", "--state-dir", str(self.state_dir)],
