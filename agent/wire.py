@@ -28,7 +28,7 @@ from tuneplane.agent.adapter import run_aio
 from tuneplane.agent.inventory import Gpu, Inventory
 from tuneplane.agent.journal import MemberKey
 from tuneplane.agent.member_state import MemberState
-from tuneplane.coordinator.input_checks import InputRefused, check_message_text
+from tuneplane.coordinator.input_checks import InputRefused, check_message
 from tuneplane.coordinator.message_limits import AGENT_RECEIVE_BYTES, guard_client_reads
 from tuneplane.proto import v1
 
@@ -242,16 +242,17 @@ class UnknownMessage(WireError):
 
 
 def _refuse_bad_text(msg: v1.CoordinatorMessage, body: object) -> None:
-    """A NUL or lone surrogate in a string is refused here, naming the field.
+    """A field of the wrong type, or a NUL or lone surrogate in a string, is refused here.
 
     A Prepare's file names and JobSpec are Prepare's own to refuse (its PrepareReply says why
     and the Job is aborted); only the member it names must be usable to answer at all.
     """
     try:
         if isinstance(body, v1.Prepare):
-            check_message_text(body.member or v1.MemberRef())
+            check_message(msg, text=False)
+            check_message(body.member)
         else:
-            check_message_text(msg)
+            check_message(msg)
     except InputRefused as exc:
         raise UnknownMessage(
             f"The coordinator sent a message this agent cannot use: {exc} The message is skipped."

@@ -3,15 +3,14 @@
 Rules:
 - One function per rule, used on every side: :func:`check_file_name` is what ``tp`` applies when
   it collects an experiment, what the coordinator applies at Preview and what the agent applies
-  at Prepare; :func:`check_text` and :func:`check_message_text` are what every wire edge applies
-  to decoded strings; :func:`check_env` is the one rule for a JobSpec's environment.
+  at Prepare; :func:`check_text` and :func:`check_message` are what every wire edge applies
+  to decoded messages and strings; :func:`check_env` is the one rule for a JobSpec's environment.
 - Every refusal is an :class:`InputRefused` naming the field, what is wrong and how to fix it.
   Nothing here does I/O; callers wrap the refusal into their own error type.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import PurePosixPath
@@ -131,54 +130,106 @@ def check_env(name: str, value: str, field: str = "env") -> None:
 
 # -- decoded protocol messages --------------------------------------------------------------------
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
+# What a decoded field must hold, by proto type. betterproto decodes a field sent with the wrong
+# wire type (or a group) into the wrong Python type or None instead of refusing it.
+_PY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str,
+    "bytes": bytes,
+    "bool": bool,
+    "double": float,
+    "float": float,
+    "enum": int,
+    "message": betterproto.Message,
+    **{
+        kind: int
+        for kind in (
+            "int32", "int64", "uint32", "uint64", "sint32", "sint64",
+            "fixed32", "fixed64", "sfixed32", "sfixed64",
+        )
+    },
+}  # fmt: skip
+
+_Spec = tuple[tuple[str, str, bool, tuple[str, str] | None], ...]
+_SPECS: dict[type, _Spec] = {}
 
 
-def _field_names(cls: type) -> tuple[str, ...]:
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = tuple(f.name for f in dataclasses.fields(cls))
-        _FIELDS[cls] = names
-    return names
+def _spec(cls: type) -> _Spec:
+    """(name, proto type, repeated, map types) of every field of a generated class, cached."""
+    spec = _SPECS.get(cls)
+    if spec is None:
+        info: Any = getattr(cls, "_betterproto")  # noqa: B009 - betterproto's loose typing
+        spec = tuple(
+            (
+                name,
+                meta.proto_type,
+                isinstance(info.default_gen[name](), list),
+                meta.map_types,
+            )
+            for name, meta in info.meta_by_field_name.items()
+        )
+        _SPECS[cls] = spec
+    return spec
 
 
-def _strings(msg: betterproto.Message, path: str) -> Iterator[tuple[str, str]]:
-    """Every string in ``msg`` (map keys included) with its field path, depth first."""
-    for name in _field_names(type(msg)):
+def _value_problem(value: object, kind: str) -> str | None:
+    expected = _PY_TYPES.get(kind)
+    if expected is None or isinstance(value, expected):
+        return None
+    if kind in ("double", "float") and type(value) is int:
+        return None
+    return f"does not hold a valid {kind} (the bytes are not this message)"
+
+
+def _problems(msg: betterproto.Message, path: str, text: bool) -> Iterator[tuple[str, str]]:
+    """(field path, problem) for every field of ``msg`` of the wrong type or with bad text."""
+    for name, kind, repeated, map_types in _spec(type(msg)):
         try:
             value = getattr(msg, name)
         except AttributeError:
             continue  # a member of a oneof that another member holds
         where = f"{path}.{name}"
-        if isinstance(value, str):
-            yield where, value
-        elif isinstance(value, betterproto.Message):
-            if betterproto.serialized_on_wire(value):
-                yield from _strings(value, where)
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, str):
-                    yield f"{where}[{i}]", item
-                elif isinstance(item, betterproto.Message):
-                    yield from _strings(item, f"{where}[{i}]")
-        elif isinstance(value, dict):
+        if kind == "map":
+            if not isinstance(value, dict):
+                yield where, "does not hold a valid map (the bytes are not this message)"
+                continue
+            key_kind, value_kind = map_types or ("string", "string")
             for key, item in value.items():
-                if isinstance(key, str):
-                    yield f"{where} key", key
-                if isinstance(item, str):
-                    yield f"{where}[{key!r}]", item
+                problem = _value_problem(key, key_kind) or _value_problem(item, value_kind)
+                if problem is None and text and isinstance(key, str):
+                    problem = text_problem(key)
+                if problem is None and text and isinstance(item, str):
+                    problem = text_problem(item)
+                if problem is not None:
+                    yield f"{where}[{key!r}]", problem
                 elif isinstance(item, betterproto.Message):
-                    yield from _strings(item, f"{where}[{key!r}]")
+                    yield from _problems(item, f"{where}[{key!r}]", text)
+            continue
+        items = value if repeated else [value]
+        if repeated and not isinstance(value, list):
+            yield where, "does not hold a valid repeated field (the bytes are not this message)"
+            continue
+        for i, item in enumerate(items):
+            at = f"{where}[{i}]" if repeated else where
+            problem = _value_problem(item, kind)
+            if problem is None and text and isinstance(item, str):
+                problem = text_problem(item)
+            if problem is not None:
+                yield at, problem
+            elif isinstance(item, betterproto.Message) and (
+                repeated or betterproto.serialized_on_wire(item)
+            ):
+                yield from _problems(item, at, text)
 
 
-def check_message_text(msg: betterproto.Message) -> None:
-    """Refuse a decoded message with a NUL or lone surrogate in any string, naming the field."""
-    for where, value in _strings(msg, type(msg).__name__):
-        problem = text_problem(value)
-        if problem is not None:
-            raise InputRefused(
-                where, problem, "Send plain UTF-8 text without NUL characters in every field."
-            )
+def check_message(msg: betterproto.Message, *, text: bool = True) -> None:
+    """Refuse a decoded message with a field of the wrong type or, with ``text``, a string
+    holding a NUL or a lone surrogate; the :class:`InputRefused` names the field."""
+    for where, problem in _problems(msg, type(msg).__name__, text):
+        raise InputRefused(
+            where,
+            problem,
+            "Send a valid message: plain UTF-8 text without NUL characters in every field.",
+        )
 
 
 # -- decoded JSON -----------------------------------------------------------------------------

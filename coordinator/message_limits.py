@@ -9,7 +9,7 @@ Rules:
   (:data:`COUNT_RULES`).
 - A body larger than :data:`INLINE_DECODE_BYTES` is decoded in a worker thread, so no request
   holds the event loop for more than a few milliseconds; every decoded string is then checked
-  (:func:`~tuneplane.coordinator.input_checks.check_message_text`).
+  (:func:`~tuneplane.coordinator.input_checks.check_message`).
 - Bytes that are not the message they claim to be are INVALID_ARGUMENT, never an unknown error.
 
 grpclib has no hook between the length prefix and the body, so :func:`bounded_handlers` wraps each
@@ -30,7 +30,7 @@ import betterproto
 from grpclib import GRPCError
 from grpclib.const import Handler, Status
 
-from tuneplane.coordinator.input_checks import InputRefused, check_message_text
+from tuneplane.coordinator.input_checks import InputRefused, check_message
 from tuneplane.proto import v1
 
 M = TypeVar("M", bound=betterproto.Message)
@@ -177,7 +177,7 @@ def decode(data: bytes, message_type: type[M]) -> M:
             f"The {name} message cannot be decoded ({type(exc).__name__}); send a valid {name}.",
         ) from None
     try:
-        check_message_text(message)
+        check_message(message)
     except InputRefused as exc:
         raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
     return message

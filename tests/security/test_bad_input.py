@@ -9,27 +9,22 @@ agent keeps running; the real ``tp`` never uploads through a symbolic link.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import betterproto
 import pytest
 from grpclib import GRPCError
-from grpclib.const import Cardinality, Handler, Status
-from grpclib.server import Server
+from grpclib.const import Status
 
 from tests.coordinator.grpc_client import api_client, bearer, enroll, jobspec, open_channel
 from tests.security.raw_calls import call, frame
 from tests.support.agent import start_agent
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tuneplane.coordinator.tls import TlsPaths, server_context
 from tuneplane.coordinator.wire import grpc_errors
 from tuneplane.proto import v1
 
@@ -153,122 +148,45 @@ def test_an_unexpected_error_is_internal_with_an_id_that_is_in_the_log(
     assert f"error_id={error_id}" in caplog.text and "KeyError" in caplog.text
 
 
-class HostileControl:
-    """The control gateway of a coordinator that skips every check: it sends what it is given.
-
-    It answers Hello with Welcome, acks heartbeats and reports, sends ``orders`` and collects
-    the PrepareReplies; nothing else.
-    """
-
-    def __init__(self, orders: list[v1.CoordinatorMessage]) -> None:
-        self.orders = orders
-        self.replies: asyncio.Queue[v1.PrepareReply] = asyncio.Queue()
-        self.heartbeats = 0
-
-    def __mapping__(self) -> dict[str, Handler]:
-        return {
-            "/tuneplane.v1.Control/Connect": Handler(
-                self._connect, Cardinality.STREAM_STREAM, v1.NodeMessage, v1.CoordinatorMessage
-            )
-        }
-
-    async def _connect(self, stream: Any) -> None:
-        await stream.recv_message()  # Hello
-        now = int(time.time() * 1000)
-        welcome = v1.Welcome(
-            heartbeat_interval_ms=500,
-            heartbeat_timeout_ms=10_000,
-            server_time_ms=now,
-            credential_issued_at_ms=now,
-            credential_expires_at_ms=now + 86_400_000,
-        )
-        await stream.send_message(v1.CoordinatorMessage(welcome=welcome))
-        for order in self.orders:
-            await stream.send_message(order)
-        async for message in stream:
-            _, body = betterproto.which_one_of(message, "body")
-            if isinstance(body, v1.Heartbeat):
-                self.heartbeats += 1
-                ack = v1.HeartbeatAck(seq=body.seq)
-                await stream.send_message(v1.CoordinatorMessage(heartbeat_ack=ack))
-            elif isinstance(body, v1.MemberReport):
-                done = v1.ReportAck(report_seq=body.report_seq)
-                await stream.send_message(v1.CoordinatorMessage(report_ack=done))
-            elif isinstance(body, v1.PrepareReply):
-                self.replies.put_nowait(body)
-
-
-def _prepare(run_id: str, source_files: dict[str, str], capsule: dict[str, bytes]) -> Any:
-    spec = jobspec(gpus=1, profile="h200")
-    spec["source_files"] = source_files
-    spec["runtime_id"] = "host:bash"  # what admission resolves custom/custom to
-    return v1.CoordinatorMessage(
-        prepare=v1.Prepare(
-            member=v1.MemberRef(run_id=run_id, attempt=1, member_index=0),
-            jobspec_json=json.dumps(spec),
-            member_count=1,
-            gpu_indexes=[0],
-            capsule_files=capsule,
-            capsule_digests={
-                k: "sha256:" + hashlib.sha256(v).hexdigest() for k, v in capsule.items()
-            },
-        )
-    )
-
-
 def test_an_agent_refuses_a_prepare_with_a_nul_in_a_file_name_and_keeps_running(
     tmp_path: Path,
 ) -> None:
     """A real agent, enrolled with a real coordinator, then served by a stand-in on the same
-    address that sends what the real one never would: NUL in an experiment file name, in a
-    capsule file name, and in the run id itself."""
+    address (``hostile_control.py``) that sends what the real one never would: NUL in an
+    experiment file name, in a capsule file name, and in the run id itself."""
     coord = start_coordinator(tmp_path)
     agent = start_agent(tmp_path, coord, "node-a", simulate_gpus="h200:1")
     try:
         agent.wait_connected()
         host, _, port = coord.control.rpartition(":")
         coord.stop()
-        control = HostileControl(
-            [
-                _prepare("run-nul-source", {"a\x00b.sh": "AA=="}, {}),
-                _prepare("run-nul-capsule", {}, {"cap\x00sule.json": b"{}"}),
-                _prepare("run-\x00", {}, {}),
-            ]
-        )
-
-        async def scenario() -> list[v1.PrepareReply]:
-            server = Server([control])
-            await server.start(host, int(port), ssl=server_context(TlsPaths.under(coord.state_dir)))
-            try:
-                replies = [
-                    await asyncio.wait_for(control.replies.get(), timeout=60) for _ in range(2)
-                ]
-                # The third order is skipped; the session goes on: more heartbeats arrive.
-                seen = control.heartbeats
-                async with asyncio.timeout(30):
-                    while control.heartbeats < seen + 3:
-                        await asyncio.sleep(0.1)
-                return replies
-            finally:
-                server.close()
-                await server.wait_closed()
-
-        replies = asyncio.run(scenario())
-        by_run = {r.member.run_id: r for r in replies}
+        out = tmp_path / "hostile.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.security.hostile_control", host, port,
+             str(coord.state_dir), str(out)],
+            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+            timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(out.read_text())
+        by_run = {r["run_id"]: r for r in seen["replies"]}
         for run_id, named in (
             ("run-nul-source", "source_files"),
             ("run-nul-capsule", "capsule file name"),
         ):
-            assert not by_run[run_id].ok, by_run[run_id]
-            assert "NUL" in by_run[run_id].reason and named in by_run[run_id].reason, by_run
+            assert not by_run[run_id]["ok"], by_run
+            assert "NUL" in by_run[run_id]["reason"], by_run
+            assert named in by_run[run_id]["reason"], by_run
+        # The third order was skipped, and the session went on: heartbeats kept coming.
+        assert "run-\x00" not in by_run
+        assert seen["heartbeats_after"] >= 3, seen
         assert agent.alive(), agent.read_log()
         log = agent.read_log()
         assert "Traceback" not in log
         assert "MemberRef.run_id contains a NUL" in log
         # Nothing was written for the refused members (every name is checked before writing).
-        members = agent.state_dir / "members"
-        written = [p for p in members.rglob("*") if p.is_file()] if members.exists() else []
-        assert not [p for p in written if p.name.endswith(".sh")], written
+        written = [p.name for p in agent.state_dir.rglob("*.sh")]
+        assert written == [], written
     finally:
         agent.stop()
         coord.kill()

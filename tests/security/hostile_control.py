@@ -1,0 +1,116 @@
+"""A stand-in control gateway that skips every check, run as its own process by test_bad_input.
+
+Usage: ``python -m tests.security.hostile_control HOST PORT STATE_DIR OUT_JSON``. It serves TLS
+with the real coordinator's certificate (so a real agent connects to it), answers Hello with
+Welcome, acks heartbeats and reports, sends three Prepare orders no real coordinator would send
+(a NUL in an experiment file name, in a capsule file name, in the run id), and once two
+PrepareReplies and three more heartbeats have arrived writes what it saw to OUT_JSON and exits.
+A process of its own: asyncio servers and the agent's trio-asyncio cannot share a test process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import betterproto
+from grpclib.const import Cardinality, Handler
+from grpclib.server import Server
+
+from tests.coordinator.grpc_client import jobspec
+from tuneplane.coordinator.tls import TlsPaths, server_context
+from tuneplane.proto import v1
+
+RUN_FOR_S = 90.0
+
+
+def prepare(run_id: str, source_files: dict[str, str], capsule: dict[str, bytes]) -> Any:
+    spec = jobspec(gpus=1, profile="h200")
+    spec["source_files"] = source_files
+    spec["runtime_id"] = "host:bash"  # what admission resolves custom/custom to
+    digests = {k: "sha256:" + hashlib.sha256(v).hexdigest() for k, v in capsule.items()}
+    return v1.CoordinatorMessage(
+        prepare=v1.Prepare(
+            member=v1.MemberRef(run_id=run_id, attempt=1, member_index=0),
+            jobspec_json=json.dumps(spec),
+            member_count=1,
+            gpu_indexes=[0],
+            capsule_files=capsule,
+            capsule_digests=digests,
+        )
+    )
+
+
+ORDERS = [
+    prepare("run-nul-source", {"a\x00b.sh": "AA=="}, {}),
+    prepare("run-nul-capsule", {}, {"cap\x00sule.json": b"{}"}),
+    prepare("run-\x00", {}, {}),
+]
+
+
+class HostileControl:
+    def __init__(self) -> None:
+        self.replies: list[dict[str, Any]] = []
+        self.heartbeats_after_replies = 0
+        self.done = asyncio.Event()
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            "/tuneplane.v1.Control/Connect": Handler(
+                self._connect, Cardinality.STREAM_STREAM, v1.NodeMessage, v1.CoordinatorMessage
+            )
+        }
+
+    async def _connect(self, stream: Any) -> None:
+        await stream.recv_message()  # Hello
+        now = int(time.time() * 1000)
+        welcome = v1.Welcome(
+            heartbeat_interval_ms=500,
+            heartbeat_timeout_ms=10_000,
+            server_time_ms=now,
+            credential_issued_at_ms=now,
+            credential_expires_at_ms=now + 86_400_000,
+        )
+        await stream.send_message(v1.CoordinatorMessage(welcome=welcome))
+        for order in ORDERS:
+            await stream.send_message(order)
+        async for message in stream:
+            _, body = betterproto.which_one_of(message, "body")
+            if isinstance(body, v1.Heartbeat):
+                if len(self.replies) >= 2:
+                    self.heartbeats_after_replies += 1
+                    if self.heartbeats_after_replies >= 3:
+                        self.done.set()
+                ack = v1.HeartbeatAck(seq=body.seq)
+                await stream.send_message(v1.CoordinatorMessage(heartbeat_ack=ack))
+            elif isinstance(body, v1.MemberReport):
+                done = v1.ReportAck(report_seq=body.report_seq)
+                await stream.send_message(v1.CoordinatorMessage(report_ack=done))
+            elif isinstance(body, v1.PrepareReply):
+                self.replies.append(
+                    {"run_id": body.member.run_id, "ok": body.ok, "reason": body.reason}
+                )
+
+
+async def serve(host: str, port: int, state_dir: Path) -> dict[str, Any]:
+    control = HostileControl()
+    server = Server([control])
+    await server.start(host, port, ssl=server_context(TlsPaths.under(state_dir)))
+    try:
+        await asyncio.wait_for(control.done.wait(), RUN_FOR_S)
+    except TimeoutError:
+        pass
+    finally:
+        server.close()
+        await server.wait_closed()
+    return {"replies": control.replies, "heartbeats_after": control.heartbeats_after_replies}
+
+
+if __name__ == "__main__":
+    seen = asyncio.run(serve(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])))
+    Path(sys.argv[4]).write_text(json.dumps(seen))
