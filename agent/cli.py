@@ -496,7 +496,7 @@ def doctor_command(state_dir: Path) -> None:
         line(True, f"control credential present ({state.control_token})")
         level, text = _credential_line(state)
         if level == "warn":
-            click.echo(f"WARN  {text}")
+            click.echo(f"warn  {text}")
         else:
             line(level == "ok", text)
     except StateDirError as exc:
