@@ -401,6 +401,11 @@ class MemberManager:
         telemetry.mkdir(exist_ok=True)
         if lease.switches_user:
             accounts.chown_tree(out_dir, lease.account)
+            # <run id>/attempt-<n> above it: passable, never listable, so a member cannot see
+            # which other Jobs ran on this Node.
+            for folder in (out_dir.parent, out_dir.parent.parent):
+                if self.out_root in folder.parents:
+                    os.chmod(folder, 0o711)
         key = record.key
         base_env = workload_env(
             spec.env,

@@ -237,6 +237,10 @@ def test_directories_are_private_to_the_member_account(
         info = folder.stat()
         assert (info.st_uid, info.st_mode & 0o777) == (0, 0o700), folder
     assert (control / "account.json").stat().st_mode & 0o777 == 0o600
+    # Above its own folders, members can pass but not list: no other Job's name shows.
+    for folder in (agent.work_root, agent.out_root, out.parent, out.parent.parent):
+        info = folder.stat()
+        assert (info.st_uid, info.st_mode & 0o777) == (0, 0o711), folder
     (work / "go").touch()
     assert wait_job(coord, run_id, 60)["state"] == "succeeded"
 
