@@ -23,6 +23,7 @@ from tests.coordinator.grpc_client import bearer, enroll, node_stream, open_chan
 from tests.security.raw_calls import Outcome, call, frame
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator.message_limits import MAX_INVENTORY_GPUS
+from tuneplane.coordinator.rate_limit import PeerRateLimit
 from tuneplane.proto import v1
 
 ENROLL = "/tuneplane.v1.Control/Enroll"
@@ -188,3 +189,22 @@ def test_enroll_is_rate_limited_per_address(tmp_path: Path) -> None:
         assert "Too many Enroll calls from 127.0.0.1; retry in" in limited.message
         assert asyncio.run(_node_ids(c)) == []
         assert "enroll refused: rate limit peer=127.0.0.1" in c.read_log()
+
+
+def test_the_token_bucket_allows_a_burst_then_the_rate() -> None:
+    limit = PeerRateLimit(burst=3, per_second=0.5)
+    assert [limit.take("10.0.0.1", 100.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limit.take("10.0.0.1", 100.0) == pytest.approx(2.0)  # one token every 2 s
+    assert limit.take("10.0.0.2", 100.0) == 0.0  # another address has its own bucket
+    assert limit.take("10.0.0.1", 101.0) == pytest.approx(1.0)
+    assert limit.take("10.0.0.1", 102.0) == 0.0
+    assert limit.take("10.0.0.1", 50.0) > 0  # a clock that goes back refills nothing
+    assert PeerRateLimit(burst=0, per_second=0).take("x", 0.0) == 0.0  # burst 0: no limit
+
+
+def test_the_table_of_peers_is_bounded() -> None:
+    limit = PeerRateLimit(burst=1, per_second=0.001, max_peers=100)
+    for i in range(1000):
+        limit.take(f"10.0.{i // 256}.{i % 256}", 0.0)
+    assert len(limit) == 100
+    assert limit.take("10.0.3.231", 0.0) > 0  # among the most recent: still limited
