@@ -46,7 +46,7 @@ DEFAULT_CONFIG = """\
 #   api_message_bytes = 16777216        one message on the API listener (a Preview carries
 #                                       up to 8 MiB of experiment files, base64-encoded)
 #   control_message_bytes = 4194304     one message on the control listener
-#   telemetry_message_bytes = 2097152   one Ship batch on the telemetry listener
+#   telemetry_message_bytes = 3145728   one Ship batch on the telemetry listener
 #   enroll_message_bytes = 65536        one Enroll (unauthenticated)
 #   enroll_burst = 20                   Enroll calls one address may make at once,
 #   enroll_per_second = 2.0             and then per second (enroll_burst = 0: no limit)
@@ -129,7 +129,7 @@ class Limits:
 
     api_message_bytes: int = 16 * 1024 * 1024
     control_message_bytes: int = 4 * 1024 * 1024
-    telemetry_message_bytes: int = 2 * 1024 * 1024
+    telemetry_message_bytes: int = 3 * 1024 * 1024
     enroll_message_bytes: int = 64 * 1024
     enroll_burst: int = 20
     enroll_per_second: float = 2.0

@@ -22,6 +22,7 @@ from grpclib.const import Status
 from tests.coordinator.grpc_client import bearer, enroll, node_stream, open_channel
 from tests.security.raw_calls import Outcome, call, frame
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, Limits, parse_config
 from tuneplane.coordinator.message_limits import MAX_INVENTORY_GPUS
 from tuneplane.coordinator.rate_limit import PeerRateLimit
 from tuneplane.proto import v1
@@ -153,10 +154,10 @@ def test_each_listener_refuses_a_message_over_its_limit(coord: CoordinatorProces
     assert api.status == Status.RESOURCE_EXHAUSTED, api
     assert "16777216 bytes" in api.message and "api_message_bytes" in api.message
     ping = asyncio.run(
-        call(coord.telemetry, coord.ca_path, PING, frame(15, b"x" * (3 << 20)), coord.admin_token)
+        call(coord.telemetry, coord.ca_path, PING, frame(15, b"x" * (4 << 20)), coord.admin_token)
     )
     assert ping.status == Status.RESOURCE_EXHAUSTED, ping
-    assert "2097152 bytes" in ping.message and "telemetry_message_bytes" in ping.message
+    assert "3145728 bytes" in ping.message and "telemetry_message_bytes" in ping.message
     assert asyncio.run(_job_count(coord)) == 0
 
 
@@ -208,3 +209,21 @@ def test_the_table_of_peers_is_bounded() -> None:
         limit.take(f"10.0.{i // 256}.{i % 256}", 0.0)
     assert len(limit) == 100
     assert limit.take("10.0.3.231", 0.0) > 0  # among the most recent: still limited
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        ("api_message_bytes = 10", "must be a whole number of bytes from 1024"),
+        ('control_message_bytes = "4 MiB"', "control_message_bytes = '4 MiB'"),
+        ("enroll_burst = -1", "enroll_burst = -1 must be a whole number from 0"),
+        ("enroll_per_second = true", "enroll_per_second = True must be a number"),
+        ("enroll_rate = 3", "unknown key(s) enroll_rate"),
+    ],
+)
+def test_a_wrong_limit_is_a_config_error_naming_the_key(line: str, named: str) -> None:
+    text = DEFAULT_CONFIG + "\n[limits]\n" + line + "\n"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, Path("coordinator.toml"))
+    assert named in str(caught.value) and "coordinator.toml" in str(caught.value)
+    assert parse_config(DEFAULT_CONFIG, Path("c.toml")).limits == Limits()
