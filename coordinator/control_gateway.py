@@ -96,6 +96,9 @@ class ControlGateway:
         self._credential_lifetime_ms = credential_lifetime_s * 1000
         # node id -> (request id, hash) of the successor credential handed out on its stream.
         self._issued: dict[str, tuple[int, str]] = {}
+        # node id -> when the credential its live stream uses expires (epoch ms): a stream does
+        # not outlive its credential, even if the Node never renews.
+        self._expires: dict[str, int] = {}
         self._logs = logs
         self._heartbeats = heartbeats
         self._store = store
@@ -258,12 +261,15 @@ class ControlGateway:
                     node.id, replaced.peer, session.peer, replaced.opened_at_ms, now_ms()
                 )
             log.info("control stream opened node=%s agent=%s", node.id, hello.agent_version)
+            if life.expires_at_ms is not None:
+                self._expires[node.id] = life.expires_at_ms
             try:
                 with session.scope:
                     await self._run_session(stream, session, node, hello, life)
             finally:
                 with anyio.CancelScope(shield=True):
                     if self._registry.detach(session):
+                        self._expires.pop(node.id, None)
                         await self._store.node_disconnected(
                             node.id, now_ms(), session.close_reason or "the stream ended"
                         )
@@ -349,6 +355,12 @@ class ControlGateway:
         kind, body = betterproto.which_one_of(message, "body")
         now = now_ms()
         if isinstance(body, v1.Heartbeat):
+            if now >= self._expires.get(node_id, now + 1):
+                session.close(
+                    "this stream's control credential expired; the Node must renew before "
+                    "expiry or be re-enrolled with a new join token"
+                )
+                return
             if betterproto.serialized_on_wire(body.inventory):
                 # An inventory change is what placement reads: stored before the ack.
                 await self._store.node_inventory(node_id, wire.inventory(body.inventory), now)
@@ -430,6 +442,8 @@ class ControlGateway:
                 confirmed = await store_identity.confirm_rotation(
                     self._store, node_id, issued[1], now, "CredentialStored"
                 )
+                if confirmed is not None and confirmed.expires_at_ms is not None:
+                    self._expires[node_id] = confirmed.expires_at_ms
                 log.info(
                     "node credential rotated node=%s via=CredentialStored applied=%s",
                     node_id,

@@ -8,6 +8,7 @@ checked to have changed nothing. Lifetimes are seconds, set in coordinator.toml,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -21,9 +22,11 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from tests.agent.jobs import journal, submit, tp, wait_job
+from tests.coordinator.grpc_client import enroll as grpc_enroll
 from tests.coordinator.grpc_client import node_stream
 from tests.support.agent import AgentProcess, node_cli, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tuneplane.proto import v1
 
 pytestmark = pytest.mark.slow
 
@@ -347,3 +350,56 @@ def test_user_tokens_expire_and_can_be_revoked_at_once(
     fresh_file.write_text(json.loads(fresh.stdout)["token"] + "\n")
     assert _tp_as(coord, fresh_file, "node", "ls").returncode == 0
     assert _tp_as(coord, bob_file, "node", "ls").returncode != 0
+
+
+def test_a_live_stream_does_not_outlive_its_credential(tmp_path: Path) -> None:
+    """A Node that never renews (an old or a forged agent) loses its stream at expiry."""
+    with identity_coordinator(tmp_path, "3s") as coord:
+        reply = asyncio.run(
+            grpc_enroll(coord.control, coord.ca_path, coord.create_join_token(), "old", 1)
+        )
+        assert reply.credential_expires_at_ms - reply.credential_issued_at_ms == 3000
+
+        async def go() -> tuple[str, float]:
+            async with node_stream(
+                coord.control, coord.ca_path, reply.node_credential, reply.node_id
+            ) as node:
+                seq = 0
+                while True:
+                    seq += 1
+                    await node.send(heartbeat=v1.Heartbeat(seq=seq))
+                    with contextlib.suppress(TimeoutError):
+                        kind, _ = await node.recv(timeout=0.5)
+                        if kind == "end":
+                            return kind, time.time() * 1000
+            raise AssertionError("unreachable")
+
+        with pytest.raises(GRPCError) as ended:
+            asyncio.run(asyncio.wait_for(go(), 20))
+        assert ended.value.status == Status.UNAVAILABLE
+        assert "credential expired" in (ended.value.message or "")
+        assert time.time() * 1000 >= reply.credential_expires_at_ms
+        refused = connect_as(coord, reply.node_credential, reply.node_id)
+        assert refused is not None and refused.status == Status.UNAUTHENTICATED
+
+
+def test_revoke_while_the_coordinator_is_stopped_is_kept_and_enforced(
+    long_lived: CoordinatorProcess, tmp_path: Path
+) -> None:
+    coord = long_lived
+    reply = asyncio.run(
+        grpc_enroll(coord.control, coord.ca_path, coord.create_join_token(), "spare", 1)
+    )
+    coord.stop()
+    out = coord.admin("node", "revoke", reply.node_id, "--reason", "decommissioned")
+    assert out.returncode == 0, out.stderr
+    assert "not serving" in out.stdout
+    again = coord.admin("node", "revoke", reply.node_id)
+    assert "already revoked" in again.stdout
+    missing = coord.admin("node", "revoke", "node-nope")
+    assert missing.returncode == 1 and "no Node 'node-nope'" in missing.stderr
+    coord.restart()
+    refused = connect_as(coord, reply.node_credential, reply.node_id)
+    assert refused is not None and refused.status == Status.UNAUTHENTICATED
+    assert "revoked" in (refused.message or "")
+    assert len(decisions(coord, "node revoked", reply.node_id)) == 1
