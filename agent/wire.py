@@ -29,7 +29,11 @@ from tuneplane.agent.inventory import Gpu, Inventory
 from tuneplane.agent.journal import MemberKey
 from tuneplane.agent.member_state import MemberState
 from tuneplane.coordinator.input_checks import InputRefused, check_message
-from tuneplane.coordinator.message_limits import AGENT_RECEIVE_BYTES, guard_client_reads
+from tuneplane.coordinator.message_limits import (
+    AGENT_RECEIVE_BYTES,
+    ClientCodec,
+    guard_client_reads,
+)
 from tuneplane.proto import v1
 
 UNARY_DEADLINE_S = 10.0
@@ -324,7 +328,7 @@ class Enrolled:
 
 
 async def _aio_channel(endpoint: Endpoint, ctx: ssl.SSLContext) -> Channel:
-    return Channel(endpoint.host, endpoint.port, ssl=ctx)
+    return Channel(endpoint.host, endpoint.port, ssl=ctx, codec=ClientCodec())
 
 
 async def enroll(

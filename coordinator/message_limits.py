@@ -29,6 +29,7 @@ import anyio
 import betterproto
 from grpclib import GRPCError
 from grpclib.const import Handler, Status
+from grpclib.encoding.proto import ProtoCodec
 
 from tuneplane.coordinator.input_checks import InputRefused, check_message
 from tuneplane.proto import v1
@@ -271,6 +272,23 @@ def _guard(
             await func(stream)
 
     return guarded
+
+
+class ClientCodec(ProtoCodec):
+    """grpclib's protobuf codec for a client (the agent), with bytes that are not the message
+    they claim to be refused as INVALID_ARGUMENT instead of an exception from inside betterproto.
+
+    Only parsing is checked here; what the message says is the receiver's to judge.
+    """
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        try:
+            return super().decode(data, message_type)
+        except Exception as exc:  # betterproto raises many types on bad bytes
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"The {message_type.__name__} message cannot be decoded ({type(exc).__name__}).",
+            ) from None
 
 
 def guard_client_reads(stream: Any, limit: int, what: str) -> None:

@@ -1,16 +1,19 @@
 """A stand-in control gateway that skips every check, run as its own process by test_bad_input.
 
-Usage: ``python -m tests.security.hostile_control HOST PORT STATE_DIR OUT_JSON``. It serves TLS
-with the real coordinator's certificate (so a real agent connects to it), answers Hello with
-Welcome, acks heartbeats and reports, sends three Prepare orders no real coordinator would send
-(a NUL in an experiment file name, in a capsule file name, in the run id), and once two
-PrepareReplies and three more heartbeats have arrived writes what it saw to OUT_JSON and exits.
+Usage: ``python -m tests.security.hostile_control MODE HOST PORT STATE_DIR OUT_JSON``. It serves
+TLS with the real coordinator's certificate (so a real agent connects to it), answers Hello with
+Welcome and acks heartbeats and reports. ``prepare`` then sends three Prepare orders no real
+coordinator would send (a NUL in an experiment file name, in a capsule file name, in the run
+id); ``flood`` sends bytes that are no message, then a 40 MiB message, one connection each.
+Once it has seen what it waits for and three more heartbeats, it writes what it saw to OUT_JSON
+and exits.
 A process of its own: asyncio servers and the agent's trio-asyncio cannot share a test process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import sys
@@ -20,9 +23,11 @@ from typing import Any
 
 import betterproto
 from grpclib.const import Cardinality, Handler
+from grpclib.exceptions import StreamTerminatedError
 from grpclib.server import Server
 
 from tests.coordinator.grpc_client import jobspec
+from tests.security.raw_calls import RawCodec
 from tuneplane.coordinator.tls import TlsPaths, server_context
 from tuneplane.proto import v1
 
@@ -53,20 +58,46 @@ ORDERS = [
 ]
 
 
+OVERSIZED_BYTES = 40 * 1024 * 1024
+
+# Per connection, in order, for ``flood``: what follows Welcome. The agent must drop the session
+# for the first two and stay connected on the third.
+FLOOD = [
+    [bytes([0x0A, 0x05, 0x61, 0x62]), b"\x08"],  # a Welcome of bad bytes, then a cut varint
+    [bytes(v1.CoordinatorMessage(abort=v1.Abort(reason="x" * OVERSIZED_BYTES)))],
+    [],
+]
+
+
 class HostileControl:
-    def __init__(self) -> None:
+    """Serves Connect with a raw codec, so it can send any bytes at all."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.connections = 0
         self.replies: list[dict[str, Any]] = []
-        self.heartbeats_after_replies = 0
+        self.heartbeats_after = 0
         self.done = asyncio.Event()
 
     def __mapping__(self) -> dict[str, Handler]:
         return {
             "/tuneplane.v1.Control/Connect": Handler(
-                self._connect, Cardinality.STREAM_STREAM, v1.NodeMessage, v1.CoordinatorMessage
+                self._connect, Cardinality.STREAM_STREAM, bytes, bytes
             )
         }
 
+    def _orders(self) -> list[bytes]:
+        if self.mode == "prepare":
+            return [bytes(o) for o in ORDERS] if self.connections == 1 else []
+        return FLOOD[min(self.connections, len(FLOOD)) - 1]
+
+    def _settled(self) -> bool:
+        if self.mode == "prepare":
+            return len(self.replies) >= 2
+        return self.connections >= len(FLOOD)
+
     async def _connect(self, stream: Any) -> None:
+        self.connections += 1
         await stream.recv_message()  # Hello
         now = int(time.time() * 1000)
         welcome = v1.Welcome(
@@ -76,30 +107,32 @@ class HostileControl:
             credential_issued_at_ms=now,
             credential_expires_at_ms=now + 86_400_000,
         )
-        await stream.send_message(v1.CoordinatorMessage(welcome=welcome))
-        for order in ORDERS:
-            await stream.send_message(order)
-        async for message in stream:
-            _, body = betterproto.which_one_of(message, "body")
-            if isinstance(body, v1.Heartbeat):
-                if len(self.replies) >= 2:
-                    self.heartbeats_after_replies += 1
-                    if self.heartbeats_after_replies >= 3:
-                        self.done.set()
-                ack = v1.HeartbeatAck(seq=body.seq)
-                await stream.send_message(v1.CoordinatorMessage(heartbeat_ack=ack))
-            elif isinstance(body, v1.MemberReport):
-                done = v1.ReportAck(report_seq=body.report_seq)
-                await stream.send_message(v1.CoordinatorMessage(report_ack=done))
-            elif isinstance(body, v1.PrepareReply):
-                self.replies.append(
-                    {"run_id": body.member.run_id, "ok": body.ok, "reason": body.reason}
-                )
+        await stream.send_message(bytes(v1.CoordinatorMessage(welcome=welcome)))
+        with contextlib.suppress(StreamTerminatedError):
+            for order in self._orders():
+                await stream.send_message(order)
+            async for data in stream:
+                message = v1.NodeMessage().parse(data)
+                _, body = betterproto.which_one_of(message, "body")
+                if isinstance(body, v1.Heartbeat):
+                    if self._settled():
+                        self.heartbeats_after += 1
+                        if self.heartbeats_after >= 3:
+                            self.done.set()
+                    ack = v1.HeartbeatAck(seq=body.seq)
+                    await stream.send_message(bytes(v1.CoordinatorMessage(heartbeat_ack=ack)))
+                elif isinstance(body, v1.MemberReport):
+                    done = v1.ReportAck(report_seq=body.report_seq)
+                    await stream.send_message(bytes(v1.CoordinatorMessage(report_ack=done)))
+                elif isinstance(body, v1.PrepareReply):
+                    self.replies.append(
+                        {"run_id": body.member.run_id, "ok": body.ok, "reason": body.reason}
+                    )
 
 
-async def serve(host: str, port: int, state_dir: Path) -> dict[str, Any]:
-    control = HostileControl()
-    server = Server([control])
+async def serve(mode: str, host: str, port: int, state_dir: Path) -> dict[str, Any]:
+    control = HostileControl(mode)
+    server = Server([control], codec=RawCodec())
     await server.start(host, port, ssl=server_context(TlsPaths.under(state_dir)))
     try:
         await asyncio.wait_for(control.done.wait(), RUN_FOR_S)
@@ -108,9 +141,13 @@ async def serve(host: str, port: int, state_dir: Path) -> dict[str, Any]:
     finally:
         server.close()
         await server.wait_closed()
-    return {"replies": control.replies, "heartbeats_after": control.heartbeats_after_replies}
+    return {
+        "replies": control.replies,
+        "heartbeats_after": control.heartbeats_after,
+        "connections": control.connections,
+    }
 
 
 if __name__ == "__main__":
-    seen = asyncio.run(serve(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])))
-    Path(sys.argv[4]).write_text(json.dumps(seen))
+    seen = asyncio.run(serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])))
+    Path(sys.argv[5]).write_text(json.dumps(seen))

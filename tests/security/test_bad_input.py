@@ -162,7 +162,7 @@ def test_an_agent_refuses_a_prepare_with_a_nul_in_a_file_name_and_keeps_running(
         coord.stop()
         out = tmp_path / "hostile.json"
         done = subprocess.run(
-            [sys.executable, "-m", "tests.security.hostile_control", host, port,
+            [sys.executable, "-m", "tests.security.hostile_control", "prepare", host, port,
              str(coord.state_dir), str(out)],
             cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
             timeout=120, check=False,
@@ -179,7 +179,7 @@ def test_an_agent_refuses_a_prepare_with_a_nul_in_a_file_name_and_keeps_running(
             assert named in by_run[run_id]["reason"], by_run
         # The third order was skipped, and the session went on: heartbeats kept coming.
         assert "run-\x00" not in by_run
-        assert seen["heartbeats_after"] >= 3, seen
+        assert seen["heartbeats_after"] >= 3 and seen["connections"] == 1, seen
         assert agent.alive(), agent.read_log()
         log = agent.read_log()
         assert "Traceback" not in log
@@ -187,6 +187,37 @@ def test_an_agent_refuses_a_prepare_with_a_nul_in_a_file_name_and_keeps_running(
         # Nothing was written for the refused members (every name is checked before writing).
         written = [p.name for p in agent.state_dir.rglob("*.sh")]
         assert written == [], written
+    finally:
+        agent.stop()
+        coord.kill()
+
+
+def test_an_agent_survives_undecodable_and_oversized_messages_from_its_coordinator(
+    tmp_path: Path,
+) -> None:
+    """The stand-in sends bytes that are no message, then a 40 MiB message; each ends that
+    session with a sentence, the agent reconnects, and stays connected to a sane coordinator."""
+    coord = start_coordinator(tmp_path)
+    agent = start_agent(tmp_path, coord, "node-a", simulate_gpus="h200:1")
+    try:
+        agent.wait_connected()
+        host, _, port = coord.control.rpartition(":")
+        coord.stop()
+        out = tmp_path / "hostile.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.security.hostile_control", "flood", host, port,
+             str(coord.state_dir), str(out)],
+            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+            timeout=150, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(out.read_text())
+        assert seen["connections"] == 3 and seen["heartbeats_after"] >= 3, seen
+        assert agent.alive(), agent.read_log()
+        log = agent.read_log()
+        assert "Traceback" not in log
+        assert "message cannot be decoded (EOFError)" in log
+        assert "over the limit of 33554432 bytes" in log
     finally:
         agent.stop()
         coord.kill()
