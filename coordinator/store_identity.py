@@ -324,3 +324,13 @@ async def revoke_user(store: Store, name: str, by: str, now: int) -> bool:
             return True
 
     return await store._shielded(work())
+
+
+async def user_token_lives(store: Store) -> dict[str, CredentialLife]:
+    """Each user's token's life (what ``user ls`` shows), by user name."""
+    return {
+        str(name): CredentialLife(int(created), _int(expires), _int(revoked))
+        for name, created, expires, revoked in await _rows(
+            store, "SELECT name, created_at_ms, expires_at_ms, revoked_at_ms FROM users"
+        )
+    }

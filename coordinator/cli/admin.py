@@ -14,6 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,7 +25,13 @@ import click
 from tuneplane.coordinator import store_fleet, store_identity
 from tuneplane.coordinator.apiclient import ApiClient
 from tuneplane.coordinator.apimodel import ApiError
-from tuneplane.coordinator.auth import JOIN_PREFIX, USER_PREFIX, hash_credential, new_credential
+from tuneplane.coordinator.auth import (
+    JOIN_PREFIX,
+    USER_PREFIX,
+    CredentialLife,
+    hash_credential,
+    new_credential,
+)
 from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import ConfigError, load_config, parse_duration
@@ -377,17 +384,39 @@ def user_revoke(name: str, state_dir: Path) -> None:
 @state_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def user_ls(state_dir: Path, as_json: bool) -> None:
-    """List users and their roles (never their tokens)."""
+    """List users, their roles and their tokens' expiry or revocation (never the tokens)."""
 
-    async def work(store: Store) -> list[UserView]:
-        return await store_fleet.users(store)
+    async def work(store: Store) -> tuple[list[UserView], dict[str, CredentialLife]]:
+        return await store_fleet.users(store), await store_identity.user_token_lives(store)
 
-    found = _run(_with_store, state_dir, work)
+    found, lives = _run(_with_store, state_dir, work)
     if as_json:
-        click.echo(json.dumps([attrs.asdict(u) for u in found], indent=2, sort_keys=True))
+        rows = [
+            {
+                **attrs.asdict(u),
+                "expires_at_ms": lives[u.name].expires_at_ms,
+                "revoked_at_ms": lives[u.name].revoked_at_ms,
+            }
+            for u in found
+        ]
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
         return
+    now = now_ms()
     for u in found:
-        click.echo(f"{u.name}  role={u.role}")
+        life = lives[u.name]
+        if life.revoked_at_ms is not None:
+            token = f"REVOKED {_utc(life.revoked_at_ms)}"
+        elif life.expires_at_ms is None:
+            token = "never expires"
+        elif life.expires_at_ms <= now:
+            token = f"EXPIRED {_utc(life.expires_at_ms)}"
+        else:
+            token = f"expires {_utc(life.expires_at_ms)}"
+        click.echo(f"{u.name}  role={u.role}  token {token}")
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 @main.group()

@@ -350,6 +350,14 @@ def test_user_tokens_expire_and_can_be_revoked_at_once(
     fresh_file.write_text(json.loads(fresh.stdout)["token"] + "\n")
     assert _tp_as(coord, fresh_file, "node", "ls").returncode == 0
     assert _tp_as(coord, bob_file, "node", "ls").returncode != 0
+    # The operator sees each token's state, never a token.
+    listed = coord.admin("user", "ls")
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines()}
+    assert "never expires" in lines["admin"]
+    assert "EXPIRED" in lines["ada"] and "expires" in lines["bob"]
+    assert ada["token"] not in listed.stdout and bob["token"] not in listed.stdout
+    rows = {r["name"]: r for r in json.loads(coord.admin("user", "ls", "--json").stdout)}
+    assert rows["bob"]["revoked_at_ms"] is None and rows["ada"]["expires_at_ms"] > 0
 
 
 def test_a_live_stream_does_not_outlive_its_credential(tmp_path: Path) -> None:
