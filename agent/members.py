@@ -211,6 +211,8 @@ class MemberManager:
             held, ended = await self._pool_leases(key)
             lease = accounts.lease_for(self.policy, held, work_dir_for(self.work_root, key))
             accounts.write_lease(member_dir, lease)
+            log.info("account leased member=%s account=%s uid=%d mode=%s work_dir=%s", key,
+                     lease.account.name, lease.account.uid, lease.mode, lease.work_dir)  # fmt: skip
             work = await trio.to_thread.run_sync(
                 self._materialise, member_dir, lease, cmd, spec.source_files,
                 ended.get(lease.account.name, []),
