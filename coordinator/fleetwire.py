@@ -2,6 +2,9 @@
 
 Rules: imported only by :mod:`tuneplane.coordinator.apiclient`, so betterproto stays out of the
 commands that never talk to the coordinator; missing sub-messages become empty values, never None.
+Every string is made printable first (:func:`~tuneplane.coordinator.input_checks.printable`): a
+Node's hostname or a GPU's health reason comes from that Node, and an escape sequence in it must
+not reach the terminal of whoever runs ``tp node ls``.
 """
 
 from __future__ import annotations
@@ -9,10 +12,12 @@ from __future__ import annotations
 import betterproto
 
 from tuneplane.coordinator.fleetmodel import Fleet, Gpu, Node, NodeMember, SeriesCapacity
+from tuneplane.coordinator.input_checks import printable_message
 from tuneplane.proto import v1
 
 
 def fleet_from_wire(msg: v1.Fleet) -> Fleet:
+    printable_message(msg)
     return Fleet(
         name=msg.name,
         kind=msg.kind,
@@ -37,6 +42,7 @@ def _holder(g: v1.NodeGpu) -> str:
 
 
 def node_from_wire(msg: v1.Node) -> Node:
+    printable_message(msg)
     inv = msg.inventory or v1.Inventory()
     return Node(
         id=msg.id,

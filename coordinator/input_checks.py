@@ -31,6 +31,7 @@ LOADER_PREFIXES = ("LD_", "DYLD_")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -230,6 +231,39 @@ def check_message(msg: betterproto.Message, *, text: bool = True) -> None:
             problem,
             "Send a valid message: plain UTF-8 text without NUL characters in every field.",
         )
+
+
+def printable(value: str) -> str:
+    """``value`` safe to print on a terminal: control characters (an escape sequence could
+    rewrite the screen) and lone surrogates become ``\\xNN`` / ``\\uNNNN`` text."""
+    if not _UNPRINTABLE.search(value):
+        return value
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), value)
+
+
+def printable_message(msg: betterproto.Message) -> None:
+    """Make every string of a decoded reply :func:`printable`, in place, before it is shown."""
+    for name, *_ in _spec(type(msg)):
+        try:
+            value = getattr(msg, name)
+        except AttributeError:
+            continue
+        if isinstance(value, str):
+            setattr(msg, name, printable(value))
+        elif isinstance(value, betterproto.Message):
+            printable_message(value)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, str):
+                    value[i] = printable(item)
+                elif isinstance(item, betterproto.Message):
+                    printable_message(item)
+        elif isinstance(value, dict):
+            for key, item in list(value.items()):
+                if isinstance(item, str):
+                    value[key] = printable(item)
+                elif isinstance(item, betterproto.Message):
+                    printable_message(item)
 
 
 # -- decoded JSON -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -262,3 +263,21 @@ def test_tp_never_uploads_through_a_symbolic_link(
     done = _tp(root, *submit, context=coord.context_path)
     assert done.returncode == 0, done.stderr
     assert asyncio.run(_jobs(coord)) == 0
+
+
+def test_tp_shows_a_hostile_hostname_as_text_not_as_terminal_codes(
+    coord: CoordinatorProcess,
+) -> None:
+    """A Node names itself with an escape sequence (clear screen, set window title); whoever
+    lists Nodes sees it spelled out, and their terminal receives no control character."""
+    hostname = "evil\x1b[2J\x1b]0;pwned\x07host"
+    node = asyncio.run(enroll(coord.control, coord.ca_path, coord.create_join_token(), hostname, 1))
+    done = subprocess.run(
+        [*TP, "--context", str(coord.context_path), "node", "ls"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "COLUMNS": "250"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert node.node_id in done.stdout
+    assert "evil\\x1b[2J\\x1b]0;pwned\\x07host" in done.stdout
+    assert not any(ch in done.stdout for ch in "\x1b\x07\x00")
