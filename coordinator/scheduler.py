@@ -24,6 +24,7 @@ from tuneplane.coordinator.placement import Placement
 from tuneplane.coordinator.queue_plan import PoolKey, plan_pass
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store_lifecycle import cancel_job
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,15 @@ class Scheduler:
         job = await self._store.queued_job(run_id)
         if job is None:
             return  # cancelled since the pass read the queue
-        spec = jobspec.loads(job.resolved_json)
+        try:
+            spec = jobspec.loads(job.resolved_json)
+        except jobspec.JobSpecError as exc:
+            # Admitted under looser rules (an older coordinator) or edited in the store: the Job
+            # ends with the sentence, and the scheduler goes on with the rest of the queue.
+            why = f"its JobSpec does not pass this coordinator's checks ({exc}) Submit it again"
+            await cancel_job(self._store, job.run_id, "the coordinator", True, why, now_ms())
+            log.warning("queued job refused run_id=%s reason=%s", job.run_id, exc)
+            return
         recipe = self._catalogue.get(spec.method_id)
         launcher = recipe.launcher if recipe is not None else "member"
         count = len(placement.members)

@@ -12,17 +12,26 @@ import asyncio
 import json
 import logging
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from tests.coordinator.grpc_client import api_client, bearer, enroll, jobspec, open_channel
+from tests.coordinator.grpc_client import (
+    api_client,
+    bearer,
+    enroll,
+    jobspec,
+    node_stream,
+    open_channel,
+)
 from tests.security.raw_calls import call, frame
 from tests.support.agent import start_agent
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
@@ -281,3 +290,41 @@ def test_tp_shows_a_hostile_hostname_as_text_not_as_terminal_codes(
     assert node.node_id in done.stdout
     assert "evil\\x1b[2J\\x1b]0;pwned\\x07host" in done.stdout
     assert not any(ch in done.stdout for ch in "\x1b\x07\x00")
+
+
+def test_a_stored_jobspec_that_no_longer_passes_ends_its_job_not_the_coordinator(
+    tmp_path: Path,
+) -> None:
+    """A Job admitted under looser rules (an older coordinator, or a store edited by hand) is
+    read again by the scheduler at launch: it is cancelled with the sentence, and the
+    coordinator goes on serving."""
+    with start_coordinator(tmp_path) as coord:
+        node = asyncio.run(enroll(coord.control, coord.ca_path, coord.create_join_token(), "n", 2))
+
+        def tamper(preview_id: str, resolved_json: str) -> None:
+            hostile = json.loads(resolved_json)
+            hostile["env"] = {"LD_PRELOAD": "/tmp/x.so"}
+            with sqlite3.connect(coord.state_dir / "coordinator.db", timeout=10) as db:
+                db.execute(
+                    "UPDATE previews SET resolved_json = ? WHERE id = ?",
+                    (json.dumps(hostile), preview_id),
+                )
+
+        async def scenario() -> tuple[v1.Job, list[str]]:
+            async with (
+                node_stream(coord.control, coord.ca_path, node.node_credential, node.node_id),
+                api_client(coord.api, coord.ca_path, coord.admin_token) as api,
+            ):
+                reply = await api.preview(jobspec(gpus=1, profile="h200"))
+                await anyio.to_thread.run_sync(
+                    tamper, reply.preview_id, reply.resolved_jobspec_json
+                )
+                receipt = await api.commit(reply, "stored-jobspec")
+                job = await api.wait_for_state(receipt.run_id, "cancelled", timeout=30)
+                return job, await _fleets(coord)
+
+        job, fleets = asyncio.run(scenario())
+        assert "env.LD_PRELOAD" in job.state_reason and "Submit it again" in job.state_reason
+        assert not job.attempts, job.attempts  # nothing was reserved or sent to the Node
+        assert fleets == ["default"]
+        assert "queued job refused" in coord.read_log()
