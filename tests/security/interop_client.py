@@ -9,8 +9,8 @@ TunePlane is imported: this is what a third party would build from the .proto fi
 from __future__ import annotations
 
 import json
+import queue
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,7 @@ def main() -> None:
         )
         out["enroll"] = {"code": "OK", "node_id": enrolled.node_id}
 
-        acked = threading.Event()
+        outbox: queue.Queue[control_pb2.NodeMessage | None] = queue.Queue()
 
         def session() -> Iterator[control_pb2.NodeMessage]:
             yield control_pb2.NodeMessage(
@@ -83,25 +83,60 @@ def main() -> None:
                 )
             )
             yield control_pb2.NodeMessage(heartbeat=control_pb2.Heartbeat(seq=7))
-            # Keep our side open until the ack is read: a closed side ends the session.
-            acked.wait(TIMEOUT_S)
+            # Our side stays open until the scenario is done: a closed side ends the session.
+            while (message := outbox.get(timeout=TIMEOUT_S)) is not None:
+                yield message
+
+        def ship(commit: Any) -> dict[str, Any]:
+            point = telemetry_pb2.MetricPoint(
+                source_id="interop.jsonl", offset=0, index=0, tag="loss", step=1, value=0.5
+            )
+            reply = telemetry.Ship(
+                telemetry_pb2.ShipRequest(member=commit.member, points=[point]),
+                metadata=[("authorization", f"Bearer {commit.collector_credential}")],
+                timeout=TIMEOUT_S,
+            )
+            return {"stored": reply.stored, "address": commit.telemetry_address}
 
         def connect() -> list[str]:
+            """Hello, a heartbeat; then as this Node: submit a Job, prepare it, and with the
+            collector credential its Commit carries, Ship a point."""
             seen = []
             stream = control.Connect(
                 session(),
                 metadata=[("authorization", f"Bearer {enrolled.node_credential}")],
-                timeout=TIMEOUT_S,
+                timeout=TIMEOUT_S * 3,
             )
             for message in stream:
                 kind = message.WhichOneof("body")
                 seen.append(kind)
-                if kind == "heartbeat_ack":
-                    seen.append(f"seq={message.heartbeat_ack.seq}")
-                    acked.set()
+                if kind == "heartbeat_ack" and message.heartbeat_ack.seq == 7:
+                    preview = api.Preview(
+                        api_pb2.PreviewRequest(jobspec_json=settings["jobspec"]),
+                        metadata=admin,
+                        timeout=TIMEOUT_S,
+                    )
+                    api.Commit(
+                        api_pb2.CommitRequest(
+                            preview_id=preview.preview_id,
+                            digest=preview.digest,
+                            retry_key="interop",
+                        ),
+                        metadata=admin,
+                        timeout=TIMEOUT_S,
+                    )
+                elif kind == "prepare":
+                    reply = control_pb2.PrepareReply(member=message.prepare.member, ok=True)
+                    if message.prepare.pick_rendezvous:
+                        reply.rendezvous.master_addr = "127.0.0.1"
+                        reply.rendezvous.master_port = 29500
+                    outbox.put(control_pb2.NodeMessage(prepare_reply=reply))
+                elif kind == "commit":
+                    out["ship"] = _outcome(lambda c=message.commit: ship(c))
+                    outbox.put(None)
                     stream.cancel()
                     break
-            return seen
+            return [k for k in seen if k != "heartbeat_ack"]
 
         out["connect"] = _outcome(connect)
         out["ping"] = _outcome(
