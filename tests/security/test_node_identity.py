@@ -22,8 +22,8 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from tests.agent.jobs import journal, submit, tp, wait_job
+from tests.coordinator.grpc_client import api_client, node_stream
 from tests.coordinator.grpc_client import enroll as grpc_enroll
-from tests.coordinator.grpc_client import node_stream
 from tests.support.agent import AgentProcess, node_cli, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.proto import v1
@@ -411,3 +411,26 @@ def test_revoke_while_the_coordinator_is_stopped_is_kept_and_enforced(
     assert refused is not None and refused.status == Status.UNAUTHENTICATED
     assert "revoked" in (refused.message or "")
     assert len(decisions(coord, "node revoked", reply.node_id)) == 1
+
+
+def test_only_an_admin_may_revoke_a_node(long_lived: CoordinatorProcess, tmp_path: Path) -> None:
+    coord = long_lived
+    reply = asyncio.run(
+        grpc_enroll(coord.control, coord.ca_path, coord.create_join_token(), "gpu-1", 1)
+    )
+    eve = json.loads(coord.admin("user", "create", "eve", "--json").stdout)["token"]
+
+    async def revoke_as(token: str) -> None:
+        async with api_client(coord.api, coord.ca_path, token) as api:
+            await api.stub.revoke_node(v1.RevokeNodeRequest(node_id=reply.node_id, reason="x"))
+
+    with pytest.raises(GRPCError) as denied:
+        asyncio.run(revoke_as(eve))
+    assert denied.value.status == Status.PERMISSION_DENIED
+    assert "only an admin user may" in (denied.value.message or "")
+    with pytest.raises(GRPCError) as unknown:
+        asyncio.run(revoke_as(reply.node_credential))  # a Node credential is no user token
+    assert unknown.value.status == Status.UNAUTHENTICATED
+    # Nothing changed: no decision, and the Node's credential still opens Connect.
+    assert decisions(coord, "node revoked") == []
+    assert connect_as(coord, reply.node_credential, reply.node_id) is None
