@@ -8,6 +8,7 @@ TunePlane is imported: this is what a third party would build from the .proto fi
 
 from __future__ import annotations
 
+import functools
 import json
 import queue
 import sys
@@ -132,7 +133,7 @@ def main() -> None:
                         reply.rendezvous.master_port = 29500
                     outbox.put(control_pb2.NodeMessage(prepare_reply=reply))
                 elif kind == "commit":
-                    out["ship"] = _outcome(lambda c=message.commit: ship(c))
+                    out["ship"] = _outcome(functools.partial(ship, message.commit))
                     outbox.put(None)
                     stream.cancel()
                     break
