@@ -97,6 +97,14 @@ def main() -> None:
                 metadata=[("authorization", f"Bearer {commit.collector_credential}")],
                 timeout=TIMEOUT_S,
             )
+            # One point more than a Ship may carry: refused before it is decoded.
+            out["ship_too_many_points"] = _outcome(
+                lambda: telemetry.Ship(
+                    telemetry_pb2.ShipRequest(member=commit.member, points=[point] * 5001),
+                    metadata=[("authorization", f"Bearer {commit.collector_credential}")],
+                    timeout=TIMEOUT_S,
+                )
+            )
             return {"stored": reply.stored, "address": commit.telemetry_address}
 
         def connect() -> list[str]:
