@@ -16,7 +16,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import betterproto
 import pytest
+from grpclib import GRPCError
 from grpclib.const import Status
 
 from tests.coordinator.grpc_client import bearer, enroll, node_stream, open_channel
@@ -227,3 +229,38 @@ def test_a_wrong_limit_is_a_config_error_naming_the_key(line: str, named: str) -
         parse_config(text, Path("coordinator.toml"))
     assert named in str(caught.value) and "coordinator.toml" in str(caught.value)
     assert parse_config(DEFAULT_CONFIG, Path("c.toml")).limits == Limits()
+
+
+def test_an_oversized_message_on_a_node_stream_ends_that_session_only(
+    coord: CoordinatorProcess,
+) -> None:
+    token = coord.create_join_token()
+    node = asyncio.run(enroll(coord.control, coord.ca_path, token, "node-big", 1))
+    chunk = v1.LogChunk(
+        member=v1.MemberRef(run_id="run-x", attempt=1), stream="stdout", data=b"x" * (5 << 20)
+    )
+
+    async def oversized() -> GRPCError:
+        with pytest.raises(GRPCError) as caught:
+            async with node_stream(
+                coord.control, coord.ca_path, node.node_credential, node.node_id
+            ) as stream:
+                await stream.send(log_chunk=chunk)
+                await stream.recv(timeout=30)
+        return caught.value
+
+    refused = asyncio.run(oversized())
+    assert refused.status == Status.RESOURCE_EXHAUSTED, refused
+    assert "4194304 bytes" in (refused.message or "") and "control_message_bytes" in (
+        refused.message or ""
+    )
+
+    async def again() -> str:
+        async with node_stream(
+            coord.control, coord.ca_path, node.node_credential, node.node_id
+        ) as stream:
+            await stream.send(heartbeat=v1.Heartbeat(seq=1))
+            message = await stream.stream.recv_message()
+            return str(betterproto.which_one_of(message, "body")[0])
+
+    assert asyncio.run(again()) == "heartbeat_ack"
