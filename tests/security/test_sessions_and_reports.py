@@ -13,6 +13,7 @@ import asyncio
 import json
 import shutil
 import sqlite3
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +27,7 @@ from grpclib.const import Status
 from tests.agent.jobs import job, submit, tp
 from tests.coordinator.grpc_client import NodeStream, node_stream
 from tests.faults.jobs import wait_state
-from tests.support.agent import AgentProcess, start_agent, wait_until
+from tests.support.agent import AgentProcess, node_cli, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.proto import v1
 
@@ -400,3 +401,46 @@ def test_a_fresh_journal_after_the_safe_mode_recovery_runs_new_jobs(
         done = wait_state(coord, run_id, "succeeded", timeout=60)
     assert placed_on(coord, run_id) == b.node_id
     assert done["attempts"][-1]["members"][0]["exit_code"] == 0
+
+
+def test_a_re_enrolled_node_keeps_its_journal_and_its_reports_still_count(
+    cluster: tuple[CoordinatorProcess, AgentProcess, AgentProcess], tmp_path: Path
+) -> None:
+    coord, a, b = cluster
+    old_credential = stolen_credential(b)
+    with only_on(coord, b, a):
+        run_id, release = waiting_job(coord, tmp_path / "across")
+        wait_state(coord, run_id, "running", timeout=60)
+    journal_before = journal_id(b.journal_path)
+    b.stop()  # the workload runs on under its runner while the Node is re-enrolled
+    done = subprocess.run(
+        node_cli(
+            "enroll", "--re-enroll", "--state-dir", str(b.state_dir),
+            "--coordinator", coord.control, "--ca", str(coord.ca_path),
+            "--token", coord.create_join_token(), "--simulate-gpus", "h200:2",
+        ),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads((b.state_dir / "node.json").read_text())["node_id"] == b.node_id
+    assert stolen_credential(b) != old_credential
+    b.start()
+    b.wait_connected()
+    assert journal_id(b.journal_path) == journal_before
+    # The member's end, reported after the re-enrolment, is applied to the same Job.
+    release.touch()
+    wait_state(coord, run_id, "succeeded", timeout=60)
+    with only_on(coord, b, a):
+        again = submit(coord, tmp_path / "after-re-enroll", "echo again\n")
+        wait_state(coord, again, "succeeded", timeout=60)
+    assert placed_on(coord, again) == b.node_id
+
+    # The credential it had before is void: it no longer opens this Node's session.
+    async def connect_with_old() -> None:
+        with anyio.fail_after(STREAM_TIMEOUT_S):
+            async with node_stream(coord.control, coord.ca_path, old_credential, b.node_id):
+                pass
+
+    with pytest.raises(GRPCError) as refused:
+        asyncio.run(connect_with_old())
+    assert refused.value.status is Status.UNAUTHENTICATED
