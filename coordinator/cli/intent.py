@@ -20,7 +20,7 @@ import attrs
 
 from tuneplane.coordinator import jobspec
 from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
-from tuneplane.coordinator.input_checks import InputRefused, check_file_name
+from tuneplane.coordinator.input_checks import InputRefused, check_env, check_file_name
 from tuneplane.coordinator.project import (
     CONFIG_FILE,
     DATA_DIR,
@@ -198,13 +198,10 @@ def resolve_env(from_config: Mapping[str, str], flags: Iterable[str]) -> dict[st
         name, sep, value = flag.partition("=")
         if not sep or not name:
             raise IntentError(f"--env {flag!r} is not NAME=VALUE; write e.g. --env SEED=1.")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise IntentError(f"--env {name}: not a valid environment variable name.")
-        if name.startswith("TUNEPLANE_"):
-            raise IntentError(
-                f"--env {name}: the TUNEPLANE_ prefix is reserved for what TunePlane sets; "
-                "rename the variable."
-            )
+        try:
+            check_env(name, value, "--env")
+        except InputRefused as exc:
+            raise IntentError(f"--env {name[:80]}: {exc.why}. {exc.fix}") from None
         env[name] = value
     return env
 

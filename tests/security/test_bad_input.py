@@ -328,3 +328,21 @@ def test_a_stored_jobspec_that_no_longer_passes_ends_its_job_not_the_coordinator
         assert not job.attempts, job.attempts  # nothing was reserved or sent to the Node
         assert fleets == ["default"]
         assert "queued job refused" in coord.read_log()
+
+
+def test_tp_refuses_a_loader_variable_before_sending_anything(
+    coord: CoordinatorProcess, tmp_path: Path
+) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    for args in (("init", str(root), "--name", "env"), ("new", "job", "--method", "custom/custom")):
+        assert _tp(root, *args, context=coord.context_path).returncode == 0
+    for flag in ("LD_PRELOAD=/tmp/x.so", "PYTHONPATH=/tmp", "LD_LIBRARY_PATH=/tmp"):
+        done = _tp(
+            root, "submit", "job", "--profile", "cpu:0", "--env", flag, "--preview",
+            context=coord.context_path,
+        )  # fmt: skip
+        name = flag.split("=")[0]
+        assert done.returncode != 0
+        assert f"--env {name}: would change which libraries or Python modules" in done.stderr
+    assert asyncio.run(_jobs(coord)) == 0
