@@ -1,14 +1,26 @@
-"""The journal's identity (``meta.journal_id``) and refused reports, on real SQLite files."""
+"""The journal's identity (``meta.journal_id``) and refused reports: in the journal, the offline
+reader, the wire and the session core, on real SQLite files."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-from tuneplane.agent import journal_read
+from tuneplane.agent import journal_read, wire
+from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
-from tuneplane.agent.journal import MIGRATIONS, SCHEMA_VERSION, Journal, MemberKey, NewMember
-from tuneplane.agent.member_state import MemberEvent
+from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
+from tuneplane.agent.journal import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Journal,
+    MemberKey,
+    NewMember,
+    PendingReport,
+)
+from tuneplane.agent.member_state import MemberEvent, MemberState
+from tuneplane.agent.session import ControlSession, DropReport
+from tuneplane.proto import v1
 
 E = MemberEvent
 KEY = MemberKey("r-1", 1, 0)
@@ -113,3 +125,18 @@ async def test_the_offline_reader_shows_which_journal_numbered_each_report(tmp_p
     assert report.journal_id == journal.journal_id
     assert exported["meta"]["journal_id"] == journal.journal_id
     assert [r["journal_id"] for r in exported["pending_reports"]] == [journal.journal_id]
+
+
+def test_the_wire_carries_the_journal_id_out_and_a_refusal_in_to_the_journal() -> None:
+    pending = PendingReport(5, KEY, MemberState.RUNNING, 1, "", None, "/o", journal_id="ab" * 16)
+    sent = wire.to_wire(m.Report(pending))
+    assert (sent.report.report_seq, sent.report.journal_id) == (5, "ab" * 16)
+    why = "Node node-a reported r-1 attempt 1 member 0 as 'running', but … changed nothing."
+    ack = wire.from_wire(v1.CoordinatorMessage(report_ack=v1.ReportAck(report_seq=5, refused=why)))
+    assert ack == m.ReportAck(5, why)
+    session = ControlSession("node-a", "test")
+    session.start(0.0, simulated_inventory("node-a", SimulatedGpus("h200", 1)), [])
+    session.receive(0.0, m.Welcome(500, 3000, 0))
+    assert session.receive(0.1, ack) == [DropReport(5, why)]
+    # An ordinary acknowledgement carries no refusal.
+    assert session.receive(0.2, m.ReportAck(6)) == [DropReport(6, "")]
