@@ -208,8 +208,12 @@ def job_message(job: JobView) -> v1.Job:
     )
 
 
-def _only_grpc_error(group: BaseExceptionGroup[BaseException]) -> GRPCError | None:
-    """A task group's failure that is one gRPC status (a session's refusal), else None."""
+_PASSED_THROUGH = (GRPCError, StreamTerminatedError, ProtocolError)
+
+
+def _only_grpc_error(group: BaseExceptionGroup[BaseException]) -> Exception | None:
+    """A task group's failure that is only a chosen status or a peer that went away (a
+    session's refusal, a Node that dropped): its first such error, else None."""
     leaves: list[BaseException] = []
     pending: list[BaseException] = [group]
     while pending:
@@ -218,8 +222,11 @@ def _only_grpc_error(group: BaseExceptionGroup[BaseException]) -> GRPCError | No
             pending.extend(exc.exceptions)
         else:
             leaves.append(exc)
-    if len(leaves) == 1 and isinstance(leaves[0], GRPCError):
-        return leaves[0]
+    if leaves and all(isinstance(leaf, _PASSED_THROUGH) for leaf in leaves):
+        grpc = [leaf for leaf in leaves if isinstance(leaf, GRPCError)]
+        first = (grpc or leaves)[0]
+        assert isinstance(first, Exception)
+        return first
     return None
 
 
@@ -234,7 +241,7 @@ def grpc_errors() -> Iterator[None]:
     """
     try:
         yield
-    except (GRPCError, StreamTerminatedError, ProtocolError):
+    except _PASSED_THROUGH:
         # A status already chosen, or a peer that went away: grpclib handles both.
         raise
     except AuthError as exc:

@@ -23,6 +23,7 @@ import anyio
 import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
+from grpclib.exceptions import StreamTerminatedError
 
 from tests.coordinator.grpc_client import (
     api_client,
@@ -346,3 +347,15 @@ def test_tp_refuses_a_loader_variable_before_sending_anything(
         assert done.returncode != 0
         assert f"--env {name}: would change which libraries or Python modules" in done.stderr
     assert asyncio.run(_jobs(coord)) == 0
+
+
+def test_a_task_group_failing_with_a_status_or_a_dropped_peer_is_not_internal() -> None:
+    refusal = GRPCError(Status.PERMISSION_DENIED, "not yours.")
+    with pytest.raises(GRPCError) as caught, grpc_errors():
+        raise ExceptionGroup("session", [refusal])
+    assert caught.value is refusal
+    with pytest.raises(StreamTerminatedError), grpc_errors():
+        raise ExceptionGroup("session", [StreamTerminatedError("Connection lost")])
+    with pytest.raises(GRPCError) as caught, grpc_errors():
+        raise ExceptionGroup("session", [StreamTerminatedError("x"), ValueError("a bug")])
+    assert caught.value.status == Status.INTERNAL
