@@ -14,7 +14,8 @@ Rules:
 
 grpclib has no hook between the length prefix and the body, so :func:`bounded_handlers` wraps each
 handler and gives its stream a ``recv_message`` that reads through grpclib's transport stream
-(``stream._stream``, grpclib 0.4): the one place that knows grpclib's internals.
+(``stream._stream``, grpclib 0.4): the one place that knows grpclib's internals. grpclib's
+``RecvMessage`` event is not dispatched for these reads; nothing in TunePlane listens to it.
 """
 
 from __future__ import annotations
