@@ -97,15 +97,16 @@ def check_node_credential(node_id: str, life: CredentialLife, now_ms: int) -> No
     if life.revoked_at_ms is not None:
         raise AuthError(
             f"Node {node_id}'s control credential was revoked at {_utc(life.revoked_at_ms)} and "
-            "is refused. If this machine should still be a Node, re-enroll it with a new join "
-            "token: `tuneplane-node enroll --re-enroll --token <join token>` on that machine."
+            "is refused. If this machine should still be a Node, make a join token for it "
+            f"(`tuneplane-coordinator token create --node {node_id}`) and run "
+            "`tuneplane-node enroll --re-enroll --token <join token>` on that machine."
         )
     if life.expires_at_ms is not None and life.expires_at_ms <= now_ms:
         raise AuthError(
             f"Node {node_id}'s control credential expired at {_utc(life.expires_at_ms)} (it was "
-            "offline past its lifetime, so it could not renew it) and is refused. Re-enroll it "
-            "with a new join token: `tuneplane-node enroll --re-enroll --token <join token>` on "
-            "that machine."
+            "offline past its lifetime, so it could not renew it) and is refused. Re-enroll it: "
+            f"make a join token for it (`tuneplane-coordinator token create --node {node_id}`) "
+            "and run `tuneplane-node enroll --re-enroll --token <join token>` on that machine."
         )
 
 

@@ -201,6 +201,14 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE users ADD COLUMN revoked_at_ms BIGINT",
         ),
     ),
+    (
+        6,
+        (
+            # A join token made for re-enrolling one existing Node (`token create --node`); only
+            # such a token re-enrolls it, and it enrolls nothing else. NULL: a new Node's token.
+            "ALTER TABLE join_tokens ADD COLUMN for_node TEXT",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

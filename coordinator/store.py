@@ -157,8 +157,15 @@ class Store(SqliteFile):
         return [str(r[0]) for r in rows]
 
     async def create_join_token(
-        self, token_hash: str, fleet: str, now: int, expires_at_ms: int
+        self,
+        token_hash: str,
+        fleet: str,
+        now: int,
+        expires_at_ms: int,
+        for_node: str | None = None,
     ) -> None:
+        """A one-time join token; with ``for_node``, one that only re-enrolls that Node."""
+
         async def work() -> None:
             async with self._txn() as db:
                 rows = await db.execute_fetchall("SELECT 1 FROM fleets WHERE name = ?", (fleet,))
@@ -168,13 +175,14 @@ class Store(SqliteFile):
                         f"`tuneplane-coordinator fleet create {fleet}`."
                     )
                 await db.execute(
-                    "INSERT INTO join_tokens (token_hash, fleet, created_at_ms, expires_at_ms) "
-                    "VALUES (?, ?, ?, ?)",
-                    (token_hash, fleet, now, expires_at_ms),
+                    "INSERT INTO join_tokens (token_hash, fleet, created_at_ms, expires_at_ms, "
+                    "for_node) VALUES (?, ?, ?, ?, ?)",
+                    (token_hash, fleet, now, expires_at_ms, for_node),
                 )
-                await self._log(
-                    db, now, "join token created", {"fleet": fleet, "expires_at_ms": expires_at_ms}
-                )
+                detail: dict[str, Any] = {"fleet": fleet, "expires_at_ms": expires_at_ms}
+                if for_node is not None:
+                    detail["for_node"] = for_node
+                await self._log(db, now, "join token created", detail, node_id=for_node)
 
         await self._shielded(work())
 
@@ -222,12 +230,22 @@ class Store(SqliteFile):
         return await self._shielded(work())
 
     async def spend_join_token(
-        self, db: aiosqlite.Connection, join_token_hash: str, node_id: str, now: int
+        self,
+        db: aiosqlite.Connection,
+        join_token_hash: str,
+        node_id: str,
+        now: int,
+        reenrolling: bool = False,
     ) -> str:
-        """Inside a transaction: mark a join token used by ``node_id``; returns its Fleet."""
+        """Inside a transaction: mark a join token used by ``node_id``; returns its Fleet.
+
+        A token made for one Node (``for_node``) only re-enrolls that Node; any other token only
+        enrolls new Nodes, so a leaked join token cannot take over an existing Node's identity.
+        """
         rows = list(
             await db.execute_fetchall(
-                "SELECT fleet, expires_at_ms, used_at_ms FROM join_tokens WHERE token_hash = ?",
+                "SELECT fleet, expires_at_ms, used_at_ms, for_node FROM join_tokens "
+                "WHERE token_hash = ?",
                 (join_token_hash,),
             )
         )
@@ -236,7 +254,17 @@ class Store(SqliteFile):
                 "this join token is not known to the coordinator. Ask the coordinator's "
                 "operator for a new one (`tuneplane-coordinator token create`)."
             )
-        fleet, expires, used = rows[0]
+        fleet, expires, used, for_node = rows[0]
+        if reenrolling and for_node != node_id:
+            raise EnrollRefused(
+                f"this join token was not made for re-enrolling Node {node_id}. Make one that "
+                f"is: `tuneplane-coordinator token create --node {node_id}`."
+            )
+        if not reenrolling and for_node is not None:
+            raise EnrollRefused(
+                f"this join token only re-enrolls Node {for_node} (`tuneplane-node enroll "
+                "--re-enroll` on that machine). For a new Node use a token made without --node."
+            )
         if used is not None:
             raise EnrollRefused(
                 "this join token was already used to enroll a Node; a join token works "

@@ -210,7 +210,9 @@ async def reenroll(
                     f"there is no Node {node_id!r} to re-enroll at this coordinator. Enroll this "
                     "machine as a new Node with an empty --state-dir (no --re-enroll)."
                 )
-            fleet = await store.spend_join_token(db, join_token_hash, node_id, now)
+            fleet = await store.spend_join_token(
+                db, join_token_hash, node_id, now, reenrolling=True
+            )
             if fleet != str(rows[0][0]):
                 raise EnrollRefused(
                     f"this join token is for Fleet {fleet!r}, but Node {node_id} belongs to Fleet "

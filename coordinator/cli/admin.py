@@ -50,7 +50,7 @@ from tuneplane.coordinator.state_dir import (
     initialise,
     require_initialised,
 )
-from tuneplane.coordinator.store import Store, StoreError, db_path
+from tuneplane.coordinator.store import NotFound, Store, StoreError, db_path
 from tuneplane.coordinator.tls import TlsError
 
 T = TypeVar("T")
@@ -195,20 +195,48 @@ def token() -> None:
 @state_dir_option
 @click.option("--fleet", default="default", show_default=True, help="Fleet the Node joins.")
 @click.option("--ttl", default="1h", show_default=True, help="How long the token is valid.")
+@click.option(
+    "--node",
+    "for_node",
+    default=None,
+    help="Make a token that only re-enrolls this existing Node (`tuneplane-node enroll "
+    "--re-enroll`), in its own Fleet; it enrolls nothing else.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the token.")
-def token_create(state_dir: Path, fleet: str, ttl: str, as_json: bool) -> None:
+def token_create(
+    state_dir: Path, fleet: str, ttl: str, for_node: str | None, as_json: bool
+) -> None:
     """Print a one-time join token (stored hashed, usable once, until it expires)."""
     seconds = parse_ttl(ttl)
     secret = new_credential(JOIN_PREFIX)
     now = now_ms()
     expires = now + seconds * 1000
 
-    async def work(store: Store) -> None:
-        await store.create_join_token(hash_credential(secret), fleet, now, expires)
+    async def work(store: Store) -> str:
+        target = fleet
+        if for_node is not None:
+            node = await store.node(for_node)
+            if node is None:
+                raise NotFound(
+                    f"there is no Node {for_node!r} to re-enroll. List the Nodes with "
+                    "`tp node ls`; a new machine takes a token made without --node."
+                )
+            target = node.fleet
+        await store.create_join_token(hash_credential(secret), target, now, expires, for_node)
+        return target
 
-    _run(_with_store, state_dir, work)
+    used_fleet = _run(_with_store, state_dir, work)
     if as_json:
-        click.echo(json.dumps({"token": secret, "fleet": fleet, "expires_at_ms": expires}))
+        click.echo(
+            json.dumps(
+                {
+                    "token": secret,
+                    "fleet": used_fleet,
+                    "expires_at_ms": expires,
+                    "for_node": for_node,
+                }
+            )
+        )
     else:
         click.echo(secret)
 

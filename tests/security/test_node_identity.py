@@ -94,11 +94,22 @@ def node_json(coord: CoordinatorProcess, node_id: str) -> dict[str, Any]:
     return data
 
 
-def reenroll(agent: AgentProcess, coord: CoordinatorProcess) -> subprocess.CompletedProcess[str]:
+def node_join_token(coord: CoordinatorProcess, node_id: str) -> str:
+    """A join token that only re-enrolls ``node_id`` (`token create --node`)."""
+    out = coord.admin("token", "create", "--node", node_id, "--json")
+    assert out.returncode == 0, out.stderr
+    made = json.loads(out.stdout)
+    assert made["for_node"] == node_id
+    return str(made["token"])
+
+
+def reenroll(
+    agent: AgentProcess, coord: CoordinatorProcess, join_token: str = ""
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         node_cli("enroll", "--re-enroll", "--state-dir", str(agent.state_dir),
                  "--coordinator", coord.control, "--ca", str(coord.ca_path),
-                 "--token", coord.create_join_token()),
+                 "--token", join_token or node_join_token(coord, agent.node_id)),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -237,9 +248,23 @@ def test_revoke_ends_the_live_stream_and_a_stolen_credential_changes_nothing_the
         )
         assert ended_after < 5
 
-        # Re-enrolling keeps the Node's id and journal; its running member re-attaches.
+        # Re-enrolling keeps the Node's id and journal; its running member re-attaches. Only a
+        # join token made for this Node does it: an ordinary one (a leaked one, say) cannot take
+        # an existing Node's identity, and a Node's token enrolls no other machine.
         agent.stop()
-        done = reenroll(agent, coord)
+        generic = reenroll(agent, coord, coord.create_join_token())
+        assert generic.returncode == 1
+        assert f"token create --node {agent.node_id}" in generic.stderr
+        bound = node_join_token(coord, agent.node_id)
+        other = subprocess.run(
+            node_cli("enroll", "--state-dir", str(tmp_path / "other"), "--coordinator",
+                     coord.control, "--ca", str(coord.ca_path), "--token", bound),
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert other.returncode == 1 and "only re-enrolls Node" in other.stderr
+        assert not decisions(coord, "node re-enrolled")
+        assert len(decisions(coord, "node enrolled")) == 1
+        done = reenroll(agent, coord, bound)
         assert done.returncode == 0, done.stderr
         assert json.loads((agent.state_dir / "node.json").read_text())["node_id"] == agent.node_id
         assert connect_as(coord, stolen, agent.node_id) is not None
