@@ -15,6 +15,7 @@ import grp
 import json
 import os
 import pwd
+import re
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.state_dir import write_json_atomic
 
 LEASE_FILE = "account.json"
+_USER_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 
 
 class AccountError(Exception):
@@ -85,6 +87,30 @@ def lookup(name: str) -> Account:
     return Account(name=name, uid=entry.pw_uid, gid=entry.pw_gid, groups=tuple(groups))
 
 
+def user_account(owner: str) -> Account:
+    """The local account named like the submitting TunePlane user (``user`` mode)."""
+    if not owner:
+        raise AccountError(
+            "This Node runs members as their submitter's local account ([accounts] mode = "
+            '"user") but the Prepare names no submitting user; upgrade the coordinator.'
+        )
+    if not _USER_NAME.match(owner):
+        raise AccountError(
+            f"The submitting user {owner!r} is not a valid local account name on this Node, so "
+            'the member cannot run as that user; ask the operator to use mode = "pool".'
+        )
+    try:
+        return lookup(owner)
+    except AccountError as exc:
+        if "does not exist" not in str(exc):
+            raise
+        raise AccountError(
+            f"The submitting user {owner} has no local account on this Node, which runs members "
+            'as their submitter\'s account ([accounts] mode = "user"); ask the operator to '
+            f"create it (useradd {owner}) or submit to another Fleet."
+        ) from None
+
+
 def agent_account() -> Account:
     """The agent's own user (``agent`` mode): its ids as they are now."""
     uid, gid = os.geteuid(), os.getegid()
@@ -103,10 +129,18 @@ def choose_pool_account(pool: Iterable[str], held: Collection[str]) -> str | Non
     return None
 
 
-def lease_for(policy: WorkloadPolicy, held: Collection[str], work_dir: Path) -> Lease:
-    """Pick the account a new member runs as under ``policy``; AccountError with a sentence."""
+def lease_for(
+    policy: WorkloadPolicy, held: Collection[str], work_dir: Path, owner: str = ""
+) -> Lease:
+    """Pick the account a new member runs as under ``policy``; AccountError with a sentence.
+
+    ``owner`` is the TunePlane user who submitted the Job (``user`` mode runs the member as the
+    local account of that name; the other modes ignore it).
+    """
     if policy.mode == "agent":
         return Lease(agent_account(), "agent", work_dir)
+    if policy.mode == "user":
+        return Lease(user_account(owner), "user", work_dir)
     if policy.mode != "pool":
         raise AccountError(
             f"The account mode {policy.mode!r} is not one this Node can run; set [accounts] "

@@ -159,11 +159,6 @@ def _accounts(path: Path, raw: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]
             f"{path}: 'accounts.mode' is {mode!r}; set it to one of "
             f"{', '.join(repr(m) for m in ACCOUNT_MODES)}."
         )
-    if mode == "user":
-        raise NodeConfigError(
-            f'{path}: [accounts] mode = "user" is not available in this version of the agent: '
-            'the Prepare does not carry the submitting user yet. Use mode = "pool".'
-        )
     pool: tuple[str, ...] = ()
     if "pool" in raw and ("prefix" in raw or "count" in raw):
         raise NodeConfigError(

@@ -209,7 +209,9 @@ class MemberManager:
             # The lease is on disk before any file is written for the member, so a crash here
             # still holds the account until the member is failed on replay.
             held, ended = await self._pool_leases(key)
-            lease = accounts.lease_for(self.policy, held, work_dir_for(self.work_root, key))
+            lease = accounts.lease_for(
+                self.policy, held, work_dir_for(self.work_root, key), cmd.owner
+            )
             accounts.write_lease(member_dir, lease)
             log.info("account leased member=%s account=%s uid=%d mode=%s work_dir=%s", key,
                      lease.account.name, lease.account.uid, lease.mode, lease.work_dir)  # fmt: skip
@@ -432,9 +434,11 @@ class MemberManager:
             raise LaunchFailed(str(exc)) from None
         account = None
         if lease.switches_user:
+            # A pool account goes back to root with the member; a user keeps their own files.
+            released = (str(lease.work_dir), str(out_dir)) if lease.mode == "pool" else ()
             account = RunAs(
                 lease.account.name, lease.account.uid, lease.account.gid, lease.account.groups,
-                reap=lease.mode == "pool", release_paths=(str(lease.work_dir), str(out_dir)),
+                reap=True, release_paths=released,
             )  # fmt: skip
         wrapper: tuple[str, ...] = ()
         if self.policy.isolation == "bwrap":

@@ -53,6 +53,8 @@ class Prepare:
     pick_rendezvous: bool
     capsule_digests: Mapping[str, str]
     capsule_files: Mapping[str, bytes]
+    # The TunePlane user who submitted the Job ("" from an older coordinator).
+    owner: str = ""
 
 
 @attrs.frozen

@@ -288,6 +288,7 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
             pick_rendezvous=body.pick_rendezvous,
             capsule_digests=dict(body.capsule_digests),
             capsule_files=dict(body.capsule_files),
+            owner=body.owner,
         )
     if isinstance(body, v1.Commit):
         return m.Commit(

@@ -82,6 +82,14 @@ def warnings(policy: WorkloadPolicy) -> list[str]:
 
 def _account_findings(policy: WorkloadPolicy) -> list[Finding]:
     found = [Finding("warn", text) for text in warnings(policy)]
+    if policy.mode == "user":
+        found.append(
+            Finding(
+                "ok",
+                "accounts: each member runs as the local account named like its "
+                "submitting TunePlane user (a user without one is refused at Prepare)",
+            )
+        )
     if policy.mode != "pool":
         return found
     missing: list[str] = []

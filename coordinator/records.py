@@ -95,6 +95,7 @@ class PrepareOrder:
     gpu_indexes: tuple[int, ...]
     pick_rendezvous: bool
     capsule_files: Mapping[str, str]
+    owner: str = ""
 
 
 @attrs.frozen
@@ -210,3 +211,5 @@ class QueuedJob:
     gpus_per_member: int | None
     resolved_json: str
     digest: str
+    # The submitting user: a Node may run the Job's members as the local account of that name.
+    owner: str = ""

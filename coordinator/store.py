@@ -711,7 +711,7 @@ class Store(SqliteFile):
         r = await _first(
             self._db,
             "SELECT j.run_id, j.fleet, j.series, j.gpus, j.members_wanted, j.gpus_per_member, "
-            "p.resolved_json, j.digest FROM jobs j JOIN previews p ON p.id = j.preview_id "
+            "p.resolved_json, j.digest, j.owner FROM jobs j JOIN previews p ON p.id = j.preview_id "
             "WHERE j.run_id = ? AND j.state = ?",
             (run_id, lc.QUEUED),
         )
@@ -726,6 +726,7 @@ class Store(SqliteFile):
             gpus_per_member=None if r[5] is None else int(r[5]),
             resolved_json=str(r[6]),
             digest=str(r[7]),
+            owner=str(r[8]),
         )
 
     async def offers(self, fleet: str, series: str) -> list[NodeOffer]:
@@ -828,6 +829,7 @@ class Store(SqliteFile):
                             gpu_indexes=m.gpu_indexes,
                             pick_rendezvous=m.index == 0,
                             capsule_files=capsule_files,
+                            owner=job.owner,
                         )
                     )
                 await self._log(
@@ -1068,7 +1070,7 @@ class Store(SqliteFile):
                 "m.known_state, a.decision, a.decision_reason, a.master_addr, a.master_port, "
                 "a.capsule_json, p.resolved_json, "
                 "(SELECT COUNT(*) FROM members o WHERE o.run_id = m.run_id "
-                " AND o.attempt = m.attempt) "
+                " AND o.attempt = m.attempt), j.owner "
                 "FROM members m JOIN attempts a ON a.run_id = m.run_id AND a.number = m.attempt "
                 "JOIN jobs j ON j.run_id = m.run_id JOIN previews p ON p.id = j.preview_id "
                 "WHERE m.node_id = ? ORDER BY m.run_id, m.attempt, m.member_index",
@@ -1089,6 +1091,7 @@ class Store(SqliteFile):
                         gpu_indexes=tuple(json.loads(r[3])),
                         pick_rendezvous=key.member_index == 0,
                         capsule_files=json.loads(r[10]),
+                        owner=str(r[13]),
                     )
                 )
             elif decision == lc.COMMIT and known in (lc.M_RESERVED, lc.M_PREPARING, lc.M_PREPARED):

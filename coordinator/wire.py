@@ -140,6 +140,7 @@ def order_message(order: Order) -> v1.CoordinatorMessage:
                 pick_rendezvous=order.pick_rendezvous,
                 capsule_digests=capsule.digests(order.capsule_files),
                 capsule_files={k: v.encode("utf-8") for k, v in order.capsule_files.items()},
+                owner=order.owner,
             )
         )
     if isinstance(order, CommitOrder):

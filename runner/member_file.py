@@ -46,9 +46,9 @@ class ProcessEntry:
 class Account:
     """The unprivileged account the workload runs as; the runner switches to it before exec.
 
-    ``reap``: the account is a pool account leased to this member alone, so when the member ends
-    the runner kills every process left running as ``uid`` and hands ``release_paths`` back to
-    root before it records the exit (then the next member leasing the account finds nothing).
+    ``reap``: when the member ends the runner kills everything the member left running (all its
+    descendants) and hands ``release_paths`` (a pool account's folders) back to root before it
+    records the exit, so the next member leasing the account finds nothing.
     """
 
     name: str

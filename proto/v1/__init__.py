@@ -729,6 +729,11 @@ class Prepare(betterproto.Message):
     capsule_files: Dict[str, bytes] = betterproto.map_field(
         7, betterproto.TYPE_STRING, betterproto.TYPE_BYTES
     )
+    owner: str = betterproto.string_field(8)
+    """
+    The TunePlane user who submitted the Job. A Node whose node.toml says
+     [accounts] mode = "user" runs the member as the local account of that name.
+    """
 
 
 @dataclass(eq=False, repr=False)

@@ -59,7 +59,6 @@ def test_a_root_agent_refuses_the_agent_mode_and_a_user_agent_refuses_pools() ->
         ('[accounts]\nmode = "agent"\npool = ["a"]\n', 'mode is "agent"'),
         ('[accounts]\nmode = "pool"\npool = "a"\n', "'accounts.pool' must be a list"),
         ('[accounts]\nmode = "pool"\npools = ["a"]\n', "unknown key 'accounts.pools'"),
-        ('[accounts]\nmode = "user"\n', 'mode = "user" is not available'),
         ('isolation = "docker"\n', "'isolation' is 'docker'"),
         ("accounts = 3\n", "'accounts' must be a table"),
         ('[runtimes.python3]\npath = "/usr/bin"\n', "has no 'interpreter'"),
@@ -152,6 +151,23 @@ def test_an_exhausted_pool_and_a_missing_account_are_sentences(tmp_path: Path) -
         accounts.lease_for(missing, set(), tmp_path)
     with pytest.raises(accounts.AccountError, match="never runs with uid or gid 0"):
         accounts.lookup("root")
+
+
+def test_user_mode_runs_as_the_submitters_account_or_refuses_with_a_sentence(
+    tmp_path: Path,
+) -> None:
+    policy = _load(tmp_path, '[accounts]\nmode = "user"\n')
+    assert policy.mode == "user" and policy.pool == ()
+    with pytest.raises(accounts.AccountError, match="names no submitting user"):
+        accounts.lease_for(policy, set(), tmp_path, "")
+    with pytest.raises(accounts.AccountError, match="not a valid local account name"):
+        accounts.lease_for(policy, set(), tmp_path, "Alice Smith")
+    with pytest.raises(accounts.AccountError, match="has no local account on this Node"):
+        accounts.lease_for(policy, set(), tmp_path, "tuneplane-nobody-here")
+    with pytest.raises(accounts.AccountError, match="never runs with uid or gid 0"):
+        accounts.lease_for(policy, set(), tmp_path, "root")
+    lease = accounts.lease_for(policy, set(), tmp_path, "nobody")
+    assert (lease.mode, lease.account.name, lease.switches_user) == ("user", "nobody", True)
 
 
 def test_a_lease_survives_a_restart_as_its_file(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -301,3 +303,65 @@ def test_a_member_survives_an_agent_crash_and_is_reattached(
     (work / "go").touch()
     done = wait_job(coord, run_id, 60)
     assert done["state"] == "succeeded", done
+
+
+WHO_AM_I = 'id -un > "$TUNEPLANE_OUT_DIR/who"\nid -u > "$TUNEPLANE_OUT_DIR/uid"\n'
+
+
+def _submit_as(
+    coord: CoordinatorProcess, root: Path, token: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
+         str(coord.context_path), "--token-file", str(token), "submit", "job", "--profile",
+         "h200:1", "--yes", "--json"],
+        cwd=root, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def _user_token(coord: CoordinatorProcess, name: str, folder: Path) -> Path:
+    made = coord.admin("user", "create", name)
+    assert made.returncode == 0, made.stderr
+    token = folder / f"{name}.token"
+    token.write_text(made.stdout.strip().splitlines()[-1] + "\n")
+    return token
+
+
+def test_user_mode_runs_each_job_as_its_submitters_local_account(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    accounts.require_root()
+    root = tmp_path_factory.mktemp("iso-user")
+    (local,) = accounts.make_pool(1)
+    settings = '[accounts]\nmode = "user"\n'
+    with start_coordinator(root) as coord:
+        agent = start_agent(root, coord, "node-u", "h200:2", node_toml=settings)
+        try:
+            agent.wait_connected()
+            # A TunePlane user with a local account of the same name: the Job runs as it.
+            token = _user_token(coord, local, root)
+            done = _submit_as(coord, _project(coord, root / "mine", {"train.sh": WHO_AM_I}), token)
+            assert done.returncode == 0, done.stderr
+            run_id = str(json.loads(done.stdout.strip().splitlines()[-1])["run_id"])
+            assert wait_job(coord, run_id, 60)["state"] == "succeeded"
+            member = _member(agent, run_id)
+            out = Path(member["out_dir"])
+            assert (out / "who").read_text().strip() == local
+            assert _lease(agent, member)["mode"] == "user"
+            # Its files stay the user's own after the Job.
+            assert out.stat().st_uid == int((out / "uid").read_text())
+            # A user with no local account here is refused at Prepare, and nothing changed.
+            stranger = _user_token(coord, "nolocalaccount", root)
+            done = _submit_as(
+                coord, _project(coord, root / "theirs", {"train.sh": WHO_AM_I}), stranger
+            )
+            assert done.returncode == 0, done.stderr
+            refused_id = str(json.loads(done.stdout.strip().splitlines()[-1])["run_id"])
+            assert wait_job(coord, refused_id, 60)["state"] in ("aborted", "failed")
+            refused = _member(agent, refused_id)
+            assert refused["state"] == "aborted"
+            assert "nolocalaccount has no local account on this Node" in refused["reason"]
+            assert not Path(refused["out_dir"]).exists()
+            assert held_gpus(agent) == []
+        finally:
+            agent.stop()

@@ -202,8 +202,8 @@ def start_agent(
 ) -> AgentProcess:
     """Enroll a Node under ``tmp_path/<name>`` and start ``tuneplane-node run`` for it.
 
-    ``node_toml``: top-level settings put before the test's [accounts] table
-    (``isolation = "bwrap"``, [runtimes.*] tables go after it through the same text).
+    ``node_toml``: settings put before the test's [accounts] table (``isolation = "bwrap"``,
+    [runtimes.*] tables); one that holds its own [accounts] table gets no pool.
     """
     state_dir = tmp_path / name
     done = enroll(state_dir, coordinator, name, simulate_gpus)
@@ -213,7 +213,8 @@ def start_agent(
     pool: tuple[str, ...] = ()
     roots = tmp_path
     if accounts.is_root():
-        pool = tuple(accounts.make_pool(POOL_SIZE))
+        if "[accounts]" not in node_toml:
+            pool = tuple(accounts.make_pool(POOL_SIZE))
         roots = accounts.traversable_root(name)
     config_path = tmp_path / f"{name}-node.toml"
     write_node_toml(config_path, pool, node_toml)
