@@ -4,12 +4,14 @@ allow-listed environment, the loader-variable refusal, the pool choice and the b
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import accounts as test_accounts
 from tuneplane.agent import accounts, config, sandbox, workload_checks
 from tuneplane.agent.launch_plan import (
     refused_loader_variable,
@@ -247,3 +249,18 @@ def test_doctor_shows_the_policy_and_fails_on_what_would_be_unsafe(tmp_path: Pat
     )
     if os.geteuid() == 0:
         assert any("would run every workload as root" in line for line in lines)
+
+
+def test_doctor_runs_bubblewrap_when_the_sandbox_is_configured(tmp_path: Path) -> None:
+    test_accounts.require(
+        shutil.which("bwrap") is not None, "bubblewrap (apt-get install bubblewrap)"
+    )
+    path = tmp_path / "node.toml"
+    mode = '[accounts]\nmode = "pool"\npool = ["nobody"]\n' if os.geteuid() == 0 else ""
+    path.write_text('isolation = "bwrap"\n' + mode)
+    done = subprocess.run(
+        [sys.executable, "-m", "tuneplane.agent.cli", "--config", str(path), "doctor",
+         "--state-dir", str(tmp_path / "state")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert f"ok    bubblewrap sandbox works ({sandbox.BWRAP})" in done.stdout.splitlines()
