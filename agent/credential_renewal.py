@@ -64,8 +64,9 @@ def credential_health(issued_at_ms: int, expires_at_ms: int, now_ms: int) -> tup
         return (
             "fail",
             f"control credential EXPIRED {_span(now_ms - expires_at_ms)} ago ({age}); the "
-            "coordinator refuses it. Re-enroll this Node with a new join token: "
-            "`tuneplane-node enroll --re-enroll --token <join token>`",
+            "coordinator refuses it. Re-enroll this Node: `tuneplane-node enroll --re-enroll "
+            "--token <join token>` with a token from `tuneplane-coordinator token create --node "
+            "<node id>`",
         )
     deadline = renewal_deadline_ms(issued_at_ms, expires_at_ms)
     if now_ms >= deadline:

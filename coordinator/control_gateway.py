@@ -204,7 +204,8 @@ class ControlGateway:
             raise AuthError(
                 "this Node is not enrolled with this coordinator (its control credential is "
                 "unknown: never issued, or retired by a rotation or a re-enrolment). Re-enroll "
-                "it with `tuneplane-node enroll --re-enroll` and a new join token."
+                "it with `tuneplane-node enroll --re-enroll` and a join token made for it "
+                "(`tuneplane-coordinator token create --node <node id>`)."
             )
         now = now_ms()
         check_node_credential(match.node.id, match.life, now)

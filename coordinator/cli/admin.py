@@ -475,8 +475,8 @@ def node_revoke(node_id: str, state_dir: Path, reason: str) -> None:
         _run(call)
         click.echo(
             f"Revoked Node {node_id}: its control stream is ended and its credential refused. "
-            "To use the machine again, run `tuneplane-node enroll --re-enroll` there with a new "
-            "join token."
+            "To use the machine again, make a join token for it (`tuneplane-coordinator token "
+            f"create --node {node_id}`) and run `tuneplane-node enroll --re-enroll` there."
         )
         return
 
@@ -489,7 +489,8 @@ def node_revoke(node_id: str, state_dir: Path, reason: str) -> None:
     click.echo(
         (f"Revoked Node {node_id}" if changed else f"Node {node_id} was already revoked")
         + " (the coordinator is not serving, so no live stream needed ending). To use the "
-        "machine again, run `tuneplane-node enroll --re-enroll` there with a new join token."
+        "machine again, make a join token for it (`tuneplane-coordinator token create --node "
+        f"{node_id}`) and run `tuneplane-node enroll --re-enroll` there."
     )
 
 
