@@ -12,10 +12,9 @@ from pathlib import Path
 
 import attrs
 
+from tuneplane.coordinator.input_checks import is_loader_variable
+
 LAUNCHERS = ("member", "process-group")
-# Variables that change what code the loader or the interpreter runs; a Job sets them only when
-# its runtime's node.toml definition says allow_loader_env = true.
-LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONPATH", "PYTHONHOME")
 DEFAULT_LANG = "C.UTF-8"
 
 
@@ -49,11 +48,16 @@ class ProcessSpec:
 
 
 def refused_loader_variable(job_env: Mapping[str, str], allow_loader_env: bool) -> str | None:
-    """A sentence naming the first loader variable the Job may not set, or None."""
+    """A sentence naming the first loader variable the Job may not set, or None.
+
+    Loader variables (``LD_*``, ``PYTHONPATH`` and their kin: the one rule of
+    ``input_checks.is_loader_variable``) change what code the loader or the interpreter runs;
+    a Job sets them only when its runtime's node.toml definition says allow_loader_env = true.
+    """
     if allow_loader_env:
         return None
-    for name in LOADER_VARIABLES:
-        if name in job_env:
+    for name in sorted(job_env):
+        if is_loader_variable(name):
             return (
                 f"The Job's env sets {name}, a loader variable this Node's runtime does not allow; "
                 f"remove {name} from the env, or ask the operator to set allow_loader_env = true "

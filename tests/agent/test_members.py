@@ -253,3 +253,22 @@ async def test_an_exhausted_pool_refuses_the_prepare_and_changes_nothing(tmp_pat
         assert await h.state(other) is S.ABORTED
         assert await h.journal.gpu_owners() == {0: KEY}
         assert not (roots / "work" / str(other)).exists()
+
+
+async def test_a_loader_variable_is_refused_at_prepare_even_past_the_coordinator(
+    tmp_path: Path,
+) -> None:
+    # A coordinator refuses it at Preview already; the Node does not rely on that. (Its JobSpec
+    # reader refuses it first today; the runtime rule in launch_plan stands behind it.)
+    spec = attrs.evolve(make_spec("exit 0\n"), env={"SEED": "1", "LD_PRELOAD": "/tmp/evil.so"})
+    files = capsule.seal(spec, "member", KEY.run_id, KEY.attempt, 1)
+    cmd = m.Prepare(
+        KEY, jobspec.canonical_json(spec), 1, (0,), True, capsule.digests(files),
+        {name: text.encode() for name, text in files.items()},
+    )  # fmt: skip
+    async with harness(tmp_path) as h:
+        await h.manager.handle(cmd)
+        (reply,) = h.replies()
+        assert not reply.ok and "LD_PRELOAD" in reply.reason
+        assert await h.state() is S.ABORTED and await h.journal.gpu_owners() == {}
+        assert not (h.roots / "work" / str(KEY)).exists()

@@ -122,7 +122,9 @@ def test_the_environment_is_an_allow_list_where_tuneplane_wins() -> None:
     assert workload_env({}, {}, "/bin", "/w")["LANG"] == "C.UTF-8"
 
 
-@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "LD_AUDIT"])
+@pytest.mark.parametrize(
+    "name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "LD_AUDIT", "PYTHONHOME"]
+)
 def test_loader_variables_are_refused_unless_the_runtime_allows_them(name: str) -> None:
     refused = refused_loader_variable({"SEED": "1", name: "/x"}, allow_loader_env=False)
     assert refused is not None and f"sets {name}" in refused and "allow_loader_env" in refused
