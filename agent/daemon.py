@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 AGENT_VERSION = "0.1.0"
 INVENTORY_INTERVAL_S = 30.0
 STATUS_INTERVAL_S = 1.0
+#: How often a reconnect backoff looks for a credential replaced by a re-enrolment.
+CREDENTIAL_POLL_S = 0.5
 COMMAND_QUEUE = 256
 
 
@@ -296,7 +298,23 @@ class Daemon:
             delay = backoff_delay(failures, random.random())
             log.info("reconnecting coordinator=%s in_s=%.2f attempt=%d", self.endpoint, delay,
                      failures)  # fmt: skip
-            await trio.sleep(delay)
+            await self._backoff(delay)
+
+    async def _backoff(self, delay: float) -> None:
+        """Wait ``delay`` before reconnecting, or less once the credential file changes: a
+        re-enrolment (``enroll --re-enroll``) takes effect within a poll, not a backoff."""
+        before = self._credential_stamp()
+        with trio.move_on_after(delay):
+            while self._credential_stamp() == before:
+                await trio.sleep(CREDENTIAL_POLL_S)
+            log.info("control credential replaced on disk; reconnecting now")
+
+    def _credential_stamp(self) -> tuple[int, int] | None:
+        try:
+            found = self.state.control_token.stat()
+        except OSError:
+            return None
+        return found.st_ino, found.st_mtime_ns
 
     def _session_ended(self, exc: BaseException) -> None:
         self.status.last_error = str(exc)
