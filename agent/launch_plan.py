@@ -12,7 +12,7 @@ from pathlib import Path
 
 import attrs
 
-from tuneplane.coordinator.input_checks import is_loader_variable
+from tuneplane.coordinator.input_checks import loader_refusal
 
 LAUNCHERS = ("member", "process-group")
 DEFAULT_LANG = "C.UTF-8"
@@ -47,23 +47,24 @@ class ProcessSpec:
     local_rank: int
 
 
-def refused_loader_variable(job_env: Mapping[str, str], allow_loader_env: bool) -> str | None:
+def refused_loader_variable(
+    job_env: Mapping[str, str], runtime_name: str, allow_loader_env: bool
+) -> str | None:
     """A sentence naming the first loader variable the Job may not set, or None.
 
     Loader variables (``LD_*``, ``PYTHONPATH`` and their kin: the one rule of
-    ``input_checks.is_loader_variable``) change what code the loader or the interpreter runs;
-    a Job sets them only when its runtime's node.toml definition says allow_loader_env = true.
+    ``input_checks.loader_refusal``) change what code the loader or the interpreter runs; a Job
+    sets them only when its runtime's node.toml definition says allow_loader_env = true. The
+    coordinator has its own say at Preview; this is the Node's, and it is final.
     """
-    if allow_loader_env:
-        return None
-    for name in sorted(job_env):
-        if is_loader_variable(name):
-            return (
-                f"The Job's env sets {name}, a loader variable this Node's runtime does not allow; "
-                f"remove {name} from the env, or ask the operator to set allow_loader_env = true "
-                "for the runtime in node.toml."
-            )
-    return None
+    refused = loader_refusal(
+        job_env,
+        f"host:{runtime_name}",
+        allow_loader_env,
+        "ask this Node's operator to set allow_loader_env = true under "
+        f"[runtimes.{runtime_name}] in node.toml",
+    )
+    return None if refused is None else f"The Job's {refused}"
 
 
 def workload_env(

@@ -201,9 +201,8 @@ class MemberManager:
             if spec is None:
                 raise PrepareRefused(spec_error)
             check_gpus(key, cmd.gpu_indexes, self._inventory(), await self.journal.gpu_owners())
-            refused = refused_loader_variable(
-                spec.env, runtime_of(spec, self.policy).allow_loader_env
-            )
+            runtime = runtime_of(spec, self.policy)
+            refused = refused_loader_variable(spec.env, runtime.name, runtime.allow_loader_env)
             if refused:
                 raise PrepareRefused(refused)
             # The lease is on disk before any file is written for the member, so a crash here
@@ -382,7 +381,7 @@ class MemberManager:
             runtime = runtime_of(spec, self.policy)
         except PrepareRefused as exc:
             raise LaunchFailed(str(exc)) from None
-        refused = refused_loader_variable(spec.env, runtime.allow_loader_env)
+        refused = refused_loader_variable(spec.env, runtime.name, runtime.allow_loader_env)
         if refused:
             raise LaunchFailed(refused)
         inventory = self._inventory()

@@ -124,7 +124,12 @@ def _runtime_findings(policy: WorkloadPolicy) -> list[Finding]:
         runtime = policy.runtime(name)
         origin = "node.toml" if runtime.configured else "the default"
         usable = runtime.interpreter.startswith("/") and os.access(runtime.interpreter, os.X_OK)
-        loader = ", loader variables allowed" if runtime.allow_loader_env else ""
+        loader = (
+            f", loader variables allowed (a Job's env may set LD_*, PYTHONPATH ... when "
+            f"coordinator.toml allows them for host:{name} too)"
+            if runtime.allow_loader_env
+            else ""
+        )
         text = (
             f"runtime host:{name} ({origin}): interpreter {runtime.interpreter}, "
             f"PATH {runtime.path}{loader}"

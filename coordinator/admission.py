@@ -6,6 +6,8 @@ Rules:
 - Resolution only fills what the intent left open (Series from the Profile, the Profile's default
   shape and env, recipe parameter defaults, the recipe's runtime); it never overrides a value the
   intent set, and a value that contradicts the Profile is refused rather than silently changed.
+- Site policy is checked on the resolved JobSpec (its runtime and its whole env, the Profile's
+  included): loader variables only on a runtime coordinator.toml allows them for.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import attrs
 
 from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
 from tuneplane.coordinator.config import CoordinatorConfig, Profile
-from tuneplane.coordinator.jobspec import JobSpec, JobSpecError, validate
+from tuneplane.coordinator.jobspec import JobSpec, JobSpecError, check_loader_policy, validate
 
 BACKEND = "node"
 
@@ -214,6 +216,7 @@ def resolve(spec: JobSpec, config: CoordinatorConfig, catalogue: Catalogue) -> R
         env=dict(sorted(env.items())),
     )
     validate(resolved)
+    check_loader_policy(resolved, config.loader_env_runtimes)
     fixed_members = members
     if fixed_members is None and gpus_per_member:
         fixed_members = res.gpus // gpus_per_member

@@ -50,6 +50,10 @@ DEFAULT_CONFIG = """\
 #   enroll_message_bytes = 65536        one Enroll (unauthenticated)
 #   enroll_burst = 20                   Enroll calls one address may make at once,
 #   enroll_per_second = 2.0             and then per second (enroll_burst = 0: no limit)
+# [runtimes."<runtime id>"]  optional: what Jobs on one runtime may do
+#   allow_loader_env = true   a JobSpec's env may set LD_*, PYTHONPATH and their kin on this
+#                             runtime (refused at Preview otherwise); the Node decides again
+#                             with allow_loader_env in its node.toml
 
 [series.h200]
 card_memory_gib = 141
@@ -136,6 +140,14 @@ class Limits:
 
 
 @attrs.frozen
+class RuntimeSettings:
+    """``[runtimes."<runtime id>"]``: the coordinator's policy for Jobs on one runtime."""
+
+    runtime_id: str
+    allow_loader_env: bool = False
+
+
+@attrs.frozen
 class CoordinatorConfig:
     series: Mapping[str, Series]
     profiles: Mapping[str, Profile]
@@ -144,6 +156,12 @@ class CoordinatorConfig:
     node_credential_lifetime_s: int = DEFAULT_NODE_CREDENTIAL_LIFETIME_S
     user_token_lifetime_s: int = DEFAULT_USER_TOKEN_LIFETIME_S
     limits: Limits = attrs.field(factory=Limits)
+    runtimes: Mapping[str, RuntimeSettings] = attrs.field(factory=dict)
+
+    @property
+    def loader_env_runtimes(self) -> frozenset[str]:
+        """The runtime ids whose JobSpecs may set loader variables (``allow_loader_env``)."""
+        return frozenset(r.runtime_id for r in self.runtimes.values() if r.allow_loader_env)
 
 
 def _take(table: Mapping[str, Any], key: str, kind: type, where: str, path: Path) -> Any:
@@ -173,7 +191,12 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc}). Fix the syntax.") from None
-    _check_keys(raw, {"series", "profiles", "quota", "credentials", "limits"}, "<top level>", path)
+    _check_keys(
+        raw,
+        {"series", "profiles", "quota", "credentials", "limits", "runtimes"},
+        "<top level>",
+        path,
+    )
     series: dict[str, Series] = {}
     for name, table in raw.get("series", {}).items():
         where = f"series.{name}"
@@ -220,7 +243,41 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         node_credential_lifetime_s=node_lifetime,
         user_token_lifetime_s=user_lifetime,
         limits=_limits(raw.get("limits", {}), path),
+        runtimes=_runtimes(raw.get("runtimes", {}), path),
     )
+
+
+_RUNTIME_ID = re.compile(r"^(host|image):\S+$")
+
+
+def _runtimes(raw: Any, path: Path) -> dict[str, RuntimeSettings]:
+    """``[runtimes."<runtime id>"]`` tables: ``allow_loader_env``, true or false."""
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f'{path}: runtimes must hold tables, one per runtime: [runtimes."host:python3"].'
+        )
+    found: dict[str, RuntimeSettings] = {}
+    for runtime_id, table in raw.items():
+        where = f'runtimes."{runtime_id}"'
+        if not _RUNTIME_ID.match(runtime_id):
+            raise ConfigError(
+                f"{path}: [{where}] does not name a runtime id. Write the id in quotes as Jobs "
+                'name it: [runtimes."host:python3"] or '
+                '[runtimes."image:<registry>/<name>@sha256:..."].'
+            )
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f"{path}: {where} must be a table ([{where}] with allow_loader_env = true or "
+                "false)."
+            )
+        _check_keys(table, {"allow_loader_env"}, where, path)
+        allow = table.get("allow_loader_env", False)
+        if type(allow) is not bool:
+            raise ConfigError(
+                f"{path}: [{where}] allow_loader_env = {allow!r} must be true or false."
+            )
+        found[runtime_id] = RuntimeSettings(runtime_id, allow)
+    return found
 
 
 def _lifetimes(table: Any, path: Path) -> tuple[int, int]:

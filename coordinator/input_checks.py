@@ -4,7 +4,9 @@ Rules:
 - One function per rule, used on every side: :func:`check_file_name` is what ``tp`` applies when
   it collects an experiment, what the coordinator applies at Preview and what the agent applies
   at Prepare; :func:`check_text` and :func:`check_message` are what every wire edge applies
-  to decoded messages and strings; :func:`check_env` is the one rule for a JobSpec's environment.
+  to decoded messages and strings; :func:`check_env` is the one rule for the form of a JobSpec's
+  environment, and :func:`loader_refusal` the one policy rule for loader variables (a site's
+  policy, so it is kept out of parsing: the coordinator and the Node each apply their own).
 - Every refusal is an :class:`InputRefused` naming the field, what is wrong and how to fix it.
   Nothing here does I/O; callers wrap the refusal into their own error type.
 """
@@ -23,7 +25,8 @@ MAX_FILE_NAME_PART_BYTES = 255
 MAX_ENV_NAME_CHARS = 256
 MAX_ENV_VALUE_CHARS = 32 * 1024
 # Variables that make the dynamic loader or the Python interpreter load code the Node did not
-# choose. A JobSpec never sets them; a runtime defined by the Node's operator may.
+# choose. A JobSpec sets them only for a runtime that both coordinator.toml and the Node's
+# node.toml allow them for (``allow_loader_env = true``).
 LOADER_VARIABLES = frozenset(
     {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONEXECUTABLE"}
 )
@@ -107,7 +110,11 @@ def is_loader_variable(name: str) -> bool:
 
 
 def check_env(name: str, value: str, field: str = "env") -> None:
-    """The one rule for an environment variable a JobSpec asks for."""
+    """The one rule for the form of an environment variable a JobSpec asks for.
+
+    Form only (a valid name, not ``TUNEPLANE_*``, plain text of bounded length): whether a loader
+    variable may be set is site policy, decided by :func:`loader_refusal`.
+    """
     where = f"{field}.{name[:80]}"
     if not _ENV_NAME.fullmatch(name) or len(name) > MAX_ENV_NAME_CHARS:
         raise InputRefused(
@@ -118,15 +125,29 @@ def check_env(name: str, value: str, field: str = "env") -> None:
         )
     if name.startswith("TUNEPLANE_"):
         raise InputRefused(where, "uses the reserved TUNEPLANE_ prefix", "Rename the variable.")
-    if is_loader_variable(name):
-        raise InputRefused(
-            where,
-            "would change which libraries or Python modules the workload loads, and a JobSpec "
-            "may not set it",
-            "Put the libraries in the experiment (or ask the Node's operator for a runtime that "
-            "provides them) and remove the variable.",
-        )
     check_text(value, where, MAX_ENV_VALUE_CHARS)
+
+
+def loader_refusal(
+    env: Mapping[str, str], runtime_id: str, allowed: bool, how_to_allow: str, field: str = "env"
+) -> InputRefused | None:
+    """The refusal of the first loader variable (by name) ``env`` sets, or ``None``.
+
+    ``allowed`` is the site's word for ``runtime_id`` (coordinator.toml at Preview, node.toml at
+    Prepare); ``how_to_allow`` finishes the fix, e.g. "ask the Node's operator to set ...".
+    """
+    if allowed:
+        return None
+    for name in sorted(env):
+        if is_loader_variable(name):
+            shown = runtime_id or "(no runtime named)"
+            return InputRefused(
+                f"{field}.{name}",
+                "is a loader variable: it changes which libraries or Python modules the "
+                f"workload loads, and the runtime {shown} does not allow loader variables",
+                f"Remove it from the env (put the libraries in the experiment), or {how_to_allow}.",
+            )
+    return None
 
 
 # -- decoded protocol messages --------------------------------------------------------------------

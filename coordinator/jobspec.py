@@ -5,6 +5,9 @@ Rules:
   error names the field path, the value, why it is wrong and how to fix it (:class:`JobSpecError`).
 - The digest is sha256 over the *canonical* JSON (sorted keys, no whitespace, UTF-8), so the same
   intent always has the same digest and any edit, however small, changes it.
+- Parsing (:func:`loads`, :func:`parse`, :func:`validate`) checks form and knows no site: the Node
+  reads a Prepare's JobSpec with it too. Site policy is separate and pure:
+  :func:`check_loader_policy` is what Preview and the scheduler's re-check at launch apply.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import base64
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from typing import Any
 
 import attrs
@@ -27,6 +30,7 @@ from tuneplane.coordinator.input_checks import (
     check_file_name,
     check_json,
     check_text,
+    loader_refusal,
     text_problem,
 )
 
@@ -269,6 +273,28 @@ def validate(spec: JobSpec) -> None:
             f"exceeds the {MAX_SOURCE_BYTES} byte limit",
             "Keep datasets and checkpoints out of the experiment directory.",
         )
+
+
+def check_loader_policy(spec: JobSpec, loader_env_runtimes: Set[str]) -> None:
+    """Refuse a loader variable (``LD_*``, ``PYTHONPATH``, ...) in ``spec.env`` unless the
+    coordinator allows them for the JobSpec's runtime.
+
+    ``loader_env_runtimes`` holds the runtime ids coordinator.toml sets ``allow_loader_env = true``
+    for. ``spec`` is resolved: an empty ``runtime_id`` has become the recipe's runtime, and a
+    JobSpec that still names none matches no runtime and is refused.
+    """
+    runtime = spec.runtime_id
+    refused = loader_refusal(
+        spec.env,
+        runtime,
+        bool(runtime) and runtime in loader_env_runtimes,
+        "ask the coordinator's operator to allow them with "
+        f'[runtimes."{runtime or "host:<name>"}"] allow_loader_env = true in coordinator.toml '
+        "(the Node's node.toml must allow them for that runtime too)",
+    )
+    if refused is not None:
+        name = refused.field.removeprefix("env.")
+        raise JobSpecError(refused.field, spec.env[name], refused.why, refused.fix)
 
 
 MAX_SHARE_WITH = 100

@@ -38,8 +38,12 @@ class Scheduler:
         prepare_timeout_s: float,
         tick_s: float = 1.0,
         quotas: Mapping[PoolKey, int] | None = None,
+        loader_env_runtimes: frozenset[str] = frozenset(),
     ) -> None:
         self._quotas: Mapping[PoolKey, int] = quotas or {}
+        # coordinator.toml's runtimes whose JobSpecs may set loader variables; re-checked at
+        # launch, as Preview checked them, so a policy tightened since admission holds.
+        self._loader_env_runtimes = loader_env_runtimes
         self._store = store
         self._registry = registry
         self._catalogue = catalogue
@@ -95,9 +99,11 @@ class Scheduler:
             return  # cancelled since the pass read the queue
         try:
             spec = jobspec.loads(job.resolved_json)
+            jobspec.check_loader_policy(spec, self._loader_env_runtimes)
         except jobspec.JobSpecError as exc:
-            # Admitted under looser rules (an older coordinator) or edited in the store: the Job
-            # ends with the sentence, and the scheduler goes on with the rest of the queue.
+            # Admitted under looser rules (an older coordinator, a coordinator.toml that allowed
+            # more then) or edited in the store: the Job ends with the sentence, and the
+            # scheduler goes on with the rest of the queue.
             why = f"its JobSpec does not pass this coordinator's checks ({exc}) Submit it again"
             await cancel_job(self._store, job.run_id, "the coordinator", True, why, now_ms())
             log.warning("queued job refused run_id=%s reason=%s", job.run_id, exc)

@@ -166,7 +166,12 @@ async def serve(opts: ServeOptions) -> None:
         await store.mark_all_disconnected(now_ms())
         registry = SessionRegistry()
         scheduler = Scheduler(
-            store, registry, catalogue, opts.prepare_timeout_s, quotas=config.quotas
+            store,
+            registry,
+            catalogue,
+            opts.prepare_timeout_s,
+            quotas=config.quotas,
+            loader_env_runtimes=config.loader_env_runtimes,
         )
         api = ApiService(store, config, catalogue, scheduler.wake)
         heartbeats = HeartbeatBook()

@@ -258,8 +258,8 @@ async def test_an_exhausted_pool_refuses_the_prepare_and_changes_nothing(tmp_pat
 async def test_a_loader_variable_is_refused_at_prepare_even_past_the_coordinator(
     tmp_path: Path,
 ) -> None:
-    # A coordinator refuses it at Preview already; the Node does not rely on that. (Its JobSpec
-    # reader refuses it first today; the runtime rule in launch_plan stands behind it.)
+    # A coordinator refuses it at Preview unless coordinator.toml allows it; the Node does not
+    # rely on that: its own runtime (here the default host:bash) has the final say.
     spec = attrs.evolve(make_spec("exit 0\n"), env={"SEED": "1", "LD_PRELOAD": "/tmp/evil.so"})
     files = capsule.seal(spec, "member", KEY.run_id, KEY.attempt, 1)
     cmd = m.Prepare(
@@ -269,6 +269,7 @@ async def test_a_loader_variable_is_refused_at_prepare_even_past_the_coordinator
     async with harness(tmp_path) as h:
         await h.manager.handle(cmd)
         (reply,) = h.replies()
-        assert not reply.ok and "LD_PRELOAD" in reply.reason
+        assert not reply.ok and reply.reason.startswith("The Job's env.LD_PRELOAD is a loader")
+        assert "allow_loader_env = true under [runtimes.bash] in node.toml" in reply.reason
         assert await h.state() is S.ABORTED and await h.journal.gpu_owners() == {}
         assert not (h.roots / "work" / str(KEY)).exists()

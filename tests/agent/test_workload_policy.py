@@ -126,10 +126,15 @@ def test_the_environment_is_an_allow_list_where_tuneplane_wins() -> None:
     "name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "LD_AUDIT", "PYTHONHOME"]
 )
 def test_loader_variables_are_refused_unless_the_runtime_allows_them(name: str) -> None:
-    refused = refused_loader_variable({"SEED": "1", name: "/x"}, allow_loader_env=False)
-    assert refused is not None and f"sets {name}" in refused and "allow_loader_env" in refused
-    assert refused_loader_variable({name: "/x"}, allow_loader_env=True) is None
-    assert refused_loader_variable({"SEED": "1"}, allow_loader_env=False) is None
+    refused = refused_loader_variable({"SEED": "1", name: "/x"}, "python3", allow_loader_env=False)
+    assert refused == (
+        f"The Job's env.{name} is a loader variable: it changes which libraries or Python "
+        "modules the workload loads, and the runtime host:python3 does not allow loader "
+        "variables. Remove it from the env (put the libraries in the experiment), or ask this "
+        "Node's operator to set allow_loader_env = true under [runtimes.python3] in node.toml."
+    )
+    assert refused_loader_variable({name: "/x"}, "python3", allow_loader_env=True) is None
+    assert refused_loader_variable({"SEED": "1"}, "python3", allow_loader_env=False) is None
 
 
 def test_the_runtime_name_in_the_entrypoint_becomes_its_interpreter() -> None:

@@ -331,13 +331,22 @@ def test_a_stored_jobspec_that_no_longer_passes_ends_its_job_not_the_coordinator
         assert "queued job refused" in coord.read_log()
 
 
-def test_tp_refuses_a_loader_variable_before_sending_anything(
+def _previews(coord: CoordinatorProcess) -> int:
+    with sqlite3.connect(coord.state_dir / "coordinator.db", timeout=10) as db:
+        count: int = db.execute("SELECT count(*) FROM previews").fetchone()[0]
+    return count
+
+
+def test_tp_sends_a_loader_variable_and_shows_the_coordinators_refusal(
     coord: CoordinatorProcess, tmp_path: Path
 ) -> None:
+    """Whether a loader variable may be set is the site's policy, which ``tp`` cannot know: it
+    checks the form only and the coordinator (coordinator.toml, here the default) refuses."""
     root = tmp_path / "proj"
     root.mkdir()
     for args in (("init", str(root), "--name", "env"), ("new", "job", "--method", "custom/custom")):
         assert _tp(root, *args, context=coord.context_path).returncode == 0
+    previews = _previews(coord)
     for flag in ("LD_PRELOAD=/tmp/x.so", "PYTHONPATH=/tmp", "LD_LIBRARY_PATH=/tmp"):
         done = _tp(
             root, "submit", "job", "--profile", "cpu:0", "--env", flag, "--preview",
@@ -345,8 +354,18 @@ def test_tp_refuses_a_loader_variable_before_sending_anything(
         )  # fmt: skip
         name = flag.split("=")[0]
         assert done.returncode != 0
-        assert f"--env {name}: would change which libraries or Python modules" in done.stderr
+        assert f"JobSpec field 'env.{name}'" in done.stderr, done.stderr
+        assert "the runtime host:bash does not allow loader variables" in done.stderr
+        assert '[runtimes."host:bash"] allow_loader_env = true in coordinator.toml' in done.stderr
+    # The form is still tp's to check, before anything is sent.
+    done = _tp(
+        root, "submit", "job", "--profile", "cpu:0", "--env", "LD-PRELOAD=/x", "--preview",
+        context=coord.context_path,
+    )  # fmt: skip
+    assert done.returncode != 0, done.stderr
+    assert "--env LD-PRELOAD: is not a valid environment variable name" in done.stderr
     assert asyncio.run(_jobs(coord)) == 0
+    assert _previews(coord) == previews
 
 
 def test_a_task_group_failing_with_a_status_or_a_dropped_peer_is_not_internal() -> None:
