@@ -193,3 +193,24 @@ def test_a_policy_tightened_after_admission_holds_at_launch(tmp_path: Path) -> N
         assert "the runtime host:bash does not allow loader variables" in cancelled.state_reason
         assert "Submit it again" in cancelled.state_reason
         assert not cancelled.attempts
+
+
+def test_serve_refuses_a_runtimes_table_it_cannot_read_and_never_listens(tmp_path: Path) -> None:
+    state_dir = tmp_path / "coordinator"
+    admin = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
+    subprocess.run(
+        [*admin, "init", "--state-dir", str(state_dir)], check=True, capture_output=True, timeout=60
+    )
+    config = state_dir / "coordinator.toml"
+    config.write_text(config.read_text() + "\n[runtimes.python3]\nallow_loader_env = true\n")
+    done = subprocess.run(
+        [*admin, "serve", "--state-dir", str(state_dir), "--api-port", "0", "--control-port", "0",
+         "--telemetry-port", "0"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert (
+        f'{config}: [runtimes."python3"] does not name a runtime id. Write the id in quotes as '
+        'Jobs name it: [runtimes."host:python3"]'
+    ) in done.stderr
+    assert not (state_dir / "endpoints.json").exists()
