@@ -6,7 +6,9 @@ before the Preview call (submit) to (a) the last local process having started, (
 runner's exit record (``exit.json``'s ``finished_at``) and (c) the coordinator showing the Job
 ``succeeded``. Sizes: 1 member x 1 process on 1 agent; 4 members x 8 simulated GPUs (32 processes)
 on 4 agents; 16 members x 1 process on 16 agents. Then the idle agent's RSS and CPU% and the
-journal's recovery time (open with its integrity check, then replay) at 100k events.
+journal's recovery time (open with its integrity check, then replay) at 100k events. As root,
+members run as throwaway accounts the bench creates (two per agent, disjoint between agents) and
+removes when it ends; its folder is 0711 so they can pass through to their work and output roots.
 
 Knobs (env, or flags when run as ``python -m bench.agent``): ``TUNEPLANE_BENCH_AGENT_RUNS``
 (``--runs``, default 30, runs of the small size), ``TUNEPLANE_BENCH_AGENT_BIG_RUNS``
@@ -42,7 +44,8 @@ from tuneplane.agent.members import MemberManager
 from tuneplane.coordinator.apiclient import ApiClient
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.cli.connection import resolve_connection
-from tuneplane.coordinator.demo.cluster import LocalCluster
+from tuneplane.coordinator.demo import accounts
+from tuneplane.coordinator.demo.cluster import LocalCluster, running_as_root
 
 FULL_RUNS = 30
 PAYLOAD = (
@@ -53,6 +56,7 @@ PAYLOAD = (
 )
 METHOD = "pytorch/process-group"
 IDLE_SAMPLE_S = 5.0
+ACCOUNTS_PER_AGENT = 2
 JOB_TIMEOUT_S = 120.0
 
 
@@ -202,8 +206,11 @@ def _idle(cluster: LocalCluster) -> None:
     )
 
 
-def bench_size(root: Path, size: Size, measure_idle: bool = False) -> None:
-    with LocalCluster(root / size.name, heartbeat_interval=1.0, heartbeat_timeout=10.0) as cluster:
+def bench_size(root: Path, size: Size, pool: list[str], measure_idle: bool = False) -> None:
+    with LocalCluster(
+        root / size.name, heartbeat_interval=1.0, heartbeat_timeout=10.0, member_pool=pool,
+        accounts_per_agent=ACCOUNTS_PER_AGENT,
+    ) as cluster:  # fmt: skip
         cluster.start_coordinator()
         for n in range(size.agents):
             cluster.add_agent(f"node-{n:02d}", f"h200:{size.gpus_per_agent}")
@@ -306,13 +313,34 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value.strip() else default
 
 
+def _member_accounts(agents: int) -> tuple[list[str], list[str]]:
+    """As root, accounts for ``agents`` agents' members and those created (the caller removes)."""
+    if not running_as_root():
+        return [], []
+    names = [f"tpbench{os.getpid()}x{i}" for i in range(agents * ACCOUNTS_PER_AGENT)]
+    created = accounts.create_missing(names)
+    print(f"created {len(created)} member accounts {names[0]} .. {names[-1]} (removed at the end)")
+    return names, created
+
+
 def run(runs: int, big_runs: int, events: int) -> int:
+    sizes = [
+        Size("small", 1, 1, 1, runs),
+        Size("wide", 4, 8, 4, big_runs),
+        Size("many", 16, 1, 16, big_runs),
+    ]
     root = Path(tempfile.mkdtemp(prefix="tp-bench-agent-"))
-    # Kept when a size fails, so its processes' logs can be read; removed after a clean run.
-    bench_size(root, Size("small", 1, 1, 1, runs), measure_idle=True)
-    bench_size(root, Size("wide", 4, 8, 4, big_runs))
-    bench_size(root, Size("many", 16, 1, 16, big_runs))
-    bench_recovery(root, events)
+    # Members' accounts pass through (never list) to their roots inside it.
+    root.chmod(0o711)
+    pool, created = _member_accounts(max(size.agents for size in sizes))
+    try:
+        # Kept when a size fails, so its processes' logs can be read; removed after a clean run.
+        for i, size in enumerate(sizes):
+            bench_size(root, size, pool, measure_idle=i == 0)
+        bench_recovery(root, events)
+    finally:
+        for problem in accounts.remove(created):
+            print(problem, file=sys.stderr)
     shutil.rmtree(root)
     return 0
 

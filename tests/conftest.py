@@ -4,7 +4,8 @@ Rules: as root, every ``tuneplane-node`` this test run starts without its own ``
 node.toml naming a pool of fresh accounts (``TUNEPLANE_NODE_CONFIG``), so no test ever runs a
 workload as root; pytest's temporary folders (0700) are made passable (0711, never listable) so
 those accounts reach their own work and output directories under them. tests/support's agents
-each get a pool of their own; this shared pool serves the demo cluster's agents.
+and LocalCluster's (``accounts.cluster_pool``) each get a pool of their own; this shared pool
+serves any other agent a test starts.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 Everything here is what a person would do by hand (init, serve, token create, enroll, run, tp
 submit), done as real processes with a fresh dev CA, so the demo proves the product rather than
 imitating it. It exits 0 only when the Job succeeded and every process stopped cleanly.
+
+As root, members never run as root: the agents run them as the documented default pool
+(node-a: ``tuneplane-member-0`` .. ``3``, node-b: ``tuneplane-member-4`` .. ``7``); the demo
+creates the ones that are missing, exactly as docs/operator.md tells a sysadmin to, and removes
+those it created (and only those) when it ends. As any other user, members run as that user.
 """
 
 from __future__ import annotations
@@ -19,10 +24,20 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tuneplane.coordinator.demo.cluster import ClusterError, LocalCluster
+from tuneplane.coordinator.demo import accounts
+from tuneplane.coordinator.demo.cluster import (
+    MEMBER_ROOT_PREFIX,
+    SPARE_MEMBER_PARENT,
+    ClusterError,
+    LocalCluster,
+    running_as_root,
+)
 
 TERMINAL = {"succeeded", "failed", "aborted", "cancelled"}
 MARKER = ".tuneplane-demo"
+# In the marker: the member root a run put outside the workdir, removed with the workdir.
+MEMBERS_LINE = "members: "
+AGENTS = ("node-a", "node-b")
 
 
 def _example_project(dest: Path) -> Path:
@@ -32,16 +47,64 @@ def _example_project(dest: Path) -> Path:
     return dest
 
 
+def _previous_member_root(marker: Path) -> Path | None:
+    """The member root an earlier run kept outside its workdir, if it is one the demo made."""
+    for line in marker.read_text().splitlines():
+        if line.startswith(MEMBERS_LINE):
+            path = Path(line.removeprefix(MEMBERS_LINE))
+            if path.parent == SPARE_MEMBER_PARENT and path.name.startswith(MEMBER_ROOT_PREFIX):
+                return path
+    return None
+
+
 def _prepare_workdir(workdir: Path) -> None:
+    marker = workdir / MARKER
     if workdir.exists():
-        if not (workdir / MARKER).exists():
+        if not marker.exists():
             raise click.UsageError(
                 f"{workdir} exists and was not made by `tuneplane demo`; "
                 "choose another --workdir or remove it."
             )
+        previous = _previous_member_root(marker)
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
-    (workdir / MARKER).write_text("made by tuneplane demo; safe to delete\n")
+    marker.write_text("made by tuneplane demo; safe to delete\n")
+
+
+def _note_member_root(console: Console, cluster: LocalCluster) -> None:
+    root = cluster.members_root()
+    if cluster.member_root_note is not None:
+        with (cluster.root / MARKER).open("a") as marker:
+            marker.write(f"{MEMBERS_LINE}{root}\n")
+        console.print(cluster.member_root_note)
+
+
+def _create_accounts(console: Console, names: tuple[str, ...]) -> list[str]:
+    try:
+        created = accounts.create_missing(names)
+    except accounts.AccountSetupError as exc:
+        raise click.ClickException(
+            f"The demo runs members as the accounts {names[0]} .. {names[-1]} and could not "
+            f"create them: {exc}"
+        ) from None
+    if created:
+        console.print(
+            f"Created the member accounts {', '.join(created)} "
+            f"(`{' '.join(accounts.USERADD)}`, as docs/operator.md does); the demo removes "
+            "them when it ends."
+        )
+    return created
+
+
+def _remove_accounts(console: Console, created: list[str]) -> bool:
+    problems = accounts.remove(created)
+    for problem in problems:
+        console.print(f"[red]{problem}[/]")
+    if created and not problems:
+        console.print(f"Removed the member accounts the demo created: {', '.join(created)}.")
+    return not problems
 
 
 def _job(cluster: LocalCluster, run_id: str) -> dict[str, Any]:
@@ -94,19 +157,42 @@ def demo(workdir: Path, experiment: str, profile: str, timeout: float) -> None:
     console = Console()
     workdir = workdir.resolve()
     _prepare_workdir(workdir)
+    console.rule("TunePlane demo")
+    console.print(f"[bold]workdir[/] {workdir}")
+    ok = False
+    created: list[str] = []
+    if running_as_root():
+        created = _create_accounts(console, accounts.DEFAULT_POOL)
+    try:
+        ok = _run_demo(console, workdir, experiment, profile, timeout)
+    finally:
+        ok = _remove_accounts(console, created) and ok
+    console.print("[green]demo succeeded[/]" if ok else "[red]demo failed[/]")
+    sys.exit(0 if ok else 1)
+
+
+def _run_demo(
+    console: Console, workdir: Path, experiment: str, profile: str, timeout: float
+) -> bool:
     ok = False
     with LocalCluster(workdir) as cluster:
         try:
-            console.rule("TunePlane demo")
-            console.print(f"[bold]workdir[/] {workdir}")
+            _note_member_root(console, cluster)
             cluster.start_coordinator()
             console.print(
                 f"coordinator: api {cluster.endpoints['api']}, control "
                 f"{cluster.endpoints['control']}, telemetry {cluster.endpoints['telemetry']} (TLS)"
             )
-            for name in ("node-a", "node-b"):
+            for name in AGENTS:
                 agent = cluster.add_agent(name, "h200:2")
-                console.print(f"enrolled {name} as Node {agent.node_id} with 2 simulated H200s")
+                who = (
+                    f"members run as {agent.pool[0]} .. {agent.pool[-1]}"
+                    if agent.pool
+                    else "members run as this user"
+                )
+                console.print(
+                    f"enrolled {name} as Node {agent.node_id} with 2 simulated H200s ({who})"
+                )
             cluster.wait_connected()
             console.print("both agents connected")
             project = _example_project(workdir / "project")
@@ -131,8 +217,7 @@ def demo(workdir: Path, experiment: str, profile: str, timeout: float) -> None:
     if stray:
         console.print(f"[red]processes still running:[/] {', '.join(stray)}")
         ok = False
-    console.print("[green]demo succeeded[/]" if ok else "[red]demo failed[/]")
-    sys.exit(0 if ok else 1)
+    return ok
 
 
 def _chart(console: Console, cluster: LocalCluster, run_id: str, timeout: float) -> bool:

@@ -2,7 +2,12 @@
 
 Rules: every process this module starts is stopped by :meth:`LocalCluster.close` (SIGTERM, a
 grace period, then SIGKILL), and the cluster waits on files the processes write atomically
-(``endpoints.json``, the agent's ``status.json``) rather than on sleeps.
+(``endpoints.json``, the agent's ``status.json``) rather than on sleeps. Each agent reads a
+node.toml of its own (``nodes/<name>.toml``): as root its members run as a slice of the cluster's
+account pool that no other agent of the cluster uses (never as root), otherwise as the agent's
+own user (``mode = "agent"``). Members' work and output roots lie in a folder those accounts can
+pass through: ``members/`` inside the cluster's folder, or, when a folder above it is closed to
+other accounts (``/root`` is 0700), a fresh 0711 folder in /var/tmp that is kept for inspection.
 """
 
 from __future__ import annotations
@@ -12,11 +17,18 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import attrs
+
+from tuneplane.coordinator.demo import accounts
+
+# Where the member root goes when the cluster's own folder cannot be reached by pool accounts.
+SPARE_MEMBER_PARENT = Path("/var/tmp")
+MEMBER_ROOT_PREFIX = "tuneplane-members-"
 
 
 class ClusterError(RuntimeError):
@@ -95,18 +107,61 @@ class Agent:
     out_root: Path
     node_id: str
     process: ManagedProcess
+    work_root: Path
+    config_path: Path
+    # The accounts its members run as; empty when they run as the agent's own user.
+    pool: tuple[str, ...] = ()
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def running_as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _passable(folder: Path) -> None:
+    """Let other accounts pass through ``folder`` (never list it): adds only execute bits."""
+    mode = folder.stat().st_mode & 0o7777
+    if not mode & 0o001:
+        folder.chmod(mode | 0o011)
+
+
+def node_toml(out_root: Path, work_root: Path, pool: Sequence[str]) -> str:
+    """The node.toml of one cluster agent: its roots and who its members run as."""
+    lines = [f"out_root = {json.dumps(str(out_root))}", f"work_root = {json.dumps(str(work_root))}"]
+    lines.append("")
+    lines.append("[accounts]")
+    if pool:
+        lines.append('mode = "pool"')
+        lines.append(f"pool = [{', '.join(json.dumps(name) for name in pool)}]")
+    else:
+        lines.append('mode = "agent"')
+    return "\n".join(lines) + "\n"
 
 
 @attrs.define(eq=False)
 class LocalCluster:
-    """Start with :meth:`start`; always :meth:`close` (it is also a context manager)."""
+    """Start with :meth:`start`; always :meth:`close` (it is also a context manager).
+
+    ``member_pool`` (used only as root): the accounts the agents' members run as, handed out
+    ``accounts_per_agent`` at a time in the order agents are added (default: the documented
+    pool ``tuneplane-member-0`` .. ``7``, so two agents of four accounts each). The accounts must
+    exist; :mod:`tuneplane.coordinator.demo.accounts` creates them.
+    """
 
     root: Path
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 5.0
+    member_pool: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    accounts_per_agent: int = 4
+    member_root: Path | None = None
     coordinator: ManagedProcess | None = None
     endpoints: dict[str, object] = attrs.field(factory=dict)
     agents: list[Agent] = attrs.field(factory=list)
+    # A sentence saying why the member root is outside the cluster's folder (None when inside).
+    member_root_note: str | None = None
 
     @property
     def coordinator_dir(self) -> Path:
@@ -150,24 +205,71 @@ class LocalCluster:
         )  # fmt: skip
         return out.strip().splitlines()[-1].strip()
 
+    def members_root(self) -> Path:
+        """Where every agent's work and output roots go; chosen once (see the module's rules)."""
+        if self.member_root is not None:
+            return self.member_root
+        self.root.mkdir(parents=True, exist_ok=True)
+        root = self.root / "members"
+        if running_as_root():
+            _passable(self.root)
+            blocked = accounts.blocking_folder(self.root)
+            if blocked is not None:
+                root = Path(tempfile.mkdtemp(prefix=MEMBER_ROOT_PREFIX, dir=SPARE_MEMBER_PARENT))
+                self.member_root_note = (
+                    f"Members' work and output folders are in {root} (kept for inspection), "
+                    f"because their accounts cannot pass through {blocked}."
+                )
+        root.mkdir(exist_ok=True)
+        root.chmod(0o711)
+        self.member_root = root
+        return root
+
+    def pool_for(self, index: int) -> tuple[str, ...]:
+        """The accounts of the ``index``-th agent's members: empty unless running as root."""
+        if not running_as_root():
+            return ()
+        pool = self.member_pool or accounts.DEFAULT_POOL
+        start = index * self.accounts_per_agent
+        mine = pool[start : start + self.accounts_per_agent]
+        if len(mine) < self.accounts_per_agent:
+            raise ClusterError(
+                f"Agent {index + 1} needs {self.accounts_per_agent} member accounts, but the "
+                f"cluster's pool of {len(pool)} has {len(mine)} left; give LocalCluster a larger "
+                "member_pool."
+            )
+        absent = accounts.missing(mine)
+        if absent:
+            raise ClusterError(
+                f"The member accounts {', '.join(absent)} do not exist; create them with "
+                f"`{' '.join(accounts.USERADD)} NAME` (see docs/operator.md)."
+            )
+        return mine
+
     def add_agent(self, name: str, simulate_gpus: str | None) -> Agent:
         state = self.root / "nodes" / name
-        out_root = self.root / "outputs" / name
+        pool = self.pool_for(len(self.agents))
+        mine = self.members_root() / name
+        out_root, work_root = mine / "outputs", mine / "work"
+        for folder in (mine, out_root, work_root):
+            folder.mkdir(exist_ok=True)
+            folder.chmod(0o711)
+        config = self.root / "nodes" / f"{name}.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(node_toml(out_root, work_root, pool))
+        node_cli = [*NODE, "--config", str(config)]
         gpus = ["--simulate-gpus", simulate_gpus] if simulate_gpus else []
         _run(
             [
-                *NODE, "enroll", "--state-dir", str(state),
+                *node_cli, "enroll", "--state-dir", str(state),
                 "--coordinator", str(self.endpoints["control"]),
                 "--ca", str(self.endpoints["ca"]), "--token", self.join_token(), *gpus,
             ],
             f"tuneplane-node enroll ({name})",
         )  # fmt: skip
         node = json.loads((state / "node.json").read_text())
-        proc = self._spawn(
-            name,
-            [*NODE, "run", "--state-dir", str(state), "--out-root", str(out_root), *gpus],
-        )
-        agent = Agent(name, state, out_root, str(node["node_id"]), proc)
+        proc = self._spawn(name, [*node_cli, "run", "--state-dir", str(state), *gpus])
+        agent = Agent(name, state, out_root, str(node["node_id"]), proc, work_root, config, pool)
         self.agents.append(agent)
         return agent
 

@@ -23,6 +23,7 @@ from tests.integration.lifecycle_support import (
     wait_job,
     wait_state,
 )
+from tests.support import accounts
 from tuneplane.coordinator.demo.cluster import COORDINATOR, TP, LocalCluster
 
 SIGKILL = 9
@@ -32,7 +33,11 @@ SIGTERM = 15
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root = tmp_path_factory.mktemp("lifecycle")
-    with LocalCluster(root / "cluster", heartbeat_interval=0.5, heartbeat_timeout=3) as c:
+    pool = accounts.cluster_pool(2)
+    with LocalCluster(
+        root / "cluster", heartbeat_interval=0.5, heartbeat_timeout=3, member_pool=pool,
+        member_root=accounts.traversable_root("job_lifecycle"),
+    ) as c:  # fmt: skip
         c.start_coordinator()
         c.add_agent("node-a", "h200:2")
         c.add_agent("node-b", "h200:2")

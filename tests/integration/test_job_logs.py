@@ -25,6 +25,7 @@ from tests.integration.lifecycle_support import (
     wait_job,
     wait_state,
 )
+from tests.support import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
 from tuneplane.coordinator.store_logs import KEEP_BYTES
 
@@ -32,7 +33,11 @@ from tuneplane.coordinator.store_logs import KEEP_BYTES
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root = tmp_path_factory.mktemp("logs")
-    with LocalCluster(root / "cluster", heartbeat_interval=0.5, heartbeat_timeout=3) as c:
+    pool = accounts.cluster_pool(1)
+    with LocalCluster(
+        root / "cluster", heartbeat_interval=0.5, heartbeat_timeout=3, member_pool=pool,
+        member_root=accounts.traversable_root("job_logs"),
+    ) as c:  # fmt: skip
         c.start_coordinator()
         c.add_agent("node-a", "h200:2")
         c.wait_connected()

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
 
 SCRIPT = """env > "$TUNEPLANE_OUT_DIR/env.txt"
@@ -26,7 +27,11 @@ PY
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Any:
-    with LocalCluster(tmp_path / "cluster", heartbeat_interval=0.5, heartbeat_timeout=3) as c:
+    pool = accounts.cluster_pool(1)
+    with LocalCluster(
+        tmp_path / "cluster", heartbeat_interval=0.5, heartbeat_timeout=3, member_pool=pool,
+        member_root=accounts.traversable_root("telemetry_e2e"),
+    ) as c:  # fmt: skip
         c.start_coordinator()
         c.add_agent("node-a", "h200:2")
         c.wait_connected()

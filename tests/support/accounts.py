@@ -67,6 +67,11 @@ def make_pool(count: int) -> list[str]:
     return names
 
 
+def cluster_pool(agents: int, per_agent: int = 4) -> list[str]:
+    """``member_pool`` of a LocalCluster of ``agents`` agents: fresh accounts as root, else none."""
+    return make_pool(agents * per_agent) if is_root() else []
+
+
 def traversable_root(prefix: str) -> Path:
     """A fresh folder under /tmp (0711) that accounts can pass through; removed at exit."""
     root = Path(tempfile.mkdtemp(prefix=f"tuneplane-{prefix}-", dir="/tmp"))
@@ -91,4 +96,4 @@ def _remove_all() -> None:
     _CREATED.clear()
 
 
-__all__ = ["is_root", "make_pool", "require", "require_root", "traversable_root"]
+__all__ = ["cluster_pool", "is_root", "make_pool", "require", "require_root", "traversable_root"]
