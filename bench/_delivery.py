@@ -18,6 +18,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from tuneplane.coordinator.demo import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
 from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
@@ -57,7 +58,15 @@ def _percentile(values: list[float], q: float) -> float:
 
 def end_to_end(root: Path, rate: int, seconds: int) -> dict[str, float]:
     """Run the writer Job and return latency figures (seconds) and the delivered count."""
-    with LocalCluster(root / "cluster", heartbeat_interval=0.5, heartbeat_timeout=5) as cluster:
+    # As root, members run as throwaway accounts that pass through ``root`` to their roots in it.
+    root.chmod(0o711)
+    with (
+        accounts.throwaway_pool("tpdelivery", 2) as pool,
+        LocalCluster(
+            root / "cluster", heartbeat_interval=0.5, heartbeat_timeout=5, member_pool=pool,
+            accounts_per_agent=2,
+        ) as cluster,
+    ):  # fmt: skip
         cluster.start_coordinator()
         cluster.add_agent("node-a", "h200:1")
         cluster.wait_connected()

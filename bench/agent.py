@@ -45,7 +45,7 @@ from tuneplane.coordinator.apiclient import ApiClient
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.cli.connection import resolve_connection
 from tuneplane.coordinator.demo import accounts
-from tuneplane.coordinator.demo.cluster import LocalCluster, running_as_root
+from tuneplane.coordinator.demo.cluster import LocalCluster
 
 FULL_RUNS = 30
 PAYLOAD = (
@@ -313,16 +313,6 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value.strip() else default
 
 
-def _member_accounts(agents: int) -> tuple[list[str], list[str]]:
-    """As root, accounts for ``agents`` agents' members and those created (the caller removes)."""
-    if not running_as_root():
-        return [], []
-    names = [f"tpbench{os.getpid()}x{i}" for i in range(agents * ACCOUNTS_PER_AGENT)]
-    created = accounts.create_missing(names)
-    print(f"created {len(created)} member accounts {names[0]} .. {names[-1]} (removed at the end)")
-    return names, created
-
-
 def run(runs: int, big_runs: int, events: int) -> int:
     sizes = [
         Size("small", 1, 1, 1, runs),
@@ -332,15 +322,12 @@ def run(runs: int, big_runs: int, events: int) -> int:
     root = Path(tempfile.mkdtemp(prefix="tp-bench-agent-"))
     # Members' accounts pass through (never list) to their roots inside it.
     root.chmod(0o711)
-    pool, created = _member_accounts(max(size.agents for size in sizes))
-    try:
+    agents = max(size.agents for size in sizes)
+    with accounts.throwaway_pool("tpbench", agents * ACCOUNTS_PER_AGENT) as pool:
         # Kept when a size fails, so its processes' logs can be read; removed after a clean run.
         for i, size in enumerate(sizes):
             bench_size(root, size, pool, measure_idle=i == 0)
         bench_recovery(root, events)
-    finally:
-        for problem in accounts.remove(created):
-            print(problem, file=sys.stderr)
     shutil.rmtree(root)
     return 0
 

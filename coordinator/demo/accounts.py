@@ -9,10 +9,13 @@ group with anything of the Node.
 
 from __future__ import annotations
 
+import os
 import pwd
 import subprocess
+import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from tuneplane.agent.config import default_policy
@@ -79,6 +82,26 @@ def remove(names: Iterable[str]) -> list[str]:
     return problems
 
 
+@contextmanager
+def throwaway_pool(prefix: str, count: int) -> Iterator[list[str]]:
+    """As root, ``count`` fresh accounts named ``<prefix><pid>x<i>``, removed when the block ends.
+
+    Not root: no accounts (members then run as the current user). For benchmarks, which must not
+    share the demo's accounts with anything else running on the machine.
+    """
+    if os.geteuid() != 0:
+        yield []
+        return
+    names = [f"{prefix}{os.getpid()}x{i}" for i in range(count)]
+    created = create_missing(names)
+    print(f"created {len(created)} member accounts {names[0]} .. {names[-1]} (removed at the end)")
+    try:
+        yield names
+    finally:
+        for problem in remove(created):
+            print(problem, file=sys.stderr)
+
+
 def blocking_folder(path: Path) -> Path | None:
     """The first folder from ``/`` down to ``path`` that other accounts cannot pass, if any.
 
@@ -102,4 +125,5 @@ __all__ = [
     "create_missing",
     "missing",
     "remove",
+    "throwaway_pool",
 ]
