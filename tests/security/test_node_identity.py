@@ -96,11 +96,7 @@ def node_json(coord: CoordinatorProcess, node_id: str) -> dict[str, Any]:
 
 def node_join_token(coord: CoordinatorProcess, node_id: str) -> str:
     """A join token that only re-enrolls ``node_id`` (`token create --node`)."""
-    out = coord.admin("token", "create", "--node", node_id, "--json")
-    assert out.returncode == 0, out.stderr
-    made = json.loads(out.stdout)
-    assert made["for_node"] == node_id
-    return str(made["token"])
+    return coord.create_join_token(node=node_id)
 
 
 def reenroll(

@@ -417,7 +417,7 @@ def test_a_re_enrolled_node_keeps_its_journal_and_its_reports_still_count(
         node_cli(
             "enroll", "--re-enroll", "--state-dir", str(b.state_dir),
             "--coordinator", coord.control, "--ca", str(coord.ca_path),
-            "--token", coord.create_join_token(), "--simulate-gpus", "h200:2",
+            "--token", coord.create_join_token(node=b.node_id), "--simulate-gpus", "h200:2",
         ),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

@@ -102,25 +102,24 @@ class CoordinatorProcess:
         )
         return api, control, telemetry
 
-    def create_join_token(self, fleet: str = "default", ttl: str = "1h") -> str:
-        """A one-time join token, made by the real ``token create`` command."""
+    def create_join_token(
+        self, fleet: str = "default", ttl: str = "1h", node: str | None = None
+    ) -> str:
+        """A one-time join token, made by the real ``token create`` command; with ``node``, one
+        that only re-enrolls that Node (``token create --node``)."""
+        for_node = ["--node", node] if node is not None else []
         out = subprocess.run(
             _admin(
-                "token",
-                "create",
-                "--state-dir",
-                str(self.state_dir),
-                "--fleet",
-                fleet,
-                "--ttl",
-                ttl,
-                "--json",
+                "token", "create", "--state-dir", str(self.state_dir), "--fleet", fleet,
+                "--ttl", ttl, *for_node, "--json",
             ),
             check=True,
             capture_output=True,
             timeout=30,
-        )
-        return str(json.loads(out.stdout)["token"])
+        )  # fmt: skip
+        made = json.loads(out.stdout)
+        assert made.get("for_node") == node, made
+        return str(made["token"])
 
     def admin(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run another ``tuneplane-coordinator`` command against this state directory."""
