@@ -13,7 +13,9 @@ those it created (and only those) when it ends. As any other user, members run a
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import sys
 import time
 from importlib import resources
@@ -52,7 +54,14 @@ def _previous_member_root(marker: Path) -> Path | None:
     for line in marker.read_text().splitlines():
         if line.startswith(MEMBERS_LINE):
             path = Path(line.removeprefix(MEMBERS_LINE))
-            if path.parent == SPARE_MEMBER_PARENT and path.name.startswith(MEMBER_ROOT_PREFIX):
+            if path.parent != SPARE_MEMBER_PARENT or not path.name.startswith(MEMBER_ROOT_PREFIX):
+                continue
+            try:
+                info = path.lstat()
+            except FileNotFoundError:
+                continue
+            # /var/tmp is everyone's: remove only a real folder of this user's.
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
                 return path
     return None
 

@@ -6,8 +6,10 @@ grace period, then SIGKILL), and the cluster waits on files the processes write 
 node.toml of its own (``nodes/<name>.toml``): as root its members run as a slice of the cluster's
 account pool that no other agent of the cluster uses (never as root), otherwise as the agent's
 own user (``mode = "agent"``). Members' work and output roots lie in a folder those accounts can
-pass through: ``members/`` inside the cluster's folder, or, when a folder above it is closed to
-other accounts (``/root`` is 0700), a fresh 0711 folder in /var/tmp that is kept for inspection.
+pass through: ``members/`` inside the cluster's folder (which, as root, gets execute bits for
+others, never read bits), or, when a folder above it is closed to other accounts (``/root`` is
+0700), a fresh 0711 folder in /var/tmp that is kept for inspection. Nothing above the cluster's
+folder is ever changed.
 """
 
 from __future__ import annotations
