@@ -66,7 +66,7 @@ def _previous_member_root(marker: Path) -> Path | None:
     return None
 
 
-def _prepare_workdir(workdir: Path) -> None:
+def prepare_workdir(workdir: Path) -> None:
     marker = workdir / MARKER
     if workdir.exists():
         if not marker.exists():
@@ -165,7 +165,7 @@ def demo(workdir: Path, experiment: str, profile: str, timeout: float) -> None:
     """Start a coordinator and two agents on loopback and run the example Job end to end."""
     console = Console()
     workdir = workdir.resolve()
-    _prepare_workdir(workdir)
+    prepare_workdir(workdir)
     console.rule("TunePlane demo")
     console.print(f"[bold]workdir[/] {workdir}")
     ok = False

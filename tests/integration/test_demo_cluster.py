@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,13 @@ import pytest
 
 from tests.integration.lifecycle_support import project, submit, wait_state
 from tests.support import accounts
-from tuneplane.coordinator.demo.cluster import SPARE_MEMBER_PARENT, LocalCluster, node_toml
+from tuneplane.coordinator.demo.cli import MARKER, MEMBERS_LINE, prepare_workdir
+from tuneplane.coordinator.demo.cluster import (
+    MEMBER_ROOT_PREFIX,
+    SPARE_MEMBER_PARENT,
+    LocalCluster,
+    node_toml,
+)
 
 WHOAMI = 'id -un > "$TUNEPLANE_OUT_DIR/whoami"\npwd > "$TUNEPLANE_OUT_DIR/cwd"\n'
 
@@ -90,3 +97,31 @@ def test_a_cluster_agent_that_is_not_root_runs_members_as_itself() -> None:
         "work_root": "/w/work",
         "accounts": {"mode": "agent"},
     }
+
+
+def test_a_rerun_removes_only_its_own_member_folder(tmp_path: Path) -> None:
+    """The marker may name anything and /var/tmp is shared: links and others' folders stay."""
+    accounts.require_root()
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "keep").write_text("keep\n")
+    link = Path(tempfile.mkdtemp(prefix=MEMBER_ROOT_PREFIX, dir=SPARE_MEMBER_PARENT))
+    link.rmdir()
+    link.symlink_to(target)
+    foreign = Path(tempfile.mkdtemp(prefix=MEMBER_ROOT_PREFIX, dir=SPARE_MEMBER_PARENT))
+    os.chown(foreign, 65534, 65534)
+    own = Path(tempfile.mkdtemp(prefix=MEMBER_ROOT_PREFIX, dir=SPARE_MEMBER_PARENT))
+    try:
+        for named in (link, foreign, target, own):
+            workdir = tmp_path / f"demo-{named.name}"
+            workdir.mkdir()
+            (workdir / MARKER).write_text(f"made by tuneplane demo\n{MEMBERS_LINE}{named}\n")
+            prepare_workdir(workdir)
+            assert (workdir / MARKER).exists()
+        assert (target / "keep").read_text() == "keep\n"
+        assert link.is_symlink() and foreign.is_dir()
+        assert not own.exists()
+    finally:
+        link.unlink(missing_ok=True)
+        shutil.rmtree(foreign, ignore_errors=True)
+        shutil.rmtree(own, ignore_errors=True)
