@@ -159,6 +159,24 @@ def test_an_unexpected_error_is_internal_with_an_id_that_is_in_the_log(
     assert f"error_id={error_id}" in caplog.text and "KeyError" in caplog.text
 
 
+def _hostile_control(
+    coord: CoordinatorProcess, mode: str, out: Path, timeout: float
+) -> dict[str, Any]:
+    """Stop ``coord`` and serve its control address with ``hostile_control.py <mode>`` until it
+    is done; return what the stand-in saw of the agent."""
+    host, _, port = coord.control.rpartition(":")
+    coord.stop()
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.security.hostile_control", mode, host, port,
+         str(coord.state_dir), str(out)],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen: dict[str, Any] = json.loads(out.read_text())
+    return seen
+
+
 def test_an_agent_refuses_a_prepare_with_a_nul_in_a_file_name_and_keeps_running(
     tmp_path: Path,
 ) -> None:
@@ -169,17 +187,7 @@ def test_an_agent_refuses_a_prepare_with_a_nul_in_a_file_name_and_keeps_running(
     agent = start_agent(tmp_path, coord, "node-a", simulate_gpus="h200:1")
     try:
         agent.wait_connected()
-        host, _, port = coord.control.rpartition(":")
-        coord.stop()
-        out = tmp_path / "hostile.json"
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.security.hostile_control", "prepare", host, port,
-             str(coord.state_dir), str(out)],
-            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
-            timeout=120, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        seen = json.loads(out.read_text())
+        seen = _hostile_control(coord, "prepare", tmp_path / "hostile.json", timeout=120)
         by_run = {r["run_id"]: r for r in seen["replies"]}
         for run_id, named in (
             ("run-nul-source", "source_files"),
@@ -212,17 +220,7 @@ def test_an_agent_survives_undecodable_and_oversized_messages_from_its_coordinat
     agent = start_agent(tmp_path, coord, "node-a", simulate_gpus="h200:1")
     try:
         agent.wait_connected()
-        host, _, port = coord.control.rpartition(":")
-        coord.stop()
-        out = tmp_path / "hostile.json"
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.security.hostile_control", "flood", host, port,
-             str(coord.state_dir), str(out)],
-            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
-            timeout=150, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        seen = json.loads(out.read_text())
+        seen = _hostile_control(coord, "flood", tmp_path / "hostile.json", timeout=150)
         assert seen["connections"] == 3 and seen["heartbeats_after"] >= 3, seen
         assert agent.alive(), agent.read_log()
         log = agent.read_log()
