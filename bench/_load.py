@@ -1,9 +1,11 @@
-"""Heartbeat load generator: one process playing many Nodes on real Connect streams.
+"""Load driver: one process playing many Nodes on real Connect streams.
 
-Run by ``bench/coordinator.py`` as ``python -m bench._load CONFIG.json``. The config names the
-control address, the CA, the Nodes' ids and credentials, and how many grpclib channels to spread
-the streams over. Protocol on stdio: print ``ready <connected>`` once every stream has its
-Welcome, wait for a line on stdin, count HeartbeatAcks for ``window_s``, print one JSON result.
+Run by ``bench/coordinator.py`` as ``python -m bench._load CONFIG.json`` to count heartbeat acks;
+:func:`drive` is also what ``bench/_rotation_load.py`` plays its renewing Nodes with. The config
+names the control address, the CA, the Nodes' ids and credentials, and how many grpclib channels
+to spread the streams over. Protocol on stdio: print ``ready <connected>`` once every stream has
+its Welcome, wait for a line on stdin, measure (here: count HeartbeatAcks for ``window_s``),
+print one JSON result.
 """
 
 from __future__ import annotations
@@ -12,127 +14,145 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import betterproto
-from grpclib.client import Channel
+from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
 
 from tuneplane.coordinator.tls import client_context
 from tuneplane.proto import v1
 
-
-class Counter:
-    def __init__(self) -> None:
-        self.acks = 0
-        self.counting = False
-        self.latencies: list[float] = []
+NodeStream = Stream[v1.NodeMessage, v1.CoordinatorMessage]
+# What a Node does once welcomed: given its stream and the heartbeat interval Welcome gave.
+Speak = Callable[[NodeStream, float], Awaitable[None]]
 
 
-async def _node(
-    channel: Channel,
-    node_id: str,
-    credential: str,
-    counter: Counter,
-    welcomed: asyncio.Queue[int],
-    stop: asyncio.Event,
+def gpu_inventory(node_id: str) -> v1.Inventory:
+    """An eight-GPU H200 host, as the heartbeat load reports itself."""
+    return v1.Inventory(
+        hostname=node_id,
+        cpu_count=64,
+        memory_bytes=1 << 40,
+        gpu_source="simulated",
+        gpus=[
+            v1.Gpu(index=i, uuid=f"GPU-{node_id}-{i}", series="h200", healthy=True)
+            for i in range(8)
+        ],
+    )
+
+
+async def heartbeats(
+    stream: NodeStream, interval: float, sent: dict[int, float] | None = None
 ) -> None:
-    async with channel.request(
-        "/tuneplane.v1.Control/Connect",
-        Cardinality.STREAM_STREAM,
-        v1.NodeMessage,
-        v1.CoordinatorMessage,
-        metadata={"authorization": f"Bearer {credential}"},
-    ) as stream:
-        await stream.send_request()
-        inventory = v1.Inventory(
-            hostname=node_id,
-            cpu_count=64,
-            memory_bytes=1 << 40,
-            gpu_source="simulated",
-            gpus=[
-                v1.Gpu(index=i, uuid=f"GPU-{node_id}-{i}", series="h200", healthy=True)
-                for i in range(8)
-            ],
-        )
-        await stream.send_message(
-            v1.NodeMessage(
-                hello=v1.Hello(node_id=node_id, agent_version="bench", inventory=inventory)
-            )
-        )
-        first = await stream.recv_message()
-        assert first is not None and betterproto.which_one_of(first, "body")[0] == "welcome"
-        interval = first.welcome.heartbeat_interval_ms / 1000
-        await welcomed.put(1)
-        sent: dict[int, float] = {}
-
-        async def beat() -> None:
-            seq = 0
-            while not stop.is_set():
-                seq += 1
-                sent[seq] = time.monotonic()
-                await stream.send_message(v1.NodeMessage(heartbeat=v1.Heartbeat(seq=seq)))
-                await asyncio.sleep(interval)
-
-        beater = asyncio.create_task(beat())
-        try:
-            while not stop.is_set():
-                message = await stream.recv_message()
-                if message is None:
-                    return
-                kind, body = betterproto.which_one_of(message, "body")
-                if kind == "heartbeat_ack" and counter.counting and body is not None:
-                    counter.acks += 1
-                    at = sent.pop(body.seq, None)
-                    if at is not None:
-                        counter.latencies.append(time.monotonic() - at)
-        finally:
-            beater.cancel()
+    """Send a Heartbeat every ``interval`` seconds, noting in ``sent`` when each one left."""
+    seq = 0
+    while True:
+        seq += 1
+        if sent is not None:
+            sent[seq] = time.monotonic()
+        await stream.send_message(v1.NodeMessage(heartbeat=v1.Heartbeat(seq=seq)))
+        await asyncio.sleep(interval)
 
 
-async def run(config: dict[str, Any]) -> dict[str, Any]:
+async def drive(
+    config: dict[str, Any],
+    inventory: Callable[[str], v1.Inventory],
+    speak: Callable[[str], Speak],
+    measure: Callable[[], Awaitable[dict[str, Any]]],
+) -> dict[str, Any]:
+    """Connect every Node of ``config``, say ready, wait for "go", and return ``measure()``.
+
+    Each Node opens its Connect stream, sends Hello with ``inventory(node_id)``, and once welcomed
+    runs ``speak(node_id)`` on the stream until the measurement is over.
+    """
     host, _, port = config["control"].rpartition(":")
     ctx = client_context(Path(config["ca"]))
     channels = [Channel(host, int(port), ssl=ctx) for _ in range(config["channels"])]
-    counter = Counter()
     welcomed: asyncio.Queue[int] = asyncio.Queue()
-    stop = asyncio.Event()
+
+    async def node(channel: Channel, node_id: str, credential: str) -> None:
+        async with channel.request(
+            "/tuneplane.v1.Control/Connect",
+            Cardinality.STREAM_STREAM,
+            v1.NodeMessage,
+            v1.CoordinatorMessage,
+            metadata={"authorization": f"Bearer {credential}"},
+        ) as stream:
+            await stream.send_request()
+            hello = v1.Hello(node_id=node_id, agent_version="bench", inventory=inventory(node_id))
+            await stream.send_message(v1.NodeMessage(hello=hello))
+            first = await stream.recv_message()
+            assert first is not None and betterproto.which_one_of(first, "body")[0] == "welcome"
+            await welcomed.put(1)
+            await speak(node_id)(stream, first.welcome.heartbeat_interval_ms / 1000)
+
     nodes = config["nodes"]
     tasks = [
-        asyncio.create_task(
-            _node(channels[i % len(channels)], n["id"], n["credential"], counter, welcomed, stop)
-        )
+        asyncio.create_task(node(channels[i % len(channels)], n["id"], n["credential"]))
         for i, n in enumerate(nodes)
     ]
-    for _ in nodes:
-        await welcomed.get()
-    print(f"ready {len(nodes)}", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    counter.counting = True
-    started = time.monotonic()
-    await asyncio.sleep(config["window_s"])
-    counter.counting = False
-    elapsed = time.monotonic() - started
-    stop.set()
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    for channel in channels:
-        channel.close()
-    return {
-        "acks": counter.acks,
-        "elapsed_s": elapsed,
-        # Every ack's latency, so the parent computes percentiles over all loaders together.
-        "latencies_ms": [round(1000 * x, 3) for x in counter.latencies],
-    }
+    try:
+        for _ in nodes:
+            await welcomed.get()
+        print(f"ready {len(nodes)}", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        return await measure()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in channels:
+            channel.close()
 
 
-def main() -> int:
+def main_with(run: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> int:
+    """Read the config named on the command line, run, print the JSON result."""
     config = json.loads(Path(sys.argv[1]).read_text())
     print(json.dumps(asyncio.run(run(config))), flush=True)
     return 0
 
 
+async def run(config: dict[str, Any]) -> dict[str, Any]:
+    acks = 0
+    counting = False
+    latencies: list[float] = []
+
+    def speak(node_id: str) -> Speak:
+        async def acked(stream: NodeStream, interval: float) -> None:
+            nonlocal acks
+            sent: dict[int, float] = {}
+            beater = asyncio.create_task(heartbeats(stream, interval, sent))
+            try:
+                async for message in stream:
+                    kind, body = betterproto.which_one_of(message, "body")
+                    if kind == "heartbeat_ack" and counting and isinstance(body, v1.HeartbeatAck):
+                        acks += 1
+                        at = sent.pop(body.seq, None)
+                        if at is not None:
+                            latencies.append(time.monotonic() - at)
+            finally:
+                beater.cancel()
+
+        return acked
+
+    async def measure() -> dict[str, Any]:
+        nonlocal counting
+        counting = True
+        started = time.monotonic()
+        await asyncio.sleep(config["window_s"])
+        counting = False
+        return {
+            "acks": acks,
+            "elapsed_s": time.monotonic() - started,
+            # Every ack's latency, so the parent computes percentiles over all loaders together.
+            "latencies_ms": [round(1000 * x, 3) for x in latencies],
+        }
+
+    return await drive(config, gpu_inventory, speak, measure)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main_with(run))

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 from grpclib.client import Channel
@@ -45,7 +46,7 @@ ADMIN = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
 HEARTBEAT_INTERVAL_S = 5.0
 
 
-def _env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
@@ -196,7 +197,7 @@ async def _admissions(coord: Coordinator, count: int, in_flight: int) -> float:
 
 
 def bench_admissions(coord: Coordinator, root: Path) -> None:
-    count = _env_int("TUNEPLANE_BENCH_ADMISSIONS", 200)
+    count = env_int("TUNEPLANE_BENCH_ADMISSIONS", 200)
     for in_flight in (1, 8):
         rates = [asyncio.run(_admissions(coord, count, in_flight)) for _ in range(3)]
         runs = ", ".join(f"{r:.0f}" for r in rates)
@@ -209,7 +210,7 @@ def bench_admissions(coord: Coordinator, root: Path) -> None:
 # ----- 3. heartbeats ----------------------------------------------------------------------------
 
 
-async def _enroll_all(coord: Coordinator, count: int) -> list[dict[str, str]]:
+async def enroll_all(coord: Coordinator, count: int) -> list[dict[str, str]]:
     tokens = [new_credential(JOIN_PREFIX) for _ in range(count)]
     store = await Store.open(db_path(coord.state_dir))
     try:
@@ -239,43 +240,69 @@ async def _enroll_all(coord: Coordinator, count: int) -> list[dict[str, str]]:
         channel.close()
 
 
-def bench_heartbeats(coord: Coordinator, root: Path) -> None:
-    count = _env_int("TUNEPLANE_BENCH_NODES", 2000)
-    window = _env_int("TUNEPLANE_BENCH_WINDOW", 10)
-    loaders = _env_int("TUNEPLANE_BENCH_LOADERS", 2)
-    started = time.perf_counter()
-    nodes = asyncio.run(_enroll_all(coord, count))
-    enrolled_s = time.perf_counter() - started
-    print(f"enrolled {count} Nodes for real (join token + Enroll) in {enrolled_s:.1f} s")
+class Window:
+    """What the load processes measured over one window, and what the coordinator spent on it."""
+
+    def __init__(self, results: list[dict[str, Any]], wall: float, busy: float, rss: int) -> None:
+        self.results = results
+        self.wall = wall  # seconds from "go" until the last load process reported
+        self.busy = busy  # the coordinator's CPU seconds (user + system) in that time
+        self.rss = rss  # the coordinator's resident memory at the end, bytes
+        self.latencies = sorted(x for r in results for x in r["latencies_ms"])
+
+    def percentile(self, q: float) -> float:
+        """The ``q`` quantile of every reported latency in ms; NaN when none was reported."""
+        return self.latencies[int(len(self.latencies) * q)] if self.latencies else float("nan")
+
+
+def start_loaders(
+    coord: Coordinator,
+    root: Path,
+    module: str,
+    nodes: list[dict[str, str]],
+    loaders: int,
+    **settings: Any,
+) -> list[subprocess.Popen[str]]:
+    """Spread ``nodes`` over ``loaders`` processes of ``python -m bench.<module>``; wait for ready.
+
+    Each process is one load driver (``bench/_load.py``) with its share of the Nodes and
+    ``settings`` in its config.
+    """
     procs = []
     for k in range(loaders):
-        config = root / f"load-{k}.json"
+        config = root / f"{module}-{k}.json"
+        mine = nodes[k::loaders]
         config.write_text(
             json.dumps(
                 {
                     "control": coord.control,
                     "ca": str(coord.ca),
                     # grpclib's server allows 100 concurrent streams per HTTP/2 connection.
-                    "channels": max(4, -(-len(nodes[k::loaders]) // 90)),
-                    "window_s": window,
-                    "nodes": nodes[k::loaders],
+                    "channels": max(4, -(-len(mine) // 90)),
+                    "nodes": mine,
+                    **settings,
                 }
             )
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "bench._load", str(config)],
+                [sys.executable, "-m", f"bench.{module}", str(config)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
             )
         )
-    started = time.perf_counter()
     for p in procs:
         line = p.stdout.readline() if p.stdout else ""
         if not line.startswith("ready"):
             raise RuntimeError(f"a load process failed before it was ready: {line!r}")
-    print(f"{count} Connect streams welcomed in {time.perf_counter() - started:.1f} s")
+    return procs
+
+
+def measure_window(
+    coord: Coordinator, procs: list[subprocess.Popen[str]], timeout: float
+) -> Window:
+    """Say "go" to every load process and collect their results, with the coordinator's CPU/RSS."""
     time.sleep(2 * HEARTBEAT_INTERVAL_S)  # let every stream settle into its heartbeat rhythm
     server = psutil.Process(coord.proc.pid)
     cpu_before = server.cpu_times()
@@ -284,27 +311,39 @@ def bench_heartbeats(coord: Coordinator, root: Path) -> None:
         assert p.stdin is not None
         p.stdin.write("go\n")
         p.stdin.flush()
-    results = [json.loads(p.communicate(timeout=window + 120)[0].splitlines()[-1]) for p in procs]
+    results = [json.loads(p.communicate(timeout=timeout)[0].splitlines()[-1]) for p in procs]
     wall = time.perf_counter() - wall_before
     cpu_after = server.cpu_times()
-    rss = server.memory_info().rss
     busy = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
-    acks = sum(r["acks"] for r in results)
-    elapsed = statistics.median(r["elapsed_s"] for r in results)
+    return Window(results, wall, busy, server.memory_info().rss)
+
+
+def bench_heartbeats(coord: Coordinator, root: Path) -> None:
+    count = env_int("TUNEPLANE_BENCH_NODES", 2000)
+    window = env_int("TUNEPLANE_BENCH_WINDOW", 10)
+    loaders = env_int("TUNEPLANE_BENCH_LOADERS", 2)
+    started = time.perf_counter()
+    nodes = asyncio.run(enroll_all(coord, count))
+    enrolled_s = time.perf_counter() - started
+    print(f"enrolled {count} Nodes for real (join token + Enroll) in {enrolled_s:.1f} s")
+    started = time.perf_counter()
+    procs = start_loaders(coord, root, "_load", nodes, loaders, window_s=window)
+    print(f"{count} Connect streams welcomed in {time.perf_counter() - started:.1f} s")
+    measured = measure_window(coord, procs, timeout=window + 120)
+    acks = sum(r["acks"] for r in measured.results)
+    elapsed = statistics.median(r["elapsed_s"] for r in measured.results)
     offered = count / HEARTBEAT_INTERVAL_S
-    latencies = sorted(x for r in results for x in r["latencies_ms"])
-    p50 = latencies[len(latencies) // 2] if latencies else float("nan")
-    p99 = latencies[int(len(latencies) * 0.99)] if latencies else float("nan")
     # A ratio above 1 means acks for heartbeats sent before the window were still arriving.
     print(
         f"heartbeats: {count} Nodes at 1 per {HEARTBEAT_INTERVAL_S:g} s each: "
         f"{acks / elapsed:.0f} acked/s of {offered:.0f}/s offered "
         f"(ratio acked/offered {acks / elapsed / offered:.2f}); ack latency over "
-        f"{len(latencies)} acks: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+        f"{len(measured.latencies)} acks: p50 {measured.percentile(0.5):.1f} ms, "
+        f"p99 {measured.percentile(0.99):.1f} ms"
     )
     print(
-        f"coordinator during the window: CPU {100 * busy / wall:.0f}% of one core, "
-        f"RSS {rss / (1 << 20):.0f} MiB"
+        f"coordinator during the window: CPU {100 * measured.busy / measured.wall:.0f}% of one "
+        f"core, RSS {measured.rss / (1 << 20):.0f} MiB"
     )
     times = asyncio.run(_previews(coord, 20))
     print(

@@ -15,23 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
-from bench.coordinator import ADMIN, HEARTBEAT_INTERVAL_S, Coordinator, _enroll_all
+from bench.coordinator import (
+    ADMIN,
+    Coordinator,
+    enroll_all,
+    env_int,
+    measure_window,
+    start_loaders,
+)
 
 GRACE_S = 60
-
-
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
 
 
 def _rotation_decisions(state_dir: Path) -> tuple[int, int]:
@@ -45,68 +44,28 @@ def _rotation_decisions(state_dir: Path) -> tuple[int, int]:
 
 
 def bench_rotation(coord: Coordinator, root: Path) -> None:
-    count = _env_int("TUNEPLANE_BENCH_NODES", 1000)
-    window = _env_int("TUNEPLANE_BENCH_WINDOW", 10)
-    loaders = _env_int("TUNEPLANE_BENCH_LOADERS", 2)
+    count = env_int("TUNEPLANE_BENCH_NODES", 1000)
+    window = env_int("TUNEPLANE_BENCH_WINDOW", 10)
+    loaders = env_int("TUNEPLANE_BENCH_LOADERS", 2)
     started = time.perf_counter()
-    nodes = asyncio.run(_enroll_all(coord, count))
+    nodes = asyncio.run(enroll_all(coord, count))
     print(f"enrolled {count} Nodes for real in {time.perf_counter() - started:.1f} s")
-    procs = []
-    for k in range(loaders):
-        config = root / f"rotation-{k}.json"
-        mine = nodes[k::loaders]
-        config.write_text(
-            json.dumps(
-                {
-                    "control": coord.control,
-                    "ca": str(coord.ca),
-                    "channels": max(4, -(-len(mine) // 90)),
-                    "window_s": window,
-                    "grace_s": GRACE_S,
-                    "nodes": mine,
-                }
-            )
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "bench._rotation_load", str(config)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-        )
-    for p in procs:
-        line = p.stdout.readline() if p.stdout else ""
-        if not line.startswith("ready"):
-            raise RuntimeError(f"a load process failed before it was ready: {line!r}")
-    time.sleep(2 * HEARTBEAT_INTERVAL_S)  # let every stream settle into its heartbeat rhythm
-    server = psutil.Process(coord.proc.pid)
-    cpu_before = server.cpu_times()
-    wall_before = time.perf_counter()
-    for p in procs:
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    results = [
-        json.loads(p.communicate(timeout=window + GRACE_S + 60)[0].splitlines()[-1]) for p in procs
-    ]
-    wall = time.perf_counter() - wall_before
-    cpu_after = server.cpu_times()
-    rss = server.memory_info().rss
-    busy = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
-    renewed = sum(r["renewed"] for r in results)
-    latencies = sorted(x for r in results for x in r["latencies_ms"])
-    p50 = latencies[len(latencies) // 2] if latencies else float("nan")
-    p99 = latencies[int(len(latencies) * 0.99)] if latencies else float("nan")
+    procs = start_loaders(
+        coord, root, "_rotation_load", nodes, loaders, window_s=window, grace_s=GRACE_S
+    )
+    measured = measure_window(coord, procs, timeout=window + GRACE_S + 60)
+    busy, wall, latencies = measured.busy, measured.wall, measured.latencies
+    renewed = sum(r["renewed"] for r in measured.results)
     issued, confirmed = _rotation_decisions(coord.state_dir)
     print(
         f"rotation: {count} Nodes renewing within {window} s: {renewed} renewed; renewal latency "
-        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {latencies[-1] if latencies else 0:.1f} ms"
+        f"p50 {measured.percentile(0.5):.1f} ms, p99 {measured.percentile(0.99):.1f} ms, "
+        f"max {latencies[-1] if latencies else 0:.1f} ms"
     )
     print(
         f"coordinator over {wall:.1f} s (window and drain): CPU {100 * busy / wall:.0f}% of one "
         f"core ({busy:.1f} CPU s, {1000 * busy / max(renewed, 1):.2f} ms per renewal), RSS "
-        f"{rss / (1 << 20):.0f} MiB; decision log: {issued} issued, {confirmed} confirmed"
+        f"{measured.rss / (1 << 20):.0f} MiB; decision log: {issued} issued, {confirmed} confirmed"
     )
     print(f"(mean renewal latency {statistics.fmean(latencies) if latencies else 0:.1f} ms)")
 
