@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,15 +37,9 @@ ANSWER_WITHIN_S = 1.0
 
 def coordinator_with_limits(root: Path, limits: str) -> CoordinatorProcess:
     """``init``, then a ``[limits]`` table in coordinator.toml, then ``serve``."""
-    state_dir = root / "coordinator"
-    subprocess.run(
-        [sys.executable, "-m", "tuneplane.coordinator.cli.admin", "init", "--state-dir",
-         str(state_dir)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    with open(state_dir / "coordinator.toml", "a", encoding="utf-8") as f:
-        f.write("\n[limits]\n" + limits)
-    return start_coordinator(root, heartbeat_interval=0.5, heartbeat_timeout=5)
+    return start_coordinator(
+        root, heartbeat_interval=0.5, heartbeat_timeout=5, config="\n[limits]\n" + limits
+    )
 
 
 @pytest.fixture(scope="module")

@@ -44,15 +44,7 @@ env > "$TUNEPLANE_OUT_DIR/env.txt"
 
 def _coordinator(root: Path, policy: str) -> CoordinatorProcess:
     """A coordinator whose coordinator.toml ends with ``policy``."""
-    state_dir = root / "coordinator"
-    subprocess.run(
-        [sys.executable, "-m", "tuneplane.coordinator.cli.admin", "init", "--state-dir",
-         str(state_dir)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    with (state_dir / "coordinator.toml").open("a", encoding="utf-8") as fh:
-        fh.write(policy)
-    return start_coordinator(root)
+    return start_coordinator(root, config=policy)
 
 
 def _stored(coord: CoordinatorProcess) -> tuple[int, int]:

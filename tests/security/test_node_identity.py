@@ -40,15 +40,9 @@ ROTATION_POINTS = [
 
 def identity_coordinator(tmp_path: Path, node_lifetime: str = "30d") -> CoordinatorProcess:
     """A coordinator whose coordinator.toml gives Node credentials ``node_lifetime``."""
-    state_dir = tmp_path / "coordinator"
-    subprocess.run(
-        [sys.executable, "-m", "tuneplane.coordinator.cli.admin", "init", "--state-dir",
-         str(state_dir)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    with open(state_dir / "coordinator.toml", "a", encoding="utf-8") as toml:
-        toml.write(f'\n[credentials]\nnode_lifetime = "{node_lifetime}"\n')
-    return start_coordinator(tmp_path)
+    return start_coordinator(
+        tmp_path, config=f'\n[credentials]\nnode_lifetime = "{node_lifetime}"\n'
+    )
 
 
 @pytest.fixture

@@ -179,11 +179,14 @@ def start_coordinator(
     tmp_path: Path,
     heartbeat_interval: float = 0.5,
     heartbeat_timeout: float = 3,
+    config: str = "",
     **opts: Any,
 ) -> CoordinatorProcess:
     """``init`` a state directory under ``tmp_path`` and ``serve`` it.
 
-    Extra keyword options become ``serve`` flags: ``prepare_timeout=5`` -> ``--prepare-timeout 5``.
+    ``config`` is TOML appended to the fresh coordinator.toml (a ``[limits]`` table, say); a state
+    directory that already exists keeps its own. Extra keyword options become ``serve`` flags:
+    ``prepare_timeout=5`` -> ``--prepare-timeout 5``.
     """
     state_dir = tmp_path / "coordinator"
     if not (state_dir / "admin.token").exists():
@@ -193,6 +196,8 @@ def start_coordinator(
             capture_output=True,
             timeout=60,
         )
+        with open(state_dir / "coordinator.toml", "a", encoding="utf-8") as toml:
+            toml.write(config)
     serve_args = [
         "--heartbeat-interval",
         str(heartbeat_interval),
