@@ -112,6 +112,20 @@ def _lease(agent: AgentProcess, member: dict[str, Any]) -> dict[str, Any]:
     return lease
 
 
+def _started(
+    coord: CoordinatorProcess, agent: AgentProcess, root: Path, script: str
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """Submit ``script`` (one that writes ``up`` first) from a new project at ``root``, wait
+    until it is running and has written ``up``; return its run id, member row and account lease.
+    """
+    run_id = _submit(coord, _project(coord, root, {"train.sh": script}))
+    wait_state(coord, run_id, "running", 60)
+    member = _member(agent, run_id)
+    out = Path(member["out_dir"])
+    wait_until("the workload to start", lambda: (out / "up").exists(), 60)
+    return run_id, member, _lease(agent, member)
+
+
 def _processes_of(uid: int) -> list[str]:
     """What still runs as ``uid``: pid, name, status and parent of each (zombies included)."""
     found = []
@@ -224,13 +238,8 @@ def test_directories_are_private_to_the_member_account(
     node: tuple[str, CoordinatorProcess, AgentProcess], tmp_path: Path
 ) -> None:
     _, coord, agent = node
-    script = WAITS_FOR_GO
-    run_id = _submit(coord, _project(coord, tmp_path / "p", {"train.sh": script}))
-    wait_state(coord, run_id, "running", 60)
-    member = _member(agent, run_id)
-    lease = _lease(agent, member)
+    run_id, member, lease = _started(coord, agent, tmp_path / "p", WAITS_FOR_GO)
     work, out = Path(lease["work_dir"]), Path(member["out_dir"])
-    wait_until("the workload to start", lambda: (out / "up").exists(), 60)
     for folder in (work, out):
         info = folder.stat()
         assert (info.st_uid, info.st_mode & 0o777) == (lease["uid"], 0o700), folder
@@ -251,12 +260,8 @@ def test_cancel_reaches_the_workload_with_its_grace_period(
     node: tuple[str, CoordinatorProcess, AgentProcess], tmp_path: Path
 ) -> None:
     _, coord, agent = node
-    run_id = _submit(coord, _project(coord, tmp_path / "p", {"train.sh": TRAPS_TERM}))
-    wait_state(coord, run_id, "running", 60)
-    member = _member(agent, run_id)
-    out = Path(member["out_dir"])
-    wait_until("the workload to start", lambda: (out / "up").exists(), 60)
-    uid = int(_lease(agent, member)["uid"])
+    run_id, member, lease = _started(coord, agent, tmp_path / "p", TRAPS_TERM)
+    out, uid = Path(member["out_dir"]), int(lease["uid"])
     tp(coord, "job", "cancel", run_id)
     assert wait_job(coord, run_id, 60)["state"] == "cancelled"
     assert (out / "term").read_text() == "stopped-gracefully\n"
@@ -290,11 +295,8 @@ def test_a_member_survives_an_agent_crash_and_is_reattached(
     node: tuple[str, CoordinatorProcess, AgentProcess], tmp_path: Path
 ) -> None:
     _, coord, agent = node
-    run_id = _submit(coord, _project(coord, tmp_path / "p", {"train.sh": WAITS_FOR_GO}))
-    wait_state(coord, run_id, "running", 60)
-    member = _member(agent, run_id)
-    out, work = Path(member["out_dir"]), Path(_lease(agent, member)["work_dir"])
-    wait_until("the workload to start", lambda: (out / "up").exists(), 60)
+    run_id, _, lease = _started(coord, agent, tmp_path / "p", WAITS_FOR_GO)
+    work = Path(lease["work_dir"])
     agent.kill()
     agent.start()
     agent.wait_connected()
@@ -308,15 +310,16 @@ def test_a_member_survives_an_agent_crash_and_is_reattached(
 WHO_AM_I = 'id -un > "$TUNEPLANE_OUT_DIR/who"\nid -u > "$TUNEPLANE_OUT_DIR/uid"\n'
 
 
-def _submit_as(
-    coord: CoordinatorProcess, root: Path, token: Path
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def _submit_as(coord: CoordinatorProcess, root: Path, token: Path) -> str:
+    """Submit the project at ``root`` with the user token in ``token``; return its run id."""
+    done = subprocess.run(
         [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
          str(coord.context_path), "--token-file", str(token), "submit", "job", "--profile",
          "h200:1", "--yes", "--json"],
         cwd=root, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return str(json.loads(done.stdout.strip().splitlines()[-1])["run_id"])
 
 
 def _user_token(coord: CoordinatorProcess, name: str, folder: Path) -> Path:
@@ -340,9 +343,8 @@ def test_user_mode_runs_each_job_as_its_submitters_local_account(
             agent.wait_connected()
             # A TunePlane user with a local account of the same name: the Job runs as it.
             token = _user_token(coord, local, root)
-            done = _submit_as(coord, _project(coord, root / "mine", {"train.sh": WHO_AM_I}), token)
-            assert done.returncode == 0, done.stderr
-            run_id = str(json.loads(done.stdout.strip().splitlines()[-1])["run_id"])
+            mine = _project(coord, root / "mine", {"train.sh": WHO_AM_I})
+            run_id = _submit_as(coord, mine, token)
             assert wait_job(coord, run_id, 60)["state"] == "succeeded"
             member = _member(agent, run_id)
             out = Path(member["out_dir"])
@@ -352,11 +354,8 @@ def test_user_mode_runs_each_job_as_its_submitters_local_account(
             assert out.stat().st_uid == int((out / "uid").read_text())
             # A user with no local account here is refused at Prepare, and nothing changed.
             stranger = _user_token(coord, "nolocalaccount", root)
-            done = _submit_as(
-                coord, _project(coord, root / "theirs", {"train.sh": WHO_AM_I}), stranger
-            )
-            assert done.returncode == 0, done.stderr
-            refused_id = str(json.loads(done.stdout.strip().splitlines()[-1])["run_id"])
+            theirs = _project(coord, root / "theirs", {"train.sh": WHO_AM_I})
+            refused_id = _submit_as(coord, theirs, stranger)
             assert wait_job(coord, refused_id, 60)["state"] in ("aborted", "failed")
             refused = _member(agent, refused_id)
             assert refused["state"] == "aborted"
