@@ -132,6 +132,28 @@ def waiting_job(coord: CoordinatorProcess, root: Path) -> tuple[str, Path]:
     return submit(coord, root, script), release
 
 
+def running_on(
+    coord: CoordinatorProcess, target: AgentProcess, other: AgentProcess, root: Path
+) -> tuple[str, Path]:
+    """A :func:`waiting_job` placed on ``target`` and running; its run id and release file."""
+    with only_on(coord, target, other):
+        run_id, release = waiting_job(coord, root)
+        wait_state(coord, run_id, "running", timeout=60)
+    assert placed_on(coord, run_id) == target.node_id
+    return run_id, release
+
+
+def ran_on(
+    coord: CoordinatorProcess, target: AgentProcess, other: AgentProcess, root: Path, script: str
+) -> Any:
+    """Run ``script`` as a Job on ``target`` until it succeeds; return the finished Job."""
+    with only_on(coord, target, other):
+        run_id = submit(coord, root, script)
+        done = wait_state(coord, run_id, "succeeded", timeout=60)
+    assert placed_on(coord, run_id) == target.node_id
+    return done
+
+
 async def send_report(
     node: NodeStream, seq: int, member: v1.MemberRef, state: v1.MemberState, **extra: Any
 ) -> v1.ReportAck:
@@ -169,10 +191,7 @@ def test_a_report_about_another_nodes_member_is_refused_and_changes_nothing(
     cluster: tuple[CoordinatorProcess, AgentProcess, AgentProcess], tmp_path: Path
 ) -> None:
     coord, a, b = cluster
-    with only_on(coord, a, b):
-        run_id, release = waiting_job(coord, tmp_path / "victim")
-        wait_state(coord, run_id, "running", timeout=60)
-    assert placed_on(coord, run_id) == a.node_id
+    run_id, release = running_on(coord, a, b, tmp_path / "victim")
     victim = member_ref(run_id)
     a_reconnects = a.status()["reconnects"]
     b.stop()  # the thief uses node-b's credential while node-b is down
@@ -242,10 +261,7 @@ def test_a_forged_sequence_number_cannot_hide_true_reports(
         b.start()
         b.wait_connected()
     # The real agent's next reports have small numbers from the same journal: all applied.
-    with only_on(coord, b, a):
-        run_id = submit(coord, tmp_path / "after-forgery", "echo fine\n")
-        done = wait_state(coord, run_id, "succeeded", timeout=60)
-    assert placed_on(coord, run_id) == b.node_id
+    done = ran_on(coord, b, a, tmp_path / "after-forgery", "echo fine\n")
     assert [h["state"] for h in done["attempts"][-1]["members"][0]["history"]][-3:] == [
         "starting",
         "running",
@@ -335,9 +351,7 @@ def test_a_second_connect_ends_the_first_and_every_takeover_is_audited(
     cluster: tuple[CoordinatorProcess, AgentProcess, AgentProcess], tmp_path: Path
 ) -> None:
     coord, a, b = cluster
-    with only_on(coord, b, a):
-        run_id, release = waiting_job(coord, tmp_path / "takeover")
-        wait_state(coord, run_id, "running", timeout=60)
+    run_id, release = running_on(coord, b, a, tmp_path / "takeover")
     reconnects = b.status()["reconnects"]
     replaced_before = len(decisions(coord, "control stream replaced"))
     before = snapshot(coord)
@@ -375,9 +389,8 @@ def test_a_fresh_journal_after_the_safe_mode_recovery_runs_new_jobs(
 ) -> None:
     """docs/on-call.md, "The journal is corrupt: safe mode", steps 2 and 3, on node-b."""
     coord, a, b = cluster
-    with only_on(coord, b, a):  # the old journal has numbered a few reports
-        before_reset = submit(coord, tmp_path / "before", "echo old journal\n")
-        wait_state(coord, before_reset, "succeeded", timeout=60)
+    # The old journal has numbered a few reports.
+    ran_on(coord, b, a, tmp_path / "before", "echo old journal\n")
     old_id = journal_id(b.journal_path)
     tp(coord, "node", "cordon", b.node_id, "--reason", "journal moved aside")
     b.stop()
@@ -396,10 +409,7 @@ def test_a_fresh_journal_after_the_safe_mode_recovery_runs_new_jobs(
     with sqlite3.connect(aside / "journal.db") as db:
         (old_next,) = db.execute("SELECT value FROM meta WHERE key = 'next_report_seq'").fetchone()
     assert int(old_next) > 3
-    with only_on(coord, b, a):
-        run_id = submit(coord, tmp_path / "fresh", "echo fresh journal\n")
-        done = wait_state(coord, run_id, "succeeded", timeout=60)
-    assert placed_on(coord, run_id) == b.node_id
+    done = ran_on(coord, b, a, tmp_path / "fresh", "echo fresh journal\n")
     assert done["attempts"][-1]["members"][0]["exit_code"] == 0
 
 
@@ -408,9 +418,7 @@ def test_a_re_enrolled_node_keeps_its_journal_and_its_reports_still_count(
 ) -> None:
     coord, a, b = cluster
     old_credential = stolen_credential(b)
-    with only_on(coord, b, a):
-        run_id, release = waiting_job(coord, tmp_path / "across")
-        wait_state(coord, run_id, "running", timeout=60)
+    run_id, release = running_on(coord, b, a, tmp_path / "across")
     journal_before = journal_id(b.journal_path)
     b.stop()  # the workload runs on under its runner while the Node is re-enrolled
     done = subprocess.run(
@@ -430,10 +438,7 @@ def test_a_re_enrolled_node_keeps_its_journal_and_its_reports_still_count(
     # The member's end, reported after the re-enrolment, is applied to the same Job.
     release.touch()
     wait_state(coord, run_id, "succeeded", timeout=60)
-    with only_on(coord, b, a):
-        again = submit(coord, tmp_path / "after-re-enroll", "echo again\n")
-        wait_state(coord, again, "succeeded", timeout=60)
-    assert placed_on(coord, again) == b.node_id
+    ran_on(coord, b, a, tmp_path / "after-re-enroll", "echo again\n")
 
     # The credential it had before is void: it no longer opens this Node's session.
     async def connect_with_old() -> None:
