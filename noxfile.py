@@ -32,8 +32,9 @@ def tests(session: nox.Session) -> None:
     wanted = {"bubblewrap": "bwrap", "faketime": "faketime"}
     missing = [package for package, tool in wanted.items() if shutil.which(tool) is None]
     if os.geteuid() == 0 and missing:
-        session.run("apt-get", "update", external=True)
-        session.run("apt-get", "install", "-y", *missing, external=True)
+        quiet = {"DEBIAN_FRONTEND": "noninteractive"}
+        session.run("apt-get", "update", "-q", external=True, env=quiet)
+        session.run("apt-get", "install", "-y", "-q", *missing, external=True, env=quiet)
     session.run("pytest", *session.posargs)
 
 
