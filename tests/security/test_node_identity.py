@@ -15,15 +15,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from tests.agent.jobs import journal, submit, tp, wait_job
+from tests.agent.jobs import job, journal, submit, tp, wait_job
 from tests.coordinator.grpc_client import api_client, node_stream
 from tests.coordinator.grpc_client import enroll as grpc_enroll
+from tests.faults.jobs import node
 from tests.support.agent import AgentProcess, node_cli, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.proto import v1
@@ -58,10 +58,6 @@ def long_lived(tmp_path: Path) -> Iterator[CoordinatorProcess]:
         yield coord
 
 
-def token(agent: AgentProcess) -> str:
-    return (agent.state_dir / "credentials" / "control.token").read_text().strip()
-
-
 def connect_as(coord: CoordinatorProcess, credential: str, node_id: str) -> GRPCError | None:
     """Open Connect with ``credential`` as an attacker would; the refusal, or None if welcomed."""
 
@@ -74,18 +70,6 @@ def connect_as(coord: CoordinatorProcess, credential: str, node_id: str) -> GRPC
     except GRPCError as exc:
         return exc
     return None
-
-
-def decisions(coord: CoordinatorProcess, kind: str, node_id: str = "") -> list[dict[str, Any]]:
-    out = coord.admin("decisions", "--json")
-    assert out.returncode == 0, out.stderr
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
-    return [r for r in rows if r["kind"] == kind and (not node_id or r["node_id"] == node_id)]
-
-
-def node_json(coord: CoordinatorProcess, node_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(tp(coord, "node", "show", node_id, "--json"))
-    return data
 
 
 def node_join_token(coord: CoordinatorProcess, node_id: str) -> str:
@@ -111,13 +95,13 @@ def test_the_agent_renews_and_the_old_credential_is_then_refused(
     agent = start_agent(tmp_path, coord)
     try:
         agent.wait_connected()
-        first = token(agent)
+        first = agent.control_token()
         wait_until(
             "the first rotation to be confirmed",
-            lambda: token(agent) != first and decisions(coord, "node credential rotated"),
+            lambda: agent.control_token() != first and coord.decisions("node credential rotated"),
             30,
         )
-        second = token(agent)
+        second = agent.control_token()
         refused = connect_as(coord, first, agent.node_id)
         assert refused is not None and refused.status == Status.UNAUTHENTICATED
         assert "not enrolled" in (refused.message or "")
@@ -131,11 +115,11 @@ def test_the_agent_renews_and_the_old_credential_is_then_refused(
         assert "control credential issued" in doctor.stdout, doctor.stdout
         assert second not in doctor.stdout
         # The coordinator exports the expiry of the credential in use.
-        shown = node_json(coord, agent.node_id)
+        shown = node(coord, agent.node_id)
         assert shown["credential_expires_at_ms"] > shown["credential_issued_at_ms"] > 0
         assert shown["revoked_at_ms"] == 0
         # Each rotation was issued before it was confirmed, and the journal notes it (no value).
-        assert decisions(coord, "node credential issued", agent.node_id)
+        assert coord.decisions("node credential issued", agent.node_id)
         (cred,) = journal(agent, "export", "--json")["credentials"]
         assert cred["name"] == "control" and cred["rotated_at_ms"]
     finally:
@@ -150,7 +134,7 @@ def test_a_kill_at_any_rotation_point_leaves_a_working_credential(
     agent = start_agent(tmp_path, coord, env={"TUNEPLANE_CRASHPOINT": point})
     try:
         agent.wait_connected()
-        before = token(agent)
+        before = agent.control_token()
         assert agent.wait_exit(30) == 137
         assert f"point={point}" in agent.read_log()
         # What the kill left on disk: nothing new, a whole successor beside the old credential,
@@ -158,31 +142,31 @@ def test_a_kill_at_any_rotation_point_leaves_a_working_credential(
         successor_file = agent.state_dir / "credentials" / "control.token.next"
         successor = ""
         if point == "after-credential-issued":
-            assert token(agent) == before and not successor_file.exists()
+            assert agent.control_token() == before and not successor_file.exists()
         elif point == "after-next-credential-stored":
-            assert token(agent) == before
+            assert agent.control_token() == before
             successor = successor_file.read_text().strip()
         else:
-            successor = token(agent)
+            successor = agent.control_token()
             assert successor != before and not successor_file.exists()
         agent.restart()
         agent.wait_connected()
         if successor:
             # The agent came back with the successor it had stored, not the old credential.
-            assert token(agent) == successor or decisions(
-                coord, "node credential rotated", agent.node_id
+            assert agent.control_token() == successor or coord.decisions(
+                "node credential rotated", agent.node_id
             )
         if point in ("after-next-credential-stored", "after-credential-swapped"):
             # The coordinator never heard CredentialStored: the Connect itself confirmed it.
-            vias = [d["detail"]["via"] for d in decisions(coord, "node credential rotated")]
+            vias = [d["detail"]["via"] for d in coord.decisions("node credential rotated")]
             assert vias and vias[0] == "Connect", vias
         # Whatever the kill left, the agent connected with what is on disk, and the rotation is
         # eventually confirmed (by CredentialStored, by the next Connect, or by a new renewal).
         wait_until(
             "a confirmed rotation away from the credential before the kill",
             lambda: (
-                token(agent) != before
-                and decisions(coord, "node credential rotated", agent.node_id)
+                agent.control_token() != before
+                and coord.decisions("node credential rotated", agent.node_id)
                 and not (agent.state_dir / "credentials" / "control.token.next").exists()
             ),
             40,
@@ -205,9 +189,9 @@ def test_revoke_ends_the_live_stream_and_a_stolen_credential_changes_nothing_the
         run_id = submit(coord, tmp_path / "proj", script)
         wait_until(
             "the Job to run",
-            lambda: json.loads(tp(coord, "job", "show", run_id, "--json"))["state"] == "running",
+            lambda: job(coord, run_id)["state"] == "running",
         )
-        stolen = token(agent)
+        stolen = agent.control_token()
 
         started = time.monotonic()
         out = coord.admin("node", "revoke", agent.node_id, "--reason", "credential leaked")
@@ -215,20 +199,20 @@ def test_revoke_ends_the_live_stream_and_a_stolen_credential_changes_nothing_the
         assert "--re-enroll" in out.stdout
         wait_until("the live stream to end", lambda: not agent.status().get("connected"), 5)
         ended_after = time.monotonic() - started
-        (decision,) = decisions(coord, "node revoked", agent.node_id)
+        (decision,) = coord.decisions("node revoked", agent.node_id)
         assert decision["detail"]["reason"] == "credential leaked"
 
         # The thief (and the agent itself) is refused with the sentence to re-enroll ...
-        before = json.loads(tp(coord, "job", "show", run_id, "--json"))
-        node_before = node_json(coord, agent.node_id)
+        before = job(coord, run_id)
+        node_before = node(coord, agent.node_id)
         refused = connect_as(coord, stolen, agent.node_id)
         assert refused is not None and refused.status == Status.UNAUTHENTICATED
         assert "revoked" in (refused.message or "") and "--re-enroll" in (refused.message or "")
         # ... and changed nothing: the Job, its member, its GPUs and the Node's record.
-        after = json.loads(tp(coord, "job", "show", run_id, "--json"))
+        after = job(coord, run_id)
         assert after["state"] == before["state"]
         assert after["attempts"] == before["attempts"]
-        node_after = node_json(coord, agent.node_id)
+        node_after = node(coord, agent.node_id)
         assert node_after["gpus"] == node_before["gpus"]
         assert node_after["connected"] is False and node_after["revoked_at_ms"] > 0
         wait_until(
@@ -252,8 +236,8 @@ def test_revoke_ends_the_live_stream_and_a_stolen_credential_changes_nothing_the
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert other.returncode == 1 and "only re-enrolls Node" in other.stderr
-        assert not decisions(coord, "node re-enrolled")
-        assert len(decisions(coord, "node enrolled")) == 1
+        assert not coord.decisions("node re-enrolled")
+        assert len(coord.decisions("node enrolled")) == 1
         done = reenroll(agent, coord, bound)
         assert done.returncode == 0, done.stderr
         assert json.loads((agent.state_dir / "node.json").read_text())["node_id"] == agent.node_id
@@ -264,10 +248,10 @@ def test_revoke_ends_the_live_stream_and_a_stolen_credential_changes_nothing_the
         assert finished["state"] == "succeeded", finished
         (member,) = finished["attempts"][0]["members"]
         assert (Path(member["out_dir"]) / "starts").read_text() == "started\n"
-        assert decisions(coord, "node re-enrolled", agent.node_id)
+        assert coord.decisions("node re-enrolled", agent.node_id)
         kinds = [e["kind"] for e in journal(agent, "events", "--json")]
         assert "enrolled" in kinds and "re-enrolled" in kinds
-        assert node_json(coord, agent.node_id)["revoked_at_ms"] == 0
+        assert node(coord, agent.node_id)["revoked_at_ms"] == 0
     finally:
         agent.stop()
 
@@ -278,7 +262,7 @@ def test_a_node_offline_past_expiry_is_refused_until_re_enrolled(tmp_path: Path)
         agent.wait_connected()
         agent.stop()
         stopped_ms = time.time() * 1000
-        credential = token(agent)
+        credential = agent.control_token()
         life = json.loads((agent.state_dir / "credentials" / "control.json").read_text())
         # Past the expiry of the credential on disk and of any successor issued before the stop.
         wait_until(
@@ -286,12 +270,12 @@ def test_a_node_offline_past_expiry_is_refused_until_re_enrolled(tmp_path: Path)
             lambda: time.time() * 1000 > max(life["expires_at_ms"], stopped_ms + 6000) + 200,
             20,
         )
-        connected_before = len(decisions(coord, "node connected", agent.node_id))
+        connected_before = len(coord.decisions("node connected", agent.node_id))
         refused = connect_as(coord, credential, agent.node_id)
         assert refused is not None and refused.status == Status.UNAUTHENTICATED
         message = refused.message or ""
         assert "expired" in message and "--re-enroll" in message and "join token" in message
-        assert len(decisions(coord, "node connected", agent.node_id)) == connected_before
+        assert len(coord.decisions("node connected", agent.node_id)) == connected_before
         # Offline, the Node's own tools say so too, never showing the credential.
         doctor = agent.cli("doctor")
         assert doctor.returncode == 1 and "EXPIRED" in doctor.stdout, doctor.stdout
@@ -361,10 +345,10 @@ def test_user_tokens_expire_and_can_be_revoked_at_once(
     assert refused.returncode != 0 and "revoked" in refused.stderr
     # Nothing was done with the revoked token: a Preview/commit never got through, no Job exists.
     assert json.loads(tp(coord, "job", "ls", "--json")) == []
-    assert len(decisions(coord, "user revoked")) == 1
+    assert len(coord.decisions("user revoked")) == 1
     again = coord.admin("user", "revoke", "bob")
     assert "already revoked" in again.stdout
-    assert len(decisions(coord, "user revoked")) == 1
+    assert len(coord.decisions("user revoked")) == 1
     # A new token for bob works; the revoked one stays refused.
     fresh = coord.admin("user", "token", "bob", "--json")
     assert fresh.returncode == 0, fresh.stderr
@@ -432,7 +416,7 @@ def test_revoke_while_the_coordinator_is_stopped_is_kept_and_enforced(
     refused = connect_as(coord, reply.node_credential, reply.node_id)
     assert refused is not None and refused.status == Status.UNAUTHENTICATED
     assert "revoked" in (refused.message or "")
-    assert len(decisions(coord, "node revoked", reply.node_id)) == 1
+    assert len(coord.decisions("node revoked", reply.node_id)) == 1
 
 
 def test_only_an_admin_may_revoke_a_node(long_lived: CoordinatorProcess, tmp_path: Path) -> None:
@@ -454,5 +438,5 @@ def test_only_an_admin_may_revoke_a_node(long_lived: CoordinatorProcess, tmp_pat
         asyncio.run(revoke_as(reply.node_credential))  # a Node credential is no user token
     assert unknown.value.status == Status.UNAUTHENTICATED
     # Nothing changed: no decision, and the Node's credential still opens Connect.
-    assert decisions(coord, "node revoked") == []
+    assert coord.decisions("node revoked") == []
     assert connect_as(coord, reply.node_credential, reply.node_id) is None

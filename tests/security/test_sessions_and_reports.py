@@ -61,11 +61,6 @@ def cluster(
                     agent.stop()
 
 
-def stolen_credential(agent: AgentProcess) -> str:
-    """What a thief who can read the Node's state directory takes."""
-    return (agent.state_dir / "credentials" / "control.token").read_text().strip()
-
-
 def journal_id(path: Path) -> str:
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
         (value,) = db.execute("SELECT value FROM meta WHERE key = 'journal_id'").fetchone()
@@ -98,13 +93,6 @@ def snapshot(coord: CoordinatorProcess) -> dict[str, Any]:
         "stops": stops,
         "collector_credentials": credentials,
     }
-
-
-def decisions(coord: CoordinatorProcess, kind: str) -> list[dict[str, Any]]:
-    done = coord.admin("decisions", "--json")
-    assert done.returncode == 0, done.stderr
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    return [r for r in rows if r.get("kind") == kind]
 
 
 def member_ref(run_id: str, attempt: int = 1, index: int = 0) -> v1.MemberRef:
@@ -177,7 +165,7 @@ def as_thief(
             async with node_stream(
                 coord.control,
                 coord.ca_path,
-                stolen_credential(victim_node),
+                victim_node.control_token(),
                 victim_node.node_id,
                 hostname=victim_node.state_dir.name,
                 held=held,
@@ -223,7 +211,7 @@ def test_a_report_about_another_nodes_member_is_refused_and_changes_nothing(
             assert a.node_id not in ack.refused
         # The thief's stream ended, so node-b is disconnected: that touches only node-b's rows.
         assert snapshot(coord) == before
-        refused = decisions(coord, "report refused")
+        refused = coord.decisions("report refused")
         assert len([r for r in refused if r["node_id"] == b.node_id]) >= 3
         assert all(r["run_id"] is None for r in refused), "audited against the Node, not the Job"
         # node-a's session was never touched.
@@ -353,7 +341,7 @@ def test_a_second_connect_ends_the_first_and_every_takeover_is_audited(
     coord, a, b = cluster
     run_id, release = running_on(coord, b, a, tmp_path / "takeover")
     reconnects = b.status()["reconnects"]
-    replaced_before = len(decisions(coord, "control stream replaced"))
+    replaced_before = len(coord.decisions("control stream replaced"))
     before = snapshot(coord)
 
     async def hold(node: NodeStream) -> str:
@@ -369,7 +357,7 @@ def test_a_second_connect_ends_the_first_and_every_takeover_is_audited(
     )
     wait_until("node-b to reconnect", lambda: b.status().get("reconnects", 0) > reconnects)
     b.wait_connected()
-    replaced = decisions(coord, "control stream replaced")[replaced_before:]
+    replaced = coord.decisions("control stream replaced")[replaced_before:]
     assert len(replaced) >= 2, replaced  # the thief's takeover and the real Node's
     assert {r["node_id"] for r in replaced} == {b.node_id}
     assert all(r["detail"]["new_peer"].startswith("127.0.0.1:") for r in replaced)
@@ -417,7 +405,7 @@ def test_a_re_enrolled_node_keeps_its_journal_and_its_reports_still_count(
     cluster: tuple[CoordinatorProcess, AgentProcess, AgentProcess], tmp_path: Path
 ) -> None:
     coord, a, b = cluster
-    old_credential = stolen_credential(b)
+    old_credential = b.control_token()
     run_id, release = running_on(coord, b, a, tmp_path / "across")
     journal_before = journal_id(b.journal_path)
     b.stop()  # the workload runs on under its runner while the Node is re-enrolled
@@ -431,7 +419,7 @@ def test_a_re_enrolled_node_keeps_its_journal_and_its_reports_still_count(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads((b.state_dir / "node.json").read_text())["node_id"] == b.node_id
-    assert stolen_credential(b) != old_credential
+    assert b.control_token() != old_credential
     b.start()
     b.wait_connected()
     assert journal_id(b.journal_path) == journal_before

@@ -96,6 +96,10 @@ class AgentProcess:
         except FileNotFoundError:
             return ""
 
+    def control_token(self) -> str:
+        """The Node's control credential on disk: what a thief who can read the state dir takes."""
+        return (self.state_dir / "credentials" / "control.token").read_text().strip()
+
     def status(self) -> dict[str, Any]:
         """The daemon's status.json ({} before it wrote one)."""
         try:

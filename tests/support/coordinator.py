@@ -130,6 +130,13 @@ class CoordinatorProcess:
             timeout=30,
         )
 
+    def decisions(self, kind: str, node_id: str = "") -> list[dict[str, Any]]:
+        """The decision log's rows of ``kind`` (those about ``node_id`` only, when given)."""
+        out = self.admin("decisions", "--json")
+        assert out.returncode == 0, out.stderr
+        rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+        return [r for r in rows if r["kind"] == kind and (not node_id or r["node_id"] == node_id)]
+
     def stop(self) -> None:
         """SIGTERM, wait, and check it stopped cleanly (exit status 0)."""
         proc = self._proc
