@@ -13,7 +13,7 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import betterproto
@@ -24,6 +24,9 @@ from grpclib.exceptions import StreamTerminatedError
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.tls import client_context
 from tuneplane.proto import v1
+
+if TYPE_CHECKING:
+    from tests.support.coordinator import CoordinatorProcess
 
 TIMEOUT_S = 10.0
 
@@ -106,6 +109,27 @@ async def api_client(address: str, ca_path: Path, token: str) -> AsyncIterator[A
         yield Api(channel, token)
     finally:
         channel.close()
+
+
+# What an admin sees listed: what a refusal is checked against to have changed nothing.
+
+
+async def job_ids(coord: CoordinatorProcess) -> list[str]:
+    """Every Job's run id, as ListJobs gives them to the admin."""
+    async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+        return [j.run_id for j in (await api.stub.list_jobs(v1.ListJobsRequest())).jobs]
+
+
+async def node_ids(coord: CoordinatorProcess) -> list[str]:
+    """Every enrolled Node's id, sorted."""
+    async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+        return sorted(n.id for n in (await api.stub.list_nodes(v1.ListNodesRequest())).nodes)
+
+
+async def fleet_names(coord: CoordinatorProcess) -> list[str]:
+    """Every Fleet's name, as ListFleets gives them to the admin."""
+    async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+        return [f.name for f in (await api.stub.list_fleets(v1.ListFleetsRequest())).fleets]
 
 
 def simulated_inventory(hostname: str, gpus: int, series: str = "h200") -> v1.Inventory:

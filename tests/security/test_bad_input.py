@@ -27,11 +27,11 @@ from grpclib.exceptions import StreamTerminatedError
 
 from tests.coordinator.grpc_client import (
     api_client,
-    bearer,
     enroll,
+    fleet_names,
+    job_ids,
     jobspec,
     node_stream,
-    open_channel,
 )
 from tests.security.raw_calls import call, frame
 from tests.support.agent import start_agent
@@ -87,20 +87,6 @@ HOSTILE_SPECS = [
 ]
 
 
-async def _jobs(coord: CoordinatorProcess) -> int:
-    async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
-        return len((await api.stub.list_jobs(v1.ListJobsRequest())).jobs)
-
-
-async def _fleets(coord: CoordinatorProcess) -> list[str]:
-    channel = open_channel(coord.api, coord.ca_path)
-    try:
-        stub = v1.ApiStub(channel, metadata=bearer(coord.admin_token), timeout=10)
-        return [f.name for f in (await stub.list_fleets(v1.ListFleetsRequest())).fleets]
-    finally:
-        channel.close()
-
-
 @pytest.mark.parametrize(
     ("what", "text", "named"), HOSTILE_SPECS, ids=[h[0] for h in HOSTILE_SPECS]
 )
@@ -113,8 +99,8 @@ def test_a_hostile_jobspec_is_invalid_argument_naming_the_field(
     assert named in answer.message, (what, answer.message)
     assert answer.message.rstrip().endswith("."), answer.message
     # Nothing was admitted and the coordinator still serves.
-    assert asyncio.run(_jobs(coord)) == 0
-    assert asyncio.run(_fleets(coord)) == ["default"]
+    assert asyncio.run(job_ids(coord)) == []
+    assert asyncio.run(fleet_names(coord)) == ["default"]
 
 
 def test_hostile_protobuf_is_invalid_argument_and_the_coordinator_keeps_serving(
@@ -131,7 +117,7 @@ def test_hostile_protobuf_is_invalid_argument_and_the_coordinator_keeps_serving(
         answer = asyncio.run(call(coord.api, coord.ca_path, GET_JOB, body, coord.admin_token))
         assert answer.status == Status.INVALID_ARGUMENT, (body, answer)
         assert named in answer.message, (body, answer.message)
-    assert asyncio.run(_fleets(coord)) == ["default"]
+    assert asyncio.run(fleet_names(coord)) == ["default"]
     assert "error_id" not in coord.read_log()
 
 
@@ -270,7 +256,7 @@ def test_tp_never_uploads_through_a_symbolic_link(
     inside.unlink()
     done = _tp(root, *submit, context=coord.context_path)
     assert done.returncode == 0, done.stderr
-    assert asyncio.run(_jobs(coord)) == 0
+    assert asyncio.run(job_ids(coord)) == []
 
 
 def test_tp_shows_a_hostile_hostname_as_text_not_as_terminal_codes(
@@ -320,7 +306,7 @@ def test_a_stored_jobspec_that_no_longer_passes_ends_its_job_not_the_coordinator
                 )
                 receipt = await api.commit(reply, "stored-jobspec")
                 job = await api.wait_for_state(receipt.run_id, "cancelled", timeout=30)
-                return job, await _fleets(coord)
+                return job, await fleet_names(coord)
 
         job, fleets = asyncio.run(scenario())
         assert "env.LD_PRELOAD" in job.state_reason and "Submit it again" in job.state_reason
@@ -362,7 +348,7 @@ def test_tp_sends_a_loader_variable_and_shows_the_coordinators_refusal(
     )  # fmt: skip
     assert done.returncode != 0, done.stderr
     assert "--env LD-PRELOAD: is not a valid environment variable name" in done.stderr
-    assert asyncio.run(_jobs(coord)) == 0
+    assert asyncio.run(job_ids(coord)) == []
     assert _previews(coord) == previews
 
 

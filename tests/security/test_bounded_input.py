@@ -19,7 +19,14 @@ import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from tests.coordinator.grpc_client import bearer, enroll, node_stream, open_channel
+from tests.coordinator.grpc_client import (
+    bearer,
+    enroll,
+    job_ids,
+    node_ids,
+    node_stream,
+    open_channel,
+)
 from tests.security.raw_calls import Outcome, call, frame
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, Limits, parse_config
@@ -48,25 +55,6 @@ def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProce
         tmp_path_factory.mktemp("bounded"), "enroll_burst = 1000\nenroll_per_second = 100\n"
     ) as c:
         yield c
-
-
-async def _node_ids(coord: CoordinatorProcess) -> list[str]:
-    channel = open_channel(coord.api, coord.ca_path)
-    try:
-        stub = v1.ApiStub(channel, metadata=bearer(coord.admin_token), timeout=10)
-        reply = await stub.list_nodes(v1.ListNodesRequest())
-        return sorted(n.id for n in reply.nodes)
-    finally:
-        channel.close()
-
-
-async def _job_count(coord: CoordinatorProcess) -> int:
-    channel = open_channel(coord.api, coord.ca_path)
-    try:
-        stub = v1.ApiStub(channel, metadata=bearer(coord.admin_token), timeout=10)
-        return len((await stub.list_jobs(v1.ListJobsRequest())).jobs)
-    finally:
-        channel.close()
 
 
 def _hostname_enroll(size: int) -> bytes:
@@ -138,7 +126,7 @@ def test_a_50_mb_request_is_refused_while_list_fleets_and_heartbeats_are_answere
         f"heartbeat ack max {max(beats_s) * 1000:.0f} ms ({len(beats_s)} beats)"
     )
     # Nothing changed: only the probing Node is enrolled, and the coordinator still serves.
-    assert asyncio.run(_node_ids(coord)) == [node.node_id]
+    assert asyncio.run(node_ids(coord)) == [node.node_id]
     assert "Traceback" not in coord.read_log()
 
 
@@ -152,23 +140,23 @@ def test_each_listener_refuses_a_message_over_its_limit(coord: CoordinatorProces
     )
     assert ping.status == Status.RESOURCE_EXHAUSTED, ping
     assert "3145728 bytes" in ping.message and "telemetry_message_bytes" in ping.message
-    assert asyncio.run(_job_count(coord)) == 0
+    assert asyncio.run(job_ids(coord)) == []
 
 
 def test_an_inventory_with_too_many_gpus_is_refused_before_decoding(
     coord: CoordinatorProcess,
 ) -> None:
-    before = asyncio.run(_node_ids(coord))
+    before = asyncio.run(node_ids(coord))
     token = coord.create_join_token()
     gpus = b"".join(frame(4, b"") for _ in range(MAX_INVENTORY_GPUS + 1))
     body = frame(1, token.encode()) + frame(3, gpus)
     refused = asyncio.run(call(coord.control, coord.ca_path, ENROLL, body))
     assert refused.status == Status.RESOURCE_EXHAUSTED, refused
     assert f"EnrollRequest.inventory.gpus holds more than {MAX_INVENTORY_GPUS}" in refused.message
-    assert asyncio.run(_node_ids(coord)) == before
+    assert asyncio.run(node_ids(coord)) == before
     # The refused call did not spend the join token: the same token still enrolls a real Node.
     node = asyncio.run(enroll(coord.control, coord.ca_path, token, "node-after", 8))
-    assert asyncio.run(_node_ids(coord)) == sorted([*before, node.node_id])
+    assert asyncio.run(node_ids(coord)) == sorted([*before, node.node_id])
 
 
 def test_enroll_is_rate_limited_per_address(tmp_path: Path) -> None:
@@ -182,7 +170,7 @@ def test_enroll_is_rate_limited_per_address(tmp_path: Path) -> None:
         limited = asyncio.run(call(c.control, c.ca_path, ENROLL, real))
         assert limited.status == Status.RESOURCE_EXHAUSTED, limited
         assert "Too many Enroll calls from 127.0.0.1; retry in" in limited.message
-        assert asyncio.run(_node_ids(c)) == []
+        assert asyncio.run(node_ids(c)) == []
         assert "enroll refused: rate limit peer=127.0.0.1" in c.read_log()
 
 
