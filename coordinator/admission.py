@@ -8,6 +8,9 @@ Rules:
   intent set, and a value that contradicts the Profile is refused rather than silently changed.
 - Site policy is checked on the resolved JobSpec (its runtime and its whole env, the Profile's
   included): loader variables only on a runtime coordinator.toml allows them for.
+- :func:`admit` is the whole of it from JSON text to the canonical resolved JSON and its digest,
+  with only text, bytes and small values in and out, so Preview can run it in a worker process for a
+  JobSpec of megabytes.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ import attrs
 
 from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
 from tuneplane.coordinator.config import CoordinatorConfig, Profile
-from tuneplane.coordinator.jobspec import JobSpec, JobSpecError, check_loader_policy, validate
+from tuneplane.coordinator.jobspec import (
+    JobSpec,
+    JobSpecError,
+    canonical_json,
+    check_loader_policy,
+    digest_of,
+    loads,
+    validate,
+)
 
 BACKEND = "node"
 
@@ -43,6 +54,36 @@ class Summary:
 class Resolved:
     spec: JobSpec
     summary: Summary
+
+
+@attrs.frozen
+class Admitted:
+    """A resolved JobSpec as Preview stores it: canonical JSON (UTF-8), its digest, the summary,
+    and what placement needs to know whether it can ever fit."""
+
+    resolved_json: bytes
+    digest: str
+    summary: Summary
+    profile: str
+    gpus: int
+    members: int | None
+    gpus_per_member: int | None
+
+
+def admit(text: str, config: CoordinatorConfig, catalogue: Catalogue) -> Admitted:
+    """Read, resolve and check JobSpec JSON. Raises :class:`JobSpecError`."""
+    resolved = resolve(loads(text), config, catalogue)
+    canonical = canonical_json(resolved.spec).encode("utf-8")
+    res = resolved.spec.resources
+    return Admitted(
+        resolved_json=canonical,
+        digest=digest_of(canonical),
+        summary=resolved.summary,
+        profile=res.profile,
+        gpus=res.gpus,
+        members=res.members,
+        gpus_per_member=res.gpus_per_member,
+    )
 
 
 def _profile(spec: JobSpec, config: CoordinatorConfig) -> tuple[Profile, int | None]:

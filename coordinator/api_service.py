@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
 from tuneplane.coordinator import jobspec, store_access, store_fleet, store_identity
-from tuneplane.coordinator.admission import resolve
+from tuneplane.coordinator.admission import Admitted, admit
 from tuneplane.coordinator.auth import Principal, bearer_token, hash_credential
 from tuneplane.coordinator.capacity import never_fits
 from tuneplane.coordinator.catalogue import Catalogue
@@ -28,6 +28,13 @@ from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import CoordinatorConfig
 from tuneplane.coordinator.fleet_service import caller
 from tuneplane.coordinator.job_access import check_read
+from tuneplane.coordinator.message_limits import (
+    INLINE_DECODE_BYTES,
+    encode_with,
+    in_process,
+    in_thread,
+    pre_encoded,
+)
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.records import PreviewRecord
 from tuneplane.coordinator.store import Store
@@ -39,6 +46,11 @@ log = logging.getLogger(__name__)
 MAX_RETRY_KEY = 200
 DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 1000
+# A JobSpec longer than this is admitted in a worker process (see ApiService._admit).
+PROCESS_ADMIT_CHARS = 256 * 1024
+
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 
 async def user_principal(store: Store, stream: Any) -> Principal:
@@ -83,19 +95,18 @@ class ApiService:
         with grpc_errors():
             principal = await user_principal(self._store, stream)
             request: v1.PreviewRequest = await stream.recv_message()
-            spec = jobspec.loads(request.jobspec_json)
-            resolved = resolve(spec, self._config, self._catalogue)
+            admitted = await self._admit(request.jobspec_json)
             fleets = await self._store.fleet_names()
-            if resolved.summary.fleet not in fleets:
+            s = admitted.summary
+            if s.fleet not in fleets:
                 raise jobspec.JobSpecError(
                     "resources.profile",
-                    spec.resources.profile,
-                    f"places Jobs on the Fleet {resolved.summary.fleet!r}, which does not exist",
+                    admitted.profile,
+                    f"places Jobs on the Fleet {s.fleet!r}, which does not exist",
                     "Ask the coordinator's operator to create it or fix the Profile.",
                 )
-            res, s = resolved.spec.resources, resolved.summary
             refusal = never_fits(
-                Request(res.gpus, res.members, res.gpus_per_member),
+                Request(admitted.gpus, admitted.members, admitted.gpus_per_member),
                 s.fleet,
                 s.series,
                 await store_fleet.healthy_gpus_per_node(self._store, s.fleet, s.series),
@@ -103,14 +114,29 @@ class ApiService:
             )
             if refusal is not None:
                 raise refusal
-            created = now_ms()
+            reply = v1.PreviewReply(
+                preview_id="pv-" + secrets.token_hex(8),
+                digest=admitted.digest,
+                summary=v1.PreviewSummary(
+                    fleet=s.fleet,
+                    backend=s.backend,
+                    series=s.series,
+                    gpus_per_member=s.gpus_per_member,
+                    members=s.members,
+                    profile=s.profile,
+                ),
+                created_at_ms=now_ms(),
+            )
+            resolved_json, encoded = await self._off_loop(
+                len(admitted.resolved_json), _finish_reply, reply, admitted.resolved_json
+            )
             preview = PreviewRecord(
-                id="pv-" + secrets.token_hex(8),
-                digest=jobspec.digest(resolved.spec),
-                resolved_json=jobspec.canonical_json(resolved.spec),
-                summary=resolved.summary.as_dict(),
+                id=reply.preview_id,
+                digest=admitted.digest,
+                resolved_json=resolved_json,
+                summary=s.as_dict(),
                 owner=principal.name,
-                created_at_ms=created,
+                created_at_ms=reply.created_at_ms,
             )
             await self._store.save_preview(preview)
             log.info(
@@ -119,23 +145,21 @@ class ApiService:
                 preview.digest,
                 principal.name,
             )
-            s = resolved.summary
-            await stream.send_message(
-                v1.PreviewReply(
-                    preview_id=preview.id,
-                    digest=preview.digest,
-                    resolved_jobspec_json=preview.resolved_json,
-                    summary=v1.PreviewSummary(
-                        fleet=s.fleet,
-                        backend=s.backend,
-                        series=s.series,
-                        gpus_per_member=s.gpus_per_member,
-                        members=s.members,
-                        profile=s.profile,
-                    ),
-                    created_at_ms=created,
-                )
-            )
+            await stream.send_message(pre_encoded(reply, encoded))
+
+    async def _admit(self, text: str) -> Admitted:
+        """:func:`admit` where it holds the event loop for no more than a few milliseconds: inline
+        for a small JobSpec, in a worker thread up to :data:`PROCESS_ADMIT_CHARS`, in a worker
+        process beyond (reading megabytes of JSON is a few long C calls that a thread would run
+        with the interpreter lock held)."""
+        if len(text) > PROCESS_ADMIT_CHARS:
+            return await in_process(admit, text, self._config, self._catalogue)
+        return await self._off_loop(len(text), admit, text, self._config, self._catalogue)
+
+    async def _off_loop(self, size: int, func: Callable[[*Args], T], *args: *Args) -> T:
+        if size <= INLINE_DECODE_BYTES:
+            return func(*args)
+        return await in_thread(func, *args)
 
     async def _commit(self, stream: Any) -> None:
         with grpc_errors():
@@ -207,3 +231,10 @@ class ApiService:
                 self._store, user, request.project, request.state, request.mine, limit
             )
             await stream.send_message(v1.ListJobsReply(jobs=[job_message(j) for j in jobs]))
+
+
+def _finish_reply(reply: v1.PreviewReply, resolved_json: bytes) -> tuple[str, bytes]:
+    """The resolved JobSpec as text (to store) and ``reply`` encoded with it (to send): both
+    proportional to the JobSpec, so done off the event loop for a large one."""
+    encoded = encode_with(reply, "resolved_jobspec_json", resolved_json)
+    return resolved_json.decode("utf-8"), encoded

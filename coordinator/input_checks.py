@@ -36,6 +36,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SEARCH_CHARS = 256 * 1024
 
 
 class InputRefused(ValueError):
@@ -52,9 +53,17 @@ def text_problem(value: str) -> str | None:
     """Why ``value`` cannot be stored or passed on (a NUL or a lone surrogate), or ``None``."""
     if "\x00" in value:
         return "contains a NUL character (\\0)"
-    found = _SURROGATE.search(value)
-    if found:
-        return f"contains a lone surrogate (U+{ord(found.group()):04X}), which is not valid Unicode"
+    if value.isascii():  # known without reading the text: no surrogate can be in it
+        return None
+    # Searched in slices, so a 16 MiB string never holds the interpreter for one long call (it
+    # may run in a worker thread beside the event loop).
+    for start in range(0, len(value), _SEARCH_CHARS):
+        found = _SURROGATE.search(value, start, start + _SEARCH_CHARS)
+        if found:
+            return (
+                f"contains a lone surrogate (U+{ord(found.group()):04X}), which is not valid "
+                "Unicode"
+            )
     return None
 
 

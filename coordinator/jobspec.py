@@ -16,7 +16,7 @@ import base64
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from typing import Any
 
 import attrs
@@ -58,6 +58,20 @@ class JobSpecError(ValueError):
         if len(shown) > 80:
             shown = shown[:77] + "..."
         super().__init__(f"JobSpec field '{field}' = {shown}: {why}. {fix}")
+
+    def __reduce__(self) -> tuple[Callable[..., JobSpecError], tuple[str, str, str, str]]:
+        # Raised in a worker process too (message_limits.in_process) and pickled back to the
+        # event loop: the value goes as its shown text, so a refused 15 MiB list costs nothing.
+        return (_unpickled_error, (self.field, self.why, self.fix, str(self)))
+
+
+def _unpickled_error(field: str, why: str, fix: str, message: str) -> JobSpecError:
+    """A :class:`JobSpecError` back from a worker process; ``value`` is its shown text."""
+    error = JobSpecError.__new__(JobSpecError)
+    ValueError.__init__(error, message)
+    error.field, error.why, error.fix = field, why, fix
+    error.value = message.partition(" = ")[2].partition(f": {why}. ")[0]
+    return error
 
 
 @attrs.frozen
@@ -338,7 +352,12 @@ def canonical_json(spec: JobSpec) -> str:
 
 def digest(spec: JobSpec) -> str:
     """``sha256:<hex>`` of :func:`canonical_json`."""
-    return "sha256:" + hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()
+    return digest_of(canonical_json(spec).encode("utf-8"))
+
+
+def digest_of(canonical: bytes) -> str:
+    """``sha256:<hex>`` of canonical JSON already encoded as UTF-8 (see :func:`digest`)."""
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
 
 
 def loads(text: str) -> JobSpec:

@@ -9,7 +9,12 @@ Rules:
   (:data:`COUNT_RULES`).
 - A body larger than :data:`INLINE_DECODE_BYTES` is decoded in a worker thread, so no request
   holds the event loop for more than a few milliseconds; every decoded string is then checked
-  (:func:`~tuneplane.coordinator.input_checks.check_message`).
+  (:func:`~tuneplane.coordinator.input_checks.check_message`). At most :data:`DECODE_THREADS`
+  threads work at once, whatever the number of callers (:func:`in_thread`).
+- Work on a large body that would hold the interpreter for long single calls (reading a JobSpec
+  of megabytes: JSON, base64, canonical JSON) runs in at most :data:`HEAVY_PROCESSES` worker
+  processes (:func:`in_process`); a worker thread would still stall the loop, as a C call keeps
+  the interpreter lock for its whole length.
 - Bytes that are not the message they claim to be are INVALID_ARGUMENT, never an unknown error.
 
 grpclib has no hook between the length prefix and the body, so :func:`bounded_handlers` wraps each
@@ -24,10 +29,12 @@ import functools
 import struct
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 import anyio
+import anyio.to_process
 import betterproto
+from anyio.lowlevel import RunVar
 from grpclib import GRPCError
 from grpclib.const import Handler, Status
 from grpclib.encoding.proto import ProtoCodec
@@ -36,6 +43,8 @@ from tuneplane.coordinator.input_checks import InputRefused, check_message
 from tuneplane.proto import v1
 
 M = TypeVar("M", bound=betterproto.Message)
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 # Decoding costs about 1.5 ms per KiB of small fields (measured): 2 KiB inline is ~3 ms.
 INLINE_DECODE_BYTES = 2 * 1024
@@ -48,6 +57,39 @@ MAX_INVENTORY_GPUS = 256
 MAX_HELD_MEMBERS = 4096
 MAX_SHIP_POINTS = 5000
 MAX_SHIP_STRINGS = 20_000
+# Worker threads decoding or checking bodies at once, and worker processes for the heaviest
+# bodies: 50 hostile callers wait their turn instead of making 50 threads or processes.
+DECODE_THREADS = 4
+HEAVY_PROCESSES = 2
+
+_THREADS: RunVar[anyio.CapacityLimiter] = RunVar("tuneplane_decode_threads")
+_PROCESSES: RunVar[anyio.CapacityLimiter] = RunVar("tuneplane_heavy_processes")
+
+
+def _limiter(var: RunVar[anyio.CapacityLimiter], tokens: int) -> anyio.CapacityLimiter:
+    """The event loop's own limiter (a limiter belongs to the loop that first waits on it)."""
+    try:
+        return var.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(tokens)
+        var.set(limiter)
+        return limiter
+
+
+async def in_thread(func: Callable[[*Args], T], *args: *Args) -> T:
+    """``func(*args)`` in one of at most :data:`DECODE_THREADS` worker threads."""
+    return await anyio.to_thread.run_sync(func, *args, limiter=_limiter(_THREADS, DECODE_THREADS))
+
+
+async def in_process(func: Callable[[*Args], T], *args: *Args) -> T:
+    """``func(*args)`` in one of at most :data:`HEAVY_PROCESSES` worker processes.
+
+    ``func`` must be a module-level function; arguments and result are pickled, so pass bytes
+    rather than big strings (a str is UTF-8 encoded on the event loop as it is pickled).
+    """
+    return await anyio.to_process.run_sync(
+        func, *args, limiter=_limiter(_PROCESSES, HEAVY_PROCESSES)
+    )
 
 
 class TooMany(ValueError):
@@ -221,7 +263,26 @@ async def read_bounded(stream: Any, message_type: type[M], limit: int, setting: 
         )
     if length <= INLINE_DECODE_BYTES:
         return decode(data, message_type)
-    return await anyio.to_thread.run_sync(decode, data, message_type)
+    return await in_thread(decode, data, message_type)
+
+
+def encode_with(message: betterproto.Message, field: str, value: bytes) -> bytes:
+    """``message`` encoded with the bytes or string field ``field`` set to ``value`` (UTF-8 for a
+    string), without building the field in Python: one copy of ``value``. ``field`` must be
+    unset in ``message`` (protobuf reads fields in any order)."""
+    number = _numbers(type(message), field)[0]
+    key = betterproto.encode_varint(number << 3 | 2)
+    return b"".join((bytes(message), key, betterproto.encode_varint(len(value)), value))
+
+
+def pre_encoded(message: M, data: bytes) -> M:
+    """``message``, which grpclib will send as ``data`` (the message encoded in a worker).
+
+    grpclib's codec calls ``SerializeToString`` on the event loop; encoding 11 MiB there holds
+    the loop for about 15 ms, so a large reply is encoded off the loop and handed over whole.
+    """
+    object.__setattr__(message, "SerializeToString", lambda: data)
+    return message
 
 
 def bounded_handlers(

@@ -30,6 +30,7 @@ from tuneplane.coordinator.collector_credentials import (
     CollectorCredentials,
     is_collector_credential,
 )
+from tuneplane.coordinator.message_limits import in_thread
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.telemetry_records import CollectorReport, ShippedPoint
 from tuneplane.coordinator.wire import grpc_errors, member_key
@@ -38,6 +39,8 @@ from tuneplane.proto import v1
 log = logging.getLogger(__name__)
 
 MAX_POINTS_PER_SHIP = 5000
+# Points read and screened on the event loop; a larger batch is read in a worker thread.
+INLINE_POINTS = 50
 
 
 class TelemetryGateway:
@@ -85,10 +88,13 @@ class TelemetryGateway:
                     f"points of {member.run_id}/attempt-{member.attempt}/member-"
                     f"{member.member_index}. Each member's collector uses its own credential."
                 )
-            points = _points(request.points)
-            if request.columns is not None and request.columns.strings:
-                points += _columns(request.columns)
-            points, refused = _screen(points, now / 1000)
+            # Per point, so off the event loop for a batch of more than a few points.
+            if len(request.points) > INLINE_POINTS or (
+                request.columns is not None and len(request.columns.values) > INLINE_POINTS * 8
+            ):
+                points, refused = await in_thread(_read, request, now / 1000)
+            else:
+                points, refused = _read(request, now / 1000)
             p = request.progress or v1.CollectorProgress()
             report = CollectorReport(
                 spool_points=p.spool_points,
@@ -131,6 +137,16 @@ class TelemetryGateway:
                     refused=refused,
                 )
             )
+
+
+def _read(
+    request: v1.ShipRequest, now_s: float
+) -> tuple[list[ShippedPoint], list[v1.RefusedPoint]]:
+    """The request's points (messages and columns), screened: see :func:`_screen`."""
+    points = _points(request.points)
+    if request.columns is not None and request.columns.strings:
+        points += _columns(request.columns)
+    return _screen(points, now_s)
 
 
 def _points(points: Iterable[v1.MetricPoint]) -> list[ShippedPoint]:

@@ -1,0 +1,146 @@
+"""Large requests are worked on off the coordinator's event loop (issue 8, must have 7), against a
+real coordinator over loopback TLS.
+
+A JobSpec of megabytes is read, resolved and digested in a bounded pool of worker processes: what
+comes back is exactly what the inline path gives (same canonical JSON, same digest), a refusal
+still names its field in a sentence and stores nothing, and eight at once never make more worker
+processes than the pool allows. How long the loop is held is measured by ``nox -s bench --
+loop_lag`` (docs/security-input.md), not asserted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+
+import psutil
+import pytest
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from tests.coordinator.grpc_client import api_client, jobspec
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tuneplane.coordinator import jobspec as jobspec_module
+from tuneplane.coordinator.api_service import PROCESS_ADMIT_CHARS
+from tuneplane.coordinator.message_limits import HEAVY_PROCESSES, encode_with, pre_encoded
+from tuneplane.proto import v1
+
+TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+    with start_coordinator(tmp_path_factory.mktemp("loop")) as c:
+        yield c
+
+
+def _rows(coord: CoordinatorProcess, table: str) -> int:
+    path = coord.state_dir / "coordinator.db"
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def _big_spec(experiment: str, megabytes: int = 2) -> dict[str, object]:
+    spec = jobspec(gpus=1)
+    spec["experiment"] = experiment
+    spec["source_files"] = {
+        "train.sh": base64.b64encode(b"echo hello\n").decode(),
+        "data/blob.bin": base64.b64encode(os.urandom(megabytes * 1024 * 1024)).decode(),
+    }
+    return spec
+
+
+def _workers(coord: CoordinatorProcess) -> list[str]:
+    """The coordinator's child processes that are running, as "pid status command"."""
+    found = []
+    for child in psutil.Process(coord.pid).children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{child.pid} {child.status()} {' '.join(child.cmdline())}")
+        except psutil.NoSuchProcess:
+            continue  # ended between the listing and the look
+    return found
+
+
+def test_a_jobspec_of_megabytes_is_admitted_as_the_inline_path_would(
+    coord: CoordinatorProcess,
+) -> None:
+    spec = _big_spec("big")
+    assert len(json.dumps(spec)) > PROCESS_ADMIT_CHARS  # the worker-process path
+
+    async def go() -> tuple[v1.PreviewReply, v1.Receipt, v1.Job]:
+        async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+            preview = await api.preview(spec)
+            receipt = await api.commit(preview, "big-1")
+            return preview, receipt, await api.job(receipt.run_id)
+
+    preview, receipt, job = asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
+    resolved = jobspec_module.loads(preview.resolved_jobspec_json)
+    assert jobspec_module.canonical_json(resolved) == preview.resolved_jobspec_json
+    assert jobspec_module.digest(resolved) == preview.digest == receipt.digest
+    assert dict(resolved.source_files) == spec["source_files"]
+    assert preview.summary.fleet and preview.summary.series == "h200"
+    assert job.state == "queued" and job.run_id == receipt.run_id
+    assert "Traceback" not in coord.read_log()
+
+
+def test_a_refused_jobspec_of_megabytes_names_its_field_and_stores_nothing(
+    coord: CoordinatorProcess,
+) -> None:
+    spec = jobspec(gpus=1)
+    spec["experiment"] = "numbers"
+    spec["parameters"] = {"x": [0.5] * (2 * 1024 * 1024)}  # 10 MiB of JSON numbers
+    previews, jobs = _rows(coord, "previews"), _rows(coord, "jobs")
+
+    async def go() -> GRPCError:
+        async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+            with pytest.raises(GRPCError) as refused:
+                await api.preview(spec)
+            await api.stub.list_jobs(v1.ListJobsRequest())  # still serving
+            return refused.value
+
+    refusal = asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
+    assert refusal.status is Status.INVALID_ARGUMENT
+    message = refusal.message or ""
+    assert message.startswith("JobSpec field 'parameters.x' = [0.5, 0.5"), message
+    assert "is not a parameter of the recipe custom/custom" in message
+    assert len(message) < 400, "the refused value is shown shortened, not whole"
+    assert (_rows(coord, "previews"), _rows(coord, "jobs")) == (previews, jobs)
+    assert "Traceback" not in coord.read_log()
+
+
+def test_eight_megabyte_previews_at_once_share_a_bounded_pool(coord: CoordinatorProcess) -> None:
+    specs = [_big_spec(f"many{n}", megabytes=1) for n in range(8)]
+    seen: list[list[str]] = []
+
+    async def go() -> list[v1.PreviewReply]:
+        async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+            calls = asyncio.gather(*(api.preview(s) for s in specs))
+            while not calls.done():
+                seen.append(_workers(coord))
+                await asyncio.wait([calls], timeout=0.05)
+            return await calls
+
+    replies = asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
+    assert len({r.preview_id for r in replies}) == 8
+    for spec, reply in zip(specs, replies, strict=True):
+        resolved = jobspec_module.loads(reply.resolved_jobspec_json)
+        assert resolved.experiment == spec["experiment"]
+        assert jobspec_module.digest(resolved) == reply.digest
+    assert seen and max(len(s) for s in seen) <= HEAVY_PROCESSES, seen
+    assert len(_workers(coord)) <= HEAVY_PROCESSES
+
+
+def test_a_reply_encoded_off_the_loop_is_the_reply() -> None:
+    reply = v1.PreviewReply(preview_id="pv-1", digest="sha256:00", created_at_ms=7)
+    text = '{"api_version":"tuneplane/v1","x":"\u00e9' + "a" * 300 + '"}'
+    encoded = encode_with(reply, "resolved_jobspec_json", text.encode("utf-8"))
+    decoded = v1.PreviewReply().parse(encoded)
+    assert decoded.resolved_jobspec_json == text
+    assert (decoded.preview_id, decoded.digest, decoded.created_at_ms) == ("pv-1", "sha256:00", 7)
+    assert pre_encoded(reply, encoded).SerializeToString() == encoded
