@@ -51,14 +51,6 @@ class World:
     shared: str  # alice's Job whose project shares it with carol
 
 
-def _user_token(coord: CoordinatorProcess, name: str) -> Path:
-    made = coord.admin("user", "create", name)
-    assert made.returncode == 0, made.stderr
-    path = coord.state_dir / f"{name}.token"
-    path.write_text(made.stdout.strip().splitlines()[-1] + "\n")
-    return path
-
-
 async def _launch(
     api: Api, node: NodeStream, spec: dict[str, Any], key: str, seq: int, output: str
 ) -> tuple[str, v1.Commit]:
@@ -107,7 +99,7 @@ async def _ship(coord: CoordinatorProcess, commit: v1.Commit, steps: int) -> Non
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("access")
     with start_coordinator(root, heartbeat_interval=0.5, heartbeat_timeout=120) as coord:
-        tokens = {name: _user_token(coord, name) for name in ("alice", "bob", "carol")}
+        tokens = {name: coord.user_token_file(name) for name in ("alice", "bob", "carol")}
         node = asyncio.run(
             enroll(coord.control, coord.ca_path, coord.create_join_token(), "host-a", 2)
         )

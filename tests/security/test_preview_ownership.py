@@ -22,12 +22,6 @@ from tests.coordinator.grpc_client import api_client, jobspec
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 
 
-def _token(coord: CoordinatorProcess, name: str) -> str:
-    made = coord.admin("user", "create", name)
-    assert made.returncode == 0, made.stderr
-    return made.stdout.strip().splitlines()[-1]
-
-
 def _jobs(coord: CoordinatorProcess) -> list[tuple[str, str, str]]:
     path = coord.state_dir / "coordinator.db"
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
@@ -39,7 +33,7 @@ def _jobs(coord: CoordinatorProcess) -> list[tuple[str, str, str]]:
 
 def test_another_users_preview_and_retry_key_are_refused(tmp_path: Path) -> None:
     with start_coordinator(tmp_path) as coord:
-        alice, bob = _token(coord, "alice"), _token(coord, "bob")
+        alice, bob = coord.create_user("alice"), coord.create_user("bob")
 
         async def go() -> None:
             async with (

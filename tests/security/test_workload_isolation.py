@@ -322,14 +322,6 @@ def _submit_as(coord: CoordinatorProcess, root: Path, token: Path) -> str:
     return str(json.loads(done.stdout.strip().splitlines()[-1])["run_id"])
 
 
-def _user_token(coord: CoordinatorProcess, name: str, folder: Path) -> Path:
-    made = coord.admin("user", "create", name)
-    assert made.returncode == 0, made.stderr
-    token = folder / f"{name}.token"
-    token.write_text(made.stdout.strip().splitlines()[-1] + "\n")
-    return token
-
-
 def test_user_mode_runs_each_job_as_its_submitters_local_account(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -342,7 +334,7 @@ def test_user_mode_runs_each_job_as_its_submitters_local_account(
         try:
             agent.wait_connected()
             # A TunePlane user with a local account of the same name: the Job runs as it.
-            token = _user_token(coord, local, root)
+            token = coord.user_token_file(local, root)
             mine = _project(coord, root / "mine", {"train.sh": WHO_AM_I})
             run_id = _submit_as(coord, mine, token)
             assert wait_job(coord, run_id, 60)["state"] == "succeeded"
@@ -353,7 +345,7 @@ def test_user_mode_runs_each_job_as_its_submitters_local_account(
             # Its files stay the user's own after the Job.
             assert out.stat().st_uid == int((out / "uid").read_text())
             # A user with no local account here is refused at Prepare, and nothing changed.
-            stranger = _user_token(coord, "nolocalaccount", root)
+            stranger = coord.user_token_file("nolocalaccount", root)
             theirs = _project(coord, root / "theirs", {"train.sh": WHO_AM_I})
             refused_id = _submit_as(coord, theirs, stranger)
             assert wait_job(coord, refused_id, 60)["state"] in ("aborted", "failed")

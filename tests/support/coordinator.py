@@ -121,6 +121,19 @@ class CoordinatorProcess:
         assert made.get("for_node") == node, made
         return str(made["token"])
 
+    def create_user(self, name: str) -> str:
+        """A new TunePlane user ``name``, made by the real ``user create``: its token."""
+        made = self.admin("user", "create", name)
+        assert made.returncode == 0, made.stderr
+        return made.stdout.strip().splitlines()[-1]
+
+    def user_token_file(self, name: str, folder: Path | None = None) -> Path:
+        """:meth:`create_user`, with the token written to ``NAME.token`` in ``folder`` (the
+        state directory when none is given), as ``tp --token-file`` reads it."""
+        path = (folder or self.state_dir) / f"{name}.token"
+        path.write_text(self.create_user(name) + "\n")
+        return path
+
     def admin(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run another ``tuneplane-coordinator`` command against this state directory."""
         return subprocess.run(
