@@ -30,6 +30,7 @@ from tuneplane.coordinator.fleet_service import caller
 from tuneplane.coordinator.job_access import check_read
 from tuneplane.coordinator.message_limits import (
     INLINE_DECODE_BYTES,
+    PROCESS_TEXT_CHARS,
     encode_with,
     in_process,
     in_thread,
@@ -46,8 +47,6 @@ log = logging.getLogger(__name__)
 MAX_RETRY_KEY = 200
 DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 1000
-# A JobSpec longer than this is admitted in a worker process (see ApiService._admit).
-PROCESS_ADMIT_CHARS = 256 * 1024
 
 T = TypeVar("T")
 Args = TypeVarTuple("Args")
@@ -149,10 +148,10 @@ class ApiService:
 
     async def _admit(self, text: str) -> Admitted:
         """:func:`admit` where it holds the event loop for no more than a few milliseconds: inline
-        for a small JobSpec, in a worker thread up to :data:`PROCESS_ADMIT_CHARS`, in a worker
+        for a small JobSpec, in a worker thread up to :data:`PROCESS_TEXT_CHARS`, in a worker
         process beyond (reading megabytes of JSON is a few long C calls that a thread would run
         with the interpreter lock held)."""
-        if len(text) > PROCESS_ADMIT_CHARS:
+        if len(text) > PROCESS_TEXT_CHARS:
             return await in_process(admit, text, self._config, self._catalogue)
         return await self._off_loop(len(text), admit, text, self._config, self._catalogue)
 

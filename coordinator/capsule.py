@@ -41,14 +41,23 @@ def entrypoint_for(spec: JobSpec) -> list[str]:
 
 
 def seal(
-    spec: JobSpec, launcher: str, run_id: str, attempt: int, member_count: int
+    spec: JobSpec,
+    launcher: str,
+    run_id: str,
+    attempt: int,
+    member_count: int,
+    jobspec_digest: str | None = None,
 ) -> dict[str, str]:
-    """The capsule files (name -> text) for one attempt of a Job; ``launcher`` is the recipe's."""
+    """The capsule files (name -> text) for one attempt of a Job; ``launcher`` is the recipe's.
+
+    ``jobspec_digest`` is the Job's digest when the caller has it (the scheduler: the admitted
+    Job's), so sealing never re-encodes a JobSpec of megabytes; otherwise it is computed.
+    """
     capsule = {
         "run_id": run_id,
         "attempt": attempt,
         "member_count": member_count,
-        "jobspec_digest": digest(spec),
+        "jobspec_digest": jobspec_digest or digest(spec),
         "method_id": spec.method_id,
         "runtime_id": spec.runtime_id,
         "entrypoint": entrypoint_for(spec),

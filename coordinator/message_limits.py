@@ -61,6 +61,9 @@ MAX_SHIP_STRINGS = 20_000
 # bodies: 50 hostile callers wait their turn instead of making 50 threads or processes.
 DECODE_THREADS = 4
 HEAVY_PROCESSES = 2
+# Text (a JobSpec's JSON) longer than this is read in a worker process: a thread would hold the
+# interpreter lock through each long C call (json, base64) of reading it.
+PROCESS_TEXT_CHARS = 256 * 1024
 
 _THREADS: RunVar[anyio.CapacityLimiter] = RunVar("tuneplane_decode_threads")
 _PROCESSES: RunVar[anyio.CapacityLimiter] = RunVar("tuneplane_heavy_processes")

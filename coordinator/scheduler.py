@@ -20,6 +20,7 @@ import anyio
 from tuneplane.coordinator import capsule, jobspec, store_fleet
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.message_limits import PROCESS_TEXT_CHARS, in_process
 from tuneplane.coordinator.placement import Placement
 from tuneplane.coordinator.queue_plan import PoolKey, plan_pass
 from tuneplane.coordinator.sessions import SessionRegistry
@@ -98,7 +99,10 @@ class Scheduler:
         if job is None:
             return  # cancelled since the pass read the queue
         try:
-            spec = jobspec.loads(job.resolved_json)
+            if len(job.resolved_json) > PROCESS_TEXT_CHARS:  # megabytes: off the event loop
+                spec = await in_process(jobspec.loads, job.resolved_json)
+            else:
+                spec = jobspec.loads(job.resolved_json)
             jobspec.check_loader_policy(spec, self._loader_env_runtimes)
         except jobspec.JobSpecError as exc:
             # Admitted under looser rules (an older coordinator, a coordinator.toml that allowed
@@ -115,7 +119,7 @@ class Scheduler:
         orders = await self._store.reserve_launch(
             job,
             placement,
-            lambda attempt: capsule.seal(spec, launcher, job.run_id, attempt, count),
+            lambda attempt: capsule.seal(spec, launcher, job.run_id, attempt, count, job.digest),
             now + self._prepare_timeout_ms,
             now,
         )

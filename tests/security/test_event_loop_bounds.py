@@ -17,17 +17,22 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
+from pathlib import Path
 
 import psutil
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from tests.coordinator.grpc_client import api_client, jobspec
+from tests.coordinator.grpc_client import api_client, enroll, jobspec, node_stream
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator import jobspec as jobspec_module
-from tuneplane.coordinator.api_service import PROCESS_ADMIT_CHARS
-from tuneplane.coordinator.message_limits import HEAVY_PROCESSES, encode_with, pre_encoded
+from tuneplane.coordinator.message_limits import (
+    HEAVY_PROCESSES,
+    PROCESS_TEXT_CHARS,
+    encode_with,
+    pre_encoded,
+)
 from tuneplane.proto import v1
 
 TIMEOUT_S = 120
@@ -71,7 +76,7 @@ def test_a_jobspec_of_megabytes_is_admitted_as_the_inline_path_would(
     coord: CoordinatorProcess,
 ) -> None:
     spec = _big_spec("big")
-    assert len(json.dumps(spec)) > PROCESS_ADMIT_CHARS  # the worker-process path
+    assert len(json.dumps(spec)) > PROCESS_TEXT_CHARS  # the worker-process path
 
     async def go() -> tuple[v1.PreviewReply, v1.Receipt, v1.Job]:
         async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
@@ -144,3 +149,34 @@ def test_a_reply_encoded_off_the_loop_is_the_reply() -> None:
     assert decoded.resolved_jobspec_json == text
     assert (decoded.preview_id, decoded.digest, decoded.created_at_ms) == ("pv-1", "sha256:00", 7)
     assert pre_encoded(reply, encoded).SerializeToString() == encoded
+
+
+def test_a_job_of_megabytes_is_prepared_with_its_admitted_jobspec_and_digest(
+    tmp_path: Path,
+) -> None:
+    spec = _big_spec("launch")
+    with start_coordinator(tmp_path, heartbeat_interval=0.5, heartbeat_timeout=5) as coord:
+        token = coord.create_join_token()
+        node = asyncio.run(enroll(coord.control, coord.ca_path, token, "node-big", 2))
+
+        async def go() -> tuple[v1.PreviewReply, v1.Receipt, v1.Prepare]:
+            async with (
+                api_client(coord.api, coord.ca_path, coord.admin_token) as api,
+                node_stream(
+                    coord.control, coord.ca_path, node.node_credential, node.node_id
+                ) as stream,
+            ):
+                preview = await api.preview(spec)
+                receipt = await api.commit(preview, "launch-1")
+                prepare: v1.Prepare = await stream.expect("prepare")
+                return preview, receipt, prepare
+
+        preview, receipt, prepare = asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
+        assert prepare.member.run_id == receipt.run_id
+        assert prepare.jobspec_json == preview.resolved_jobspec_json
+        sealed = json.loads(prepare.capsule_files["capsule.json"])
+        assert sealed["jobspec_digest"] == receipt.digest
+        assert sealed["jobspec_digest"] == jobspec_module.digest(
+            jobspec_module.loads(prepare.jobspec_json)
+        )
+        assert "Traceback" not in coord.read_log()
