@@ -14,7 +14,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,7 @@ async def drive(
             channel.close()
 
 
-def main_with(run: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> int:
+def main_with(run: Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]) -> int:
     """Read the config named on the command line, run, print the JSON result."""
     config = json.loads(Path(sys.argv[1]).read_text())
     print(json.dumps(asyncio.run(run(config))), flush=True)
