@@ -43,6 +43,33 @@ async def caller(store: Store, stream: Any) -> UserView:
     return await store_identity.authenticate_user(store, hash_credential(token), now_ms())
 
 
+async def admin_caller(store: Store, stream: Any, may_not: str) -> UserView:
+    """The calling user when it has the admin role; :class:`PermissionDenied` saying it ``may_not``
+    (what it tried, as "revoke Nodes") otherwise."""
+    user = await caller(store, stream)
+    if user.role != ADMIN_ROLE:
+        raise PermissionDenied(
+            f"the user {user.name!r} may not {may_not}; only an admin user may. Ask the "
+            "coordinator's operator."
+        )
+    return user
+
+
+def require_node_id(node_id: str, message: str) -> None:
+    """Refuse an empty ``<message>.node_id``."""
+    if not node_id:
+        raise GRPCError(Status.INVALID_ARGUMENT, f"{message}.node_id is empty. Name a Node.")
+
+
+def check_reason(reason: str, message: str) -> None:
+    """Refuse a ``<message>.reason`` longer than :data:`MAX_REASON` characters."""
+    if len(reason) > MAX_REASON:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"{message}.reason is longer than {MAX_REASON} characters. Shorten it.",
+        )
+
+
 def inventory_message(inv: InventoryInfo) -> v1.Inventory:
     return v1.Inventory(
         hostname=inv.hostname,
@@ -204,21 +231,13 @@ class FleetService:
         with grpc_errors():
             await caller(self._store, stream)
             request: v1.GetNodeRequest = await stream.recv_message()
-            if not request.node_id:
-                raise GRPCError(
-                    Status.INVALID_ARGUMENT, "GetNodeRequest.node_id is empty. Name a Node."
-                )
+            require_node_id(request.node_id, "GetNodeRequest")
             node = await store_fleet.node_view(self._store, request.node_id)
             await stream.send_message(self._node_message(node))
 
     async def _set_scheduling(self, stream: Any) -> None:
         with grpc_errors():
-            user = await caller(self._store, stream)
-            if user.role != ADMIN_ROLE:
-                raise PermissionDenied(
-                    f"the user {user.name!r} may not cordon, uncordon or drain Nodes; only an "
-                    "admin user may. Ask the coordinator's operator."
-                )
+            user = await admin_caller(self._store, stream, "cordon, uncordon or drain Nodes")
             request: v1.SetNodeSchedulingRequest = await stream.recv_message()
             if request.scheduling not in store_fleet.REQUESTABLE:
                 raise GRPCError(
@@ -226,17 +245,8 @@ class FleetService:
                     f"SetNodeSchedulingRequest.scheduling {request.scheduling!r} is not one of "
                     f"{', '.join(store_fleet.REQUESTABLE)}. Use tp node cordon, uncordon or drain.",
                 )
-            if not request.node_id:
-                raise GRPCError(
-                    Status.INVALID_ARGUMENT,
-                    "SetNodeSchedulingRequest.node_id is empty. Name a Node.",
-                )
-            if len(request.reason) > MAX_REASON:
-                raise GRPCError(
-                    Status.INVALID_ARGUMENT,
-                    f"SetNodeSchedulingRequest.reason is longer than {MAX_REASON} characters. "
-                    "Shorten it.",
-                )
+            require_node_id(request.node_id, "SetNodeSchedulingRequest")
+            check_reason(request.reason, "SetNodeSchedulingRequest")
             await store_fleet.set_scheduling(
                 self._store,
                 request.node_id,

@@ -12,13 +12,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from grpclib import GRPCError
-from grpclib.const import Cardinality, Handler, Status
+from grpclib.const import Cardinality, Handler
 
 from tuneplane.coordinator import store_fleet, store_identity
-from tuneplane.coordinator.auth import PermissionDenied
 from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.fleet_service import ADMIN_ROLE, MAX_REASON, caller, node_message
+from tuneplane.coordinator.fleet_service import (
+    admin_caller,
+    check_reason,
+    node_message,
+    require_node_id,
+)
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.wire import grpc_errors
@@ -43,22 +46,10 @@ class IdentityApi:
 
     async def _revoke_node(self, stream: Any) -> None:
         with grpc_errors():
-            user = await caller(self._store, stream)
-            if user.role != ADMIN_ROLE:
-                raise PermissionDenied(
-                    f"the user {user.name!r} may not revoke Nodes; only an admin user may. Ask "
-                    "the coordinator's operator."
-                )
+            user = await admin_caller(self._store, stream, "revoke Nodes")
             request: v1.RevokeNodeRequest = await stream.recv_message()
-            if not request.node_id:
-                raise GRPCError(
-                    Status.INVALID_ARGUMENT, "RevokeNodeRequest.node_id is empty. Name a Node."
-                )
-            if len(request.reason) > MAX_REASON:
-                raise GRPCError(
-                    Status.INVALID_ARGUMENT,
-                    f"RevokeNodeRequest.reason is longer than {MAX_REASON} characters. Shorten it.",
-                )
+            require_node_id(request.node_id, "RevokeNodeRequest")
+            check_reason(request.reason, "RevokeNodeRequest")
             changed = await store_identity.revoke_node(
                 self._store, request.node_id, user.name, request.reason, now_ms()
             )

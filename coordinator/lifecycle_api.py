@@ -22,7 +22,7 @@ from grpclib.const import Cardinality, Handler, Status
 
 from tuneplane.coordinator import store_lifecycle
 from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.fleet_service import ADMIN_ROLE, caller
+from tuneplane.coordinator.fleet_service import ADMIN_ROLE, caller, check_reason
 from tuneplane.coordinator.job_access import check_read
 from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.sessions import SessionRegistry
@@ -35,7 +35,6 @@ from tuneplane.proto import v1
 log = logging.getLogger(__name__)
 
 MAX_LOG_BYTES = 1024 * 1024
-MAX_REASON = 500
 
 
 class LifecycleApi:
@@ -71,11 +70,7 @@ class LifecycleApi:
             user = await caller(self._store, stream)
             request: v1.CancelJobRequest = await stream.recv_message()
             _require_run_id(request.run_id, "CancelJobRequest")
-            if len(request.reason) > MAX_REASON:
-                raise GRPCError(
-                    Status.INVALID_ARGUMENT,
-                    f"CancelJobRequest.reason is longer than {MAX_REASON} characters. Shorten it.",
-                )
+            check_reason(request.reason, "CancelJobRequest")
             result = await store_lifecycle.cancel_job(
                 self._store,
                 request.run_id,
