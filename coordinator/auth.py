@@ -16,6 +16,7 @@ import hashlib
 import secrets
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Literal
 
 import attrs
 
@@ -87,6 +88,16 @@ class CredentialLife:
     expires_at_ms: int | None = None
     revoked_at_ms: int | None = None
 
+    def spent(self, now_ms: int) -> tuple[Literal["revoked", "expired"], int] | None:
+        """Why the credential is refused at ``now_ms`` and since when; ``None`` while it is good.
+
+        A revocation wins over an expiry: it is what an operator decided."""
+        if self.revoked_at_ms is not None:
+            return "revoked", self.revoked_at_ms
+        if self.expires_at_ms is not None and self.expires_at_ms <= now_ms:
+            return "expired", self.expires_at_ms
+        return None
+
 
 def _utc(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -94,33 +105,30 @@ def _utc(ms: int) -> str:
 
 def check_node_credential(node_id: str, life: CredentialLife, now_ms: int) -> None:
     """Refuse a revoked or expired Node control credential with the operator's next step."""
-    if life.revoked_at_ms is not None:
-        raise AuthError(
-            f"Node {node_id}'s control credential was revoked at {_utc(life.revoked_at_ms)} and "
-            "is refused. If this machine should still be a Node, make a join token for it "
-            f"(`tuneplane-coordinator token create --node {node_id}`) and run "
-            "`tuneplane-node enroll --re-enroll --token <join token>` on that machine."
-        )
-    if life.expires_at_ms is not None and life.expires_at_ms <= now_ms:
-        raise AuthError(
-            f"Node {node_id}'s control credential expired at {_utc(life.expires_at_ms)} (it was "
-            "offline past its lifetime, so it could not renew it) and is refused. Re-enroll it: "
-            f"make a join token for it (`tuneplane-coordinator token create --node {node_id}`) "
-            "and run `tuneplane-node enroll --re-enroll --token <join token>` on that machine."
-        )
+    match life.spent(now_ms):
+        case ("revoked", at):
+            raise AuthError(
+                f"Node {node_id}'s control credential was revoked at {_utc(at)} and is refused. "
+                "If this machine should still be a Node, make a join token for it "
+                f"(`tuneplane-coordinator token create --node {node_id}`) and run "
+                "`tuneplane-node enroll --re-enroll --token <join token>` on that machine."
+            )
+        case ("expired", at):
+            raise AuthError(
+                f"Node {node_id}'s control credential expired at {_utc(at)} (it was offline past "
+                "its lifetime, so it could not renew it) and is refused. Re-enroll it: make a "
+                f"join token for it (`tuneplane-coordinator token create --node {node_id}`) and "
+                "run `tuneplane-node enroll --re-enroll --token <join token>` on that machine."
+            )
 
 
 def check_user_token(user: str, life: CredentialLife, now_ms: int) -> None:
     """Refuse a revoked or expired user token with a sentence naming the user and the fix."""
-    if life.revoked_at_ms is not None:
+    spent = life.spent(now_ms)
+    if spent is not None:
+        how, at = spent
         raise AuthError(
-            f"the token of user {user!r} was revoked at {_utc(life.revoked_at_ms)}. Ask the "
-            "coordinator's operator for a new one (`tuneplane-coordinator user token "
-            f"{user}`)."
-        )
-    if life.expires_at_ms is not None and life.expires_at_ms <= now_ms:
-        raise AuthError(
-            f"the token of user {user!r} expired at {_utc(life.expires_at_ms)}. Ask the "
-            "coordinator's operator for a new one (`tuneplane-coordinator user token "
-            f"{user}`)."
+            f"the token of user {user!r} {'was revoked' if how == 'revoked' else 'expired'} at "
+            f"{_utc(at)}. Ask the coordinator's operator for a new one "
+            f"(`tuneplane-coordinator user token {user}`)."
         )
