@@ -432,12 +432,11 @@ def user_ls(state_dir: Path, as_json: bool) -> None:
     now = now_ms()
     for u in found:
         life = lives[u.name]
-        if life.revoked_at_ms is not None:
-            token = f"REVOKED {_utc(life.revoked_at_ms)}"
+        spent = life.spent(now)
+        if spent is not None:
+            token = f"{spent[0].upper()} {_utc(spent[1])}"
         elif life.expires_at_ms is None:
             token = "never expires"
-        elif life.expires_at_ms <= now:
-            token = f"EXPIRED {_utc(life.expires_at_ms)}"
         else:
             token = f"expires {_utc(life.expires_at_ms)}"
         click.echo(f"{u.name}  role={u.role}  token {token}")
