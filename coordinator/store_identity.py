@@ -35,6 +35,14 @@ async def _rows(store: Store, sql: str, args: Sequence[Any] = ()) -> list[Any]:
     return list(await store._db.execute_fetchall(sql, tuple(args)))
 
 
+async def _lives(store: Store, sql: str) -> dict[str, CredentialLife]:
+    """``sql`` selects (key, issued, expires, revoked) a row: each credential's life by key."""
+    return {
+        str(key): CredentialLife(_int(issued), _int(expires), _int(revoked))
+        for key, issued, expires, revoked in await _rows(store, sql)
+    }
+
+
 # ----- Node control credentials -----------------------------------------------------------------
 
 
@@ -247,14 +255,10 @@ async def reenroll(
 
 async def credential_lives(store: Store) -> dict[str, CredentialLife]:
     """Each Node's current control credential's life (what ``tp node ls`` shows)."""
-    return {
-        str(node_id): CredentialLife(_int(issued), _int(expires), _int(revoked))
-        for node_id, issued, expires, revoked in await _rows(
-            store,
-            "SELECT id, credential_issued_at_ms, credential_expires_at_ms, revoked_at_ms "
-            "FROM nodes",
-        )
-    }
+    return await _lives(
+        store,
+        "SELECT id, credential_issued_at_ms, credential_expires_at_ms, revoked_at_ms FROM nodes",
+    )
 
 
 # ----- user tokens ------------------------------------------------------------------------------
@@ -330,9 +334,6 @@ async def revoke_user(store: Store, name: str, by: str, now: int) -> bool:
 
 async def user_token_lives(store: Store) -> dict[str, CredentialLife]:
     """Each user's token's life (what ``user ls`` shows), by user name."""
-    return {
-        str(name): CredentialLife(int(created), _int(expires), _int(revoked))
-        for name, created, expires, revoked in await _rows(
-            store, "SELECT name, created_at_ms, expires_at_ms, revoked_at_ms FROM users"
-        )
-    }
+    return await _lives(
+        store, "SELECT name, created_at_ms, expires_at_ms, revoked_at_ms FROM users"
+    )
