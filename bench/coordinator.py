@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,16 @@ class Coordinator:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+def with_coordinator(phase: Callable[[Coordinator, Path], None], prefix: str) -> None:
+    """Run ``phase`` against a fresh coordinator in a throwaway folder; stop it afterwards."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        coord = Coordinator(Path(tmp))
+        try:
+            phase(coord, Path(tmp))
+        finally:
+            coord.stop()
 
 
 # ----- 2. admissions ----------------------------------------------------------------------------
@@ -371,12 +382,7 @@ def main() -> int:
     # Two coordinators: the admitted bench Jobs stay queued, and a queue that long would make
     # every scheduling pass (woken by each Hello) part of the heartbeat figure.
     for phase in (bench_admissions, bench_heartbeats):
-        with tempfile.TemporaryDirectory(prefix="tp-bench-") as tmp:
-            coord = Coordinator(Path(tmp))
-            try:
-                phase(coord, Path(tmp))
-            finally:
-                coord.stop()
+        with_coordinator(phase, "tp-bench-")
     return 0
 
 

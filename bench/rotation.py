@@ -17,7 +17,6 @@ import asyncio
 import json
 import statistics
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from bench.coordinator import (
     env_int,
     measure_window,
     start_loaders,
+    with_coordinator,
 )
 
 GRACE_S = 60
@@ -71,13 +71,7 @@ def bench_rotation(coord: Coordinator, root: Path) -> None:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="tp-bench-rotation-") as tmp:
-        root = Path(tmp)
-        coord = Coordinator(root)
-        try:
-            bench_rotation(coord, root)
-        finally:
-            coord.stop()
+    with_coordinator(bench_rotation, "tp-bench-rotation-")
     return 0
 
 
