@@ -180,3 +180,23 @@ def test_a_job_of_megabytes_is_prepared_with_its_admitted_jobspec_and_digest(
             jobspec_module.loads(prepare.jobspec_json)
         )
         assert "Traceback" not in coord.read_log()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_the_worker_processes_end_with_the_coordinator(tmp_path: Path, how: str) -> None:
+    coord = start_coordinator(tmp_path)
+    with coord:
+
+        async def go() -> v1.PreviewReply:
+            async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+                return await api.preview(_big_spec("ends"))
+
+        asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
+        workers = psutil.Process(coord.pid).children(recursive=True)
+        assert workers, "a JobSpec of megabytes is read in a worker process"
+        if how == "SIGKILL":
+            coord.kill()  # no shutdown code runs: each worker sees its pipe close
+    # Otherwise leaving the block stopped the coordinator with SIGTERM (and checked exit 0).
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, [w.pid for w in alive]
+    assert "Traceback" not in coord.read_log()
