@@ -6,6 +6,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.support.coordinator import CoordinatorProcess
 
 TP = [sys.executable, "-m", "tuneplane.coordinator.cli.tp"]
 # Variables that would point tp at some coordinator outside the test.
@@ -32,3 +36,14 @@ def run_tp(
         timeout=timeout,
         check=False,
     )
+
+
+def run_tp_as(
+    coord: CoordinatorProcess, token_file: Path | None, *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``tp ARGS`` against ``coord`` as the user whose token is in ``token_file`` (the admin
+    when ``None``), in ``cwd`` (the coordinator's state directory when ``None``)."""
+    env = {"TUNEPLANE_CONTEXT": str(coord.context_path)}
+    if token_file is not None:
+        env["TUNEPLANE_TOKEN_FILE"] = str(token_file)
+    return run_tp(*args, cwd=cwd or coord.state_dir, env=env)

@@ -22,7 +22,7 @@ import attrs
 import pytest
 from grpclib.exceptions import GRPCError
 
-from tests.cli.tp_process import run_tp
+from tests.cli.tp_process import run_tp_as
 from tests.coordinator.grpc_client import (
     Api,
     NodeStream,
@@ -125,11 +125,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         yield World(coord, tokens, private, shared)
 
 
-def _tp(world: World, who: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"TUNEPLANE_CONTEXT": str(world.coord.context_path)}
-    if who != "admin":
-        env["TUNEPLANE_TOKEN_FILE"] = str(world.tokens[who])
-    return run_tp(*args, cwd=world.coord.state_dir, env=env)
+def _tp(
+    world: World, who: str, *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    token = None if who == "admin" else world.tokens[who]
+    return run_tp_as(world.coord, token, *args, cwd=cwd)
 
 
 def _ok(world: World, who: str, *args: str) -> str:
@@ -241,20 +241,12 @@ def test_a_share_list_is_validated_before_anything_is_stored(world: World) -> No
     assert _snapshot(world) == before
 
 
-def _tp_in(world: World, who: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        "TUNEPLANE_CONTEXT": str(world.coord.context_path),
-        "TUNEPLANE_TOKEN_FILE": str(world.tokens[who]),
-    }
-    return run_tp(*args, cwd=cwd, env=env)
-
-
 def test_share_with_in_tuneplane_yaml_reaches_the_job(world: World, tmp_path: Path) -> None:
     """The whole path a researcher takes: tuneplane.yaml, `tp submit`, then who may read."""
     root = tmp_path / "team2"
-    made = _tp_in(world, "alice", tmp_path, "init", str(root), "--name", "team2")
+    made = _tp(world, "alice", "init", str(root), "--name", "team2", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    made = _tp_in(world, "alice", root, "new", "job", "--method", "custom/custom")
+    made = _tp(world, "alice", "new", "job", "--method", "custom/custom", cwd=root)
     assert made.returncode == 0, made.stderr
     project_file = root / "tuneplane.yaml"
     plain = project_file.read_text()
@@ -262,13 +254,13 @@ def test_share_with_in_tuneplane_yaml_reaches_the_job(world: World, tmp_path: Pa
     # A share list that is not user names is refused by tp, naming the file and key; no Job.
     before = _snapshot(world)
     project_file.write_text(plain + "share_with: carol\n")
-    bad = _tp_in(world, "alice", root, "submit", "job", "--profile", "h200:1", "--yes", "--json")
+    bad = _tp(world, "alice", "submit", "job", "--profile", "h200:1", "--yes", "--json", cwd=root)
     assert bad.returncode != 0
     assert "tuneplane.yaml key 'share_with' must be a list" in bad.stderr, bad.stderr
     assert _snapshot(world) == before
 
     project_file.write_text(plain + "share_with: [carol]\n")
-    done = _tp_in(world, "alice", root, "submit", "job", "--profile", "h200:1", "--yes", "--json")
+    done = _tp(world, "alice", "submit", "job", "--profile", "h200:1", "--yes", "--json", cwd=root)
     assert done.returncode == 0, done.stderr
     run_id = str(json.loads(done.stdout.strip().splitlines()[-1])["run_id"])
     assert run_id in _ok(world, "carol", "job", "show", run_id)

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from tests.agent.jobs import job, journal, submit, tp, wait_job
+from tests.cli.tp_process import run_tp_as
 from tests.coordinator.grpc_client import api_client, node_stream
 from tests.coordinator.grpc_client import enroll as grpc_enroll
 from tests.faults.jobs import node
@@ -304,20 +304,6 @@ def test_a_node_offline_past_expiry_is_refused_until_re_enrolled(tmp_path: Path)
             agent.stop()
 
 
-def _tp_as(
-    coord: CoordinatorProcess, token_file: Path, *args: str
-) -> subprocess.CompletedProcess[str]:
-    context = token_file.with_suffix(".context.json")
-    context.write_text(
-        json.dumps({"coordinator": coord.api, "ca": str(coord.ca_path),
-                    "token_file": str(token_file)})
-    )  # fmt: skip
-    return subprocess.run(
-        [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context", str(context), *args],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-
-
 def test_user_tokens_expire_and_can_be_revoked_at_once(
     long_lived: CoordinatorProcess, tmp_path: Path
 ) -> None:
@@ -327,9 +313,9 @@ def test_user_tokens_expire_and_can_be_revoked_at_once(
     ada = json.loads(made.stdout)
     ada_file = tmp_path / "ada.token"
     ada_file.write_text(ada["token"] + "\n")
-    assert _tp_as(coord, ada_file, "fleet", "ls").returncode == 0
+    assert run_tp_as(coord, ada_file, "fleet", "ls").returncode == 0
     wait_until("ada's token to expire", lambda: time.time() * 1000 > ada["expires_at_ms"], 10)
-    refused = _tp_as(coord, ada_file, "fleet", "ls")
+    refused = run_tp_as(coord, ada_file, "fleet", "ls")
     assert refused.returncode != 0
     assert "expired" in refused.stderr and "user token ada" in refused.stderr
 
@@ -338,10 +324,10 @@ def test_user_tokens_expire_and_can_be_revoked_at_once(
     assert bob["expires_at_ms"] > (time.time() + 89 * 86400) * 1000  # the 90-day default
     bob_file = tmp_path / "bob.token"
     bob_file.write_text(bob["token"] + "\n")
-    assert _tp_as(coord, bob_file, "node", "ls").returncode == 0
+    assert run_tp_as(coord, bob_file, "node", "ls").returncode == 0
     out = coord.admin("user", "revoke", "bob")
     assert out.returncode == 0, out.stderr
-    refused = _tp_as(coord, bob_file, "node", "ls")
+    refused = run_tp_as(coord, bob_file, "node", "ls")
     assert refused.returncode != 0 and "revoked" in refused.stderr
     # Nothing was done with the revoked token: a Preview/commit never got through, no Job exists.
     assert json.loads(tp(coord, "job", "ls", "--json")) == []
@@ -354,8 +340,8 @@ def test_user_tokens_expire_and_can_be_revoked_at_once(
     assert fresh.returncode == 0, fresh.stderr
     fresh_file = tmp_path / "bob2.token"
     fresh_file.write_text(json.loads(fresh.stdout)["token"] + "\n")
-    assert _tp_as(coord, fresh_file, "node", "ls").returncode == 0
-    assert _tp_as(coord, bob_file, "node", "ls").returncode != 0
+    assert run_tp_as(coord, fresh_file, "node", "ls").returncode == 0
+    assert run_tp_as(coord, bob_file, "node", "ls").returncode != 0
     # The operator sees each token's state, never a token.
     listed = coord.admin("user", "ls")
     lines = {line.split()[0]: line for line in listed.stdout.splitlines()}

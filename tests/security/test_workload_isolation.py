@@ -12,8 +12,6 @@ from __future__ import annotations
 import errno
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import psutil
 import pytest
 
 from tests.agent.jobs import job, journal, tp, wait_job
+from tests.cli.tp_process import run_tp_as
 from tests.faults.jobs import held_gpus, wait_state
 from tests.support import accounts
 from tests.support.agent import AgentProcess, start_agent, wait_until
@@ -312,12 +311,9 @@ WHO_AM_I = 'id -un > "$TUNEPLANE_OUT_DIR/who"\nid -u > "$TUNEPLANE_OUT_DIR/uid"\
 
 def _submit_as(coord: CoordinatorProcess, root: Path, token: Path) -> str:
     """Submit the project at ``root`` with the user token in ``token``; return its run id."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
-         str(coord.context_path), "--token-file", str(token), "submit", "job", "--profile",
-         "h200:1", "--yes", "--json"],
-        cwd=root, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    done = run_tp_as(
+        coord, token, "submit", "job", "--profile", "h200:1", "--yes", "--json", cwd=root
+    )
     assert done.returncode == 0, done.stderr
     return str(json.loads(done.stdout.strip().splitlines()[-1])["run_id"])
 
