@@ -168,7 +168,7 @@ def test_a_workload_reaches_nothing_of_the_node(
     victim_out, victim_work = Path(victim["out_dir"]), Path(victim_lease["work_dir"])
     wait_until("the victim's secrets", lambda: (victim_out / "uid").exists(), 60)
     state = agent.state_dir
-    token_before = (state / "credentials" / "control.token").read_bytes()
+    token_before = agent.control_token()
     gpus_before = [g for g in held_gpus(agent) if g["member"] == victim["member"]]
     control = state / "members" / victim["member"]
 
@@ -222,7 +222,7 @@ def test_a_workload_reaches_nothing_of_the_node(
     assert _member(agent, victim_id)["state"] == "running"
     assert (victim_out / "secret.txt").read_text() == "victim-secret\n"
     assert (victim_work / "secret.txt").read_text() == "victim-secret\n"
-    assert (state / "credentials" / "control.token").read_bytes() == token_before
+    assert agent.control_token() == token_before
     assert [g for g in held_gpus(agent) if g["member"] == victim["member"]] == gpus_before
     assert agent.status().get("connected")
 
@@ -274,7 +274,7 @@ def test_a_loader_variable_in_the_jobs_env_is_refused(
     _, coord, agent = node
     files = {"train.sh": 'touch "$TUNEPLANE_OUT_DIR/ran"\n'}
     root = _project(coord, tmp_path / "p", files)
-    token_before = (agent.state_dir / "credentials" / "control.token").read_bytes()
+    token_before = agent.control_token()
     try:
         run_id = _submit(coord, root, "--env", "LD_PRELOAD=/tmp/evil.so")
     except AssertionError as refused:
@@ -287,7 +287,7 @@ def test_a_loader_variable_in_the_jobs_env_is_refused(
     assert member["state"] == "aborted" and "LD_PRELOAD" in member["reason"]
     assert not (Path(member["out_dir"]) / "ran").exists()
     assert not any(g["member"] == member["member"] for g in held_gpus(agent))
-    assert (agent.state_dir / "credentials" / "control.token").read_bytes() == token_before
+    assert agent.control_token() == token_before
 
 
 def test_a_member_survives_an_agent_crash_and_is_reattached(
