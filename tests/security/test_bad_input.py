@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from tests.coordinator.grpc_client import (
     node_stream,
 )
 from tests.security.raw_calls import call, frame
-from tests.support.agent import start_agent
+from tests.support.agent import AgentProcess, start_agent
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator.wire import grpc_errors
 from tuneplane.proto import v1
@@ -145,22 +146,33 @@ def test_an_unexpected_error_is_internal_with_an_id_that_is_in_the_log(
     assert f"error_id={error_id}" in caplog.text and "KeyError" in caplog.text
 
 
+@contextmanager
 def _hostile_control(
-    coord: CoordinatorProcess, mode: str, out: Path, timeout: float
-) -> dict[str, Any]:
-    """Stop ``coord`` and serve its control address with ``hostile_control.py <mode>`` until it
-    is done; return what the stand-in saw of the agent."""
-    host, _, port = coord.control.rpartition(":")
-    coord.stop()
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.security.hostile_control", mode, host, port,
-         str(coord.state_dir), str(out)],
-        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
-        timeout=timeout, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    seen: dict[str, Any] = json.loads(out.read_text())
-    return seen
+    tmp_path: Path, mode: str, timeout: float
+) -> Iterator[tuple[dict[str, Any], AgentProcess]]:
+    """A real agent enrolled with a real coordinator, whose control address is then served by
+    ``hostile_control.py <mode>`` until it is done. Yields what the stand-in saw and the agent,
+    checked to be alive with no traceback in its log."""
+    coord = start_coordinator(tmp_path)
+    agent = start_agent(tmp_path, coord, "node-a", simulate_gpus="h200:1")
+    try:
+        agent.wait_connected()
+        host, _, port = coord.control.rpartition(":")
+        coord.stop()
+        out = tmp_path / "hostile.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.security.hostile_control", mode, host, port,
+             str(coord.state_dir), str(out)],
+            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+            timeout=timeout, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert agent.alive(), agent.read_log()
+        assert "Traceback" not in agent.read_log()
+        yield json.loads(out.read_text()), agent
+    finally:
+        agent.stop()
+        coord.kill()
 
 
 def test_an_agent_refuses_a_prepare_with_a_nul_in_a_file_name_and_keeps_running(
@@ -169,11 +181,7 @@ def test_an_agent_refuses_a_prepare_with_a_nul_in_a_file_name_and_keeps_running(
     """A real agent, enrolled with a real coordinator, then served by a stand-in on the same
     address (``hostile_control.py``) that sends what the real one never would: NUL in an
     experiment file name, in a capsule file name, and in the run id itself."""
-    coord = start_coordinator(tmp_path)
-    agent = start_agent(tmp_path, coord, "node-a", simulate_gpus="h200:1")
-    try:
-        agent.wait_connected()
-        seen = _hostile_control(coord, "prepare", tmp_path / "hostile.json", timeout=120)
+    with _hostile_control(tmp_path, "prepare", timeout=120) as (seen, agent):
         by_run = {r["run_id"]: r for r in seen["replies"]}
         for run_id, named in (
             ("run-nul-source", "source_files"),
@@ -185,16 +193,10 @@ def test_an_agent_refuses_a_prepare_with_a_nul_in_a_file_name_and_keeps_running(
         # The third order was skipped, and the session went on: heartbeats kept coming.
         assert "run-\x00" not in by_run
         assert seen["heartbeats_after"] >= 3 and seen["connections"] == 1, seen
-        assert agent.alive(), agent.read_log()
-        log = agent.read_log()
-        assert "Traceback" not in log
-        assert "MemberRef.run_id contains a NUL" in log
+        assert "MemberRef.run_id contains a NUL" in agent.read_log()
         # Nothing was written for the refused members (every name is checked before writing).
         written = [p.name for p in agent.state_dir.rglob("*.sh")]
         assert written == [], written
-    finally:
-        agent.stop()
-        coord.kill()
 
 
 def test_an_agent_survives_undecodable_and_oversized_messages_from_its_coordinator(
@@ -202,20 +204,11 @@ def test_an_agent_survives_undecodable_and_oversized_messages_from_its_coordinat
 ) -> None:
     """The stand-in sends bytes that are no message, then a 40 MiB message; each ends that
     session with a sentence, the agent reconnects, and stays connected to a sane coordinator."""
-    coord = start_coordinator(tmp_path)
-    agent = start_agent(tmp_path, coord, "node-a", simulate_gpus="h200:1")
-    try:
-        agent.wait_connected()
-        seen = _hostile_control(coord, "flood", tmp_path / "hostile.json", timeout=150)
+    with _hostile_control(tmp_path, "flood", timeout=150) as (seen, agent):
         assert seen["connections"] == 3 and seen["heartbeats_after"] >= 3, seen
-        assert agent.alive(), agent.read_log()
         log = agent.read_log()
-        assert "Traceback" not in log
         assert "message cannot be decoded (EOFError)" in log
         assert "over the limit of 33554432 bytes" in log
-    finally:
-        agent.stop()
-        coord.kill()
 
 
 def _tp(root: Path, *args: str, context: Path) -> subprocess.CompletedProcess[str]:
