@@ -13,7 +13,8 @@ Rules:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Protocol, TypeVar
 
 from tuneplane.collector.points import ReadWarning, ScalarPoint
 
@@ -72,6 +73,24 @@ def number_problem(step: int, wall_time: float | None, offset: int, now: float) 
     return None
 
 
+class Screened(Protocol):
+    """What the rule looks at in a point, whichever record carries it."""
+
+    @property
+    def source_id(self) -> str: ...
+    @property
+    def tag(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def wall_time(self) -> float | None: ...
+    @property
+    def offset(self) -> int: ...
+
+
+P = TypeVar("P", bound=Screened)
+
+
 class PointScreen:
     """Applies the rule to many points, remembering the names it already found good."""
 
@@ -95,26 +114,37 @@ class PointScreen:
             self._good_tags.add(tag)
         return number_problem(step, wall_time, offset, now)
 
+    def partition(
+        self, points: Iterable[P], now: float, source: Callable[[P], str] | None = None
+    ) -> tuple[list[P], list[tuple[P, str]]]:
+        """Split ``points`` into those that pass and, for each other one, it and why not.
+
+        ``source`` names a point's source for the rule (its ``source_id`` by default)."""
+        good: list[P] = []
+        refused: list[tuple[P, str]] = []
+        for p in points:
+            name = p.source_id if source is None else source(p)
+            why = self.problem(name, p.tag, p.step, p.wall_time, p.offset, now)
+            if why is None:
+                good.append(p)
+            else:
+                refused.append((p, why))
+        return good, refused
+
     def screen(
         self, points: Iterable[ScalarPoint], now: float
     ) -> tuple[list[ScalarPoint], list[ReadWarning]]:
         """Split ``points`` into those that may be shipped and a data-loss warning per other."""
-        good: list[ScalarPoint] = []
-        refused: list[ReadWarning] = []
-        for p in points:
-            why = self.problem(p.source_id or p.source, p.tag, p.step, p.wall_time, p.offset, now)
-            if why is None:
-                good.append(p)
-            else:
-                refused.append(
-                    ReadWarning(
-                        p.source,
-                        p.offset,
-                        REFUSED_KIND,
-                        f"{why}; the value of tag {p.tag[:80]!r} is not shipped",
-                    )
-                )
-        return good, refused
+        good, refused = self.partition(points, now, source=lambda p: p.source_id or p.source)
+        return good, [
+            ReadWarning(
+                p.source,
+                p.offset,
+                REFUSED_KIND,
+                f"{why}; the value of tag {p.tag[:80]!r} is not shipped",
+            )
+            for p, why in refused
+        ]
 
 
 def storable(text: str) -> str:

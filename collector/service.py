@@ -87,17 +87,11 @@ def screen_spooled(
     screen: PointScreen, points: list[SpooledPoint], now: float
 ) -> tuple[list[SpooledPoint], list[ReadWarning]]:
     """The spooled points that may be sent, and a data-loss warning for each other one."""
-    sendable: list[SpooledPoint] = []
-    refused: list[ReadWarning] = []
-    for p in points:
-        why = screen.problem(p.source_id, p.tag, p.step, p.wall_time, p.offset, now)
-        if why is None:
-            sendable.append(p)
-        else:
-            refused.append(
-                ReadWarning(storable(p.source_id), p.offset, REFUSED_KIND, f"{why}; not shipped")
-            )
-    return sendable, refused
+    sendable, refused = screen.partition(points, now)
+    return sendable, [
+        ReadWarning(storable(p.source_id), p.offset, REFUSED_KIND, f"{why}; not shipped")
+        for p, why in refused
+    ]
 
 
 def write_marker(path: Path) -> None:

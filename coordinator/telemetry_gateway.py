@@ -223,20 +223,13 @@ def _screen(
             f"ShipRequest holds {len(points)} points, more than {MAX_POINTS_PER_SHIP}. "
             "Send smaller batches.",
         )
-    rule = PointScreen()
-    good: list[ShippedPoint] = []
-    refused: list[v1.RefusedPoint] = []
-    for p in points:
-        why = rule.problem(p.source_id, p.tag, p.step, p.wall_time, p.offset, now_s)
-        if why is None:
-            good.append(p)
-        else:
-            refused.append(
-                v1.RefusedPoint(
-                    source_id=storable(p.source_id),
-                    offset=p.offset,
-                    index=p.index,
-                    reason=f"{why}; the point is not stored",
-                )
-            )
-    return good, refused
+    good, refused = PointScreen().partition(points, now_s)
+    return good, [
+        v1.RefusedPoint(
+            source_id=storable(p.source_id),
+            offset=p.offset,
+            index=p.index,
+            reason=f"{why}; the point is not stored",
+        )
+        for p, why in refused
+    ]
