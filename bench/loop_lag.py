@@ -8,9 +8,10 @@ interpreter. For each kind of request the client prints when it starts and ends 
 lag of a call is the latest wake-up inside its window.
 
 Kinds: a Preview with 8 MiB of experiment files (the most a JobSpec may carry), a 15 MiB Preview
-of numbers (refused, after the JSON is read), the Commit of the 8 MiB Preview, a Ship of 5,000
-points filling the telemetry listener's 3 MiB, and an Enroll of 256 GPUs. Then 8 of the 8 MiB
-Previews at once, to show the bounded worker pool.
+of numbers (refused, after the JSON is read), the Commit of the 8 MiB Preview, the launch of
+those Jobs on a Node the client plays (one window from its Hello to the last Prepare, each
+carrying the whole JobSpec), a Ship of 5,000 points filling the telemetry listener's 3 MiB, and
+an Enroll of 256 GPUs. Then 8 of the 8 MiB Previews at once, to show the bounded worker pool.
 
 Knob: ``TUNEPLANE_BENCH_LAG_RUNS`` calls of each kind (5).
 """
@@ -31,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import betterproto
 from grpclib.client import Channel
+from grpclib.const import Cardinality
 
 from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.catalogue import Catalogue
@@ -132,6 +135,42 @@ def _say(*words: object) -> None:
     print(*words, flush=True)
 
 
+async def _launch(setup: dict[str, Any], control_channel: Channel, jobs: int) -> None:
+    """Be the Node the queued 8 MiB Jobs launch on: the window runs from its Hello until every
+    Job's Prepare (each carrying the whole JobSpec) has arrived."""
+    control = v1.ControlStub(control_channel)
+    try:
+        enrolled = await control.enroll(_enroll(setup["launch_token"], 999))
+        async with control_channel.request(
+            "/tuneplane.v1.Control/Connect",
+            Cardinality.STREAM_STREAM,
+            v1.NodeMessage,
+            v1.CoordinatorMessage,
+            metadata={"authorization": f"Bearer {enrolled.node_credential}"},
+        ) as stream:
+            await stream.send_request()
+            inventory = _enroll("", 999).inventory
+            _say("begin", "launch")
+            await stream.send_message(
+                v1.NodeMessage(
+                    hello=v1.Hello(
+                        node_id=enrolled.node_id, agent_version="bench", inventory=inventory
+                    )
+                )
+            )
+            prepared = size = 0
+            while prepared < jobs:
+                message = await stream.recv_message()
+                assert message is not None, "the coordinator ended the Node's stream"
+                if betterproto.which_one_of(message, "body")[0] == "prepare":
+                    prepared += 1
+                    size = max(size, len(message.prepare.jobspec_json))
+            _say("end", "launch", size)
+            await stream.cancel()
+    finally:
+        control_channel.close()
+
+
 async def _client(setup: dict[str, Any]) -> None:
     ca = Path(setup["ca"])
 
@@ -173,6 +212,7 @@ async def _client(setup: dict[str, Any]) -> None:
                 )
             )
             _say("end", "commit", len(preview.resolved_jobspec_json))
+        await _launch(setup, channel(setup["control"]), len(previews))
         for i in range(runs):
             ship = _ship(i)
             size = len(bytes(ship))
@@ -233,14 +273,18 @@ def _prepare(root: Path) -> Path:
     return state_dir
 
 
-async def _credentials(state_dir: Path, runs: int) -> tuple[list[str], str]:
-    """Join tokens for the Enroll calls and a collector credential for the Ship calls."""
+async def _credentials(state_dir: Path, runs: int) -> tuple[list[str], str, str]:
+    """Join tokens for the Enroll calls and the launch Node, and a collector credential for the
+    Ship calls."""
     now = int(time.time() * 1000)
     tokens = [new_credential(JOIN_PREFIX) for _ in range(runs)]
+    launch = new_credential(JOIN_PREFIX)
     store = await Store.open(db_path(state_dir))
     try:
         for t in tokens:
             await store.create_join_token(hash_credential(t), "default", now, now + 3_600_000)
+        # The Node the admitted Jobs launch on joins their Fleet.
+        await store.create_join_token(hash_credential(launch), "empty", now, now + 3_600_000)
     finally:
         await store.close()
     collector = new_credential(COLLECTOR_PREFIX)
@@ -251,11 +295,11 @@ async def _credentials(state_dir: Path, runs: int) -> tuple[list[str], str]:
         )
     finally:
         await telemetry.close()
-    return tokens, collector
+    return tokens, launch, collector
 
 
 async def _measure(state_dir: Path, runs: int) -> dict[str, list[tuple[float, int]]]:
-    tokens, collector = await _credentials(state_dir, runs)
+    tokens, launch, collector = await _credentials(state_dir, runs)
     probe = Probe()
     results: dict[str, list[tuple[float, int]]] = {}
     async with anyio.create_task_group() as tg:
@@ -273,6 +317,7 @@ async def _measure(state_dir: Path, runs: int) -> dict[str, list[tuple[float, in
             "token": (state_dir / "admin.token").read_text().strip(),
             "collector": collector,
             "join_tokens": tokens,
+            "launch_token": launch,
             "runs": runs,
         }
         tg.start_soon(probe.run)
@@ -308,6 +353,7 @@ LABELS = {
     "preview": "Preview, 8 MiB of experiment files",
     "preview-numbers": "Preview, 15 MiB of JSON numbers (refused)",
     "commit": "Commit of the 8 MiB Preview",
+    "launch": "those Jobs launched: a Prepare each",
     "ship": f"Ship, {SHIP_POINTS} points in 3 MiB",
     "enroll": f"Enroll, {ENROLL_GPUS} GPUs",
     "preview-x8": f"{CONCURRENT} Previews of 8 MiB at once",

@@ -54,6 +54,7 @@ from tuneplane.coordinator.collector_credentials import (
 )
 from tuneplane.coordinator.heartbeats import HeartbeatBook
 from tuneplane.coordinator.logship import receive_chunk
+from tuneplane.coordinator.message_limits import encoded_off_loop
 from tuneplane.coordinator.rate_limit import PeerRateLimit, peer_host
 from tuneplane.coordinator.records import AbortOrder, CommitOrder, NodeRecord, Order
 from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
@@ -327,7 +328,10 @@ class ControlGateway:
 
     async def _pump(self, stream: Any, session: NodeSession) -> None:
         async for message in session.inbox:
-            await stream.send_message(message)
+            # A Prepare carries the whole JobSpec (megabytes with experiment files).
+            big = betterproto.which_one_of(message, "body")[0] == "prepare"
+            size = len(message.prepare.jobspec_json) if big else 0
+            await stream.send_message(await encoded_off_loop(message, size))
 
     async def _read(self, stream: Any, session: NodeSession) -> str:
         """Handle messages until the stream ends; returns why it should close ("" if cleanly)."""

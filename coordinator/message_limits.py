@@ -278,6 +278,14 @@ def encode_with(message: betterproto.Message, field: str, value: bytes) -> bytes
     return b"".join((bytes(message), key, betterproto.encode_varint(len(value)), value))
 
 
+async def encoded_off_loop(message: M, size: int) -> M:
+    """``message``, encoded in a worker thread first when ``size`` (its large field's length)
+    is over :data:`INLINE_DECODE_BYTES`: grpclib would otherwise encode it on the event loop."""
+    if size <= INLINE_DECODE_BYTES:
+        return message
+    return pre_encoded(message, await in_thread(bytes, message))
+
+
 def pre_encoded(message: M, data: bytes) -> M:
     """``message``, which grpclib will send as ``data`` (the message encoded in a worker).
 
