@@ -7,8 +7,9 @@ client process, so the client's own work never competes with the coordinator for
 interpreter. For each kind of request the client prints when it starts and ends each call; the
 lag of a call is the latest wake-up inside its window.
 
-Kinds: a Preview with 8 MiB of experiment files (the most a JobSpec may carry), a 15 MiB Preview
-of numbers (refused, after the JSON is read), the Commit of the 8 MiB Preview, the launch of
+Kinds: a Preview with 8 MiB of experiment files (the most a JobSpec may carry), a GetJob of the
+same size (its run id: receiving and decoding only, then not found), a 15 MiB Preview of numbers
+(refused, after the JSON is read), the Commit of the 8 MiB Preview, the launch of
 those Jobs on a Node the client plays (one window from its Hello to the last Prepare, each
 carrying the whole JobSpec), a Ship of 5,000 points filling the telemetry listener's 3 MiB, and
 an Enroll of 256 GPUs. Then 8 of the 8 MiB Previews at once, to show the bounded worker pool.
@@ -35,6 +36,7 @@ import anyio
 import betterproto
 from grpclib.client import Channel
 from grpclib.const import Cardinality
+from grpclib.exceptions import GRPCError
 
 from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.catalogue import Catalogue
@@ -194,6 +196,17 @@ async def _client(setup: dict[str, Any]) -> None:
             _say("begin", "preview")
             previews.append(await api.preview(v1.PreviewRequest(jobspec_json=text)))
             _say("end", "preview", len(text))
+        for _ in range(runs):
+            # Only receiving and decoding: a GetJob with an 11 MB run id, refused as not found.
+            _say("begin", "receive")
+            try:
+                await api.get_job(
+                    v1.GetJobRequest(run_id="r" * len(previews[0].resolved_jobspec_json))
+                )
+                raise AssertionError("a GetJob of an 11 MB run id found a Job")
+            except GRPCError:
+                pass
+            _say("end", "receive", len(previews[0].resolved_jobspec_json))
         text = _numbers_spec()
         for _ in range(runs):
             _say("begin", "preview-numbers")
@@ -352,6 +365,7 @@ LABELS = {
     "idle": "idle coordinator (1 s)",
     "preview": "Preview, 8 MiB of experiment files",
     "preview-numbers": "Preview, 15 MiB of JSON numbers (refused)",
+    "receive": "GetJob of an 11 MB run id (receive only)",
     "commit": "Commit of the 8 MiB Preview",
     "launch": "those Jobs launched: a Prepare each",
     "ship": f"Ship, {SHIP_POINTS} points in 3 MiB",

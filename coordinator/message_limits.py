@@ -51,6 +51,8 @@ INLINE_DECODE_BYTES = 2 * 1024
 # What a Node accepts from the coordinator: a Prepare carries the JobSpec (experiment files up to
 # 8 MiB, about 11 MiB in base64) and the sealed capsule.
 AGENT_RECEIVE_BYTES = 32 * 1024 * 1024
+# The longest status message sent back; a longer one is cut (see shortened).
+MAX_STATUS_MESSAGE_CHARS = 1024
 # Fields looked at per message level while counting; more is refused outright.
 MAX_SCANNED_FIELDS = 20_000
 MAX_INVENTORY_GPUS = 256
@@ -341,10 +343,29 @@ def _guard(
     async def guarded(stream: Any) -> None:
         # An instance attribute shadows grpclib's method for this one call.
         stream.recv_message = functools.partial(read_bounded, stream, request_type, limit, setting)
-        with errors():
-            await func(stream)
+        try:
+            with errors():
+                await func(stream)
+        except GRPCError as exc:
+            raise shortened(exc) from None
 
     return guarded
+
+
+def shortened(exc: GRPCError) -> GRPCError:
+    """``exc`` with its message cut to :data:`MAX_STATUS_MESSAGE_CHARS`.
+
+    A refusal may quote what the caller sent (an unknown run id of 11 MB); grpclib sends the
+    message as an HTTP/2 trailer, HPACK-encoded in Python on the event loop, which took 4.7 s
+    for 300 KB and grows faster than the length.
+    """
+    message = exc.message
+    if message is None or len(message) <= MAX_STATUS_MESSAGE_CHARS:
+        return exc
+    cut = message[: MAX_STATUS_MESSAGE_CHARS - 80]
+    return GRPCError(
+        exc.status, f"{cut}... (the message is {len(message)} characters; shortened)", exc.details
+    )
 
 
 class ClientCodec(ProtoCodec):

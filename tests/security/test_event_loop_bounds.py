@@ -29,6 +29,7 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator import jobspec as jobspec_module
 from tuneplane.coordinator.message_limits import (
     HEAVY_PROCESSES,
+    MAX_STATUS_MESSAGE_CHARS,
     PROCESS_TEXT_CHARS,
     encode_with,
     pre_encoded,
@@ -199,4 +200,26 @@ def test_the_worker_processes_end_with_the_coordinator(tmp_path: Path, how: str)
     # Otherwise leaving the block stopped the coordinator with SIGTERM (and checked exit 0).
     _, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, [w.pid for w in alive]
+    assert "Traceback" not in coord.read_log()
+
+
+def test_a_refusal_quoting_megabytes_is_sent_shortened(coord: CoordinatorProcess) -> None:
+    # GetJob quotes the run id it did not find: 1 MB of it as an HTTP/2 trailer would be
+    # HPACK-encoded on the event loop for minutes (300 KB took 4.7 s).
+    run_id = "r" * (1024 * 1024)
+    jobs = _rows(coord, "jobs")
+
+    async def go() -> GRPCError:
+        async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+            with pytest.raises(GRPCError) as refused:
+                await api.stub.get_job(v1.GetJobRequest(run_id=run_id))
+            await api.stub.list_jobs(v1.ListJobsRequest())  # still serving
+            return refused.value
+
+    refusal = asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
+    assert refusal.status is Status.NOT_FOUND
+    message = refusal.message or ""
+    assert len(message) <= MAX_STATUS_MESSAGE_CHARS, len(message)
+    assert message.endswith("characters; shortened)"), message[-120:]
+    assert _rows(coord, "jobs") == jobs
     assert "Traceback" not in coord.read_log()
