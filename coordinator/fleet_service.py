@@ -23,6 +23,7 @@ from grpclib.const import Cardinality, Handler, Status
 from tuneplane.coordinator import store_fleet, store_identity
 from tuneplane.coordinator.auth import PermissionDenied, bearer_token, hash_credential
 from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.faultpoint import faultpoint
 from tuneplane.coordinator.fleetviews import FleetView, NodeView, UserView
 from tuneplane.coordinator.heartbeats import HeartbeatBook
 from tuneplane.coordinator.queue_plan import PoolKey
@@ -199,6 +200,7 @@ class FleetService:
         with grpc_errors():
             await caller(self._store, stream)
             await stream.recv_message()
+            faultpoint("list-fleets")
             fleets = await store_fleet.fleet_views(self._store, self._quotas)
             await stream.send_message(v1.ListFleetsReply(fleets=[fleet_message(f) for f in fleets]))
 
