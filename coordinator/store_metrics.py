@@ -7,6 +7,10 @@ Rules:
 - A point is stored once: UNIQUE on (series, byte offset, index), which within a member is the
   dedup key (source identity, offset, index), and ``INSERT ... ON CONFLICT DO NOTHING``. A Ship
   is one transaction (points, series counters, delivery progress), committed before the reply.
+- A Ship's per-point work (grouping by series, building rows) runs in a worker thread from the
+  bounded pool (:func:`~tuneplane.coordinator.message_limits.in_thread`) before the transaction
+  opens, and the series id is joined to each row in the database's own thread: a 5,000-point
+  batch is not walked on the event loop.
 - Writes run shielded (a caller's deadline never leaves half a transaction); the heavy read
   (:meth:`TelemetryStore.query_series`) runs in a worker thread on its own read-only connection
   so a million-point series never stalls the gateways.
@@ -24,8 +28,10 @@ from typing import Any, TypeVar
 
 import aiosqlite
 import anyio
+import attrs
 
 from tuneplane.coordinator.downsample import Row, downsample, every_point
+from tuneplane.coordinator.message_limits import in_thread
 from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.sqlite_db import SqliteFile
 from tuneplane.coordinator.store import NotFound
@@ -116,6 +122,36 @@ def _nan_to_null(value: float) -> float | None:
 
 def _null_to_nan(value: Any) -> float:
     return math.nan if value is None else float(value)
+
+
+# A Ship batch of more than this many points is grouped into rows in a worker thread.
+INLINE_POINTS = 50
+# (source offset, value index, step, wall time, value): a metric_points row less its series id.
+PointRow = tuple[int, int, int, float | None, float | None]
+
+
+@attrs.frozen
+class SeriesRows:
+    """One series' share of a Ship batch: its rows in batch order and its newest wall time."""
+
+    source: str
+    tag: str
+    rows: list[PointRow]
+    newest_wall: float | None
+
+
+def series_rows(points: Sequence[ShippedPoint]) -> list[SeriesRows]:
+    """``points`` grouped by (source, tag) in order of first appearance, as rows to insert."""
+    rows: dict[tuple[str, str], list[PointRow]] = {}
+    newest: dict[tuple[str, str], float] = {}
+    for p in points:
+        key = (p.source_id, p.tag)
+        rows.setdefault(key, []).append(
+            (p.offset, p.index, p.step, p.wall_time, _nan_to_null(p.value))
+        )
+        if p.wall_time is not None and (key not in newest or p.wall_time > newest[key]):
+            newest[key] = p.wall_time
+    return [SeriesRows(s, t, group, newest.get((s, t))) for (s, t), group in rows.items()]
 
 
 class TelemetryStore(SqliteFile):
@@ -242,11 +278,15 @@ class TelemetryStore(SqliteFile):
         now: int,
     ) -> ShipResult:
         """Store ``points`` (each at most once, ever) and the collector's progress, durably."""
+        if len(points) > INLINE_POINTS:
+            batches = await in_thread(series_rows, points)
+        else:
+            batches = series_rows(points)
 
         async def work() -> ShipResult:
             try:
                 async with self._txn() as db:
-                    return await self._ship(db, member, points, report, now)
+                    return await self._ship(db, member, batches, len(points), report, now)
             except BaseException:
                 # A rolled-back transaction may have made series rows that no longer exist.
                 self._series_ids.clear()
@@ -258,24 +298,20 @@ class TelemetryStore(SqliteFile):
         self,
         db: aiosqlite.Connection,
         member: MemberKey,
-        points: Sequence[ShippedPoint],
+        batches: list[SeriesRows],
+        shipped: int,
         report: CollectorReport,
         now: int,
     ) -> ShipResult:
-        by_series: dict[tuple[str, str], list[ShippedPoint]] = {}
-        for p in points:
-            by_series.setdefault((p.source_id, p.tag), []).append(p)
         stored = 0
         newest_wall: float | None = None
-        for (source, tag), group in by_series.items():
-            series_id = await self._series_id(db, member, source, tag)
+        for batch in batches:
+            series_id = await self._series_id(db, member, batch.source, batch.tag)
+            # A generator: sqlite3 reads it in the connection's thread, off the event loop.
             cursor = await db.executemany(
                 "INSERT INTO metric_points (series_id, source_offset, value_index, step, "
                 "wall_time, value) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                [
-                    (series_id, p.offset, p.index, p.step, p.wall_time, _nan_to_null(p.value))
-                    for p in group
-                ],
+                ((series_id, *row) for row in batch.rows),
             )
             added = max(int(cursor.rowcount), 0)
             if not added:
@@ -288,9 +324,8 @@ class TelemetryStore(SqliteFile):
                 "WHERE id = ?",
                 (added, series_id, series_id),
             )
-            walls = [p.wall_time for p in group if p.wall_time is not None]
-            if walls:
-                newest = max(walls)
+            if batch.newest_wall is not None:
+                newest = batch.newest_wall
                 newest_wall = newest if newest_wall is None else max(newest_wall, newest)
         wall_ms = None if newest_wall is None else int(newest_wall * 1000)
         await db.execute(
@@ -323,7 +358,7 @@ class TelemetryStore(SqliteFile):
                 report.data_loss_warnings,
             ),
         )
-        return ShipResult(stored, len(points) - stored)
+        return ShipResult(stored, shipped - stored)
 
     # ----- reads -------------------------------------------------------------------------------
 
