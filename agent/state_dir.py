@@ -4,7 +4,7 @@ Rules: the directory is 0700 and the credential file 0600 in a 0700 ``credential
 here is written atomically (tmp, fsync, rename, fsync dir) so a crash leaves the old or the new
 version, never half of one. Errors name the file and say how to fix it.
 
-Credential rotation (see docs/security-identity.md): a successor is written whole to
+Credential rotation (see docs/security.md): a successor is written whole to
 ``credentials/control.token.next`` (fsync), then renamed over ``control.token`` (fsync of the
 directory). Reading the credential first finishes a rename a crash interrupted, so the agent
 always starts with the newest credential it stored; the coordinator accepts both until the new

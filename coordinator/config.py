@@ -42,7 +42,7 @@ DEFAULT_CONFIG = """\
 # [credentials]       optional: how long credentials live (a whole number and s, m, h or d)
 #   node_lifetime = "30d"        a Node's control credential; renewed in its second half
 #   user_token_lifetime = "90d"  the default of `user create --expires-in`
-# [limits]            optional: bounds on what callers may send (docs/security-input.md)
+# [limits]            optional: bounds on what callers may send (docs/security.md)
 #   api_message_bytes = 16777216        one message on the API listener (a Preview carries
 #                                       up to 8 MiB of experiment files, base64-encoded)
 #   control_message_bytes = 4194304     one message on the control listener

@@ -53,7 +53,7 @@ def facts(
 
 
 def expected(known: str, reported: str, decision: str | None) -> type[lc.ReportVerdict]:
-    """The rules of docs/security-sessions.md, written out once more, independently."""
+    """The rules of docs/security.md, written out once more, independently."""
     if reported not in lc.REPORTABLE:
         return lc.RefuseReport
     if known in lc.TERMINAL_MEMBER_STATES or lc.MEMBER_RANK[reported] <= lc.MEMBER_RANK[known]:

@@ -5,7 +5,7 @@ A JobSpec of megabytes is read, resolved and digested in a bounded pool of worke
 comes back is exactly what the inline path gives (same canonical JSON, same digest), a refusal
 still names its field in a sentence and stores nothing, and eight at once never make more worker
 processes than the pool allows. How long the loop is held is measured by ``nox -s bench --
-loop_lag`` (docs/security-input.md), not asserted here.
+loop_lag`` (docs/security.md), not asserted here.
 """
 
 from __future__ import annotations
