@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,7 @@ class CollectorSupervisor:
             "--run-id", key.run_id,
             "--attempt", str(key.attempt),
             "--member", str(key.member_index),
+            "--agent-pid", str(os.getpid()),
         ]  # fmt: skip
 
     async def _supervise(self, record: MemberRecord) -> None:

@@ -160,6 +160,13 @@ def inspect(path: Path, as_json: bool) -> None:
     help="Spool limit; when reached, reading pauses until points are delivered.",
 )
 @click.option(
+    "--agent-pid",
+    default=None,
+    type=click.IntRange(min=1),
+    help="The pid of the tuneplane-node that started this collector; the collector stops when "
+    "it is no longer its parent (also when the agent died before the collector looked).",
+)
+@click.option(
     "--poll-interval",
     default=0.5,
     show_default=True,
@@ -176,6 +183,7 @@ def run(
     attempt: int,
     member: int,
     max_spool_points: int,
+    agent_pid: int | None,
     poll_interval: float,
 ) -> None:
     """Follow one member's telemetry, spool it durably and ship it to the telemetry gateway
@@ -203,6 +211,7 @@ def run(
             member_index=member,
             max_spool_points=max_spool_points,
             poll_interval_s=poll_interval,
+            agent_pid=agent_pid,
         )
         sys.exit(trio.run(run_collector, opts))
     except (CollectorConfigError, CheckpointError, SpoolError) as exc:

@@ -72,6 +72,8 @@ class CollectorOptions:
     max_spool_points: int = DEFAULT_MAX_POINTS
     poll_interval_s: float = 0.5
     progress_interval_s: float = PROGRESS_INTERVAL_S
+    # The agent that started this collector; None: whatever process is the parent at start.
+    agent_pid: int | None = None
 
     @property
     def member(self) -> tuple[str, int, int]:
@@ -326,6 +328,9 @@ async def _run_locked(opts: CollectorOptions) -> int:
                 # starts; stopping loses nothing (the spool and checkpoint resume it). Polling
                 # getppid is used rather than PR_SET_PDEATHSIG, which fires when the *thread*
                 # that spawned us exits (Trio spawns from a worker thread it later retires).
+                # The agent names itself (--agent-pid): an agent killed while this process was
+                # still starting has already left it to init, and "the parent at start" would
+                # then be init, never gone.
                 nonlocal stopped
                 while os.getppid() == parent:
                     await trio.sleep(PARENT_POLL_S)
@@ -335,7 +340,7 @@ async def _run_locked(opts: CollectorOptions) -> int:
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(on_signal)
-            nursery.start_soon(watch_parent, os.getppid())
+            nursery.start_soon(watch_parent, opts.agent_pid or os.getppid())
             await collector.run()
             nursery.cancel_scope.cancel()
     finally:

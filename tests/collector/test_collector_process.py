@@ -130,3 +130,26 @@ def test_a_collector_outlives_the_thread_that_spawned_it(
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_a_collector_whose_agent_died_before_it_started_stops(
+    coord: CoordinatorProcess, tmp_path: Path
+) -> None:
+    # The agent is SIGKILLed right after spawning the collector, before the collector has
+    # imported enough to look at its parent: by then its parent is already init. It must still
+    # see that the agent that named itself (--agent-pid) is not its parent, and stop, instead of
+    # taking init for its agent and retrying forever.
+    parent_code = (
+        "import os, subprocess, sys\n"
+        f"argv = {_argv(coord, tmp_path)!r} + ['--agent-pid', str(os.getpid())]\n"
+        "p = subprocess.Popen(argv)\n"
+        "print(p.pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.wait()
+    assert _gone(child, 20), "a collector orphaned before it started kept running"
