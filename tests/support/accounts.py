@@ -14,16 +14,17 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
+from tuneplane.coordinator.demo import accounts as demo_accounts
+
 _CREATED: list[str] = []
 _ROOTS: list[Path] = []
 _COUNTER = itertools.count()
-USERADD_ATTEMPTS = 50
 
 
 def is_root() -> bool:
@@ -43,27 +44,10 @@ def require_root() -> None:
     require(is_root(), "root (it creates Unix accounts and runs members as them)")
 
 
-def _run_locked(argv: list[str]) -> None:
-    """useradd/userdel, retried while another process holds /etc/passwd's lock."""
-    for _ in range(USERADD_ATTEMPTS):
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-        if done.returncode == 0:
-            return
-        if "lock" not in done.stderr:
-            raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr}")
-        time.sleep(0.1)
-    raise RuntimeError(f"{' '.join(argv)} could not lock /etc/passwd")
-
-
 def make_pool(count: int) -> list[str]:
     """``count`` fresh unprivileged accounts, removed when this test process exits."""
-    names = []
-    for _ in range(count):
-        name = f"tpt{os.getpid()}x{next(_COUNTER)}"
-        _run_locked(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                     name])  # fmt: skip
-        _CREATED.append(name)
-        names.append(name)
+    names = [f"tpt{os.getpid()}x{next(_COUNTER)}" for _ in range(count)]
+    _CREATED.extend(demo_accounts.create_missing(names))
     return names
 
 
@@ -89,10 +73,8 @@ def _remove_all() -> None:
         # As the account itself, kill(-1) reaches only that account's own processes.
         subprocess.run(["kill", "-KILL", "-1"], user=name, group=name, extra_groups=[],
                        capture_output=True, check=False)  # fmt: skip
-        try:
-            _run_locked(["userdel", name])
-        except RuntimeError:
-            continue
+    for problem in demo_accounts.remove(_CREATED):
+        print(problem, file=sys.stderr)
     _CREATED.clear()
 
 
