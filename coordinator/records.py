@@ -52,7 +52,6 @@ class NodeRecord:
     fleet: str
     hostname: str
     connected: bool
-    last_report_seq: int
 
 
 @attrs.frozen

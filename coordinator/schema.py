@@ -209,6 +209,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE join_tokens ADD COLUMN for_node TEXT",
         ),
     ),
+    (
+        7,
+        (
+            # Reports are judged by their member's recorded state, never by their number
+            # (docs/security.md, "Report numbers decide nothing"); a highest number seen per Node
+            # is no longer kept, so an on-call reading this table is not misled by one.
+            "ALTER TABLE nodes DROP COLUMN last_report_seq",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

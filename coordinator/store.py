@@ -281,30 +281,17 @@ class Store(SqliteFile):
         )
         return str(fleet)
 
-    async def node_for_credential(self, credential_hash: str) -> NodeRecord | None:
-        rows = list(
-            await self._db.execute_fetchall(
-                "SELECT id, fleet, hostname, connected, last_report_seq FROM nodes "
-                "WHERE credential_hash = ?",
-                (credential_hash,),
-            )
-        )
-        if not rows:
-            return None
-        r = rows[0]
-        return NodeRecord(str(r[0]), str(r[1]), str(r[2]), bool(r[3]), int(r[4]))
-
     async def node(self, node_id: str) -> NodeRecord | None:
         rows = list(
             await self._db.execute_fetchall(
-                "SELECT id, fleet, hostname, connected, last_report_seq FROM nodes WHERE id = ?",
+                "SELECT id, fleet, hostname, connected FROM nodes WHERE id = ?",
                 (node_id,),
             )
         )
         if not rows:
             return None
         r = rows[0]
-        return NodeRecord(str(r[0]), str(r[1]), str(r[2]), bool(r[3]), int(r[4]))
+        return NodeRecord(str(r[0]), str(r[1]), str(r[2]), bool(r[3]))
 
     async def mark_all_disconnected(self, now: int) -> None:
         """At start-up no Node is connected yet, whatever the store said when it stopped."""

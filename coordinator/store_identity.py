@@ -63,7 +63,7 @@ async def node_for_credential(store: Store, credential_hash: str) -> NodeCredent
     """The Node whose current or pending credential has this hash, or ``None``."""
     rows = await _rows(
         store,
-        "SELECT id, fleet, hostname, connected, last_report_seq, credential_hash, "
+        "SELECT id, fleet, hostname, connected, credential_hash, "
         "credential_issued_at_ms, credential_expires_at_ms, next_credential_issued_at_ms, "
         "next_credential_expires_at_ms, revoked_at_ms FROM nodes "
         "WHERE credential_hash = ? OR next_credential_hash = ?",
@@ -72,11 +72,11 @@ async def node_for_credential(store: Store, credential_hash: str) -> NodeCredent
     if not rows:
         return None
     r = rows[0]
-    node = NodeRecord(str(r[0]), str(r[1]), str(r[2]), bool(r[3]), int(r[4]))
-    is_next = str(r[5]) != credential_hash
-    issued, expires = (r[8], r[9]) if is_next else (r[6], r[7])
+    node = NodeRecord(str(r[0]), str(r[1]), str(r[2]), bool(r[3]))
+    is_next = str(r[4]) != credential_hash
+    issued, expires = (r[7], r[8]) if is_next else (r[5], r[6])
     return NodeCredentialMatch(
-        node, is_next, CredentialLife(_int(issued), _int(expires), _int(r[10]))
+        node, is_next, CredentialLife(_int(issued), _int(expires), _int(r[9]))
     )
 
 
