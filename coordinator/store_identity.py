@@ -202,9 +202,9 @@ async def reenroll(
     expires_at_ms: int,
     now: int,
 ) -> str:
-    """Give an existing Node a new credential for a join token of its own Fleet.
+    """Give an existing Node a new credential for a join token made for it (`token create --node`).
 
-    The Node keeps its id, its members and its report numbering; its old credential, any pending
+    The Node keeps its id, its journal and its members; its old credential, any pending
     successor and any revocation are replaced. Raises :class:`EnrollRefused`.
     """
 
