@@ -4,6 +4,11 @@ Rules:
 - A message's size is read from its 5-byte gRPC prefix and refused (RESOURCE_EXHAUSTED, naming
   the limit and its setting) before its body is read; grpclib's flow control then never lets the
   sender push more than one window of it.
+- Every string or bytes field is at most :data:`MAX_FIELD_BYTES`, checked on the raw bytes
+  before decoding (:func:`check_field_sizes`), except the few fields that carry a JobSpec
+  (:data:`LARGE_FIELDS`): a run id of 11 MB is refused without ever becoming a Python string, as
+  building one in a worker thread holds the interpreter lock, and so the event loop, for
+  milliseconds.
 - Repeated fields that cost decoding time per entry (an inventory's GPUs, a Ship batch's points)
   are counted on the raw bytes, stopping at the bound, before betterproto sees them
   (:data:`COUNT_RULES`).
@@ -59,6 +64,9 @@ MAX_INVENTORY_GPUS = 256
 MAX_HELD_MEMBERS = 4096
 MAX_SHIP_POINTS = 5000
 MAX_SHIP_STRINGS = 20_000
+# The longest string or bytes field outside LARGE_FIELDS. A log chunk is 64 KiB (logship), a
+# Ship batch's widest column 5,000 x 8 bytes; nothing else comes close.
+MAX_FIELD_BYTES = 256 * 1024
 # Worker threads decoding or checking bodies at once, and worker processes for the heaviest
 # bodies: 50 hostile callers wait their turn instead of making 50 threads or processes.
 DECODE_THREADS = 4
@@ -134,6 +142,60 @@ COUNT_RULES: Mapping[type[betterproto.Message], tuple[tuple[str, tuple[int, ...]
 }
 
 
+# Message type -> field paths (as field numbers) that may be longer than MAX_FIELD_BYTES: the
+# JobSpec of a Preview, bounded only by the listener's message size.
+LARGE_FIELDS: Mapping[type[betterproto.Message], frozenset[tuple[int, ...]]] = {
+    v1.PreviewRequest: frozenset({_numbers(v1.PreviewRequest, "jobspec_json")}),
+}
+
+
+class FieldTooLarge(ValueError):
+    """A string or bytes field is longer than :data:`MAX_FIELD_BYTES`."""
+
+
+@functools.cache
+def _field_table(
+    cls: type[betterproto.Message],
+) -> dict[int, tuple[str, type[betterproto.Message] | None]]:
+    """Field number -> (name, message class of a message field, or None for a scalar)."""
+    info: Any = cls._betterproto  # typed too loosely for mypy
+    table: dict[int, tuple[str, type[betterproto.Message] | None]] = {}
+    for name, meta in info.meta_by_field_name.items():
+        sub = info.cls_by_field.get(name) if meta.proto_type == "message" else None
+        table[meta.number] = (name, sub)
+    return table
+
+
+def check_field_sizes(
+    data: bytes | memoryview,
+    message_type: type[betterproto.Message],
+    large: frozenset[tuple[int, ...]] = frozenset(),
+    path: tuple[int, ...] = (),
+    where: str = "",
+) -> None:
+    """Raise :class:`FieldTooLarge` naming the first field over :data:`MAX_FIELD_BYTES`.
+
+    Only fields longer than the bound are looked into, so a message of small fields costs one
+    pass over its top level. A field number the message does not declare is bounded too.
+    """
+    table = _field_table(message_type)
+    for number, payload in _fields(data):
+        if payload is None or len(payload) <= MAX_FIELD_BYTES:
+            continue
+        at = (*path, number)
+        if at in large:
+            continue
+        name, sub = table.get(number, (f"<field {number}>", None))
+        dotted = f"{where or message_type.__name__}.{name}"
+        if sub is not None:
+            check_field_sizes(payload, sub, large, at, dotted)
+            continue
+        raise FieldTooLarge(
+            f"{dotted} is {len(payload)} bytes, more than the {MAX_FIELD_BYTES} bytes TunePlane "
+            "accepts in that field. Send a shorter value."
+        )
+
+
 def _varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
@@ -205,12 +267,17 @@ def check_counts(data: bytes | memoryview, message_type: type[betterproto.Messag
 def decode(data: bytes, message_type: type[M]) -> M:
     """Counts, then betterproto, then the string checks: a message, or a GRPCError.
 
-    Only two status codes leave here: RESOURCE_EXHAUSTED (too many entries) and INVALID_ARGUMENT
+    Only two status codes leave here: RESOURCE_EXHAUSTED (too many entries, a field too long)
+    and INVALID_ARGUMENT
     (not a valid message, or a string with a NUL), each with a sentence.
     """
     name = message_type.__name__
     try:
+        if len(data) > MAX_FIELD_BYTES:
+            check_field_sizes(data, message_type, LARGE_FIELDS.get(message_type, frozenset()))
         check_counts(data, message_type)
+    except FieldTooLarge as exc:
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, str(exc)) from None
     except TooMany as exc:
         raise GRPCError(
             Status.RESOURCE_EXHAUSTED, f"{exc}; that is more than TunePlane accepts. Send less."

@@ -29,8 +29,12 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator import jobspec as jobspec_module
 from tuneplane.coordinator.message_limits import (
     HEAVY_PROCESSES,
+    LARGE_FIELDS,
+    MAX_FIELD_BYTES,
     MAX_STATUS_MESSAGE_CHARS,
     PROCESS_TEXT_CHARS,
+    FieldTooLarge,
+    check_field_sizes,
     encode_with,
     pre_encoded,
 )
@@ -203,10 +207,12 @@ def test_the_worker_processes_end_with_the_coordinator(tmp_path: Path, how: str)
     assert "Traceback" not in coord.read_log()
 
 
-def test_a_refusal_quoting_megabytes_is_sent_shortened(coord: CoordinatorProcess) -> None:
-    # GetJob quotes the run id it did not find: 1 MB of it as an HTTP/2 trailer would be
-    # HPACK-encoded on the event loop for minutes (300 KB took 4.7 s).
-    run_id = "r" * (1024 * 1024)
+def test_a_refusal_quoting_a_long_value_is_sent_shortened(coord: CoordinatorProcess) -> None:
+    # GetJob quotes the run id it did not find: 200 KB of it (under MAX_FIELD_BYTES, so it is
+    # decoded and looked up) as an HTTP/2 trailer would be HPACK-encoded on the event loop for
+    # seconds (300 KB took 4.7 s).
+    run_id = "r" * (200 * 1024)
+    assert len(run_id) < MAX_FIELD_BYTES
     jobs = _rows(coord, "jobs")
 
     async def go() -> GRPCError:
@@ -223,3 +229,58 @@ def test_a_refusal_quoting_megabytes_is_sent_shortened(coord: CoordinatorProcess
     assert message.endswith("characters; shortened)"), message[-120:]
     assert _rows(coord, "jobs") == jobs
     assert "Traceback" not in coord.read_log()
+
+
+def test_a_field_of_megabytes_is_refused_before_it_is_decoded(coord: CoordinatorProcess) -> None:
+    # An 11 MB run id used to be decoded into a string in a worker thread, which holds the
+    # interpreter lock (and so the event loop) for about 10 ms; now its length is read from the
+    # raw bytes and the call refused before any decoding.
+    run_id = "r" * (11 * 1024 * 1024)
+    jobs = _rows(coord, "jobs")
+
+    async def go() -> GRPCError:
+        async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+            with pytest.raises(GRPCError) as refused:
+                await api.stub.get_job(v1.GetJobRequest(run_id=run_id))
+            await api.stub.list_jobs(v1.ListJobsRequest())  # still serving
+            return refused.value
+
+    refusal = asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
+    assert refusal.status is Status.RESOURCE_EXHAUSTED, refusal
+    assert refusal.message == (
+        f"GetJobRequest.run_id is {len(run_id)} bytes, more than the {MAX_FIELD_BYTES} bytes "
+        "TunePlane accepts in that field. Send a shorter value."
+    )
+    assert _rows(coord, "jobs") == jobs
+    assert "Traceback" not in coord.read_log()
+
+
+def test_field_sizes_are_checked_on_the_raw_bytes_at_every_depth() -> None:
+    long = "x" * (MAX_FIELD_BYTES + 1)
+    # A nested string is named by its whole path; a field the message does not declare is
+    # bounded too (protobuf would skip it, after it cost a copy).
+    report = bytes(v1.NodeMessage(report=v1.MemberReport(reason=long)))
+    with pytest.raises(FieldTooLarge, match=r"^NodeMessage\.report\.reason is "):
+        check_field_sizes(report, v1.NodeMessage)
+    unknown = bytes(v1.ListJobsRequest()) + b"\xfa\x01" + _varint_bytes(len(long)) + long.encode()
+    with pytest.raises(FieldTooLarge, match=r"^ListJobsRequest\.<field 31> is "):
+        check_field_sizes(unknown, v1.ListJobsRequest)
+    # What may be long: a Preview's JobSpec, and a message whose fields are each small.
+    check_field_sizes(
+        bytes(v1.PreviewRequest(jobspec_json=long)),
+        v1.PreviewRequest,
+        LARGE_FIELDS[v1.PreviewRequest],
+    )
+    held = v1.Hello(held=[v1.HeldMember(state=v1.MemberState.RUNNING) for _ in range(10_000)])
+    check_field_sizes(bytes(v1.NodeMessage(hello=held)), v1.NodeMessage)
+    # Exactly at the bound is accepted.
+    check_field_sizes(bytes(v1.GetJobRequest(run_id="r" * MAX_FIELD_BYTES)), v1.GetJobRequest)
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
