@@ -4,8 +4,12 @@ Rules:
 - Every state change goes through :meth:`Journal.transition`, which checks it against the
   lifecycle table and commits the new state, its event row, the GPU ownership change and the
   report to the coordinator in ONE transaction, before the caller acts on it or acknowledges it.
-- A member owns GPUs exactly while its state is in ``OWNS_GPUS``; ``gpu_ownership.gpu_index`` is
-  the primary key, so SQLite itself refuses a GPU owned twice.
+- A member owns GPUs exactly while its state is in ``OWNS_GPUS``; ``gpu_ownership.gpu_uuid`` is
+  unique (and, for a reservation an older agent made before UUIDs were journaled, which has
+  uuid "", ``gpu_index``), so SQLite itself refuses a GPU owned twice.
+- XIDs (``gpu_xids``) and what cleared them (``gpu_health_events``) are rows judged by
+  :mod:`tuneplane.agent.xid_book`; the operator's ``tuneplane-node gpu clear`` writes here while
+  the daemon runs (SQLite serialises the two writers; the daemon reads the rows back).
 - ``report_seq`` comes from a durable counter in ``meta``; it never goes back, across restarts.
   ``meta.journal_id`` is a random id made with the journal (or by the migration that added it):
   every report carries it, so a fresh journal's numbering is a new sequence, not a repeat.
@@ -28,14 +32,18 @@ import trio
 from tuneplane.agent.adapter import run_aio
 from tuneplane.agent.member_state import (
     OWNS_GPUS,
+    TERMINAL,
     MemberEvent,
     MemberState,
     next_state,
 )
 
+from .inventory import Inventory
+from .xid_book import HealthEvent, NewHealthEvent, NewXid, XidBook, XidRecord
+
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Migration n brings a journal from version n-1 to n. Append only; never edit a shipped one.
 MIGRATIONS: Sequence[str] = (
@@ -101,6 +109,44 @@ MIGRATIONS: Sequence[str] = (
     # (after migration 1) and an existing one as it is opened by this agent for the first time.
     """
     INSERT INTO meta (key, value) VALUES ('journal_id', lower(hex(randomblob(16))));
+    """,
+    # 3: GPUs by UUID, and what the driver said about them. Reservations are keyed by the GPU's
+    # UUID (the index is kept for reading); rows an older agent wrote get uuid "" and stay
+    # unique by index until the daemon fills them in from its inventory (fill_member_uuids).
+    """
+    CREATE TABLE gpu_ownership_v3 (
+        gpu_uuid TEXT NOT NULL,
+        gpu_index INTEGER NOT NULL,
+        member_key TEXT NOT NULL REFERENCES members (member_key),
+        since_ms INTEGER NOT NULL
+    );
+    INSERT INTO gpu_ownership_v3 (gpu_uuid, gpu_index, member_key, since_ms)
+        SELECT '', gpu_index, member_key, since_ms FROM gpu_ownership;
+    DROP TABLE gpu_ownership;
+    ALTER TABLE gpu_ownership_v3 RENAME TO gpu_ownership;
+    CREATE UNIQUE INDEX gpu_ownership_uuid ON gpu_ownership (gpu_uuid) WHERE gpu_uuid != '';
+    CREATE UNIQUE INDEX gpu_ownership_unnamed ON gpu_ownership (gpu_index) WHERE gpu_uuid = '';
+    CREATE INDEX gpu_ownership_member ON gpu_ownership (member_key);
+    ALTER TABLE members ADD COLUMN gpu_uuids TEXT NOT NULL DEFAULT '[]';
+    CREATE TABLE gpu_xids (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        gpu_uuid TEXT NOT NULL,
+        xid INTEGER NOT NULL,
+        at_ms INTEGER NOT NULL,
+        application INTEGER NOT NULL
+    );
+    CREATE INDEX gpu_xids_uuid ON gpu_xids (gpu_uuid, id);
+    CREATE TABLE gpu_health_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        gpu_uuid TEXT NOT NULL,
+        at_ms INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        through_xid_id INTEGER NOT NULL DEFAULT 0,
+        recovery_action TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX gpu_health_events_uuid ON gpu_health_events (gpu_uuid, id);
     """,
 )
 
@@ -190,6 +236,9 @@ class MemberRecord:
     grace_period_s: int
     exit: Exit | None
     reason: str
+    # The UUIDs of ``gpu_indexes``, in the same order; () for a member an older agent prepared
+    # whose GPUs were not in the inventory when this agent first opened the journal.
+    gpu_uuids: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -214,13 +263,17 @@ class NewMember:
     member_dir: str
     out_dir: str
     grace_period_s: int
+    # The UUIDs of ``gpu_indexes`` as the inventory named them at Prepare, in the same order.
+    gpu_uuids: tuple[str, ...] = ()
 
 
 MEMBER_COLUMNS = (
     "member_key, run_id, attempt, member_index, state, created_at_ms, updated_at_ms, "
     "member_count, gpu_indexes, master_addr, master_port, member_dir, out_dir, grace_period_s, "
-    "exit_code, signal, reason"
+    "exit_code, signal, reason, gpu_uuids"
 )
+XID_COLUMNS = "id, gpu_uuid, xid, at_ms, application"
+HEALTH_COLUMNS = "id, gpu_uuid, at_ms, kind, actor, reason, through_xid_id, recovery_action"
 REPORT_COLUMNS = (
     "report_seq, member_key, state, at_ms, reason, has_exit, exit_code, signal, out_dir"
 )
@@ -243,7 +296,21 @@ def member_from_row(row: Sequence[Any]) -> MemberRecord:
         grace_period_s=int(row[13]),
         exit=None if exit_code is None and sig is None else Exit(exit_code, sig),
         reason=row[16],
+        gpu_uuids=tuple(str(u) for u in json.loads(row[17])),
     )
+
+
+def xid_from_row(row: Sequence[Any]) -> XidRecord:
+    """A ``gpu_xids`` row (selected as :data:`XID_COLUMNS`) as a record."""
+    return XidRecord(int(row[0]), str(row[1]), int(row[2]), int(row[3]), bool(row[4]))
+
+
+def health_from_row(row: Sequence[Any]) -> HealthEvent:
+    """A ``gpu_health_events`` row (selected as :data:`HEALTH_COLUMNS`) as a record."""
+    return HealthEvent(
+        int(row[0]), str(row[1]), int(row[2]), str(row[3]), str(row[4]), str(row[5]),
+        int(row[6]), str(row[7]),
+    )  # fmt: skip
 
 
 def report_from_row(row: Sequence[Any], journal_id: str = "") -> PendingReport:
@@ -358,8 +425,122 @@ class Journal:
         return [member_from_row(r) for r in rows]
 
     async def gpu_owners(self) -> dict[int, MemberKey]:
+        """Owners by the index each reservation was made at (for reading; decide by UUID)."""
         rows = await self._read("SELECT gpu_index, member_key FROM gpu_ownership")
         return {int(r[0]): MemberKey.parse(r[1]) for r in rows}
+
+    async def gpu_owners_by_uuid(self) -> tuple[dict[str, MemberKey], dict[int, MemberKey]]:
+        """Owners by GPU UUID, and by index for the reservations that have no UUID ("")."""
+        rows = await self._read("SELECT gpu_uuid, gpu_index, member_key FROM gpu_ownership")
+        named = {str(r[0]): MemberKey.parse(r[2]) for r in rows if r[0]}
+        unnamed = {int(r[1]): MemberKey.parse(r[2]) for r in rows if not r[0]}
+        return named, unnamed
+
+    async def fill_member_uuids(self, inventory: Inventory, at_ms: int) -> list[MemberKey]:
+        """Give members an older agent prepared (no UUIDs journaled) the UUIDs of their GPUs.
+
+        Only members that have not ended are filled, from ``inventory`` as it is now (the
+        first inventory after the upgrade, before any member launches). A GPU index the
+        inventory lacks keeps uuid "" and its reservation stays by index; the member's event
+        says so. Returns the members changed.
+        """
+        changed: list[MemberKey] = []
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            rows = await _fetchall(db, f"SELECT {MEMBER_COLUMNS} FROM members")
+            for record in map(member_from_row, rows):
+                if record.gpu_uuids or not record.gpu_indexes or record.state in TERMINAL:
+                    continue
+                uuids = []
+                missing = []
+                for index in record.gpu_indexes:
+                    gpu = inventory.gpu(index)
+                    uuids.append(gpu.uuid if gpu is not None else "")
+                    if gpu is None:
+                        missing.append(index)
+                await db.execute(
+                    "UPDATE members SET gpu_uuids = ? WHERE member_key = ?",
+                    (json.dumps(uuids), str(record.key)),
+                )
+                for index, uuid in zip(record.gpu_indexes, uuids, strict=True):
+                    if uuid:
+                        await db.execute(
+                            "UPDATE gpu_ownership SET gpu_uuid = ? WHERE member_key = ? AND "
+                            "gpu_index = ? AND gpu_uuid = ''",
+                            (uuid, str(record.key), index),
+                        )
+                note = (
+                    f"GPU {', '.join(map(str, missing))} not in the inventory "
+                    f"({inventory.gpu_source}); kept by index with uuid ''"
+                    if missing
+                    else ""
+                )
+                await _insert_event(
+                    db, at_ms, str(record.key), "gpu-uuids-filled", None, None, note,
+                    {"gpu_indexes": list(record.gpu_indexes), "gpu_uuids": uuids},
+                )  # fmt: skip
+                changed.append(record.key)
+
+        await self._write(fn)
+        return changed
+
+    # --- GPU health: XIDs and clears -----------------------------------------------------------
+
+    async def xid_book(self) -> XidBook:
+        """Every XID and GPU health event in the journal, as the book that judges them."""
+        xids = await self._read(f"SELECT {XID_COLUMNS} FROM gpu_xids ORDER BY id")
+        events = await self._read(f"SELECT {HEALTH_COLUMNS} FROM gpu_health_events ORDER BY id")
+        return XidBook.of(map(xid_from_row, xids), map(health_from_row, events))
+
+    async def record_xids(self, xids: Sequence[NewXid]) -> list[XidRecord]:
+        """Journal XIDs drained from NVML, in one transaction; returns them with their ids."""
+        written: list[XidRecord] = []
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            for x in xids:
+                cursor = await db.execute(
+                    "INSERT INTO gpu_xids (gpu_uuid, xid, at_ms, application) VALUES (?, ?, ?, ?)",
+                    (x.uuid, x.xid, x.at_ms, int(x.application)),
+                )
+                row_id = cursor.lastrowid
+                await cursor.close()
+                assert row_id is not None
+                written.append(XidRecord(row_id, x.uuid, x.xid, x.at_ms, x.application))
+
+        if xids:
+            await self._write(fn)
+        return written
+
+    async def record_health_events(self, rows: Sequence[NewHealthEvent]) -> None:
+        """Journal GPU health events (clears, recovery-action changes) in one transaction."""
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            for r in rows:
+                await _insert_health(db, r)
+
+        if rows:
+            await self._write(fn)
+
+    async def clear_gpu(self, uuid: str, at_ms: int, actor: str, reason: str) -> XidRecord | None:
+        """Journal an operator clear of every XID of ``uuid`` so far; return the one it lifted.
+
+        Read and written in one transaction, so an XID the daemon journals meanwhile is either
+        covered (written before) or not (after), never half.
+        """
+        lifted: list[XidRecord | None] = []
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            xids = await _fetchall(db, f"SELECT {XID_COLUMNS} FROM gpu_xids ORDER BY id")
+            events = await _fetchall(
+                db, f"SELECT {HEALTH_COLUMNS} FROM gpu_health_events ORDER BY id"
+            )
+            book = XidBook.of(map(xid_from_row, xids), map(health_from_row, events))
+            row, was = book.clear(uuid, at_ms, actor, reason)
+            await _insert_health(db, row)
+            lifted.append(was)
+
+        await self._write(fn)
+        return lifted[0]
 
     async def create_member(self, new: NewMember, at_ms: int) -> MemberRecord:
         """Journal a member in ``preparing``. Raises :class:`MemberExists` on a repeat."""
@@ -369,7 +550,8 @@ class Journal:
                 await db.execute(
                     "INSERT INTO members (member_key, run_id, attempt, member_index, state, "
                     "created_at_ms, updated_at_ms, member_count, gpu_indexes, member_dir, "
-                    "out_dir, grace_period_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "out_dir, grace_period_s, gpu_uuids) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         str(new.key),
                         new.key.run_id,
@@ -383,6 +565,7 @@ class Journal:
                         new.member_dir,
                         new.out_dir,
                         new.grace_period_s,
+                        json.dumps(list(new.gpu_uuids)),
                     ),
                 )
             except sqlite3.IntegrityError:
@@ -395,7 +578,11 @@ class Journal:
                 None,
                 MemberState.PREPARING.value,
                 "",
-                {"gpu_indexes": list(new.gpu_indexes), "member_count": new.member_count},
+                {
+                    "gpu_indexes": list(new.gpu_indexes),
+                    "gpu_uuids": list(new.gpu_uuids),
+                    "member_count": new.member_count,
+                },
             )
 
         await self._write(fn)
@@ -452,20 +639,24 @@ class Journal:
                 event_details,
             )  # fmt: skip
             if after in OWNS_GPUS and before.state not in OWNS_GPUS:
-                for gpu in before.gpu_indexes:
+                for gpu, uuid in _gpus_of(before):
                     try:
                         await db.execute(
-                            "INSERT INTO gpu_ownership (gpu_index, member_key, since_ms) "
-                            "VALUES (?, ?, ?)",
-                            (gpu, str(key), at_ms),
+                            "INSERT INTO gpu_ownership (gpu_uuid, gpu_index, member_key, "
+                            "since_ms) VALUES (?, ?, ?, ?)",
+                            (uuid, gpu, str(key), at_ms),
                         )
                     except sqlite3.IntegrityError:
                         owner = await _fetchall(
-                            db, "SELECT member_key FROM gpu_ownership WHERE gpu_index = ?", (gpu,)
+                            db,
+                            "SELECT member_key FROM gpu_ownership WHERE (gpu_uuid = ? AND "
+                            "gpu_uuid != '') OR (gpu_uuid = '' AND gpu_index = ?)",
+                            (uuid, gpu),
                         )
                         who = owner[0][0] if owner else "this same member (listed twice)"
+                        name = f"GPU {gpu} ({uuid})" if uuid else f"GPU {gpu}"
                         raise GpuAlreadyOwned(
-                            f"GPU {gpu} is already owned by member {who}; it cannot be assigned "
+                            f"{name} is already owned by member {who}; it cannot be assigned "
                             f"to member {key}."
                         ) from None
             elif after not in OWNS_GPUS:
@@ -566,6 +757,20 @@ async def _insert_event(
         "INSERT INTO events (at_ms, member_key, kind, from_state, to_state, reason, details) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
         (at_ms, member_key, kind, from_state, to_state, reason, json.dumps(dict(details))),
+    )
+
+
+def _gpus_of(record: MemberRecord) -> list[tuple[int, str]]:
+    """(index, uuid) of each of a member's GPUs; uuid "" where the journal has none."""
+    uuids = record.gpu_uuids or ("",) * len(record.gpu_indexes)
+    return list(zip(record.gpu_indexes, uuids, strict=True))
+
+
+async def _insert_health(db: aiosqlite.Connection, r: NewHealthEvent) -> None:
+    await db.execute(
+        "INSERT INTO gpu_health_events (gpu_uuid, at_ms, kind, actor, reason, through_xid_id, "
+        "recovery_action) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (r.uuid, r.at_ms, r.kind, r.actor, r.reason, r.through_xid_id, r.recovery_action),
     )
 
 

@@ -16,14 +16,19 @@ from typing import Any
 from urllib.parse import quote
 
 from tuneplane.agent.journal import (
+    HEALTH_COLUMNS,
     MEMBER_COLUMNS,
     REPORT_COLUMNS,
+    XID_COLUMNS,
     MemberKey,
     MemberRecord,
     PendingReport,
+    health_from_row,
     member_from_row,
     report_from_row,
+    xid_from_row,
 )
+from tuneplane.agent.xid_book import XidBook, meaning, utc_text
 
 
 class JournalUnreadable(Exception):
@@ -93,10 +98,62 @@ def events(
 def reservations(db: sqlite3.Connection) -> list[dict[str, Any]]:
     """GPU ownership joined with the owning member's state."""
     rows = db.execute(
-        "SELECT g.gpu_index, g.member_key, g.since_ms, m.state FROM gpu_ownership g "
+        "SELECT g.gpu_index, g.gpu_uuid, g.member_key, g.since_ms, m.state FROM gpu_ownership g "
         "JOIN members m ON m.member_key = g.member_key ORDER BY g.gpu_index"
     ).fetchall()
-    return [{"gpu_index": r[0], "member": r[1], "since_ms": r[2], "state": r[3]} for r in rows]
+    return [
+        {"gpu_index": r[0], "gpu_uuid": r[1], "member": r[2], "since_ms": r[3], "state": r[4]}
+        for r in rows
+    ]
+
+
+def xid_book(db: sqlite3.Connection) -> XidBook:
+    xids = db.execute(f"SELECT {XID_COLUMNS} FROM gpu_xids ORDER BY id").fetchall()
+    events = db.execute(f"SELECT {HEALTH_COLUMNS} FROM gpu_health_events ORDER BY id").fetchall()
+    return XidBook.of(map(xid_from_row, xids), map(health_from_row, events))
+
+
+def gpu_history(db: sqlite3.Connection) -> list[dict[str, Any]]:
+    """XIDs and GPU health events (clears, recovery actions), oldest first, as one list."""
+    book = xid_book(db)
+    rows: list[dict[str, Any]] = [
+        {
+            "at_ms": x.at_ms,
+            "at": utc_text(x.at_ms),
+            "gpu_uuid": x.uuid or "(unidentified: every GPU)",
+            "what": f"xid {x.xid}",
+            "disables": not x.application,
+            "detail": meaning(x.xid),
+        }
+        for x in book.xids
+    ]
+    rows += [
+        {
+            "at_ms": e.at_ms,
+            "at": utc_text(e.at_ms),
+            "gpu_uuid": e.uuid,
+            "what": e.kind,
+            "disables": False,
+            "detail": f"by {e.actor}: {e.reason}",
+        }
+        for e in book.events
+    ]
+    return sorted(rows, key=lambda r: int(r["at_ms"]))
+
+
+def disabled_gpus(db: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Every GPU UUID the journal's XIDs disable now, with why (unidentified XIDs as "")."""
+    book = xid_book(db)
+    # The journal knows a GPU by its XIDs, its health events and the members that held it.
+    known = {x.uuid for x in book.xids} | {e.uuid for e in book.events}
+    known |= {u for r in members(db) for u in r.gpu_uuids}
+    named = sorted(known - {""})
+    out = []
+    for uuid in named:
+        why = book.why_disabled(uuid)
+        if why is not None:
+            out.append({"gpu_uuid": uuid, "why": why})
+    return out
 
 
 def pending_reports(db: sqlite3.Connection) -> list[PendingReport]:
@@ -126,6 +183,7 @@ def member_json(record: MemberRecord) -> dict[str, Any]:
         "updated_at_ms": record.updated_at_ms,
         "member_count": record.member_count,
         "gpu_indexes": list(record.gpu_indexes),
+        "gpu_uuids": list(record.gpu_uuids),
         "rendezvous": f"{record.master_addr}:{record.master_port}" if record.master_port else "",
         "member_dir": record.member_dir,
         "out_dir": record.out_dir,
@@ -157,5 +215,6 @@ def export(db: sqlite3.Connection) -> dict[str, Any]:
         "reservations": reservations(db),
         "pending_reports": [report_json(r) for r in pending_reports(db)],
         "credentials": credentials(db),
+        "gpu_history": gpu_history(db),
         "events": events(db),
     }

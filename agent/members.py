@@ -58,6 +58,7 @@ from tuneplane.agent.prepare import (
     JOBSPEC_FILE,
     PrepareRefused,
     check_gpus,
+    check_launch,
     materialise,
     pick_port,
     read_capsule,
@@ -122,6 +123,7 @@ class MemberManager:
         *,
         work_root: Path,
         policy: WorkloadPolicy,
+        refresh: Callable[[], Awaitable[Inventory]] | None = None,
     ) -> None:
         self.journal = journal
         self.members_dir = members_dir
@@ -130,6 +132,9 @@ class MemberManager:
         self.work_root = work_root
         self.policy = policy
         self._inventory = inventory
+        # A fresh probe for launch's re-check (the daemon's, with XIDs applied); without one,
+        # the last inventory.
+        self._refresh = refresh
         self._node_address = node_address
         self._publish = publish
         self._nursery = nursery
@@ -185,11 +190,17 @@ class MemberManager:
         except jobspec.JobSpecError as exc:
             spec_error = f"The JobSpec cannot be read: {exc}"
         member_dir = self.members_dir / str(key)
+        # One inventory for the whole Prepare: the UUIDs journaled are the ones checked.
+        inventory = self._inventory()
+        uuids = cmd.gpu_uuids or tuple(
+            gpu.uuid if (gpu := inventory.gpu(i)) is not None else "" for i in cmd.gpu_indexes
+        )
         await self.journal.create_member(
             NewMember(
                 key=key,
                 member_count=cmd.member_count,
                 gpu_indexes=cmd.gpu_indexes,
+                gpu_uuids=uuids if len(uuids) == len(cmd.gpu_indexes) else (),
                 member_dir=str(member_dir),
                 out_dir=str(out_dir_for(self.out_root, key)),
                 grace_period_s=spec.grace_period_s if spec else 30,
@@ -200,7 +211,8 @@ class MemberManager:
         try:
             if spec is None:
                 raise PrepareRefused(spec_error)
-            check_gpus(key, cmd.gpu_indexes, self._inventory(), await self.journal.gpu_owners())
+            owners, unnamed = await self.journal.gpu_owners_by_uuid()
+            check_gpus(key, cmd.gpu_indexes, cmd.gpu_uuids, inventory, owners, unnamed)
             runtime = runtime_of(spec, self.policy)
             refused = refused_loader_variable(spec.env, runtime.name, runtime.allow_loader_env)
             if refused:
@@ -227,7 +239,7 @@ class MemberManager:
             await self.journal.transition(
                 key, E.PREPARE_SUCCEEDED, now_ms(),
                 rendezvous=(rendezvous.master_addr, rendezvous.master_port) if rendezvous else None,
-                details={"gpu_indexes": list(cmd.gpu_indexes),
+                details={"gpu_indexes": list(cmd.gpu_indexes), "gpu_uuids": list(uuids),
                          "runner_sha256": runner_pyz.recorded(work / CAPSULE_DIR)},
             )  # fmt: skip
         except (PrepareRefused, GpuAlreadyOwned, accounts.AccountError, OSError) as exc:
@@ -361,7 +373,7 @@ class MemberManager:
 
     # --- launch ------------------------------------------------------------------------------
 
-    def _plan(self, record: MemberRecord) -> supervision.MemberLaunch:
+    def _plan(self, record: MemberRecord, inventory: Inventory) -> supervision.MemberLaunch:
         member_dir = Path(record.member_dir)
         try:
             spec = jobspec.loads((member_dir / JOBSPEC_FILE).read_text())
@@ -384,12 +396,13 @@ class MemberManager:
         refused = refused_loader_variable(spec.env, runtime.name, runtime.allow_loader_env)
         if refused:
             raise LaunchFailed(refused)
-        inventory = self._inventory()
+        problem = check_launch(record.gpu_indexes, record.gpu_uuids, inventory)
+        if problem is not None:
+            raise LaunchFailed(problem)
         uuids = []
         for index in record.gpu_indexes:
             gpu = inventory.gpu(index)
-            if gpu is None:
-                raise LaunchFailed(f"GPU {index} is no longer present on this Node.")
+            assert gpu is not None  # check_launch found every index
             uuids.append(gpu.uuid)
         addr, port = record.master_addr, record.master_port
         if not port:
@@ -472,8 +485,11 @@ class MemberManager:
         key = record.key
         member_dir = Path(record.member_dir)
         if record.state is S.COMMITTED:
+            # Health and the index -> UUID mapping are checked again on a fresh probe: a card
+            # lost or reordered since Prepare must not get the workload.
+            inventory = await self._refresh() if self._refresh else self._inventory()
             try:
-                supervision.write_launch(self._plan(record))
+                supervision.write_launch(self._plan(record, inventory))
             except supervision.LaunchAlreadyClaimed:
                 log.info("launch already claimed member=%s", key)
             except (LaunchFailed, supervision.LaunchSpecError) as exc:

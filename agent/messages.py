@@ -55,6 +55,8 @@ class Prepare:
     capsule_files: Mapping[str, bytes]
     # The TunePlane user who submitted the Job ("" from an older coordinator).
     owner: str = ""
+    # The UUID of each of gpu_indexes as the coordinator last saw it (() from an older one).
+    gpu_uuids: tuple[str, ...] = ()
 
 
 @attrs.frozen

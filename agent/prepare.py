@@ -37,24 +37,83 @@ class PrepareRefused(Exception):
 def check_gpus(
     key: MemberKey,
     requested: tuple[int, ...],
+    sent_uuids: tuple[str, ...],
     inventory: Inventory,
-    owners: Mapping[int, MemberKey],
-) -> None:
-    """Every requested GPU exists, is healthy, is asked for once and is owned by nobody else."""
+    owners: Mapping[str, MemberKey],
+    unnamed_owners: Mapping[int, MemberKey] | None = None,
+) -> tuple[str, ...]:
+    """Check a Prepare's GPUs against this Node now; return their UUIDs, in the same order.
+
+    Every requested GPU exists, is asked for once, still has the UUID the coordinator placed
+    it by (``sent_uuids``; empty from an older coordinator, which gets the health check only),
+    is healthy, and is owned by nobody else: ``owners`` by UUID, ``unnamed_owners`` by index
+    for reservations an older agent made without a UUID.
+    """
     if len(set(requested)) != len(requested):
         raise PrepareRefused(f"GPU indexes {list(requested)} name a GPU more than once.")
-    for index in requested:
+    if sent_uuids and len(sent_uuids) != len(requested):
+        raise PrepareRefused(
+            f"The Prepare names {len(requested)} GPU indexes but {len(sent_uuids)} GPU UUIDs; "
+            "the coordinator must send one UUID per index."
+        )
+    uuids = []
+    for position, index in enumerate(requested):
         gpu = inventory.gpu(index)
         if gpu is None:
             raise PrepareRefused(
                 f"GPU {index} does not exist on this Node (it has {len(inventory.gpus)} GPUs, "
                 f"source {inventory.gpu_source})."
             )
+        sent = sent_uuids[position] if sent_uuids else ""
+        if sent and sent != gpu.uuid:
+            raise PrepareRefused(mapping_changed(index, sent, gpu.uuid, inventory))
         if not gpu.healthy:
             raise PrepareRefused(f"GPU {index} ({gpu.uuid}) is unhealthy: {gpu.health_reason}.")
-        owner = owners.get(index)
+        owner = owners.get(gpu.uuid) or (unnamed_owners or {}).get(index)
         if owner is not None and owner != key:
-            raise PrepareRefused(f"GPU {index} is busy: member {owner} owns it.")
+            raise PrepareRefused(f"GPU {index} is busy: member {owner} owns it ({gpu.uuid}).")
+        uuids.append(gpu.uuid)
+    return tuple(uuids)
+
+
+def mapping_changed(index: int, expected: str, now: str, inventory: Inventory) -> str:
+    """The sentence for a GPU index that names another card than the one it was placed by."""
+    moved = next((g.index for g in inventory.gpus if g.uuid == expected), None)
+    where = (
+        f"that card is GPU {moved} now"
+        if moved is not None
+        else "that card is not in this Node's inventory any more"
+    )
+    return (
+        f"GPU {index} was placed as {expected} but this Node's GPU {index} is {now} now "
+        f"({where}); the GPU order changed, so the Job must be placed again."
+    )
+
+
+def check_launch(
+    gpu_indexes: tuple[int, ...], gpu_uuids: tuple[str, ...], inventory: Inventory
+) -> str | None:
+    """Why a committed member must not start on ``inventory`` (fresh), or None when it may.
+
+    Each GPU must still be present, still be the card it was prepared on (its journaled UUID;
+    a member an older agent prepared without one gets the health check only) and be healthy.
+    """
+    for position, index in enumerate(gpu_indexes):
+        expected = gpu_uuids[position] if position < len(gpu_uuids) else ""
+        gpu = inventory.gpu(index)
+        if gpu is None:
+            return (
+                f"GPU {index} ({expected or 'UUID unknown'}) is no longer present on this Node "
+                f"(it has {len(inventory.gpus)} GPUs, source {inventory.gpu_source})."
+            )
+        if expected and gpu.uuid != expected:
+            return mapping_changed(index, expected, gpu.uuid, inventory)
+        if not gpu.healthy:
+            return (
+                f"GPU {index} ({gpu.uuid}) became unhealthy after it was prepared: "
+                f"{gpu.health_reason}."
+            )
+    return None
 
 
 def _safe_relative(name: str, what: str) -> PurePosixPath:

@@ -289,6 +289,7 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
             capsule_digests=dict(body.capsule_digests),
             capsule_files=dict(body.capsule_files),
             owner=body.owner,
+            gpu_uuids=tuple(body.gpu_uuids),
         )
     if isinstance(body, v1.Commit):
         return m.Commit(

@@ -95,6 +95,9 @@ class PrepareOrder:
     pick_rendezvous: bool
     capsule_files: Mapping[str, str]
     owner: str = ""
+    # The UUIDs of gpu_indexes as the Node's inventory named them at placement ("" where it
+    # named none); the Node refuses the Prepare when its GPU at an index has another UUID now.
+    gpu_uuids: tuple[str, ...] = ()
 
 
 @attrs.frozen

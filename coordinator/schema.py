@@ -218,6 +218,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE nodes DROP COLUMN last_report_seq",
         ),
     ),
+    (
+        8,
+        (
+            # The UUIDs of a member's GPUs as the Node's inventory named them at placement, in
+            # the order of gpu_indexes_json; Prepare carries them so the Node can refuse a GPU
+            # whose index now names another card. '[]': placed before UUIDs were recorded.
+            "ALTER TABLE members ADD COLUMN gpu_uuids_json TEXT NOT NULL DEFAULT '[]'",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

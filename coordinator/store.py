@@ -58,6 +58,15 @@ async def _first(db: aiosqlite.Connection, sql: str, args: Sequence[Any] = ()) -
     return rows[0] if rows else None
 
 
+async def _placed_uuids(
+    db: aiosqlite.Connection, node_id: str, gpu_indexes: Sequence[int]
+) -> tuple[str, ...]:
+    """The UUIDs the Node's last inventory gives ``gpu_indexes`` ("" for an index it lacks)."""
+    row = await _first(db, "SELECT inventory_json FROM nodes WHERE id = ?", (node_id,))
+    gpus = {g.index: g.uuid for g in InventoryInfo.from_json(str(row[0])).gpus} if row else {}
+    return tuple(gpus.get(i, "") for i in gpu_indexes)
+
+
 class NotFound(StoreError):
     """The thing named does not exist (gRPC NOT_FOUND)."""
 
@@ -784,16 +793,18 @@ class Store(SqliteFile):
                 count = len(placement.members)
                 for m in placement.members:
                     key = MemberKey(job.run_id, number, m.index)
+                    uuids = await _placed_uuids(db, m.node_id, m.gpu_indexes)
                     await db.execute(
                         "INSERT INTO members (run_id, attempt, member_index, node_id, "
-                        "gpu_indexes_json, state, known_state, updated_at_ms) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        "gpu_indexes_json, gpu_uuids_json, state, known_state, updated_at_ms) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job.run_id,
                             number,
                             m.index,
                             m.node_id,
                             json.dumps(list(m.gpu_indexes)),
+                            json.dumps(list(uuids)),
                             lc.M_RESERVED,
                             lc.M_RESERVED,
                             now,
@@ -817,6 +828,7 @@ class Store(SqliteFile):
                             pick_rendezvous=m.index == 0,
                             capsule_files=capsule_files,
                             owner=job.owner,
+                            gpu_uuids=uuids,
                         )
                     )
                 await self._log(
@@ -1057,7 +1069,7 @@ class Store(SqliteFile):
                 "m.known_state, a.decision, a.decision_reason, a.master_addr, a.master_port, "
                 "a.capsule_json, p.resolved_json, "
                 "(SELECT COUNT(*) FROM members o WHERE o.run_id = m.run_id "
-                " AND o.attempt = m.attempt), j.owner "
+                " AND o.attempt = m.attempt), j.owner, m.gpu_uuids_json "
                 "FROM members m JOIN attempts a ON a.run_id = m.run_id AND a.number = m.attempt "
                 "JOIN jobs j ON j.run_id = m.run_id JOIN previews p ON p.id = j.preview_id "
                 "WHERE m.node_id = ? ORDER BY m.run_id, m.attempt, m.member_index",
@@ -1079,6 +1091,7 @@ class Store(SqliteFile):
                         pick_rendezvous=key.member_index == 0,
                         capsule_files=json.loads(r[10]),
                         owner=str(r[13]),
+                        gpu_uuids=tuple(str(u) for u in json.loads(r[14])),
                     )
                 )
             elif decision == lc.COMMIT and known in (lc.M_RESERVED, lc.M_PREPARING, lc.M_PREPARED):

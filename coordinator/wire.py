@@ -141,6 +141,7 @@ def order_message(order: Order) -> v1.CoordinatorMessage:
                 capsule_digests=capsule.digests(order.capsule_files),
                 capsule_files={k: v.encode("utf-8") for k, v in order.capsule_files.items()},
                 owner=order.owner,
+                gpu_uuids=list(order.gpu_uuids),
             )
         )
     if isinstance(order, CommitOrder):

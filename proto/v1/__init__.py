@@ -735,6 +735,13 @@ class Prepare(betterproto.Message):
      [accounts] mode = "user" runs the member as the local account of that name.
     """
 
+    gpu_uuids: List[str] = betterproto.string_field(9)
+    """
+    The UUID of each GPU in gpu_indexes, in the same order, as the Node's last inventory named
+     it when the coordinator placed the member. The Node refuses the Prepare when its GPU at an
+     index has another UUID now. Empty from an older coordinator: the Node checks health only.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class PrepareReply(betterproto.Message):

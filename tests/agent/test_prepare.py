@@ -29,8 +29,10 @@ def sha(data: bytes) -> str:
 
 
 def test_free_healthy_gpus_pass() -> None:
-    check_gpus(KEY, (0, 1), INV, {})
-    check_gpus(KEY, (0,), INV, {0: KEY})  # its own, after a repeated Prepare
+    uuids = tuple(g.uuid for g in INV.gpus)
+    assert check_gpus(KEY, (0, 1), (), INV, {}) == uuids
+    assert check_gpus(KEY, (1, 0), uuids[::-1], INV, {}) == uuids[::-1]
+    check_gpus(KEY, (0,), (), INV, {uuids[0]: KEY})  # its own, after a repeated Prepare
 
 
 @pytest.mark.parametrize(
@@ -38,21 +40,25 @@ def test_free_healthy_gpus_pass() -> None:
     [
         ((0, 0), {}, "more than once"),
         ((2,), {}, "GPU 2 does not exist on this Node"),
-        ((1,), {1: MemberKey("run-0", 1, 0)}, "GPU 1 is busy: member run-0.1.0 owns it"),
+        (
+            (1,),
+            {INV.gpus[1].uuid: MemberKey("run-0", 1, 0)},
+            r"GPU 1 is busy: member run-0.1.0 owns it \(GPU-sim-node-a-1\)",
+        ),
     ],
 )
 def test_gpu_refusals_are_sentences(
-    gpus: tuple[int, ...], owners: dict[int, MemberKey], why: str
+    gpus: tuple[int, ...], owners: dict[str, MemberKey], why: str
 ) -> None:
     with pytest.raises(PrepareRefused, match=why):
-        check_gpus(KEY, gpus, INV, owners)
+        check_gpus(KEY, gpus, (), INV, owners)
 
 
 def test_an_unhealthy_gpu_is_never_assigned() -> None:
     sick = Gpu(0, "GPU-x", "H200", "h200", 1, False, False, "XID 79 event reported by the driver")
     inv = Inventory("h", 1, 1, (sick,), "nvml")
     with pytest.raises(PrepareRefused, match="unhealthy: XID 79"):
-        check_gpus(KEY, (0,), inv, {})
+        check_gpus(KEY, (0,), (), inv, {})
 
 
 def test_materialise_writes_capsule_and_experiment(tmp_path: Path) -> None:
