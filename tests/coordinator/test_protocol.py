@@ -73,6 +73,8 @@ def test_a_job_runs_to_success_and_a_repeated_report_is_applied_once(
             run_id, prepare = await _launch(api, node, "succeeds")
             assert prepare.member_count == 1
             assert sorted(prepare.gpu_indexes) == [0, 1]
+            # Each index goes with the UUID the Node's inventory gave it (the Node checks them).
+            assert prepare.gpu_uuids == [f"GPU-node-ok-{i}" for i in prepare.gpu_indexes]
             assert prepare.pick_rendezvous
             for name, data in prepare.capsule_files.items():
                 assert prepare.capsule_digests[name] == "sha256:" + hashlib.sha256(data).hexdigest()
