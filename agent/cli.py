@@ -1,8 +1,9 @@
-"""``tuneplane-node``: enroll, run, status, doctor and journal (the on-call's offline reader).
+"""``tuneplane-node``: enroll, run, status, doctor, journal (the on-call's offline reader), gpu.
 
 Rules: every failure is a typed error turned into one sentence on stderr and exit status 1;
 ``journal``, ``status`` and ``doctor`` open the journal read-only and never need the daemon or
-the coordinator.
+the coordinator. ``gpu clear`` is the one operator write: one journal transaction, safe while
+the daemon runs (SQLite serialises writers), which the daemon reads at its next refresh.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import re
 import sys
 import time
@@ -27,7 +29,7 @@ from tuneplane.agent import config as node_config
 from tuneplane.agent import journal_read, workload_checks
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.credential_renewal import credential_health, renewal_deadline_ms
-from tuneplane.agent.daemon import Daemon, run_daemon
+from tuneplane.agent.daemon import INVENTORY_INTERVAL_S, Daemon, run_daemon
 from tuneplane.agent.inventory import (
     Inventory,
     InventoryError,
@@ -48,6 +50,7 @@ from tuneplane.agent.state_dir import (
     write_atomic,
 )
 from tuneplane.agent.wire import Endpoint, Enrolled, WireError, enroll
+from tuneplane.agent.xid_book import XidRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXPECTED_ERRORS = (
@@ -285,12 +288,21 @@ async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int, again: b
     "tuneplane-work beside the state dir).",
 )
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]))
+@click.option(
+    "--inventory-interval",
+    "inventory_interval_s",
+    type=click.FloatRange(min=0.1, max=3600),
+    default=INVENTORY_INTERVAL_S,
+    show_default=True,
+    help="Seconds between GPU probes; also how soon a `tuneplane-node gpu clear` takes effect.",
+)
 def run_command(
     state_dir: Path,
     simulate_gpus: str | None,
     out_root: Path | None,
     work_root: Path | None,
     log_level: str,
+    inventory_interval_s: float,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (which stop it and leave every member running)."""
     _setup_logging(log_level)
@@ -319,7 +331,10 @@ def run_command(
         for root in (outputs, works):
             root.mkdir(mode=0o711, parents=True, exist_ok=True)
         source = InventorySource(node.name, _simulate(simulate_gpus))
-        daemon = Daemon(state, node, credential, source, outputs, work_root=works, policy=policy)
+        daemon = Daemon(
+            state, node, credential, source, outputs, work_root=works, policy=policy,
+            inventory_interval_s=inventory_interval_s,
+        )  # fmt: skip
         logging.getLogger(__name__).info(
             "agent starting node_id=%s coordinator=%s gpus=%d gpu_source=%s pid=%d",
             node.node_id, node.coordinator, len(daemon.inventory.gpus),
@@ -655,6 +670,23 @@ def journal_reservations(state_dir: Path, as_json: bool) -> None:
         _emit(pending, ["report_seq", "member", "state", "reason"], False)
 
 
+@journal_group.command("gpus")
+@_state_dir_option
+@click.option("--json", "as_json", is_flag=True)
+def journal_gpus(state_dir: Path, as_json: bool) -> None:
+    """GPUs that XIDs disable now, then every XID and clear, oldest first."""
+    with _sentences(), journal_read.open_readonly(_journal_path(state_dir)) as db:
+        disabled = journal_read.disabled_gpus(db)
+        history = journal_read.gpu_history(db)
+    if as_json:
+        click.echo(json.dumps({"disabled": disabled, "history": history}, indent=2))
+        return
+    click.echo("disabled by XIDs:")
+    _emit(disabled, ["gpu_uuid", "why"], False)
+    click.echo("history:")
+    _emit(history, ["at", "gpu_uuid", "what", "disables", "detail"], False)
+
+
 @journal_group.command("export")
 @_state_dir_option
 @click.option("--json", "as_json", is_flag=True, required=True, help="Export as JSON (required).")
@@ -663,6 +695,61 @@ def journal_export(state_dir: Path, as_json: bool) -> None:
     with _sentences(), journal_read.open_readonly(_journal_path(state_dir)) as db:
         data = journal_read.export(db)
     click.echo(json.dumps(data, indent=2))
+
+
+# --- gpu -----------------------------------------------------------------------------------
+
+
+@main.group("gpu")
+def gpu_group() -> None:
+    """Operator actions on this Node's GPUs, recorded in the journal."""
+
+
+MAX_CLEAR_REASON = 500
+
+
+@gpu_group.command("clear")
+@click.argument("uuid")
+@click.option(
+    "--reason", required=True, help="Why the GPU may be used again (kept in the journal)."
+)
+@_state_dir_option
+def gpu_clear(uuid: str, reason: str, state_dir: Path) -> None:
+    """Put a GPU that XIDs disabled back into service (after a reset or a check)."""
+    with _sentences():
+        lifted = trio.run(_clear_gpu, StateDir(state_dir), uuid.strip(), reason.strip())
+    click.echo(
+        f"cleared {uuid.strip()}: XID {lifted.xid} no longer disables it; the running agent "
+        "offers it again at its next inventory refresh"
+    )
+
+
+async def _clear_gpu(state: StateDir, uuid: str, reason: str) -> XidRecord:
+    if not uuid:
+        raise ValueError("The GPU UUID is empty; copy it from `tuneplane-node journal gpus`.")
+    if not reason or len(reason) > MAX_CLEAR_REASON:
+        raise ValueError(
+            f"--reason must say in 1 to {MAX_CLEAR_REASON} characters why the GPU may be used "
+            "again (for example: reset with nvidia-smi -r, checks passed)."
+        )
+    path = state.journal_path
+    if not path.exists():
+        raise journal_read.JournalUnreadable(
+            f"There is no journal at {path}; pass the --state-dir of an enrolled Node."
+        )
+    actor = f"operator {pwd.getpwuid(os.getuid()).pw_name}"
+    async with open_aio_host():
+        journal = await Journal.open(path)
+        try:
+            lifted = await journal.clear_gpu(uuid, int(time.time() * 1000), actor, reason)
+        finally:
+            await journal.close()
+    if lifted is None:
+        raise ValueError(
+            f"No XID disables GPU {uuid} in the journal {path}, so there is nothing to clear "
+            "and nothing was written; `tuneplane-node journal gpus` lists the GPUs XIDs disable."
+        )
+    return lifted
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ Rules:
 - Effects from the session core run in order: journal, then network, then processes.
 - A journal that fails its integrity check puts the agent in SAFE MODE: it connects, refuses every
   Prepare with the reason, touches no workload and says so in logs and the status file.
+- GPU health is what the probe found plus the XID book (agent/xid_book.py): XIDs drained from
+  NVML are journaled before the inventory that reflects them is made current (so before it is
+  sent), and every refresh reads the book back, so an operator's ``gpu clear`` takes effect at
+  the next refresh. Launch asks for a refresh of its own (MemberManager re-checks on it).
 - The control credential is read from the state directory before every Connect (so a
   re-enrolment takes effect without a restart). A rotation stores the successor durably
   (``control.token.next``, then a rename) before saying CredentialStored; crash points
@@ -68,6 +72,7 @@ from tuneplane.agent.wire import (
     control_refusal,
     open_control_stream,
 )
+from tuneplane.agent.xid_book import judge
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +134,7 @@ class Daemon:
         *,
         work_root: Path,
         policy: WorkloadPolicy,
+        inventory_interval_s: float = INVENTORY_INTERVAL_S,
     ) -> None:
         self.state = state
         self.node = node
@@ -137,6 +143,8 @@ class Daemon:
         self.out_root = out_root
         self.work_root = work_root
         self.policy = policy
+        self.inventory_interval_s = inventory_interval_s
+        self._inventory_lock = trio.Lock()
         self.endpoint = Endpoint.parse(node.coordinator)
         self.ca_path = Path(node.ca)
         self.inventory = source.collect()
@@ -181,8 +189,13 @@ class Daemon:
                             self.journal, self.state.members_dir, self.out_root,
                             lambda: self.inventory, self._node_address, self.publish, nursery,
                             work_root=self.work_root, policy=self.policy,
+                            refresh=self.refresh_inventory,
                         )  # fmt: skip
                         await self.journal.node_event(now_ms(), "agent-started", pid=os.getpid())
+                        # XIDs and clears journaled before this start apply before anything is
+                        # sent or launched; members an older agent prepared get their UUIDs.
+                        await self.refresh_inventory()
+                        await self.journal.fill_member_uuids(self.inventory, now_ms())
                         await self.manager.replay()
                         self.logship = LogShipper(self.journal, self.publish)
                         nursery.start_soon(self.logship.run)
@@ -230,17 +243,58 @@ class Daemon:
 
     async def _inventory_loop(self) -> None:
         while True:
-            await trio.sleep(INVENTORY_INTERVAL_S)
-            try:
-                inventory = await trio.to_thread.run_sync(self.source.collect)
-            except InventoryError as exc:
-                log.error("inventory refresh failed reason=%s", exc)
-                continue
+            await trio.sleep(self.inventory_interval_s)
+            await self.refresh_inventory()
+
+    async def _probe(self) -> Inventory:
+        """What the GPUs say now. A read that fails marks every known GPU unhealthy with why."""
+        try:
+            return await trio.to_thread.run_sync(self.source.collect)
+        except InventoryError as exc:
+            log.error("inventory refresh failed reason=%s", exc)
+            reason = str(exc)
+            return attrs.evolve(
+                self.inventory,
+                gpus=tuple(
+                    attrs.evolve(g, healthy=False, health_reason=reason)
+                    for g in self.inventory.gpus
+                ),
+            )
+
+    async def refresh_inventory(self) -> Inventory:
+        """Probe, journal the XIDs NVML reported, apply the XID book, and make that current.
+
+        The XIDs (and any recovery-action change) are committed to the journal before the
+        inventory that reflects them replaces the current one, so nothing the coordinator is
+        told about a GPU is missing from the journal after a crash.
+        """
+        async with self._inventory_lock:
+            probed = await self._probe()
+            inventory = probed
+            if self.journal is not None:
+                drained = self.source.take_xid_events()
+                written = await self.journal.record_xids(
+                    [judge(e.uuid, e.xid, e.at_ms) for e in drained]
+                )
+                for x in written:
+                    log.warning("gpu xid journaled gpu_uuid=%s xid=%d application=%s",
+                                x.uuid or "unidentified", x.xid, x.application)  # fmt: skip
+                book = await self.journal.xid_book()
+                changes = book.observe(probed, now_ms())
+                if changes:
+                    await self.journal.record_health_events(changes)
+                    for c in changes:
+                        log.warning("gpu health event gpu_uuid=%s kind=%s reason=%s", c.uuid,
+                                    c.kind, c.reason)  # fmt: skip
+                    book = await self.journal.xid_book()
+                inventory = book.apply(probed)
             if inventory != self.inventory:
-                log.info("inventory changed gpus=%d source=%s", len(inventory.gpus),
-                         inventory.gpu_source)  # fmt: skip
+                log.info("inventory changed gpus=%d source=%s unhealthy=%d", len(inventory.gpus),
+                         inventory.gpu_source,
+                         sum(not g.healthy for g in inventory.gpus))  # fmt: skip
                 self.inventory = inventory
                 self.status.inventory = _inventory_summary(inventory)
+            return inventory
 
     async def _status_loop(self) -> None:
         while True:

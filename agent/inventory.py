@@ -39,6 +39,18 @@ class Gpu:
     mig_enabled: bool
     healthy: bool
     health_reason: str = ""
+    # NVML's recovery action for the card ("none", "gpu_reset", "drain_and_reset", ...; "" when
+    # NVML cannot say). agent/xid_book.py clears XIDs when it goes back to "none" after a reset.
+    recovery_action: str = ""
+
+
+@attrs.frozen
+class XidEvent:
+    """An XID the driver reported; ``uuid`` is "" when the card could not be identified."""
+
+    uuid: str
+    xid: int
+    at_ms: int
 
 
 @attrs.frozen
@@ -152,6 +164,10 @@ class NvmlSource:
         self._xid_seen: dict[int, int] = {}
         self._uuid_index: dict[str, int] = {}
 
+    def take_xid_events(self) -> list[XidEvent]:
+        """The XIDs drained since the last call (none are handed over yet: see _drain_xid)."""
+        return []
+
     def _drain_xid(self) -> None:
         import pynvml
 
@@ -234,6 +250,10 @@ class InventorySource:
         self.node_name = node_name
         self.simulate = simulate
         self._nvml = NvmlSource() if simulate is None else None
+
+    def take_xid_events(self) -> list[XidEvent]:
+        """The XIDs drained since the last call, for the daemon to journal and judge."""
+        return self._nvml.take_xid_events() if self._nvml is not None else []
 
     def collect(self) -> Inventory:
         if self._nvml is None:

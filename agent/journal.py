@@ -525,7 +525,8 @@ class Journal:
         """Journal an operator clear of every XID of ``uuid`` so far; return the one it lifted.
 
         Read and written in one transaction, so an XID the daemon journals meanwhile is either
-        covered (written before) or not (after), never half.
+        covered (written before) or not (after), never half. When no XID disables ``uuid``
+        nothing is written and None is returned.
         """
         lifted: list[XidRecord | None] = []
 
@@ -536,7 +537,8 @@ class Journal:
             )
             book = XidBook.of(map(xid_from_row, xids), map(health_from_row, events))
             row, was = book.clear(uuid, at_ms, actor, reason)
-            await _insert_health(db, row)
+            if was is not None:
+                await _insert_health(db, row)
             lifted.append(was)
 
         await self._write(fn)

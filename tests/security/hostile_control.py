@@ -4,7 +4,9 @@ Usage: ``python -m tests.security.hostile_control MODE HOST PORT STATE_DIR OUT_J
 TLS with the real coordinator's certificate (so a real agent connects to it), answers Hello with
 Welcome and acks heartbeats and reports. ``prepare`` then sends three Prepare orders no real
 coordinator would send (a NUL in an experiment file name, in a capsule file name, in the run
-id); ``flood`` sends bytes that are no message, then a 40 MiB message, one connection each.
+id); ``uuids`` sends Prepares whose GPU UUIDs do not match the Node's card at the index (a
+wrong UUID, a UUID count that differs), then one that matches; ``flood`` sends bytes that are
+no message, then a 40 MiB message, one connection each.
 Once it has seen what it waits for and three more heartbeats, it writes what it saw to OUT_JSON
 and exits.
 A process of its own: asyncio servers and the agent's trio-asyncio cannot share a test process.
@@ -34,7 +36,12 @@ from tuneplane.proto import v1
 RUN_FOR_S = 90.0
 
 
-def prepare(run_id: str, source_files: dict[str, str], capsule: dict[str, bytes]) -> Any:
+def prepare(
+    run_id: str,
+    source_files: dict[str, str],
+    capsule: dict[str, bytes],
+    gpu_uuids: tuple[str, ...] = (),
+) -> Any:
     spec = jobspec(gpus=1, profile="h200")
     spec["source_files"] = source_files
     spec["runtime_id"] = "host:bash"  # what admission resolves custom/custom to
@@ -47,6 +54,7 @@ def prepare(run_id: str, source_files: dict[str, str], capsule: dict[str, bytes]
             gpu_indexes=[0],
             capsule_files=capsule,
             capsule_digests=digests,
+            gpu_uuids=list(gpu_uuids),
         )
     )
 
@@ -57,6 +65,22 @@ ORDERS = [
     prepare("run-\x00", {}, {}),
 ]
 
+# The agent under test simulates one GPU ("h200:1") on the Node named node-a.
+SIMULATED_UUID = "GPU-sim-node-a-0"
+UUID_ORDERS = [
+    prepare("run-wrong-uuid", {}, {}, ("GPU-not-this-card",)),
+    prepare("run-two-uuids", {}, {}, (SIMULATED_UUID, SIMULATED_UUID)),
+    prepare(
+        "run-right-uuid",
+        {},
+        {
+            "capsule.json": json.dumps(
+                {"launcher": "member", "entrypoint": ["bash", "-c", "true"]}
+            ).encode()
+        },
+        (SIMULATED_UUID,),
+    ),
+]
 
 OVERSIZED_BYTES = 40 * 1024 * 1024
 
@@ -87,13 +111,16 @@ class HostileControl:
         }
 
     def _orders(self) -> list[bytes]:
-        if self.mode == "prepare":
-            return [bytes(o) for o in ORDERS] if self.connections == 1 else []
+        if self.mode in ("prepare", "uuids"):
+            orders = ORDERS if self.mode == "prepare" else UUID_ORDERS
+            return [bytes(o) for o in orders] if self.connections == 1 else []
         return FLOOD[min(self.connections, len(FLOOD)) - 1]
 
     def _settled(self) -> bool:
         if self.mode == "prepare":
             return len(self.replies) >= 2
+        if self.mode == "uuids":
+            return len(self.replies) >= len(UUID_ORDERS)
         return self.connections >= len(FLOOD)
 
     async def _connect(self, stream: Any) -> None:

@@ -1,0 +1,179 @@
+"""Journal migration 3 on a real v2 file, GPU ownership by UUID, XIDs and clears on disk."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.inventory import Gpu, Inventory
+from tuneplane.agent.journal import (
+    MIGRATIONS,
+    GpuAlreadyOwned,
+    Journal,
+    MemberKey,
+    NewMember,
+)
+from tuneplane.agent.member_state import MemberEvent, MemberState
+from tuneplane.agent.xid_book import judge
+
+E = MemberEvent
+OLD = MemberKey("run-old", 1, 0)
+DONE = MemberKey("run-done", 1, 0)
+
+
+def inventory(*uuids: str) -> Inventory:
+    gpus = tuple(Gpu(i, u, "NVIDIA H200", "h200", 2**30, False, True) for i, u in enumerate(uuids))
+    return Inventory("node", 4, 2**34, gpus, "scripted-nvml")
+
+
+def write_v2_journal(path: Path) -> None:
+    """A journal exactly as a version-2 agent left it: a running member owning GPUs 0 and 2."""
+    with sqlite3.connect(path) as db:
+        for number in (1, 2):
+            db.executescript(MIGRATIONS[number - 1])
+        db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '2')")
+        db.execute("INSERT INTO meta (key, value) VALUES ('node_id', 'node-1')")
+        for key, state, gpus in ((OLD, "running", [0, 2]), (DONE, "exited", [1])):
+            db.execute(
+                "INSERT INTO members (member_key, run_id, attempt, member_index, state, "
+                "created_at_ms, updated_at_ms, member_count, gpu_indexes, member_dir, out_dir, "
+                "grace_period_s) VALUES (?, ?, 1, 0, ?, 1, 2, 1, ?, '/m', '/o', 5)",
+                (str(key), key.run_id, state, json.dumps(gpus)),
+            )
+        db.executemany(
+            "INSERT INTO gpu_ownership (gpu_index, member_key, since_ms) VALUES (?, ?, 2)",
+            [(0, str(OLD)), (2, str(OLD))],
+        )
+        db.execute("PRAGMA user_version = 2")
+
+
+async def test_a_v2_journal_migrates_and_its_members_get_uuids(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    write_v2_journal(path)
+    async with open_aio_host():
+        journal = await Journal.open(path)
+        try:
+            # Straight after the migration: the reservations are kept, by index, uuid "".
+            assert await journal.gpu_owners() == {0: OLD, 2: OLD}
+            assert await journal.gpu_owners_by_uuid() == ({}, {0: OLD, 2: OLD})
+            record = await journal.member(OLD)
+            assert record is not None and record.gpu_uuids == ()
+            # The daemon fills them from its first inventory; GPU 2 has gone: kept by index.
+            filled = await journal.fill_member_uuids(inventory("GPU-a", "GPU-b"), 10)
+            assert filled == [OLD]  # the ended member is left as it was
+            record = await journal.member(OLD)
+            assert record is not None and record.gpu_uuids == ("GPU-a", "")
+            assert await journal.gpu_owners_by_uuid() == ({"GPU-a": OLD}, {2: OLD})
+            (note,) = [e for e in await journal.events(OLD) if e["kind"] == "gpu-uuids-filled"]
+            assert "GPU 2 not in the inventory" in note["reason"]
+            # Filling again changes nothing more.
+            assert await journal.fill_member_uuids(inventory("GPU-a", "GPU-b"), 11) == []
+            # The card GPU-a cannot be given to another member, whatever its index now.
+            new = MemberKey("run-new", 1, 0)
+            await journal.create_member(
+                NewMember(new, 1, (3,), "/m/n", "/o/n", 5, gpu_uuids=("GPU-a",)), 12
+            )
+            with pytest.raises(GpuAlreadyOwned, match=r"GPU 3 \(GPU-a\) is already owned by"):
+                await journal.transition(new, E.PREPARE_SUCCEEDED, 13)
+            record = await journal.member(new)
+            assert record is not None and record.state is MemberState.PREPARING
+            # The unnamed reservation of index 2 still blocks index 2.
+            other = MemberKey("run-other", 1, 0)
+            await journal.create_member(NewMember(other, 1, (2,), "/m/o", "/o/o", 5), 14)
+            with pytest.raises(GpuAlreadyOwned, match="GPU 2 is already owned by"):
+                await journal.transition(other, E.PREPARE_SUCCEEDED, 15)
+        finally:
+            await journal.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        rows = db.execute(
+            "SELECT gpu_uuid, gpu_index, member_key FROM gpu_ownership ORDER BY gpu_index"
+        ).fetchall()
+        assert rows == [("GPU-a", 0, str(OLD)), ("", 2, str(OLD))]
+
+
+async def test_xids_and_clears_survive_reopening_and_read_with_plain_sqlite(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.db"
+    async with open_aio_host():
+        journal = await Journal.open(path)
+        written = await journal.record_xids(
+            [judge("GPU-a", 79, 1000), judge("GPU-a", 13, 1001), judge("", 48, 1002)]
+        )
+        assert [(x.id, x.application) for x in written] == [(1, False), (2, True), (3, False)]
+        await journal.close()
+        journal = await Journal.open(path)
+        try:
+            book = await journal.xid_book()
+            assert [x.xid for x in book.xids] == [79, 13, 48]
+            assert book.disabling("GPU-a") is not None and book.application_count("GPU-a") == 1
+            lifted = await journal.clear_gpu("GPU-a", 2000, "operator root", "reset")
+            assert lifted is not None and lifted.xid == 48
+            # Nothing left to clear: nothing is written.
+            assert await journal.clear_gpu("GPU-a", 2001, "operator root", "again") is None
+            assert await journal.clear_gpu("GPU-zz", 2002, "operator root", "typo") is not None
+            book = await journal.xid_book()
+            assert book.disabling("GPU-a") is None
+        finally:
+            await journal.close()
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        xids = db.execute("SELECT gpu_uuid, xid, application FROM gpu_xids ORDER BY id")
+        assert xids.fetchall() == [("GPU-a", 79, 0), ("GPU-a", 13, 1), ("", 48, 0)]
+        assert db.execute(
+            "SELECT gpu_uuid, kind, actor, reason, through_xid_id FROM gpu_health_events"
+        ).fetchall() == [
+            ("GPU-a", "operator-clear", "operator root", "reset", 3),
+            ("GPU-zz", "operator-clear", "operator root", "typo", 3),
+        ]
+
+
+def node_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuneplane.agent.cli", *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+async def test_gpu_clear_and_journal_gpus_through_the_cli(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    path = state / "journal.db"
+    async with open_aio_host():
+        journal = await Journal.open(path)
+        await journal.record_xids([judge("GPU-a", 79, 1_767_225_600_000)])
+        await journal.close()
+    listed = node_cli("journal", "gpus", "--state-dir", str(state))
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(
+        r"GPU-a +XID 79 at 2026-01-01T00:00:00Z: GPU has fallen off the bus", listed.stdout
+    )
+    before = path.read_bytes()
+    for args, why in (
+        (["GPU-a", "--reason", " "], "--reason must say"),
+        (["GPU-b", "--reason", "reset"], "No XID disables GPU GPU-b"),
+        ([" ", "--reason", "reset"], "The GPU UUID is empty"),
+    ):
+        refused = node_cli("gpu", "clear", *args, "--state-dir", str(state))
+        assert refused.returncode == 1 and why in refused.stderr, refused.stderr
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM gpu_health_events").fetchone()[0] == 0
+    assert path.read_bytes() == before
+    missing = node_cli("gpu", "clear", "GPU-a", "--reason", "x", "--state-dir", str(tmp_path))
+    assert missing.returncode == 1 and "There is no journal at" in missing.stderr
+    assert not (tmp_path / "journal.db").exists()
+    cleared = node_cli("gpu", "clear", "GPU-a", "--reason", "reset, checks pass", "--state-dir",
+                       str(state))  # fmt: skip
+    assert cleared.returncode == 0, cleared.stderr
+    assert "cleared GPU-a: XID 79 no longer disables it" in cleared.stdout
+    shown = json.loads(node_cli("journal", "gpus", "--json", "--state-dir", str(state)).stdout)
+    assert shown["disabled"] == []
+    assert [h["what"] for h in shown["history"]] == ["xid 79", "operator-clear"]
+    assert shown["history"][1]["detail"].endswith(": reset, checks pass")
