@@ -186,12 +186,13 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
         _heading("GPUs"),
     ]
     gpus = Table()
-    for column in ("INDEX", "SERIES", "NAME", "MEMORY", "HEALTH", "HELD BY"):
+    for column in ("INDEX", "UUID", "SERIES", "NAME", "MEMORY", "HEALTH", "HELD BY"):
         gpus.add_column(column)
     for g in node.gpus:
         health = "healthy" if g.healthy else f"unhealthy: {g.health_reason or 'no reason given'}"
         gpus.add_row(
             str(g.index),
+            g.uuid or "-",
             g.series,
             g.name or "-",
             _bytes(g.memory_bytes),
