@@ -16,7 +16,7 @@ from tuneplane.agent import messages as m
 from tuneplane.agent.accounts import read_lease
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.config import WorkloadPolicy
-from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
+from tuneplane.agent.inventory import Inventory, SimulatedGpus, simulated_inventory
 from tuneplane.agent.journal import Journal, MemberKey, NewMember
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.members import MemberManager
@@ -54,6 +54,8 @@ class Harness:
     sent: list[m.Outgoing]
     # Where members' work and output directories live (reachable by the pool's accounts).
     roots: Path
+    # What the Node's GPUs look like now: the last inventory and every fresh probe at launch.
+    node: list[Inventory] = attrs.field(factory=lambda: [INV])
 
     async def state(self, key: MemberKey = KEY) -> MemberState | None:
         record = await self.journal.member(key)
@@ -91,12 +93,17 @@ async def harness(
             roots = accounts.traversable_root("members") if pool else tmp_path
         try:
             async with trio.open_nursery() as nursery:
+                node = [INV]
+
+                async def probe() -> Inventory:
+                    return node[0]
+
                 manager = MemberManager(
-                    journal, tmp_path / "members", roots / "out", lambda: INV,
+                    journal, tmp_path / "members", roots / "out", lambda: node[0],
                     lambda: "127.0.0.1", publish, nursery,
-                    work_root=roots / "work", policy=policy,
+                    work_root=roots / "work", policy=policy, refresh=probe,
                 )  # fmt: skip
-                yield Harness(manager, journal, sent, roots)
+                yield Harness(manager, journal, sent, roots, node)
                 nursery.cancel_scope.cancel()
         finally:
             await journal.close()
@@ -144,6 +151,45 @@ async def test_commit_runs_once_and_reports_in_order(tmp_path: Path) -> None:
         assert [r.state for r in await h.journal.pending_reports()] == [
             S.COMMITTED, S.STARTING, S.RUNNING, S.EXITED,
         ]  # fmt: skip
+        assert await h.journal.gpu_owners() == {}
+
+
+async def test_launch_refuses_a_gpu_that_fell_sick_after_prepare_and_frees_it(
+    tmp_path: Path,
+) -> None:
+    async with harness(tmp_path) as h:
+        await h.manager.handle(prepare(KEY, (0,), 'echo ran >> "$TUNEPLANE_OUT_DIR/runs"\n'))
+        assert h.replies()[-1].ok
+        record = await h.journal.member(KEY)
+        assert record is not None and record.gpu_uuids == (INV.gpus[0].uuid,)
+        sick = attrs.evolve(INV.gpus[0], healthy=False, health_reason="XID 79 at ...: lost")
+        h.node[0] = attrs.evolve(INV, gpus=(sick, INV.gpus[1]))
+        await h.manager.handle(m.Commit(KEY, None))
+        record = await h.journal.member(KEY)
+        assert record is not None and record.state is S.ABORTED
+        assert record.reason == (
+            "GPU 0 (GPU-sim-node-a-0) became unhealthy after it was prepared: XID 79 at ...: lost."
+        )
+        assert await h.journal.gpu_owners() == {}
+        assert h.reports() == ["committed", "aborted"]
+        # Nothing of the member started.
+        assert not (h.roots / "out" / KEY.run_id).joinpath("attempt-1", "member-0", "runs").exists()
+
+
+async def test_launch_refuses_when_the_gpu_order_changed_after_prepare(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        await h.manager.handle(prepare(KEY, (1,)))
+        assert h.replies()[-1].ok
+        a, b = INV.gpus
+        # The driver reloaded and listed the cards the other way round.
+        h.node[0] = attrs.evolve(INV, gpus=(attrs.evolve(b, index=0), attrs.evolve(a, index=1)))
+        await h.manager.handle(m.Commit(KEY, None))
+        record = await h.journal.member(KEY)
+        assert record is not None and record.state is S.ABORTED
+        assert record.reason == (
+            "GPU 1 was placed as GPU-sim-node-a-1 but this Node's GPU 1 is GPU-sim-node-a-0 now "
+            "(that card is GPU 0 now); the GPU order changed, so the Job must be placed again."
+        )
         assert await h.journal.gpu_owners() == {}
 
 
