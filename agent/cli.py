@@ -422,14 +422,15 @@ def status_command(state_dir: Path, as_json: bool) -> None:
     if journal_problem:
         click.echo(f"journal: {journal_problem}")
     inv = data["inventory"]
-    owners = {r["gpu_index"]: r["member"] for r in reservations}
+    # Reservations are by UUID; one an older agent made without a UUID is matched by index.
+    owners = {r["gpu_uuid"] or r["gpu_index"]: r["member"] for r in reservations}
     if inv:
         click.echo(f"GPUs ({inv.get('gpu_source')}): {len(inv.get('gpus', []))}")
         if inv.get("note"):
             click.echo(f"  {inv['note']}")
         for gpu in inv.get("gpus", []):
             health = "healthy" if gpu["healthy"] else f"UNHEALTHY ({gpu['health_reason']})"
-            owner = owners.get(gpu["index"], "free")
+            owner = owners.get(gpu["uuid"]) or owners.get(gpu["index"], "free")
             click.echo(f"  {gpu['index']}  {gpu['uuid']}  {gpu['name']}  {health}  {owner}")
     active = [mb for mb in members if mb["state"] not in ("exited", "aborted", "lost")]
     if journal_problem:

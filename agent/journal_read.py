@@ -62,14 +62,28 @@ def integrity_problems(db: sqlite3.Connection) -> list[str]:
     return [] if [tuple(r) for r in rows] == [("ok",)] else [str(r[0]) for r in rows]
 
 
+def _version(db: sqlite3.Connection) -> int:
+    return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _member_columns(db: sqlite3.Connection) -> str:
+    """:data:`MEMBER_COLUMNS`, or what stands for them in a journal an older agent still runs
+    on (an upgraded CLI reads it before the agent's restart migrates it; nothing here writes)."""
+    return (
+        MEMBER_COLUMNS
+        if _version(db) >= 3
+        else MEMBER_COLUMNS.replace("gpu_uuids", "'[]' AS gpu_uuids")
+    )
+
+
 def members(db: sqlite3.Connection) -> list[MemberRecord]:
-    rows = db.execute(f"SELECT {MEMBER_COLUMNS} FROM members ORDER BY created_at_ms").fetchall()
-    return [member_from_row(r) for r in rows]
+    sql = f"SELECT {_member_columns(db)} FROM members ORDER BY created_at_ms"
+    return [member_from_row(r) for r in db.execute(sql).fetchall()]
 
 
 def member(db: sqlite3.Connection, key: MemberKey) -> MemberRecord | None:
     row = db.execute(
-        f"SELECT {MEMBER_COLUMNS} FROM members WHERE member_key = ?", (str(key),)
+        f"SELECT {_member_columns(db)} FROM members WHERE member_key = ?", (str(key),)
     ).fetchone()
     return member_from_row(row) if row else None
 
@@ -97,8 +111,9 @@ def events(
 
 def reservations(db: sqlite3.Connection) -> list[dict[str, Any]]:
     """GPU ownership joined with the owning member's state."""
+    uuid = "g.gpu_uuid" if _version(db) >= 3 else "''"
     rows = db.execute(
-        "SELECT g.gpu_index, g.gpu_uuid, g.member_key, g.since_ms, m.state FROM gpu_ownership g "
+        f"SELECT g.gpu_index, {uuid}, g.member_key, g.since_ms, m.state FROM gpu_ownership g "
         "JOIN members m ON m.member_key = g.member_key ORDER BY g.gpu_index"
     ).fetchall()
     return [
@@ -108,6 +123,8 @@ def reservations(db: sqlite3.Connection) -> list[dict[str, Any]]:
 
 
 def xid_book(db: sqlite3.Connection) -> XidBook:
+    if _version(db) < 3:
+        return XidBook()  # an older agent kept no XIDs in its journal
     xids = db.execute(f"SELECT {XID_COLUMNS} FROM gpu_xids ORDER BY id").fetchall()
     events = db.execute(f"SELECT {HEALTH_COLUMNS} FROM gpu_health_events ORDER BY id").fetchall()
     return XidBook.of(map(xid_from_row, xids), map(health_from_row, events))

@@ -177,3 +177,28 @@ async def test_gpu_clear_and_journal_gpus_through_the_cli(tmp_path: Path) -> Non
     assert shown["disabled"] == []
     assert [h["what"] for h in shown["history"]] == ["xid 79", "operator-clear"]
     assert shown["history"][1]["detail"].endswith(": reset, checks pass")
+
+
+def test_the_cli_reads_a_v2_journal_an_older_agent_still_runs_on_without_changing_it(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    path = state / "journal.db"
+    write_v2_journal(path)
+    before = path.read_bytes()
+    members = node_cli("journal", "members", "--json", "--state-dir", str(state))
+    assert members.returncode == 0, members.stderr
+    assert {m["member"]: m["gpu_uuids"] for m in json.loads(members.stdout)} == {
+        str(OLD): [], str(DONE): [],
+    }  # fmt: skip
+    owned = node_cli("journal", "reservations", "--json", "--state-dir", str(state))
+    assert owned.returncode == 0, owned.stderr
+    assert [(g["gpu_index"], g["gpu_uuid"]) for g in json.loads(owned.stdout)["gpus"]] == [
+        (0, ""), (2, ""),
+    ]  # fmt: skip
+    gpus = node_cli("journal", "gpus", "--json", "--state-dir", str(state))
+    assert json.loads(gpus.stdout) == {"disabled": [], "history": []}
+    assert path.read_bytes() == before
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
