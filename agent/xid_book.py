@@ -196,13 +196,14 @@ class XidBook:
         A change is journaled as ``recovery-action``; a change to "none" right after
         "gpu_reset" or "drain_and_reset" means the card was reset: it is journaled as
         ``recovery-cleared``, which clears the XIDs written so far. An empty recovery action
-        (NVML could not say) changes nothing.
+        (NVML could not say) changes nothing, and neither does "none" on a card the journal
+        never saw ask for anything (every healthy card, at every first start).
         """
         rows = []
         for gpu in inventory.gpus:
             action = gpu.recovery_action
             before = self.recovery_action(gpu.uuid)
-            if not gpu.uuid or not action or action == before:
+            if not gpu.uuid or not action or action == before or (action, before) == ("none", ""):
                 continue
             if action == "none" and before in RESET_ACTIONS:
                 rows.append(

@@ -61,6 +61,8 @@ class AgentProcess:
         self.log_path = log_path
         self.journal_path = state_dir / "journal.db"
         self.status_path = state_dir / "status.json"
+        # More `tuneplane-node run` options (--scripted-nvml FILE, --inventory-interval S).
+        self.run_args: tuple[str, ...] = ()
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -78,6 +80,7 @@ class AgentProcess:
         ]  # fmt: skip
         if self.simulate_gpus:
             args += ["--simulate-gpus", self.simulate_gpus]
+        args += self.run_args
         self.status_path.unlink(missing_ok=True)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
@@ -203,11 +206,13 @@ def start_agent(
     simulate_gpus: str | None = "h200:2",
     env: Mapping[str, str] | None = None,
     node_toml: str = "",
+    run_args: tuple[str, ...] = (),
 ) -> AgentProcess:
     """Enroll a Node under ``tmp_path/<name>`` and start ``tuneplane-node run`` for it.
 
     ``node_toml``: settings put before the test's [accounts] table (``isolation = "bwrap"``,
-    [runtimes.*] tables); one that holds its own [accounts] table gets no pool.
+    [runtimes.*] tables); one that holds its own [accounts] table gets no pool. ``run_args``:
+    more options for every ``run`` of this agent (restarts included).
     """
     state_dir = tmp_path / name
     done = enroll(state_dir, coordinator, name, simulate_gpus)
@@ -226,6 +231,7 @@ def start_agent(
         state_dir, roots / f"{name}-outputs", str(node["node_id"]), simulate_gpus,
         tmp_path / f"{name}.log", config_path, roots / f"{name}-work", pool,
     )  # fmt: skip
+    agent.run_args = run_args
     agent.start(env)
     return agent
 
