@@ -25,6 +25,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from tests.coordinator.grpc_client import api_client, enroll, jobspec, node_stream
+from tests.security.raw_calls import call, frame
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator import jobspec as jobspec_module
 from tuneplane.coordinator.message_limits import (
@@ -121,6 +122,30 @@ def test_a_refused_jobspec_of_megabytes_names_its_field_and_stores_nothing(
     assert "is not a parameter of the recipe custom/custom" in message
     assert len(message) < 400, "the refused value is shown shortened, not whole"
     assert (_rows(coord, "previews"), _rows(coord, "jobs")) == (previews, jobs)
+    assert "Traceback" not in coord.read_log()
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # Not UTF-8, in a worker thread's decoding.
+        (frame(1, b"\xff" * 400_000), "The PreviewRequest message cannot be decoded"),
+        # A NUL deep in a JobSpec of megabytes is named by its field.
+        (bytes(v1.PreviewRequest(jobspec_json="{" + " " * 400_000 + "\x00}")), "jobspec_json"),
+    ],
+    ids=["not-utf8", "nul"],
+)
+def test_a_bad_preview_body_of_megabytes_is_refused_and_stores_nothing(
+    coord: CoordinatorProcess, body: bytes, expected: str
+) -> None:
+    assert len(body) > PROCESS_TEXT_CHARS
+    previews = _rows(coord, "previews")
+    refused = asyncio.run(
+        call(coord.api, coord.ca_path, "/tuneplane.v1.Api/Preview", body, coord.admin_token)
+    )
+    assert refused.status == Status.INVALID_ARGUMENT, refused
+    assert expected in refused.message
+    assert _rows(coord, "previews") == previews
     assert "Traceback" not in coord.read_log()
 
 
@@ -262,7 +287,7 @@ def test_field_sizes_are_checked_on_the_raw_bytes_at_every_depth() -> None:
     report = bytes(v1.NodeMessage(report=v1.MemberReport(reason=long)))
     with pytest.raises(FieldTooLarge, match=r"^NodeMessage\.report\.reason is "):
         check_field_sizes(report, v1.NodeMessage)
-    unknown = bytes(v1.ListJobsRequest()) + b"\xfa\x01" + _varint_bytes(len(long)) + long.encode()
+    unknown = bytes(v1.ListJobsRequest()) + frame(31, long.encode())
     with pytest.raises(FieldTooLarge, match=r"^ListJobsRequest\.<field 31> is "):
         check_field_sizes(unknown, v1.ListJobsRequest)
     # What may be long: a Preview's JobSpec, and a message whose fields are each small.
@@ -275,12 +300,3 @@ def test_field_sizes_are_checked_on_the_raw_bytes_at_every_depth() -> None:
     check_field_sizes(bytes(v1.NodeMessage(hello=held)), v1.NodeMessage)
     # Exactly at the bound is accepted.
     check_field_sizes(bytes(v1.GetJobRequest(run_id="r" * MAX_FIELD_BYTES)), v1.GetJobRequest)
-
-
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
