@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -14,7 +15,6 @@ import pytest
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.inventory import Gpu, Inventory
 from tuneplane.agent.journal import (
-    MIGRATIONS,
     GpuAlreadyOwned,
     Journal,
     MemberKey,
@@ -33,25 +33,16 @@ def inventory(*uuids: str) -> Inventory:
     return Inventory("node", 4, 2**34, gpus, "scripted-nvml")
 
 
+# A journal written by the version-2 agent itself (agent/journal.py at 4b0220a): member
+# run-old.1.0 running on GPUs 0 and 2, run-done.1.0 exited after running on GPU 1.
+V2_FIXTURE = Path(__file__).parent / "fixtures" / "journal-v2.db"
+
+
 def write_v2_journal(path: Path) -> None:
-    """A journal exactly as a version-2 agent left it: a running member owning GPUs 0 and 2."""
-    with sqlite3.connect(path) as db:
-        for number in (1, 2):
-            db.executescript(MIGRATIONS[number - 1])
-        db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '2')")
-        db.execute("INSERT INTO meta (key, value) VALUES ('node_id', 'node-1')")
-        for key, state, gpus in ((OLD, "running", [0, 2]), (DONE, "exited", [1])):
-            db.execute(
-                "INSERT INTO members (member_key, run_id, attempt, member_index, state, "
-                "created_at_ms, updated_at_ms, member_count, gpu_indexes, member_dir, out_dir, "
-                "grace_period_s) VALUES (?, ?, 1, 0, ?, 1, 2, 1, ?, '/m', '/o', 5)",
-                (str(key), key.run_id, state, json.dumps(gpus)),
-            )
-        db.executemany(
-            "INSERT INTO gpu_ownership (gpu_index, member_key, since_ms) VALUES (?, ?, 2)",
-            [(0, str(OLD)), (2, str(OLD))],
-        )
-        db.execute("PRAGMA user_version = 2")
+    """A copy of the version-2 fixture at ``path`` (the fixture itself is never opened)."""
+    shutil.copyfile(V2_FIXTURE, path)
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
 
 
 async def test_a_v2_journal_migrates_and_its_members_get_uuids(tmp_path: Path) -> None:
