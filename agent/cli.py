@@ -31,6 +31,8 @@ from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.credential_renewal import credential_health, renewal_deadline_ms
 from tuneplane.agent.daemon import INVENTORY_INTERVAL_S, Daemon, run_daemon
 from tuneplane.agent.inventory import (
+    PROBE_LIMIT_S,
+    RELEASE_REQUEST,
     Inventory,
     InventoryError,
     InventorySource,
@@ -107,6 +109,32 @@ def _state_dir_option(fn: F) -> F:
     )(fn)
 
 
+_scripted_nvml_option = click.option(
+    "--scripted-nvml",
+    "scripted_nvml",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the GPUs from the scripted NVML test double driven by FILE (format in "
+    "agent/scripted_nvml.py) instead of the real driver; not with --simulate-gpus.",
+)
+
+
+def _gpu_source(
+    node_name: str,
+    simulate_gpus: str | None,
+    scripted_nvml: Path | None,
+    release_request: Path | None = None,
+) -> InventorySource:
+    """The one GPU source the options name; a usage error for two of them."""
+    if simulate_gpus is not None and scripted_nvml is not None:
+        raise click.UsageError(
+            "--simulate-gpus and --scripted-nvml cannot be used together; pass one of them."
+        )
+    return InventorySource(
+        node_name, _simulate(simulate_gpus), scripted_nvml, release_request=release_request
+    )
+
+
 def _simulate(value: str | None) -> SimulatedGpus | None:
     if value is None:
         return None
@@ -175,6 +203,7 @@ def main(ctx: click.Context, config_path: Path | None) -> None:
 @click.option("--token", required=True, help="A one-time join token from the coordinator.")
 @_state_dir_option
 @click.option("--simulate-gpus", default=None, help="Report N simulated GPUs of SERIES (h200:2).")
+@_scripted_nvml_option
 @click.option("--name", default=None, help="The Node's host name as the coordinator shows it.")
 @click.option(
     "--re-enroll",
@@ -189,6 +218,7 @@ def enroll_command(
     token: str,
     state_dir: Path,
     simulate_gpus: str | None,
+    scripted_nvml: Path | None,
     name: str | None,
     re_enroll: bool,
 ) -> None:
@@ -215,7 +245,8 @@ def enroll_command(
                 "tls/ca.pem."
             ) from None
         node_name = name or (existing.name if existing else default_node_name())
-        inventory = InventorySource(node_name, _simulate(simulate_gpus)).collect()
+        source = _gpu_source(node_name, simulate_gpus, scripted_nvml)
+        inventory = source.collect_within(PROBE_LIMIT_S)
         enrolled = trio.run(
             _enroll, endpoint, ca, token, inventory, existing.node_id if existing else ""
         )
@@ -273,6 +304,7 @@ async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int, again: b
 @main.command("run")
 @_state_dir_option
 @click.option("--simulate-gpus", default=None, help="Report N simulated GPUs of SERIES (h200:2).")
+@_scripted_nvml_option
 @click.option(
     "--out-root",
     type=click.Path(file_okay=False, path_type=Path),
@@ -299,6 +331,7 @@ async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int, again: b
 def run_command(
     state_dir: Path,
     simulate_gpus: str | None,
+    scripted_nvml: Path | None,
     out_root: Path | None,
     work_root: Path | None,
     log_level: str,
@@ -330,7 +363,9 @@ def run_command(
         # Members must be able to pass through the roots to their own 0700 directories.
         for root in (outputs, works):
             root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        source = InventorySource(node.name, _simulate(simulate_gpus))
+        source = _gpu_source(
+            node.name, simulate_gpus, scripted_nvml, state.root / RELEASE_REQUEST
+        )
         daemon = Daemon(
             state, node, credential, source, outputs, work_root=works, policy=policy,
             inventory_interval_s=inventory_interval_s,

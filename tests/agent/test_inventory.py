@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tuneplane.agent.inventory import (
@@ -11,6 +13,7 @@ from tuneplane.agent.inventory import (
     parse_simulate_gpus,
     series_of,
 )
+from tuneplane.agent.scripted_nvml import write_script
 
 
 def test_simulated_gpus_are_named_as_such() -> None:
@@ -32,12 +35,15 @@ def test_simulate_gpus_reads_series_and_count() -> None:
     assert parse_simulate_gpus("H100:8") == SimulatedGpus("h100", 8)
 
 
-def test_without_nvml_there_are_zero_gpus_never_fake_ones() -> None:
-    # This machine has no NVIDIA driver: NVML cannot load, and the inventory says so.
-    inv = InventorySource("node-a", None).collect()
-    assert inv.gpu_source == "none"
+def test_without_nvml_there_are_zero_gpus_never_fake_ones(tmp_path: Path) -> None:
+    # NVML's library is not on the machine (scripted, so the test means the same on a GPU host).
+    script = tmp_path / "nvml.json"
+    write_script(script, {"init_error": "LIBRARY_NOT_FOUND", "gpus": [{"uuid": "GPU-a"}]})
+    inv = InventorySource("node-a", None, script).collect()
+    assert inv.gpu_source == "scripted-nvml"
     assert inv.gpus == ()
-    assert inv.note.startswith("NVML not found: this Node reports 0 GPUs")
+    assert inv.problem == ""
+    assert inv.note.startswith("NVML library not found: this Node reports 0 GPUs")
 
 
 @pytest.mark.parametrize(
