@@ -363,9 +363,7 @@ def run_command(
         # Members must be able to pass through the roots to their own 0700 directories.
         for root in (outputs, works):
             root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        source = _gpu_source(
-            node.name, simulate_gpus, scripted_nvml, state.root / RELEASE_REQUEST
-        )
+        source = _gpu_source(node.name, simulate_gpus, scripted_nvml, state.root / RELEASE_REQUEST)
         daemon = Daemon(
             state, node, credential, source, outputs, work_root=works, policy=policy,
             inventory_interval_s=inventory_interval_s,
@@ -760,6 +758,13 @@ def gpu_clear(uuid: str, reason: str, state_dir: Path) -> None:
     )
 
 
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
 async def _clear_gpu(state: StateDir, uuid: str, reason: str) -> XidRecord:
     if not uuid:
         raise ValueError("The GPU UUID is empty; copy it from `tuneplane-node journal gpus`.")
@@ -773,7 +778,7 @@ async def _clear_gpu(state: StateDir, uuid: str, reason: str) -> XidRecord:
         raise journal_read.JournalUnreadable(
             f"There is no journal at {path}; pass the --state-dir of an enrolled Node."
         )
-    actor = f"operator {pwd.getpwuid(os.getuid()).pw_name}"
+    actor = f"operator {_user()}"
     async with open_aio_host():
         journal = await Journal.open(path)
         try:
