@@ -35,7 +35,13 @@ from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.collectors import CollectorSupervisor
 from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
-from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource
+from tuneplane.agent.inventory import (
+    PROBE_LIMIT_S,
+    Inventory,
+    InventoryError,
+    InventorySource,
+    probe,
+)
 from tuneplane.agent.journal import Journal, JournalCorrupt, MemberKey, PendingReport
 from tuneplane.agent.journal_owner import open_node_journal
 from tuneplane.agent.logship import LogShipper
@@ -115,6 +121,9 @@ def _inventory_summary(inv: Inventory) -> dict[str, Any]:
         "hostname": inv.hostname,
         "gpu_source": inv.gpu_source,
         "note": inv.note,
+        "problem": inv.problem,
+        "xid_events": inv.xid_events,
+        "released_until_ms": inv.released_until_ms,
         "driver_version": inv.driver_version,
         "cuda_version": inv.cuda_version,
         "cpu_count": inv.cpu_count,
@@ -147,7 +156,8 @@ class Daemon:
         self._inventory_lock = trio.Lock()
         self.endpoint = Endpoint.parse(node.coordinator)
         self.ca_path = Path(node.ca)
-        self.inventory = source.collect()
+        # A hung NVML at start-up reads "NVML unresponsive" instead of holding the agent.
+        self.inventory = source.collect_within(PROBE_LIMIT_S)
         self.status = Status(os.getpid(), node.node_id, node.coordinator, now_ms())
         self.status.inventory = _inventory_summary(self.inventory)
         self.journal: Journal | None = None
@@ -249,7 +259,7 @@ class Daemon:
     async def _probe(self) -> Inventory:
         """What the GPUs say now. A read that fails marks every known GPU unhealthy with why."""
         try:
-            return await trio.to_thread.run_sync(self.source.collect)
+            return await probe(self.source, PROBE_LIMIT_S)
         except InventoryError as exc:
             log.error("inventory refresh failed reason=%s", exc)
             reason = str(exc)

@@ -261,12 +261,16 @@ class _Card:
     def failed(self, what: str, exc: pynvml.NVMLError) -> None:
         self.reasons.append(f"NVML could not read its {what}: {nvml_error_text(exc)}")
 
-    def ask(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """NVML's answer; ``_UNSUPPORTED`` for NOT_SUPPORTED; None when it failed (a reason)."""
+    def ask(self, what: str, fn: Callable[..., Any], *args: Any, need: bool = False) -> Any:
+        """NVML's answer; ``_UNSUPPORTED`` for NOT_SUPPORTED; None when it failed (a reason).
+
+        ``need``: the card cannot be used without the answer (handle, UUID, name, memory), so
+        NOT_SUPPORTED is a failure too.
+        """
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
-            if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED and not need:
                 return _UNSUPPORTED
             if exc.value in _REINIT_ERRORS:
                 raise _Reinit(exc) from exc
@@ -432,30 +436,27 @@ class NvmlSource:
         mig_enabled = False
         mig_devices: tuple[MigDevice, ...] = ()
         try:
-            handle = card.ask("handle", nvml.nvmlDeviceGetHandleByIndex, index)
-            if handle is None or handle is _UNSUPPORTED:
-                handle = None
-                if self.last is not None and (old := self.last.gpu(index)) is not None:
-                    uuid = old.uuid
-            else:
+            handle = card.ask("handle", nvml.nvmlDeviceGetHandleByIndex, index, need=True)
+            if handle is not None:
                 key = _handle_key(handle)
-                answer = card.ask("UUID", nvml.nvmlDeviceGetUUID, handle)
+                uuid = self._handle_uuid.get(key, "")  # known from an earlier read, if any
+                answer = card.ask("UUID", nvml.nvmlDeviceGetUUID, handle, need=True)
                 if isinstance(answer, (str, bytes)):
                     uuid = self._handle_uuid[key] = _text(answer)
-                else:
-                    uuid = self._handle_uuid.get(key, "")
-                name = card.ask("name", nvml.nvmlDeviceGetName, handle)
-                memory = card.ask("memory size", nvml.nvmlDeviceGetMemoryInfo, handle)
+                name = card.ask("name", nvml.nvmlDeviceGetName, handle, need=True)
+                memory = card.ask("memory size", nvml.nvmlDeviceGetMemoryInfo, handle, need=True)
                 arch = card.ask("architecture", nvml.nvmlDeviceGetArchitecture, handle)
                 self._check_memory(card, handle, arch)
                 mig_enabled, mig_devices = self._mig(card, handle, uuid or str(index))
                 recovery = self._recovery(card, handle)
         except _Lost:
             pass
+        if handle is None and self.last is not None and (at := self.last.gpu(index)):
+            uuid = at.uuid  # no handle: the card the last read saw at this index
         old = previous.get(uuid)
         name_text = _text(name) if isinstance(name, (str, bytes)) else (old.name if old else "")
-        total = int(memory.total) if memory is not None and memory is not _UNSUPPORTED else 0
-        reason = "; ".join(card.reasons)
+        total = int(memory.total) if memory is not None else 0
+        reason = "; ".join(dict.fromkeys(card.reasons))
         gpu = Gpu(
             index=index,
             uuid=uuid,
@@ -671,6 +672,8 @@ class InventorySource:
         self.node_name = node_name
         self.simulate = simulate
         self.release_request = release_request
+        # Passed on to every collector the agent starts, so metrics read the same NVML.
+        self.scripted_nvml = scripted_nvml
         self.reading = threading.Lock()
         self._nvml: NvmlSource | None = None
         if simulate is None:

@@ -44,9 +44,10 @@ metric while a real agent or collector process runs. Format (every key optional 
     }
 
 Error names are the ``NVML_ERROR_`` suffixes (``GPU_IS_LOST``, ``UNKNOWN``, ``NO_PERMISSION``,
-``NOT_SUPPORTED``, ``LIB_RM_VERSION_MISMATCH``, ...). An XID is delivered once per event set, and
-only to an event set its card was registered with; an XID for a card that has since left the
-list still arrives with the card's handle (as NVML does for a card that fell off the bus).
+``NOT_SUPPORTED``, ``LIB_RM_VERSION_MISMATCH``, ...). An XID is delivered once per event set, only
+to an event set its card was registered with and that existed before the XID was added to the
+script (append it while the process runs); an XID for a card that has since left the list still
+arrives with the card's handle (as NVML does for a card that fell off the bus).
 """
 
 from __future__ import annotations
@@ -494,7 +495,9 @@ class ScriptedNvml:
         with self._lock:
             number = self._next_set
             self._next_set += 1
-            self._event_sets[number] = _EventSet()
+            # As NVML: a new event set hears only of what happens after it exists.
+            before = {str(x.get("id", i)) for i, x in enumerate(self._script.get("xids", []))}
+            self._event_sets[number] = _EventSet(delivered=before)
         return number
 
     def _events(self, event_set: Any) -> _EventSet:
