@@ -65,10 +65,12 @@ def check_gpus(
                 f"source {inventory.gpu_source})."
             )
         sent = sent_uuids[position] if sent_uuids else ""
-        if sent and sent != gpu.uuid:
+        # A card NVML cannot identify any more (lost) has uuid "": it fails as unhealthy.
+        if sent and gpu.uuid and sent != gpu.uuid:
             raise PrepareRefused(mapping_changed(index, sent, gpu.uuid, inventory))
-        if not gpu.healthy:
-            raise PrepareRefused(f"GPU {index} ({gpu.uuid}) is unhealthy: {gpu.health_reason}.")
+        if not gpu.healthy or not gpu.uuid:
+            name = gpu.uuid or sent or "UUID unreadable"
+            raise PrepareRefused(f"GPU {index} ({name}) is unhealthy: {gpu.health_reason}.")
         owner = owners.get(gpu.uuid) or (unnamed_owners or {}).get(index)
         if owner is not None and owner != key:
             raise PrepareRefused(f"GPU {index} is busy: member {owner} owns it ({gpu.uuid}).")
@@ -106,12 +108,12 @@ def check_launch(
                 f"GPU {index} ({expected or 'UUID unknown'}) is no longer present on this Node "
                 f"(it has {len(inventory.gpus)} GPUs, source {inventory.gpu_source})."
             )
-        if expected and gpu.uuid != expected:
+        if expected and gpu.uuid and gpu.uuid != expected:
             return mapping_changed(index, expected, gpu.uuid, inventory)
-        if not gpu.healthy:
+        if not gpu.healthy or not gpu.uuid:
             return (
-                f"GPU {index} ({gpu.uuid}) became unhealthy after it was prepared: "
-                f"{gpu.health_reason}."
+                f"GPU {index} ({gpu.uuid or expected or 'UUID unreadable'}) became unhealthy "
+                f"after it was prepared: {gpu.health_reason}."
             )
     return None
 

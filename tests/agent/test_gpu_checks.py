@@ -14,13 +14,17 @@ from tuneplane.agent.prepare import PrepareRefused, check_gpus, check_launch
 KEY = MemberKey("run-1", 1, 0)
 OTHER = MemberKey("run-0", 1, 0)
 CARDS = ("GPU-0aa", "GPU-1bb", "GPU-2cc", "GPU-3dd")
+# A card NVML lists but cannot identify (its handle or UUID reads GPU_IS_LOST).
+LOST = "lost"
 
 
 def node(order: tuple[str, ...], sick: frozenset[str] = frozenset()) -> Inventory:
+    """Cards in ``order``; a sick one is unhealthy, and a lost one (LOST) cannot be identified."""
     gpus = tuple(
-        Gpu(i, u, "NVIDIA H200", "h200", 2**30, False, u not in sick, "XID 79" * (u in sick))
+        Gpu(i, "" if u == LOST else u, "NVIDIA H200", "h200", 2**30, False,
+            u not in sick and u != LOST, "XID 79" * (u in sick) or "GPU is lost" * (u == LOST))
         for i, u in enumerate(order)
-    )
+    )  # fmt: skip
     return Inventory("node", 4, 2**34, gpus, "scripted-nvml")
 
 
@@ -28,7 +32,7 @@ def node(order: tuple[str, ...], sick: frozenset[str] = frozenset()) -> Inventor
 def situations(draw: st.DrawFn) -> tuple[Inventory, Inventory, tuple[int, ...], frozenset[str]]:
     """The inventory at placement, the Node's now (reordered, cards lost, some sick), a request."""
     placed = node(CARDS)
-    kept = draw(st.lists(st.sampled_from(CARDS), unique=True, min_size=1))
+    kept = draw(st.lists(st.sampled_from((*CARDS, LOST)), unique=True, min_size=1))
     now_order = tuple(draw(st.permutations(kept)))
     sick = frozenset(draw(st.sets(st.sampled_from(CARDS))))
     requested = tuple(draw(st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True)))
@@ -41,10 +45,11 @@ def first_problem(now: Inventory, requested: tuple[int, ...], sent: bool) -> str
         g = now.gpu(i)
         if g is None:
             return f"GPU {i} "
-        if sent and g.uuid != CARDS[i]:
+        if sent and g.uuid and g.uuid != CARDS[i]:
             return f"GPU {i} was placed as {CARDS[i]} but this Node's GPU {i} is {g.uuid} now"
-        if not g.healthy:
-            return f"GPU {i} ({g.uuid}) "
+        if not g.healthy or not g.uuid:
+            named = g.uuid or (CARDS[i] if sent else "UUID unreadable")
+            return f"GPU {i} ({named}) "
     return None
 
 
