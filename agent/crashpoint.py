@@ -24,6 +24,8 @@ POINTS = frozenset(
         "after-next-credential-stored",
         "after-credential-swapped",
         "after-credential-confirmed",
+        # XIDs committed to the journal, the inventory that shows them not yet current or sent.
+        "after-xid-journaled",
     }
 )
 

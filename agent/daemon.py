@@ -289,6 +289,8 @@ class Daemon:
                 for x in written:
                     log.warning("gpu xid journaled gpu_uuid=%s xid=%d application=%s",
                                 x.uuid or "unidentified", x.xid, x.application)  # fmt: skip
+                if written:
+                    crashpoint("after-xid-journaled")
                 book = await self.journal.xid_book()
                 changes = book.observe(probed, now_ms())
                 if changes:

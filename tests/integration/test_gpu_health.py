@@ -209,3 +209,29 @@ def test_a_card_lost_under_a_member_then_an_xid_that_survives_restart_and_a_clea
     ] or kinds[-3:] == [
         (other, "recovery-action"), (other, "xid 48"), (other, "recovery-cleared"),
     ], kinds  # fmt: skip
+
+
+def test_an_xid_journaled_just_before_a_crash_disables_the_gpu_after_the_restart(
+    cluster: tuple[CoordinatorProcess, AgentProcess, Script],
+) -> None:
+    """The XID is committed before any inventory shows it: an agent killed right after the
+    commit (crash point ``after-xid-journaled``) never told the coordinator, and the restarted
+    one, whose NVML does not deliver the XID again, shows the GPU disabled from the journal."""
+    coord, agent, script = cluster
+    agent.restart(env={"TUNEPLANE_CRASHPOINT": "after-xid-journaled"})
+    agent.wait_connected()
+    script.xids = [{"gpu": UUIDS[1], "xid": 94}]
+    script.write()
+    assert agent.wait_exit() == 137
+    assert "crash point reached, exiting point=after-xid-journaled" in agent.read_log()
+    (disabled,) = journal(agent, "gpus", "--json")["disabled"]
+    assert disabled["gpu_uuid"] == UUIDS[1] and disabled["why"].startswith("XID 94 at ")
+    # The coordinator never heard of it.
+    assert gpus_shown(coord, agent)[1].get("healthy"), gpus_shown(coord, agent)
+    script.xids = []
+    script.write()
+    agent.start()
+    agent.wait_connected()
+    shown = gpus_shown(coord, agent)[1]
+    assert not shown.get("healthy") and "XID 94 at " in shown["health_reason"], shown
+    assert "contained ECC error" in shown["health_reason"]
