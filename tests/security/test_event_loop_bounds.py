@@ -15,10 +15,13 @@ import base64
 import json
 import os
 import sqlite3
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
+import anyio
 import psutil
 import pytest
 from grpclib.const import Status
@@ -30,6 +33,7 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator import jobspec as jobspec_module
 from tuneplane.coordinator.message_limits import (
     HEAVY_PROCESSES,
+    HEAVY_SWITCH_INTERVAL_S,
     LARGE_FIELDS,
     MAX_FIELD_BYTES,
     MAX_STATUS_MESSAGE_CHARS,
@@ -37,6 +41,7 @@ from tuneplane.coordinator.message_limits import (
     FieldTooLarge,
     check_field_sizes,
     encode_with,
+    in_thread,
     pre_encoded,
 )
 from tuneplane.proto import v1
@@ -300,3 +305,34 @@ def test_field_sizes_are_checked_on_the_raw_bytes_at_every_depth() -> None:
     check_field_sizes(bytes(v1.NodeMessage(hello=held)), v1.NodeMessage)
     # Exactly at the bound is accepted.
     check_field_sizes(bytes(v1.GetJobRequest(run_id="r" * MAX_FIELD_BYTES)), v1.GetJobRequest)
+
+
+def test_threads_switch_fast_only_while_work_on_a_large_body_is_in_flight() -> None:
+    before = sys.getswitchinterval()
+
+    async def go() -> list[float]:
+        seen: list[float] = []
+        release = threading.Event()
+
+        def work(fail: bool) -> None:
+            seen.append(sys.getswitchinterval())
+            release.wait(TIMEOUT_S)
+            if fail:
+                raise ValueError("refused")
+
+        async def failing() -> None:
+            with pytest.raises(ValueError):
+                await in_thread(work, True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(in_thread, work, False)
+            tg.start_soon(failing)
+            while len(seen) < 2:
+                await anyio.sleep(0.001)
+            release.set()
+        seen.append(sys.getswitchinterval())
+        return seen
+
+    during_a, during_b, after = anyio.run(go)
+    assert during_a == during_b == pytest.approx(HEAVY_SWITCH_INTERVAL_S)
+    assert after == before == sys.getswitchinterval()
