@@ -39,6 +39,7 @@ from tuneplane.agent.inventory import (
     SimulatedGpus,
     default_node_name,
     parse_simulate_gpus,
+    read_release,
 )
 from tuneplane.agent.journal import Journal, JournalError, MemberKey
 from tuneplane.agent.journal_owner import owner_problem, stamped_node_id
@@ -50,6 +51,7 @@ from tuneplane.agent.state_dir import (
     StateDirError,
     read_status,
     write_atomic,
+    write_json_atomic,
 )
 from tuneplane.agent.wire import Endpoint, Enrolled, WireError, enroll
 from tuneplane.agent.xid_book import XidRecord
@@ -126,13 +128,17 @@ def _gpu_source(
     release_request: Path | None = None,
 ) -> InventorySource:
     """The one GPU source the options name; a usage error for two of them."""
+    _one_gpu_source(simulate_gpus, scripted_nvml)
+    return InventorySource(
+        node_name, _simulate(simulate_gpus), scripted_nvml, release_request=release_request
+    )
+
+
+def _one_gpu_source(simulate_gpus: str | None, scripted_nvml: Path | None) -> None:
     if simulate_gpus is not None and scripted_nvml is not None:
         raise click.UsageError(
             "--simulate-gpus and --scripted-nvml cannot be used together; pass one of them."
         )
-    return InventorySource(
-        node_name, _simulate(simulate_gpus), scripted_nvml, release_request=release_request
-    )
 
 
 def _simulate(value: str | None) -> SimulatedGpus | None:
@@ -223,6 +229,7 @@ def enroll_command(
     re_enroll: bool,
 ) -> None:
     """Trade a join token for a node id and a private control credential."""
+    _one_gpu_source(simulate_gpus, scripted_nvml)
     state = StateDir(state_dir)
     with _sentences():
         existing: NodeConfig | None = None
@@ -339,6 +346,7 @@ def run_command(
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (which stop it and leave every member running)."""
     _setup_logging(log_level)
+    _one_gpu_source(simulate_gpus, scripted_nvml)
     if not state_dir.is_absolute():
         # Every runner the agent starts works from its own directory and finds its member by the
         # paths the journal holds: a relative one would point somewhere else there.
@@ -461,10 +469,17 @@ def status_command(state_dir: Path, as_json: bool) -> None:
         click.echo(f"GPUs ({inv.get('gpu_source')}): {len(inv.get('gpus', []))}")
         if inv.get("note"):
             click.echo(f"  {inv['note']}")
+        if inv.get("problem"):
+            click.echo(f"  NVML PROBLEM: {inv['problem']}")
         for gpu in inv.get("gpus", []):
             health = "healthy" if gpu["healthy"] else f"UNHEALTHY ({gpu['health_reason']})"
             owner = owners.get(gpu["uuid"]) or owners.get(gpu["index"], "free")
             click.echo(f"  {gpu['index']}  {gpu['uuid']}  {gpu['name']}  {health}  {owner}")
+            for dev in gpu.get("mig_devices", []):
+                size = _gib(dev["memory_bytes"])
+                click.echo(f"      MIG device {dev['uuid']}  {dev['profile']}  {size}")
+        if inv.get("xid_events"):
+            click.echo(f"  XID events: {inv['xid_events']}")
     active = [mb for mb in members if mb["state"] not in ("exited", "aborted", "lost")]
     if journal_problem:
         click.echo(
@@ -503,24 +518,67 @@ def _credential_json(state: StateDir) -> dict[str, Any]:
 # --- doctor ------------------------------------------------------------------------------------
 
 
-def _nvml_line() -> tuple[bool, str]:
-    import pynvml
+def _gpu_doctor_lines(
+    state: StateDir, node_name: str, scripted_nvml: Path | None
+) -> list[tuple[bool | None, str]]:
+    """What NVML says, read as the agent reads it: (ok, text); ``None`` is a plain detail."""
+    released = read_release(state.root / RELEASE_REQUEST)
+    if released > int(time.time() * 1000):
+        until = time.strftime("%H:%M:%S", time.gmtime(released / 1000))
+        return [
+            (
+                True,
+                f"NVML is released for a GPU reset until {until} UTC (tuneplane-node gpu "
+                "release); doctor leaves it alone too",
+            )
+        ]
+    try:
+        inv = InventorySource(node_name, None, scripted_nvml).collect_within(PROBE_LIMIT_S)
+    except InventoryError as exc:
+        return [(False, str(exc))]
+    where = f" ({inv.gpu_source})" if inv.gpu_source != "nvml" else ""
+    if inv.problem:
+        lines: list[tuple[bool | None, str]] = [(False, f"NVML{where}: {inv.problem}")]
+    elif not inv.gpus:
+        devices = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+        if inv.gpu_source == "none" and devices:
+            return [
+                (
+                    False,
+                    f"{inv.note}, but {devices[0]} exists: the driver's user-space libraries "
+                    "(libnvidia-ml.so.1) are missing or not on the library path; reinstall the "
+                    "driver package",
+                )
+            ]
+        return [(True, inv.note or f"NVML{where}: no GPUs")]
+    else:
+        lines = [
+            (
+                True,
+                f"NVML{where}: {len(inv.gpus)} GPUs, driver {inv.driver_version or '?'}, "
+                f"CUDA {inv.cuda_version or '?'}",
+            )
+        ]
+    for gpu in inv.gpus:
+        health = "healthy" if gpu.healthy else f"UNHEALTHY: {gpu.health_reason}"
+        mig = ", MIG enabled" if gpu.mig_enabled else ""
+        lines.append((gpu.healthy, f"GPU {gpu.index} {gpu.uuid} {gpu.name}{mig}: {health}"))
+        for dev in gpu.mig_devices:
+            lines.append((None, f"  MIG device {dev.uuid} {dev.profile} {_gib(dev.memory_bytes)}"))
+    if inv.xid_events:
+        events_ok = inv.xid_events.startswith("registered on all")
+        lines.append((events_ok, f"XID events: {inv.xid_events}"))
+    return lines
 
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return True, "NVML not found: this Node reports 0 GPUs"
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        return True, f"NVML found: {count} GPUs, driver {driver}"
-    finally:
-        pynvml.nvmlShutdown()
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
 
 
 @main.command("doctor")
 @_state_dir_option
-def doctor_command(state_dir: Path) -> None:
+@_scripted_nvml_option
+def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
     """Check the state dir, the credential, the journal's integrity and NVML."""
     state = StateDir(state_dir)
     failures = 0
@@ -531,11 +589,13 @@ def doctor_command(state_dir: Path) -> None:
         click.echo(f"{'ok  ' if ok else 'FAIL'}  {text}")
 
     node_id = ""
+    node_name = default_node_name()
     problems = state.permission_problems()
     line(not problems, "state dir permissions" + (": " + " ".join(problems) if problems else ""))
     try:
         node = state.load_node()
         node_id = node.node_id
+        node_name = node.name
         line(True, f"enrolled as Node {node.node_id} with {node.coordinator}")
         line(Path(node.ca).is_file(), f"CA file {node.ca}")
     except StateDirError as exc:
@@ -561,8 +621,12 @@ def doctor_command(state_dir: Path) -> None:
             line(problem is None, f"journal owner: {problem or 'Node ' + node_id}")
     except journal_read.JournalUnreadable as exc:
         line(False, f"journal integrity: {exc} The agent runs in safe mode until it is repaired.")
-    ok, text = _nvml_line()
-    line(ok, text)
+    for ok, text in _gpu_doctor_lines(state, node_name, scripted_nvml):
+        if ok is None:
+            click.echo(f"      {text}")
+        else:
+            line(ok, text)
+    # (XID history from the journal is reported by its own lines.)
     failures += _workload_lines(state.root)
     if failures:
         raise SystemExit(1)
@@ -791,6 +855,72 @@ async def _clear_gpu(state: StateDir, uuid: str, reason: str) -> XidRecord:
             "and nothing was written; `tuneplane-node journal gpus` lists the GPUs XIDs disable."
         )
     return lifted
+
+
+MAX_RELEASE_MINUTES = 240
+
+
+@gpu_group.command("release")
+@click.option(
+    "--minutes",
+    type=click.IntRange(1, MAX_RELEASE_MINUTES),
+    default=15,
+    show_default=True,
+    help="How long the agent keeps its hands off NVML; it takes NVML back after that.",
+)
+@click.option("--end", is_flag=True, help="End a release now: the agent takes NVML back.")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(0, 3600),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the running agent to say it let go (it reads the request at its "
+    "next inventory refresh).",
+)
+@_state_dir_option
+def gpu_release(minutes: int, end: bool, wait_s: float, state_dir: Path) -> None:
+    """Have the running agent let go of NVML so `nvidia-smi -r` can reset a GPU.
+
+    While released, every GPU of the Node reads unhealthy ("NVML released for a GPU reset by
+    the operator") and nothing is launched on it; running members are left alone.
+    """
+    state = StateDir(state_dir)
+    with _sentences():
+        state.load_node()
+        now = int(time.time() * 1000)
+        until = 0 if end else now + minutes * 60_000
+        request = {"until_ms": until, "requested_at_ms": now, "by": _user()}
+        write_json_atomic(state.root / RELEASE_REQUEST, request, 0o600)
+        status = read_status(state.status_path) or {}
+        if not _pid_alive(status.get("pid")):
+            click.echo(
+                "No agent runs for this state dir; the request is stored and the agent honours "
+                "it when it starts."
+            )
+            return
+
+        def taken() -> bool:
+            inv = (read_status(state.status_path) or {}).get("inventory", {})
+            return bool(inv.get("released_until_ms", 0) == until)
+
+        deadline = time.monotonic() + wait_s
+        while not taken():
+            if time.monotonic() >= deadline:
+                raise click.ClickException(
+                    f"The agent did not confirm within {wait_s:g} s (it reads the request at "
+                    "its next inventory refresh, --inventory-interval); the request stays, so "
+                    "check `tuneplane-node status` before resetting a GPU."
+                )
+            time.sleep(0.2)
+    if end:
+        click.echo("The agent has NVML again and probes the GPUs as usual.")
+    else:
+        at = time.strftime("%H:%M:%S", time.gmtime(until / 1000))
+        click.echo(
+            f"The agent let go of NVML until {at} UTC: reset the GPU now (nvidia-smi -r -i "
+            "UUID), then end the release with `tuneplane-node gpu release --end`."
+        )
 
 
 if __name__ == "__main__":
