@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -143,7 +144,8 @@ def test_a_corrupt_journal_means_safe_mode(coordinator: CoordinatorProcess, tmp_
         assert "safe mode reason=" in agent.read_log()
         doctor = agent.cli("doctor")
         assert doctor.returncode == 1 and "FAIL  journal" in doctor.stdout
-        assert "NVML not found: this Node reports 0 GPUs" in doctor.stdout
+        # What NVML says depends on the machine (no library here, GPUs on a GPU host).
+        assert re.search(r"^(ok  |FAIL)  NVML", doctor.stdout, re.MULTILINE), doctor.stdout
         started = time.monotonic()
         # Prepare is refused with the reason, so the Job does not run here.
         run_id = submit(coordinator, tmp_path / "proj", "exit 0\n")
