@@ -54,7 +54,7 @@ from tuneplane.agent.state_dir import (
     write_json_atomic,
 )
 from tuneplane.agent.wire import Endpoint, Enrolled, WireError, enroll
-from tuneplane.agent.xid_book import XidRecord
+from tuneplane.agent.xid_book import CLEAR_KINDS, XidRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXPECTED_ERRORS = (
@@ -626,10 +626,33 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
             click.echo(f"      {text}")
         else:
             line(ok, text)
-    # (XID history from the journal is reported by its own lines.)
+    for text in _xid_doctor_lines(state):
+        click.echo(text)
     failures += _workload_lines(state.root)
     if failures:
         raise SystemExit(1)
+
+
+def _xid_doctor_lines(state: StateDir) -> list[str]:
+    """Doctor's XID lines from the journal: each GPU XIDs disable (warn), then the history."""
+    try:
+        with journal_read.open_readonly(state.journal_path) as db:
+            disabled = journal_read.disabled_gpus(db)
+            book = journal_read.xid_book(db)
+    except journal_read.JournalUnreadable:
+        return []  # the journal lines above already said why
+    lines = [
+        f"warn  GPU {d['gpu_uuid']} is disabled by {d['why']}; after a reset or a check run "
+        f"`tuneplane-node gpu clear {d['gpu_uuid']} --reason ...`"
+        for d in disabled
+    ]
+    application = sum(x.application for x in book.xids)
+    clears = sum(e.kind in CLEAR_KINDS for e in book.events)
+    lines.append(
+        f"      XID history: {len(book.xids)} XIDs journaled ({application} application, "
+        f"counted only), {clears} clears; `tuneplane-node journal gpus` lists them"
+    )
+    return lines
 
 
 def _workload_lines(state_dir: Path) -> int:

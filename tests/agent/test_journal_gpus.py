@@ -146,6 +146,11 @@ async def test_gpu_clear_and_journal_gpus_through_the_cli(tmp_path: Path) -> Non
     assert re.search(
         r"GPU-a +XID 79 at 2026-01-01T00:00:00Z: GPU has fallen off the bus", listed.stdout
     )
+    doctor = node_cli("doctor", "--state-dir", str(state)).stdout
+    assert (
+        "warn  GPU GPU-a is disabled by XID 79 at 2026-01-01T00:00:00Z: GPU has fallen off the "
+        "bus; after a reset or a check run `tuneplane-node gpu clear GPU-a --reason ...`"
+    ) in doctor, doctor
     before = path.read_bytes()
     for args, why in (
         (["GPU-a", "--reason", " "], "--reason must say"),
@@ -164,6 +169,9 @@ async def test_gpu_clear_and_journal_gpus_through_the_cli(tmp_path: Path) -> Non
                        str(state))  # fmt: skip
     assert cleared.returncode == 0, cleared.stderr
     assert "cleared GPU-a: XID 79 no longer disables it" in cleared.stdout
+    doctor = node_cli("doctor", "--state-dir", str(state)).stdout
+    assert "warn  GPU" not in doctor, doctor
+    assert "XID history: 1 XIDs journaled (0 application, counted only), 1 clears" in doctor
     shown = json.loads(node_cli("journal", "gpus", "--json", "--state-dir", str(state)).stdout)
     assert shown["disabled"] == []
     assert [h["what"] for h in shown["history"]] == ["xid 79", "operator-clear"]
