@@ -162,3 +162,13 @@ def test_gpu_release_lets_go_of_nvml_and_takes_it_back(
     wait_until("both GPUs healthy again", lambda: reasons(node) == ["", ""])
     log = calls.read_text().split()
     assert log.count("nvmlInit") == log.count("nvmlShutdown") + 1
+
+
+def test_the_node_unit_starts_after_nvidia_persistenced() -> None:
+    unit = Path(__file__).resolve().parents[2] / "packaging/systemd/tuneplane-node.service"
+    after = [ln for ln in unit.read_text().splitlines() if ln.startswith("After=")]
+    assert any("nvidia-persistenced.service" in ln[len("After=") :].split() for ln in after)
+    # Ordering only: a Node without the service (a CPU machine) must still start the agent.
+    assert "nvidia-persistenced" not in " ".join(
+        ln for ln in unit.read_text().splitlines() if ln.startswith(("Requires=", "BindsTo="))
+    )
