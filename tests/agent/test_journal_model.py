@@ -1,8 +1,9 @@
 """Random programs against the journal on a real SQLite file, checked against a plain model.
 
 Invariants after every step, and after closing and reopening the file: states match the model,
-a GPU is owned by at most one member and only while its state owns GPUs, report sequence
-numbers only grow, and an illegal move leaves the journal untouched.
+a GPU (by UUID, whatever index it was listed at: each create draws a shift that models the
+cards reordered since the last Prepare) is owned by at most one member and only while its state
+owns GPUs, report sequence numbers only grow, and an illegal move leaves the journal untouched.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ GPUS = 3
 create = st.tuples(
     st.just("create"),
     st.integers(0, MEMBERS - 1),
-    st.lists(st.integers(0, GPUS - 1), max_size=2, unique=True),
+    st.tuples(
+        st.lists(st.integers(0, GPUS - 1), max_size=2, unique=True), st.integers(0, GPUS - 1)
+    ),
 )
 move = st.tuples(st.just("move"), st.integers(0, MEMBERS - 1), st.sampled_from(list(MemberEvent)))
 ack = st.tuples(st.just("ack"), st.integers(0, 30), st.just(None))
@@ -47,11 +50,15 @@ def key(i: int) -> MemberKey:
     return MemberKey(f"run-{i}", 1, 0)
 
 
+def uuid(card: int) -> str:
+    return f"GPU-card-{card}"
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program=programs)
 async def test_journal_matches_the_model(program: list[tuple[str, int, object]]) -> None:
     states: dict[int, MemberState] = {}
-    gpus: dict[int, tuple[int, ...]] = {}
+    gpus: dict[int, tuple[str, ...]] = {}
     pending: set[int] = set()
     last_seq = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,8 +68,11 @@ async def test_journal_matches_the_model(program: list[tuple[str, int, object]])
             try:
                 for op, i, arg in program:
                     if op == "create":
-                        assert isinstance(arg, list)
-                        new = NewMember(key(i), 1, tuple(arg), "/m", "/o", 1)
+                        assert isinstance(arg, tuple)
+                        cards, shift = arg
+                        indexes = tuple((c + shift) % GPUS for c in cards)
+                        uuids = tuple(uuid(c) for c in cards)
+                        new = NewMember(key(i), 1, indexes, "/m", "/o", 1, gpu_uuids=uuids)
                         if i in states:
                             try:
                                 await journal.create_member(new, 1)
@@ -70,7 +80,7 @@ async def test_journal_matches_the_model(program: list[tuple[str, int, object]])
                                 continue
                             raise AssertionError("a member was created twice")
                         await journal.create_member(new, 1)
-                        states[i], gpus[i] = MemberState.PREPARING, tuple(arg)
+                        states[i], gpus[i] = MemberState.PREPARING, uuids
                     elif op == "move" and i in states:
                         assert isinstance(arg, MemberEvent)
                         before_events = await journal.events()
@@ -109,7 +119,7 @@ async def test_journal_matches_the_model(program: list[tuple[str, int, object]])
                     expected_owners = {
                         g: key(j) for j, s in states.items() if s in OWNS_GPUS for g in gpus[j]
                     }
-                    assert await journal.gpu_owners() == expected_owners
+                    assert await journal.gpu_owners_by_uuid() == (expected_owners, {})
                     assert {r.report_seq for r in await journal.pending_reports()} == pending
             finally:
                 await journal.close()
