@@ -246,3 +246,32 @@ def test_a_dropped_node_makes_the_job_unknown_until_it_reports_again(
     assert unknown.attempts[0].members[0].state == "unknown"
     assert back.attempts[0].members[0].state == "running"
     assert done.attempts[0].members[0].exit_code == 0
+
+
+def test_a_resent_prepare_names_the_cards_placed_not_the_inventory_now(
+    coord: CoordinatorProcess,
+) -> None:
+    """A Node that reconnects before answering gets its Prepare again, with the UUIDs recorded
+    at placement even though its new Hello lists other cards: the Node, not the coordinator,
+    decides whether they are still the same cards."""
+    enrolled = _node(coord, "node-re")
+
+    async def go() -> tuple[v1.Prepare, v1.Prepare]:
+        async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+            async with node_stream(
+                coord.control, coord.ca_path, enrolled.node_credential, enrolled.node_id,
+                hostname="node-re",
+            ) as node:  # fmt: skip
+                await api.submit(jobspec(gpus=2, project="resent"), "key-resent")
+                first: v1.Prepare = await node.expect("prepare")
+            async with node_stream(
+                coord.control, coord.ca_path, enrolled.node_credential, enrolled.node_id,
+                hostname="node-re-rebuilt",
+            ) as node:  # fmt: skip
+                again: v1.Prepare = await node.expect("prepare")
+            return first, again
+
+    first, again = asyncio.run(go())
+    assert again.member == first.member and again.gpu_indexes == first.gpu_indexes
+    assert first.gpu_uuids == [f"GPU-node-re-{i}" for i in first.gpu_indexes]
+    assert again.gpu_uuids == first.gpu_uuids
