@@ -126,11 +126,12 @@ def _gpu_source(
     simulate_gpus: str | None,
     scripted_nvml: Path | None,
     release_request: Path | None = None,
+    limit_s: float = PROBE_LIMIT_S,
 ) -> InventorySource:
     """The one GPU source the options name; a usage error for two of them."""
     _one_gpu_source(simulate_gpus, scripted_nvml)
     return InventorySource(
-        node_name, _simulate(simulate_gpus), scripted_nvml, release_request=release_request
+        node_name, _simulate(simulate_gpus), scripted_nvml, release_request, limit_s
     )
 
 
@@ -335,6 +336,15 @@ async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int, again: b
     show_default=True,
     help="Seconds between GPU probes; also how soon a `tuneplane-node gpu clear` takes effect.",
 )
+@click.option(
+    "--probe-limit",
+    "probe_limit_s",
+    type=click.FloatRange(min=0.1, max=600),
+    default=PROBE_LIMIT_S,
+    show_default=True,
+    help="Seconds one GPU probe may take; a longer one is abandoned and the GPUs read "
+    '"NVML unresponsive".',
+)
 def run_command(
     state_dir: Path,
     simulate_gpus: str | None,
@@ -343,6 +353,7 @@ def run_command(
     work_root: Path | None,
     log_level: str,
     inventory_interval_s: float,
+    probe_limit_s: float,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (which stop it and leave every member running)."""
     _setup_logging(log_level)
@@ -371,7 +382,9 @@ def run_command(
         # Members must be able to pass through the roots to their own 0700 directories.
         for root in (outputs, works):
             root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        source = _gpu_source(node.name, simulate_gpus, scripted_nvml, state.root / RELEASE_REQUEST)
+        source = _gpu_source(
+            node.name, simulate_gpus, scripted_nvml, state.root / RELEASE_REQUEST, probe_limit_s
+        )
         daemon = Daemon(
             state, node, credential, source, outputs, work_root=works, policy=policy,
             inventory_interval_s=inventory_interval_s,

@@ -35,13 +35,7 @@ from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.collectors import CollectorSupervisor
 from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
-from tuneplane.agent.inventory import (
-    PROBE_LIMIT_S,
-    Inventory,
-    InventoryError,
-    InventorySource,
-    probe,
-)
+from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource, probe
 from tuneplane.agent.journal import Journal, JournalCorrupt, MemberKey, PendingReport
 from tuneplane.agent.journal_owner import open_node_journal
 from tuneplane.agent.logship import LogShipper
@@ -157,7 +151,7 @@ class Daemon:
         self.endpoint = Endpoint.parse(node.coordinator)
         self.ca_path = Path(node.ca)
         # A hung NVML at start-up reads "NVML unresponsive" instead of holding the agent.
-        self.inventory = source.collect_within(PROBE_LIMIT_S)
+        self.inventory = source.collect_within()
         self.status = Status(os.getpid(), node.node_id, node.coordinator, now_ms())
         self.status.inventory = _inventory_summary(self.inventory)
         self.journal: Journal | None = None
@@ -259,7 +253,7 @@ class Daemon:
     async def _probe(self) -> Inventory:
         """What the GPUs say now. A read that fails marks every known GPU unhealthy with why."""
         try:
-            return await probe(self.source, PROBE_LIMIT_S)
+            return await probe(self.source)
         except InventoryError as exc:
             log.error("inventory refresh failed reason=%s", exc)
             reason = str(exc)

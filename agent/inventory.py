@@ -664,6 +664,7 @@ class InventorySource:
         simulate: SimulatedGpus | None,
         scripted_nvml: Path | None = None,
         release_request: Path | None = None,
+        limit_s: float = PROBE_LIMIT_S,
     ) -> None:
         if simulate is not None and scripted_nvml is not None:
             raise InventoryError(
@@ -672,6 +673,8 @@ class InventorySource:
         self.node_name = node_name
         self.simulate = simulate
         self.release_request = release_request
+        # How long one read may take before the GPUs read "NVML unresponsive".
+        self.limit_s = limit_s
         # Passed on to every collector the agent starts, so metrics read the same NVML.
         self.scripted_nvml = scripted_nvml
         self.reading = threading.Lock()
@@ -696,8 +699,9 @@ class InventorySource:
             return simulated_inventory(self.node_name, self.simulate)
         return self._nvml.collect(self.node_name, read_release(self.release_request))
 
-    def collect_within(self, limit_s: float) -> Inventory:
+    def collect_within(self, limit_s: float | None = None) -> Inventory:
         """:meth:`collect` in a daemon thread; :meth:`unresponsive` when it takes too long."""
+        limit_s = self.limit_s if limit_s is None else limit_s
         result: list[Inventory] = []
         failure: list[BaseException] = []
         if not self.reading.acquire(blocking=False):
@@ -736,12 +740,14 @@ class InventorySource:
         return [] if self._nvml is None else self._nvml.take_xid_events()
 
 
-async def probe(source: InventorySource, limit_s: float = PROBE_LIMIT_S) -> Inventory:
-    """Read in a worker thread with a time limit; a hung read is abandoned, never awaited.
+async def probe(source: InventorySource, limit_s: float | None = None) -> Inventory:
+    """Read in a worker thread with a time limit (``source.limit_s`` unless given); a hung read
+    is abandoned, never awaited.
 
     While an abandoned read is still stuck, no new thread is started: every known GPU reads
     "NVML unresponsive" until it returns.
     """
+    limit_s = source.limit_s if limit_s is None else limit_s
     if not source.reading.acquire(blocking=False):
         return source.unresponsive(limit_s)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,8 @@ def agent(tmp_path: Path) -> Iterator[tuple[AgentProcess, Path]]:
     with start_coordinator(tmp_path / "coord") as coord:
         node = start_agent(
             tmp_path, coord, "node-a", simulate_gpus=None,
-            run_args=("--scripted-nvml", str(script), "--inventory-interval", "0.3"),
+            run_args=("--scripted-nvml", str(script), "--inventory-interval", "0.3",
+                      "--probe-limit", "2"),
         )  # fmt: skip
         try:
             node.wait_connected()
@@ -162,6 +164,26 @@ def test_gpu_release_lets_go_of_nvml_and_takes_it_back(
     wait_until("both GPUs healthy again", lambda: reasons(node) == ["", ""])
     log = calls.read_text().split()
     assert log.count("nvmlInit") == log.count("nvmlShutdown") + 1
+
+
+def test_a_hung_nvml_call_marks_the_gpus_and_never_blocks_shutdown(
+    agent: tuple[AgentProcess, Path], tmp_path: Path
+) -> None:
+    node, _calls = agent
+    wait_until("both GPUs healthy", lambda: reasons(node) == ["", ""])
+    gpus = cards()
+    gpus[1]["hang"] = ["nvmlDeviceGetTotalEccErrors"]
+    write_script(tmp_path / "nvml.json", {"gpus": gpus})
+    unresponsive = "NVML unresponsive: a read did not finish within 2 s"
+    wait_until(
+        "the GPUs to read NVML unresponsive",
+        lambda: all(r.startswith(unresponsive) for r in reasons(node)) and reasons(node),
+    )
+    assert node.status()["inventory"]["problem"].startswith(unresponsive)
+    started = time.monotonic()
+    node.stop()  # SIGTERM, exit status 0: the agent closed its journal, the thread is left
+    assert time.monotonic() - started < 10
+    assert "agent stopped node_id=" in node.read_log()
 
 
 def test_the_node_unit_starts_after_nvidia_persistenced() -> None:
