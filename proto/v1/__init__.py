@@ -344,6 +344,27 @@ class RevokeNodeRequest(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class DeclareNodeLostRequest(betterproto.Message):
+    node_id: str = betterproto.string_field(1)
+    reason: str = betterproto.string_field(2)
+    """
+    Why, for the decision log (required: say how you know the machine is off).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class DeclareNodeLostReply(betterproto.Message):
+    node: "Node" = betterproto.message_field(1)
+    lost: List["MemberRef"] = betterproto.message_field(2)
+    """
+    The members this call declared lost (empty when a repeat found none left).
+    """
+
+    jobs: List["Job"] = betterproto.message_field(3)
+    """The Jobs whose state this call changed, with their state now."""
+
+
+@dataclass(eq=False, repr=False)
 class SetNodeSchedulingRequest(betterproto.Message):
     node_id: str = betterproto.string_field(1)
     scheduling: str = betterproto.string_field(2)
@@ -786,6 +807,12 @@ class Cancel(betterproto.Message):
     member: "MemberRef" = betterproto.message_field(1)
     reason: str = betterproto.string_field(2)
     grace_period_s: int = betterproto.uint32_field(3)
+    declared_lost: bool = betterproto.bool_field(4)
+    """
+    The coordinator declared this member lost while its Node was away (`node lost`, or a Fleet's
+     max_disconnect): the Job no longer waits for it and ignores its reports. The Node stops it as
+     it stops any cancelled member and journals why.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -1250,6 +1277,23 @@ class ApiStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def declare_node_lost(
+        self,
+        declare_node_lost_request: "DeclareNodeLostRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "DeclareNodeLostReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/DeclareNodeLost",
+            declare_node_lost_request,
+            DeclareNodeLostReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class ControlStub(betterproto.ServiceStub):
     async def enroll(
@@ -1389,6 +1433,11 @@ class ApiBase(ServiceBase):
     async def revoke_node(self, revoke_node_request: "RevokeNodeRequest") -> "Node":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def declare_node_lost(
+        self, declare_node_lost_request: "DeclareNodeLostRequest"
+    ) -> "DeclareNodeLostReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_preview(
         self, stream: "grpclib.server.Stream[PreviewRequest, PreviewReply]"
     ) -> None:
@@ -1501,6 +1550,14 @@ class ApiBase(ServiceBase):
         response = await self.revoke_node(request)
         await stream.send_message(response)
 
+    async def __rpc_declare_node_lost(
+        self,
+        stream: "grpclib.server.Stream[DeclareNodeLostRequest, DeclareNodeLostReply]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.declare_node_lost(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/tuneplane.v1.Api/Preview": grpclib.const.Handler(
@@ -1598,6 +1655,12 @@ class ApiBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 RevokeNodeRequest,
                 Node,
+            ),
+            "/tuneplane.v1.Api/DeclareNodeLost": grpclib.const.Handler(
+                self.__rpc_declare_node_lost,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                DeclareNodeLostRequest,
+                DeclareNodeLostReply,
             ),
         }
 
