@@ -188,7 +188,8 @@ def _field_table(
     cls: type[betterproto.Message],
 ) -> dict[int, tuple[str, type[betterproto.Message] | None]]:
     """Field number -> (name, message class of a message field, or None for a scalar)."""
-    info: Any = cls._betterproto  # typed too loosely for mypy
+    current: Any = cls  # betterproto types its per-class metadata too loosely for mypy
+    info = current._betterproto
     table: dict[int, tuple[str, type[betterproto.Message] | None]] = {}
     for name, meta in info.meta_by_field_name.items():
         sub = info.cls_by_field.get(name) if meta.proto_type == "message" else None
