@@ -301,7 +301,9 @@ def test_field_sizes_are_checked_on_the_raw_bytes_at_every_depth() -> None:
         v1.PreviewRequest,
         LARGE_FIELDS[v1.PreviewRequest],
     )
-    held = v1.Hello(held=[v1.HeldMember(state=v1.MemberState.RUNNING) for _ in range(10_000)])
+    held = v1.Hello(
+        held=[v1.HeldMember(state=v1.MemberState(v1.MemberState.RUNNING)) for _ in range(10_000)]
+    )
     check_field_sizes(bytes(v1.NodeMessage(hello=held)), v1.NodeMessage)
     # Exactly at the bound is accepted.
     check_field_sizes(bytes(v1.GetJobRequest(run_id="r" * MAX_FIELD_BYTES)), v1.GetJobRequest)
