@@ -177,9 +177,17 @@ class AgentProcess:
 
 
 def enroll(
-    state_dir: Path, coordinator: CoordinatorProcess, name: str, simulate_gpus: str | None
+    state_dir: Path,
+    coordinator: CoordinatorProcess,
+    name: str,
+    simulate_gpus: str | None,
+    scripted_nvml: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real ``tuneplane-node enroll`` with a fresh join token."""
+    """Run the real ``tuneplane-node enroll`` with a fresh join token.
+
+    ``scripted_nvml``: the enrolment reads that scripted NVML, so a test that runs the agent on
+    one never reads the machine's real GPUs (it means the same on a GPU host).
+    """
     args = [
         "enroll", "--state-dir", str(state_dir), "--coordinator", coordinator.control,
         "--ca", str(coordinator.ca_path), "--token", coordinator.create_join_token(),
@@ -187,6 +195,8 @@ def enroll(
     ]  # fmt: skip
     if simulate_gpus:
         args += ["--simulate-gpus", simulate_gpus]
+    if scripted_nvml:
+        args += ["--scripted-nvml", scripted_nvml]
     return subprocess.run(node_cli(*args), capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -215,7 +225,10 @@ def start_agent(
     more options for every ``run`` of this agent (restarts included).
     """
     state_dir = tmp_path / name
-    done = enroll(state_dir, coordinator, name, simulate_gpus)
+    scripted = (
+        run_args[run_args.index("--scripted-nvml") + 1] if "--scripted-nvml" in run_args else None
+    )
+    done = enroll(state_dir, coordinator, name, simulate_gpus, scripted)
     if done.returncode != 0:
         raise RuntimeError(f"tuneplane-node enroll failed ({done.returncode}): {done.stderr}")
     node = json.loads((state_dir / "node.json").read_text())
