@@ -188,7 +188,7 @@ def load_nvml(scripted: Path | None) -> Any:
     """The real ``pynvml`` module, or the scripted test double when ``scripted`` names a file."""
     if scripted is None:
         return pynvml
-    from tuneplane.agent.scripted_nvml import ScriptedNvml
+    from .scripted_nvml import ScriptedNvml
 
     return ScriptedNvml(scripted)
 
@@ -243,6 +243,39 @@ def nvml_advice(code: int) -> str:
     if code == pynvml.NVML_ERROR_NO_PERMISSION:
         return "the agent may not open /dev/nvidia*: run it as root or fix the device permissions"
     return "check `nvidia-smi` and the kernel log (`dmesg`)"
+
+
+@attrs.frozen
+class MemoryCounters:
+    """What NVML said about a card's memory; None where it had no answer."""
+
+    ecc_uncorrected: int | None = None
+    # (corrected, uncorrected, pending, failure), Ampere and later.
+    remapped_rows: tuple[int, ...] | None = None
+    # Page retirement, before Ampere.
+    pages_pending: bool | None = None
+    pages_retired: int | None = None
+
+
+def memory_reasons(found: MemoryCounters) -> list[str]:
+    """Why the card's memory makes it unusable (pure: the counters in, sentences out)."""
+    reasons = []
+    if found.ecc_uncorrected:
+        reasons.append(f"{found.ecc_uncorrected} uncorrected ECC errors since the driver loaded")
+    if found.remapped_rows is not None:
+        _corr, _unc, pending, failure = found.remapped_rows
+        if failure:
+            reasons.append("row remapping failed; the card needs service")
+        elif pending:
+            reasons.append("a row remapping is pending; reset the GPU to apply it")
+    if found.pages_pending:
+        reasons.append("a page retirement is pending; reset the GPU to apply it")
+    if found.pages_retired is not None and found.pages_retired >= _RETIRED_PAGES_LIMIT:
+        reasons.append(
+            f"{found.pages_retired} memory pages are retired, NVIDIA's replacement threshold; "
+            "the card needs service"
+        )
+    return reasons
 
 
 class _Lost(Exception):
@@ -483,35 +516,30 @@ class NvmlSource:
             pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
             pynvml.NVML_VOLATILE_ECC,
         )
-        if isinstance(ecc, int) and ecc > 0:
-            card.reasons.append(f"{ecc} uncorrected ECC errors since the driver loaded")
         rows = card.ask("remapped rows", nvml.nvmlDeviceGetRemappedRows, handle)
-        if isinstance(rows, (tuple, list)):
-            _corr, _unc, pending, failure = rows
-            if failure:
-                card.reasons.append("row remapping failed; the card needs service")
-            elif pending:
-                card.reasons.append("a row remapping is pending; reset the GPU to apply it")
-        pre_ampere = isinstance(arch, int) and arch < pynvml.NVML_DEVICE_ARCH_AMPERE
-        if not (pre_ampere or rows is _UNSUPPORTED):
-            return
-        pending_pages = card.ask(
-            "retired pages", nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle
+        found = MemoryCounters(
+            ecc_uncorrected=ecc if isinstance(ecc, int) else None,
+            remapped_rows=tuple(rows) if isinstance(rows, (tuple, list)) else None,
         )
-        if isinstance(pending_pages, int) and pending_pages:
-            card.reasons.append("a page retirement is pending; reset the GPU to apply it")
-        retired = 0
-        for cause in (
-            pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
-            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-        ):
-            pages = card.ask("retired pages", nvml.nvmlDeviceGetRetiredPages, handle, cause)
-            retired += len(pages) if isinstance(pages, list) else 0
-        if retired >= _RETIRED_PAGES_LIMIT:
-            card.reasons.append(
-                f"{retired} memory pages are retired, NVIDIA's replacement threshold; the card "
-                "needs service"
+        pre_ampere = isinstance(arch, int) and arch < pynvml.NVML_DEVICE_ARCH_AMPERE
+        if pre_ampere or rows is _UNSUPPORTED:
+            pending = card.ask("retired pages", nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+            retired: int | None = 0
+            for cause in (
+                pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+                pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+            ):
+                pages = card.ask("retired pages", nvml.nvmlDeviceGetRetiredPages, handle, cause)
+                if isinstance(pages, list) and retired is not None:
+                    retired += len(pages)
+                else:
+                    retired = None
+            found = attrs.evolve(
+                found,
+                pages_pending=bool(pending) if isinstance(pending, int) else None,
+                pages_retired=retired,
             )
+        card.reasons.extend(memory_reasons(found))
 
     def _mig(self, card: _Card, handle: Any, gpu: str) -> tuple[bool, tuple[MigDevice, ...]]:
         nvml = self.nvml

@@ -63,8 +63,8 @@ from typing import Any
 import attrs
 import pynvml
 
-from tuneplane.agent.inventory import InventoryError
-from tuneplane.agent.state_dir import write_atomic
+from .inventory import InventoryError
+from .state_dir import write_atomic
 
 # Calls recorded in ``calls_log`` (what a test needs to see the agent let go of NVML).
 _LOGGED = frozenset(

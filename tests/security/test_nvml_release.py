@@ -33,6 +33,15 @@ AS_ACCOUNT = (
 WRITE_REQUEST = "import sys; open(sys.argv[1], 'w').write('{\"until_ms\": 99999999999999}')"
 
 
+def as_account(name: str, root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The system's python run as the account ``name`` (no groups, a bare environment)."""
+    return subprocess.run(
+        [str(SYSTEM_PYTHON), *args],
+        user=name, group=name, extra_groups=[], capture_output=True, text=True, timeout=60,
+        check=False, cwd=root, env={"PATH": os.environ["PATH"], "HOME": str(root)},
+    )  # fmt: skip
+
+
 def healthy(agent: AgentProcess) -> bool:
     gpus = agent.status().get("inventory", {}).get("gpus", [])
     return len(gpus) == 2 and all(g["healthy"] for g in gpus)
@@ -57,22 +66,15 @@ def test_a_workload_account_cannot_release_nvml(tmp_path: Path) -> None:
             wait_until("both GPUs healthy", lambda: healthy(agent))
             request = agent.state_dir / RELEASE_REQUEST
             before = len(calls.read_text().splitlines())  # (enroll's own read is in it too)
-            as_account = {
-                "user": name, "group": name, "extra_groups": [], "capture_output": True,
-                "text": True, "timeout": 60, "check": False, "cwd": root,
-                "env": {"PATH": os.environ["PATH"], "HOME": str(root)},
-            }  # fmt: skip
-            done = subprocess.run(
-                [str(SYSTEM_PYTHON), "-c", AS_ACCOUNT, site.getsitepackages()[0], "gpu",
-                 "release", "--minutes", "240", "--state-dir", str(agent.state_dir)],
-                **as_account,
+            done = as_account(
+                name, root,
+                "-c", AS_ACCOUNT, site.getsitepackages()[0], "gpu", "release", "--minutes",
+                "240", "--state-dir", str(agent.state_dir),
             )  # fmt: skip
             assert done.returncode == 2, (done.stdout, done.stderr)
             assert f"Directory '{agent.state_dir}' is not readable" in done.stderr
             assert "Traceback" not in done.stderr
-            wrote = subprocess.run(
-                [str(SYSTEM_PYTHON), "-c", WRITE_REQUEST, str(request)], **as_account
-            )
+            wrote = as_account(name, root, "-c", WRITE_REQUEST, str(request))
             assert wrote.returncode == 1 and "PermissionError" in wrote.stderr
             # Nothing changed: no request, NVML still held, the GPUs still offered.
             assert not request.exists()
