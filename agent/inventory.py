@@ -380,6 +380,9 @@ class NvmlSource:
     def release(self) -> None:
         """Let go of NVML and the event set (so ``nvidia-smi -r`` can reset a GPU)."""
         self._drop_event_set()
+        # Handles are only good for one initialisation: a new one may give the same address to
+        # another card.
+        self._handle_uuid = {}
         if self._initialised:
             self._initialised = False
             try:

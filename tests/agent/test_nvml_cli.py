@@ -194,3 +194,14 @@ def test_the_node_unit_starts_after_nvidia_persistenced() -> None:
     assert "nvidia-persistenced" not in " ".join(
         ln for ln in unit.read_text().splitlines() if ln.startswith(("Requires=", "BindsTo="))
     )
+
+
+def test_doctor_leaves_nvml_alone_while_it_is_released(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    until = int(time.time() * 1000) + 600_000
+    write_script(state / "gpu-release.json", {"until_ms": until})
+    calls = tmp_path / "calls.log"
+    lines = doctor(tmp_path, {"calls_log": str(calls), "gpus": cards()})
+    assert len(lines) == 1 and lines[0].startswith("ok    NVML is released for a GPU reset until")
+    assert not calls.exists()  # doctor did not initialise NVML
