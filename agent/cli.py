@@ -55,6 +55,7 @@ from tuneplane.agent.state_dir import (
 )
 from tuneplane.agent.wire import Endpoint, Enrolled, WireError, enroll
 from tuneplane.agent.xid_book import CLEAR_KINDS, XidRecord
+from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXPECTED_ERRORS = (
@@ -345,6 +346,15 @@ async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int, again: b
     help="Seconds one GPU probe may take; a longer one is abandoned and the GPUs read "
     '"NVML unresponsive".',
 )
+@click.option(
+    "--system-interval",
+    "system_interval_s",
+    type=click.FloatRange(min=0, max=3600),
+    default=SYSTEM_INTERVAL_S,
+    show_default=True,
+    help="Seconds between samples of each member's GPUs and processes (system/... series); "
+    "0 turns them off. node.toml: [telemetry] system_interval_s.",
+)
 def run_command(
     state_dir: Path,
     simulate_gpus: str | None,
@@ -354,6 +364,7 @@ def run_command(
     log_level: str,
     inventory_interval_s: float,
     probe_limit_s: float,
+    system_interval_s: float,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (which stop it and leave every member running)."""
     _setup_logging(log_level)
@@ -387,7 +398,7 @@ def run_command(
         )
         daemon = Daemon(
             state, node, credential, source, outputs, work_root=works, policy=policy,
-            inventory_interval_s=inventory_interval_s,
+            inventory_interval_s=inventory_interval_s, system_interval_s=system_interval_s,
         )  # fmt: skip
         logging.getLogger(__name__).info(
             "agent starting node_id=%s coordinator=%s gpus=%d gpu_source=%s pid=%d",

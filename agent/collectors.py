@@ -12,6 +12,9 @@ Rules:
   until it wrote ``drained``. A collector that stops early is restarted with backoff; it runs in
   its own process, so its crash never touches the member. The loop's nursery owns every one;
   cancelling it sends each collector SIGTERM (it resumes from its spool next time).
+- Each collector also samples its member's GPUs (by UUID, in the member's order) and process
+  tree every ``system_interval_s`` (0: never), through the NVML the agent reads: the scripted
+  double when the agent has ``--scripted-nvml``, none when its GPUs are simulated.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tuneplane.agent import messages as m
 from tuneplane.agent.journal import Journal, MemberKey, MemberRecord
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.state_dir import write_atomic, write_json_atomic
+from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +66,31 @@ class CollectorSupervisor:
     journal: Journal
     ca_path: Path
     python: str = sys.executable
+    # System series: seconds between samples (0: none); whether the GPUs can be read through
+    # NVML (False for simulated GPUs); the scripted NVML file; the operator's GPU release file.
+    system_interval_s: float = DEFAULT_INTERVAL_S
+    sample_gpus: bool = True
+    scripted_nvml: Path | None = None
+    gpu_release_file: Path | None = None
     _running: set[MemberKey] = attrs.field(factory=set, alias="running")
 
     @classmethod
-    def under(cls, state_root: Path, journal: Journal, ca_path: Path) -> CollectorSupervisor:
-        return cls(state_root / COLLECTORS_DIR, journal, ca_path)
+    def under(
+        cls,
+        state_root: Path,
+        journal: Journal,
+        ca_path: Path,
+        *,
+        system_interval_s: float = DEFAULT_INTERVAL_S,
+        sample_gpus: bool = True,
+        scripted_nvml: Path | None = None,
+        gpu_release_file: Path | None = None,
+    ) -> CollectorSupervisor:
+        return cls(
+            state_root / COLLECTORS_DIR, journal, ca_path,
+            system_interval_s=system_interval_s, sample_gpus=sample_gpus,
+            scripted_nvml=scripted_nvml, gpu_release_file=gpu_release_file,
+        )  # fmt: skip
 
     def directory(self, key: MemberKey) -> Path:
         return self.root / str(key)
@@ -134,7 +158,26 @@ class CollectorSupervisor:
             "--attempt", str(key.attempt),
             "--member", str(key.member_index),
             "--agent-pid", str(os.getpid()),
+            *self._system_args(record),
         ]  # fmt: skip
+
+    def _system_args(self, record: MemberRecord) -> list[str]:
+        if self.system_interval_s <= 0:
+            return []
+        args = ["--system-interval", repr(self.system_interval_s),
+                "--member-dir", record.member_dir]  # fmt: skip
+        if not self.sample_gpus:
+            return args
+        if record.gpu_indexes and not record.gpu_uuids:
+            log.warning("member GPUs have no UUIDs; its GPUs are not sampled member=%s",
+                        record.key)  # fmt: skip
+        for uuid in record.gpu_uuids:
+            args += ["--gpu", uuid]
+        if self.scripted_nvml is not None:
+            args += ["--scripted-nvml", str(self.scripted_nvml)]
+        if self.gpu_release_file is not None:
+            args += ["--gpu-release-file", str(self.gpu_release_file)]
+        return args
 
     async def _supervise(self, record: MemberRecord) -> None:
         """Run the member's collector until it drained; restart it when it stops early."""

@@ -40,10 +40,15 @@ _KEYS: Mapping[str, tuple[type, tuple[str, ...]]] = {
     "isolation": (str, ()),
     "accounts": (dict, ()),
     "runtimes": (dict, ()),
+    # [telemetry] system_interval_s sets `run --system-interval` (see default_map).
+    "telemetry": (dict, ()),
 }
 _JOURNAL_COMMANDS = ("members", "show", "events", "reservations", "export")
 _ACCOUNT_KEYS: Mapping[str, type] = {"mode": str, "pool": list, "prefix": str, "count": int}
 _RUNTIME_KEYS: Mapping[str, type] = {"path": str, "interpreter": str, "allow_loader_env": bool}
+_TELEMETRY_KEYS: Mapping[str, type] = {"system_interval_s": float}
+# The most seconds between system samples (an hour), as `run --system-interval` accepts.
+MAX_SYSTEM_INTERVAL_S = 3600.0
 _ACCOUNT_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 
 
@@ -234,6 +239,19 @@ def _runtimes(path: Path, raw: Mapping[str, Any]) -> dict[str, Runtime]:
     return runtimes
 
 
+def _telemetry(path: Path, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """[telemetry], checked; an integer interval (``system_interval_s = 5``) is accepted."""
+    table = {k: float(v) if type(v) is int else v for k, v in raw.items()}
+    _check_table(path, "telemetry", table, _TELEMETRY_KEYS)
+    interval = table.get("system_interval_s")
+    if interval is not None and not 0 <= interval <= MAX_SYSTEM_INTERVAL_S:
+        raise NodeConfigError(
+            f"{path}: 'telemetry.system_interval_s' is {interval}; give 0 (no GPU and process "
+            f"samples) to {MAX_SYSTEM_INTERVAL_S:g} seconds."
+        )
+    return table
+
+
 def load(path: Path) -> dict[str, Any]:
     """Read and check node.toml; returns only known keys with values of the right type."""
     try:
@@ -260,6 +278,8 @@ def load(path: Path) -> dict[str, Any]:
                 f'({value!r}). Quote it, e.g. {key} = "...".'
             )
     workload_policy(raw, path, euid=None)
+    if "telemetry" in raw:
+        raw["telemetry"] = _telemetry(path, raw["telemetry"])
     return dict(raw)
 
 
@@ -290,6 +310,8 @@ def default_map(settings: Mapping[str, Any]) -> dict[str, Any]:
     """click's ``default_map`` for the ``tuneplane-node`` group built from node.toml settings."""
     defaults: dict[str, Any] = {}
     for key, value in settings.items():
+        if key == "telemetry" and "system_interval_s" in value:
+            defaults.setdefault("run", {})["system_interval_s"] = value["system_interval_s"]
         for command in _KEYS[key][1]:
             if command == "journal":
                 group = defaults.setdefault("journal", {})

@@ -73,6 +73,7 @@ from tuneplane.agent.wire import (
     open_control_stream,
 )
 from tuneplane.agent.xid_book import judge
+from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class Daemon:
         work_root: Path,
         policy: WorkloadPolicy,
         inventory_interval_s: float = INVENTORY_INTERVAL_S,
+        system_interval_s: float = SYSTEM_INTERVAL_S,
     ) -> None:
         self.state = state
         self.node = node
@@ -147,6 +149,8 @@ class Daemon:
         self.work_root = work_root
         self.policy = policy
         self.inventory_interval_s = inventory_interval_s
+        # Seconds between each member's GPU and process samples (node.toml [telemetry]).
+        self.system_interval_s = system_interval_s
         self._inventory_lock = trio.Lock()
         self.endpoint = Endpoint.parse(node.coordinator)
         self.ca_path = Path(node.ca)
@@ -204,8 +208,12 @@ class Daemon:
                         self.logship = LogShipper(self.journal, self.publish)
                         nursery.start_soon(self.logship.run)
                         self.collectors = CollectorSupervisor.under(
-                            self.state.root, self.journal, self.ca_path
-                        )
+                            self.state.root, self.journal, self.ca_path,
+                            system_interval_s=self.system_interval_s,
+                            sample_gpus=self.source.gpu_source != "simulated",
+                            scripted_nvml=self.source.scripted_nvml,
+                            gpu_release_file=self.source.release_request,
+                        )  # fmt: skip
                         nursery.start_soon(self.collectors.run)
                     nursery.start_soon(self._command_worker)
                     nursery.start_soon(self._inventory_loop)

@@ -173,6 +173,40 @@ def inspect(path: Path, as_json: bool) -> None:
     type=click.FloatRange(min=0.01),
     help="Seconds between looks at the telemetry files and the member-exited marker.",
 )
+@click.option(
+    "--system-interval",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds between GPU and process samples (system/... series); 0 takes none.",
+)
+@click.option(
+    "--gpu",
+    "gpus",
+    multiple=True,
+    metavar="UUID",
+    help="A GPU of the member, by NVML UUID, in the member's order (system/gpu<rank>/...); "
+    "repeat it for each.",
+)
+@click.option(
+    "--member-dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The member's directory on the Node, whose runner.json names the runner whose process "
+    "tree is sampled (system/cpu_percent, system/rss_bytes).",
+)
+@click.option(
+    "--scripted-nvml",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Read the GPUs through the scripted NVML test double driven by FILE (as the agent).",
+)
+@click.option(
+    "--gpu-release-file",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The agent's GPU release request; while it is in force the collector lets go of NVML.",
+)
 def run(
     telemetry_dir: Path,
     state_dir: Path,
@@ -185,6 +219,11 @@ def run(
     max_spool_points: int,
     agent_pid: int | None,
     poll_interval: float,
+    system_interval: float,
+    gpus: tuple[str, ...],
+    member_dir: Path | None,
+    scripted_nvml: Path | None,
+    gpu_release_file: Path | None,
 ) -> None:
     """Follow one member's telemetry, spool it durably and ship it to the telemetry gateway
     exactly once. Exits 0 once the member exited (STATE_DIR/member-exited appears) and every
@@ -198,6 +237,7 @@ def run(
     from tuneplane.collector.service import CollectorOptions, run_collector
     from tuneplane.collector.ship_wire import CollectorConfigError, Gateway
     from tuneplane.collector.spool import SpoolError
+    from tuneplane.collector.system_sampler import SystemOptions
 
     try:
         opts = CollectorOptions(
@@ -212,6 +252,13 @@ def run(
             max_spool_points=max_spool_points,
             poll_interval_s=poll_interval,
             agent_pid=agent_pid,
+            system=SystemOptions(
+                interval_s=system_interval,
+                gpu_uuids=gpus,
+                member_dir=member_dir.absolute() if member_dir else None,
+                scripted_nvml=scripted_nvml.absolute() if scripted_nvml else None,
+                gpu_release_file=gpu_release_file,
+            ),
         )
         sys.exit(trio.run(run_collector, opts))
     except (CollectorConfigError, CheckpointError, SpoolError) as exc:

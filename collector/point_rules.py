@@ -8,6 +8,8 @@ Rules:
 - Values are never refused: NaN and the infinities are data (a diverging loss). Steps are any
   int64, negative ones included, as TensorBoard keeps them. A wall time, when present, must be
   finite, not before 2000-01-01 and at most a day ahead of ``now``.
+- ``system/`` tags come only from the source ``system`` (the collector's GPU and process
+  samples) and that source carries nothing else: a workload's file cannot forge them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ EARLIEST_WALL_TIME = 946_684_800.0
 MAX_FUTURE_S = 86_400.0
 #: The kind of the data-loss warning a refused point becomes.
 REFUSED_KIND = "not-shippable"
+#: The collector's own series (GPU and process samples): their source and their tags' prefix.
+SYSTEM_SOURCE = "system"
+SYSTEM_PREFIX = "system/"
 
 
 def text_problem(field: str, text: str, limit: int) -> str | None:
@@ -47,6 +52,20 @@ def encoding_problem(field: str, text: str) -> str | None:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return f"the {field} is not valid UTF-8 (it holds a lone surrogate)"
+    return None
+
+
+def namespace_problem(source_id: str, tag: str) -> str | None:
+    """Why ``tag`` may not come from ``source_id``: the ``system/`` tags and the source
+    ``system`` are the collector's own samples (collector/system_sampler.py), so a workload's
+    file can neither write into them nor a sample be stored under another name."""
+    if tag.startswith(SYSTEM_PREFIX) and source_id != SYSTEM_SOURCE:
+        return (
+            f"the tag {tag[:80]!r} is in the system/ namespace, which only the collector's own "
+            "GPU and process samples may use; log it under another name"
+        )
+    if source_id == SYSTEM_SOURCE and not tag.startswith(SYSTEM_PREFIX):
+        return f"the source {SYSTEM_SOURCE!r} carries only system/ tags, not {tag[:80]!r}"
     return None
 
 
@@ -112,6 +131,9 @@ class PointScreen:
             if why is not None:
                 return why
             self._good_tags.add(tag)
+        why = namespace_problem(source_id, tag)
+        if why is not None:
+            return why
         return number_problem(step, wall_time, offset, now)
 
     def partition(

@@ -33,7 +33,7 @@ import attrs
 import trio
 
 from tuneplane.collector.point_rules import REFUSED_KIND, PointScreen, storable
-from tuneplane.collector.points import ReadWarning
+from tuneplane.collector.points import ReadWarning, ScalarPoint
 from tuneplane.collector.ship_wire import (
     Gateway,
     Progress,
@@ -43,6 +43,7 @@ from tuneplane.collector.ship_wire import (
     refusals,
 )
 from tuneplane.collector.spool import DEFAULT_MAX_POINTS, SPOOL_FILE, Spool, SpooledPoint
+from tuneplane.collector.system_sampler import SystemOptions, SystemSampling
 from tuneplane.collector.tailer import Batch, Tailer
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ class CollectorOptions:
     progress_interval_s: float = PROGRESS_INTERVAL_S
     # The agent that started this collector; None: whatever process is the parent at start.
     agent_pid: int | None = None
+    # The member's GPU and process samples (docs/telemetry.md, "System series").
+    system: SystemOptions = attrs.field(factory=lambda: SystemOptions(interval_s=0))
 
     @property
     def member(self) -> tuple[str, int, int]:
@@ -123,6 +126,8 @@ def backoff_s(failures: int, jitter: float) -> float:
 class _Shared:
     backpressure: bool = False
     tail_done: trio.Event = attrs.field(factory=trio.Event)
+    # Set once system sampling stopped (or never ran): the last sample is in the spool.
+    sampling_done: trio.Event = attrs.field(factory=trio.Event)
     wrote: trio.Event = attrs.field(factory=trio.Event)
     room: trio.Event = attrs.field(factory=trio.Event)
 
@@ -135,6 +140,9 @@ class Collector:
         self._shared = _Shared()
         self._spool_lock = trio.Lock()
         self._screen = PointScreen()
+        self.sampling = SystemSampling(
+            opts.system, opts.state_dir, self._spool_samples, self.spool.full
+        )
 
     async def _spool_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking spool method in a worker thread, one at a time."""
@@ -158,6 +166,7 @@ class Collector:
             nursery.start_soon(self._watch_exit)
             nursery.start_soon(tailer.run, send, self.writers_done)
             nursery.start_soon(self._consume, tailer, receive)
+            nursery.start_soon(self._sample)
             await self._ship(client)
             nursery.cancel_scope.cancel()
 
@@ -168,6 +177,19 @@ class Collector:
         log.info("member exited; draining run_id=%s member=%d", self.opts.run_id,
                  self.opts.member_index)  # fmt: skip
         self.writers_done.set()
+
+    async def _sample(self) -> None:
+        """System samples until the member exited; each is spooled like a batch of points."""
+        try:
+            if self.opts.system.interval_s > 0:
+                await self.sampling.run(self.writers_done)
+        finally:
+            self._shared.sampling_done.set()
+            self._shared.wrote.set()
+
+    async def _spool_samples(self, points: list[ScalarPoint]) -> None:
+        await self._spool_call(self.spool.append, points, [])
+        self._shared.wrote.set()
 
     async def _consume(self, tailer: Tailer, receive: trio.MemoryReceiveChannel[Batch]) -> None:
         """Spool each batch, then commit it to the tailer: durable first, then the position."""
@@ -215,7 +237,7 @@ class Collector:
         while True:
             shared.wrote = trio.Event()
             batch = await self._spool_call(self.spool.peek, BATCH_POINTS)
-            finished = shared.tail_done.is_set() and not batch
+            finished = shared.tail_done.is_set() and shared.sampling_done.is_set() and not batch
             quiet = trio.current_time() - last_call < self.opts.progress_interval_s
             if not batch and not finished and quiet:
                 # Nothing to send: wait for new points, or send progress when it is due.
