@@ -186,6 +186,31 @@ def test_a_hung_nvml_call_marks_the_gpus_and_never_blocks_shutdown(
     assert "agent stopped node_id=" in node.read_log()
 
 
+def test_a_broken_read_at_start_up_does_not_stop_the_agent(tmp_path: Path) -> None:
+    script = tmp_path / "nvml.json"
+    gpus = cards()
+    gpus[1]["lost"] = True
+    write_script(script, {"gpus": gpus, "errors": {"nvmlDeviceGetCount": "UNKNOWN"}})
+    with start_coordinator(tmp_path / "coord") as coord:
+        node = start_agent(
+            tmp_path, coord, "node-a", simulate_gpus=None,
+            run_args=("--scripted-nvml", str(script), "--inventory-interval", "0.3"),
+        )  # fmt: skip
+        try:
+            # The whole read fails at start: the agent runs, connects and says why.
+            status = node.wait_connected()
+            assert status["inventory"]["problem"] == (
+                "NVML could not count the GPUs: Unknown Error (NVML_ERROR_UNKNOWN)"
+            )
+            # One lost card: the other is offered, the lost one is named with the error.
+            write_script(script, {"gpus": gpus})
+            lost = "NVML could not read its handle: GPU is lost (NVML_ERROR_GPU_IS_LOST)"
+            wait_until("the cards to be read", lambda: reasons(node) == ["", lost])
+            assert node.alive()
+        finally:
+            node.stop()
+
+
 def test_the_node_unit_starts_after_nvidia_persistenced() -> None:
     unit = Path(__file__).resolve().parents[2] / "packaging/systemd/tuneplane-node.service"
     after = [ln for ln in unit.read_text().splitlines() if ln.startswith("After=")]
