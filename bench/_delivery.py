@@ -120,7 +120,10 @@ def end_to_end(root: Path, rate: int, seconds: int) -> dict[str, float]:
                 latencies.append(at - walls[step])
             previous = upto
         with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
-            (stored,) = db.execute("SELECT COALESCE(SUM(points), 0) FROM metric_series").fetchone()
+            # The workload's points only, not the collector's own system samples.
+            (stored,) = db.execute(
+                "SELECT COALESCE(SUM(points), 0) FROM metric_series WHERE source != 'system'"
+            ).fetchone()
     if not latencies:
         raise RuntimeError("no point became queryable")
     return {

@@ -174,6 +174,8 @@ class ProcessReader:
             proc = psutil.Process(record.pid)
             if abs(proc.create_time() - record.start_time) > START_TIME_TOLERANCE_S:
                 return None
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None  # it ended; nobody reaped it yet
         except psutil.Error:
             return None
         return proc
@@ -206,6 +208,8 @@ class ProcessReader:
             # A process not seen before started after the previous sample (or this is the
             # first): all its CPU time belongs to this interval.
             used += spent - self._cpu.get(key, 0.0)
+        if not cpu:
+            return None  # every process ended between the listing and the read
         readings = [process_reading("rss_bytes", rss), process_reading("processes", len(cpu))]
         if self._at is not None and now > self._at:
             percent = max(used, 0.0) / (now - self._at) * 100.0

@@ -228,9 +228,10 @@ def test_the_process_tree_cpu_and_memory(runner_tree: tuple[Path, psutil.Process
     second = values(processes.read() or [])
     # The child spins one core (two CPUs are shared with other tests: allow for it).
     assert 20.0 < second["system/cpu_percent"] < 210.0, second
-    assert second["system/rss_bytes"] >= sum(
-        p.memory_info().rss for p in [runner, *runner.children()]
-    ) * 0.5
+    assert (
+        second["system/rss_bytes"]
+        >= sum(p.memory_info().rss for p in [runner, *runner.children()]) * 0.5
+    )
 
 
 def test_no_runner_or_a_reused_pid_gives_no_sample(tmp_path: Path) -> None:
@@ -241,6 +242,19 @@ def test_no_runner_or_a_reused_pid_gives_no_sample(tmp_path: Path) -> None:
     record = {"pid": os.getpid(), "start_time": 1_000_000.0, "processes": []}
     write_json_atomic(member_dir / RUNNER_FILE, record)
     assert ProcessReader(member_dir).read() is None
+    # A runner that ended but was not reaped yet (a zombie) is not running.
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        start = psutil.Process(ended.pid).create_time()
+        record = {"pid": ended.pid, "start_time": start, "processes": []}
+        write_json_atomic(member_dir / RUNNER_FILE, record)
+        wait_zombie = time.monotonic() + 10
+        while psutil.Process(ended.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < wait_zombie, "the child did not exit"
+            time.sleep(0.02)
+        assert ProcessReader(member_dir).read() is None
+    finally:
+        ended.wait(timeout=10)
 
 
 def test_sample_keys_are_fixed_per_tag_and_unique() -> None:
