@@ -353,15 +353,20 @@ class MemberManager:
             log.info("cancel for a member this Node never prepared member=%s", key)
             return
         reason = cmd.reason or "cancelled"
+        # A member declared lost while this Node was away: the journal says so, for the on-call.
+        lost = {"declared_lost": True} if cmd.declared_lost else {}
+        if cmd.declared_lost:
+            log.warning("member declared lost by the coordinator; stopping it member=%s "
+                        "state=%s reason=%s", key, record.state.value, reason)  # fmt: skip
         if record.state in (S.PREPARED, S.COMMITTED):
             _, report = await self.journal.transition(
-                key, E.CANCEL_RECEIVED, now_ms(), reason=reason
+                key, E.CANCEL_RECEIVED, now_ms(), reason=reason, details=lost or None
             )
             await self._report(report)
         elif record.state in (S.STARTING, S.RUNNING):
             record, report = await self.journal.transition(
                 key, E.CANCEL_RECEIVED, now_ms(), reason=reason,
-                details={"grace_period_s": cmd.grace_period_s or record.grace_period_s},
+                details={"grace_period_s": cmd.grace_period_s or record.grace_period_s, **lost},
             )  # fmt: skip
             await self._report(report)
             self._stop(record, cmd.grace_period_s or record.grace_period_s)
@@ -399,11 +404,12 @@ class MemberManager:
         problem = check_launch(record.gpu_indexes, record.gpu_uuids, inventory)
         if problem is not None:
             raise LaunchFailed(problem)
-        uuids = []
+        gpus = []
         for index in record.gpu_indexes:
             gpu = inventory.gpu(index)
             assert gpu is not None  # check_launch found every index
-            uuids.append(gpu.uuid)
+            gpus.append(gpu)
+        uuids = [gpu.uuid for gpu in gpus]
         addr, port = record.master_addr, record.master_port
         if not port:
             if record.member_count != 1:
@@ -458,7 +464,7 @@ class MemberManager:
             wrapper = sandbox.bwrap_argv(
                 state_dir=self.state_dir, work_root=self.work_root, out_root=self.out_root,
                 work_dir=lease.work_dir, out_dir=out_dir,
-                devices=sandbox.gpu_devices(record.gpu_indexes, present),
+                devices=sandbox.gpu_devices(gpus, present),
             )  # fmt: skip
         return supervision.MemberLaunch(
             member_dir=member_dir,

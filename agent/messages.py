@@ -79,6 +79,9 @@ class Cancel:
     key: MemberKey
     reason: str
     grace_period_s: int
+    # The coordinator declared the member lost while this Node was away: its Job no longer waits
+    # for it. Stopped like any cancelled member; the journal records the declaration.
+    declared_lost: bool = False
 
 
 @attrs.frozen

@@ -301,7 +301,7 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
     if isinstance(body, v1.Abort):
         return m.Abort(_key(body.member), body.reason)
     if isinstance(body, v1.Cancel):
-        return m.Cancel(_key(body.member), body.reason, body.grace_period_s)
+        return m.Cancel(_key(body.member), body.reason, body.grace_period_s, body.declared_lost)
     if isinstance(body, v1.LogAck):
         return m.LogAck(_key(body.member), body.stream, body.offset, body.eof)
     if isinstance(body, v1.CredentialIssued):

@@ -35,7 +35,13 @@ from tuneplane.coordinator.apimodel import (
 )
 from tuneplane.coordinator.fleetmodel import Fleet, Node
 from tuneplane.coordinator.fleetwire import fleet_from_wire, node_from_wire
-from tuneplane.coordinator.lifecyclemodel import CancelOutcome, LogPage, LogPiece, RetryOutcome
+from tuneplane.coordinator.lifecyclemodel import (
+    CancelOutcome,
+    LogPage,
+    LogPiece,
+    NodeLossOutcome,
+    RetryOutcome,
+)
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -208,6 +214,17 @@ class ApiClient:
         request = v1.RevokeNodeRequest(node_id=node_id, reason=reason)
         msg = await self._call("RevokeNode", lambda t: self._stub.revoke_node(request, timeout=t))
         return node_from_wire(msg)
+
+    async def declare_node_lost(self, node_id: str, reason: str) -> NodeLossOutcome:
+        request = v1.DeclareNodeLostRequest(node_id=node_id, reason=reason)
+        reply = await self._call(
+            "DeclareNodeLost", lambda t: self._stub.declare_node_lost(request, timeout=t)
+        )
+        return NodeLossOutcome(
+            node_from_wire(reply.node or v1.Node()),
+            tuple(f"{m.run_id}/{m.attempt}/{m.member_index}" for m in reply.lost),
+            tuple(job_from_wire(j) for j in reply.jobs),
+        )
 
     async def cancel_job(self, run_id: str, reason: str = "") -> CancelOutcome:
         request = v1.CancelJobRequest(run_id=run_id, reason=reason)

@@ -50,6 +50,10 @@ DEFAULT_CONFIG = """\
 #   enroll_message_bytes = 65536        one Enroll (unauthenticated)
 #   enroll_burst = 20                   Enroll calls one address may make at once,
 #   enroll_per_second = 2.0             and then per second (enroll_burst = 0: no limit)
+# [fleet.<name>]     optional: per Fleet
+#   max_disconnect = "2h"     declare a Node lost when it holds members and stays disconnected
+#                             this long (off unless set; docs/operator.md, "A Node that never
+#                             comes back", says what it risks)
 # [runtimes."<runtime id>"]  optional: what Jobs on one runtime may do
 #   allow_loader_env = true   a JobSpec's env may set LD_*, PYTHONPATH and their kin on this
 #                             runtime (refused at Preview otherwise); the Node decides again
@@ -148,6 +152,17 @@ class RuntimeSettings:
 
 
 @attrs.frozen
+class FleetSettings:
+    """``[fleet.<name>]``: per-Fleet settings."""
+
+    name: str
+    # Declare a Node of this Fleet lost once it has been disconnected this long while holding
+    # members (seconds; None: never, the default). ``max_disconnect_text`` is as written.
+    max_disconnect_s: int | None = None
+    max_disconnect_text: str = ""
+
+
+@attrs.frozen
 class CoordinatorConfig:
     series: Mapping[str, Series]
     profiles: Mapping[str, Profile]
@@ -157,6 +172,7 @@ class CoordinatorConfig:
     user_token_lifetime_s: int = DEFAULT_USER_TOKEN_LIFETIME_S
     limits: Limits = attrs.field(factory=Limits)
     runtimes: Mapping[str, RuntimeSettings] = attrs.field(factory=dict)
+    fleets: Mapping[str, FleetSettings] = attrs.field(factory=dict)
 
     @property
     def loader_env_runtimes(self) -> frozenset[str]:
@@ -193,7 +209,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         raise ConfigError(f"{path} is not valid TOML ({exc}). Fix the syntax.") from None
     _check_keys(
         raw,
-        {"series", "profiles", "quota", "credentials", "limits", "runtimes"},
+        {"series", "profiles", "quota", "credentials", "limits", "runtimes", "fleet"},
         "<top level>",
         path,
     )
@@ -244,7 +260,35 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         user_token_lifetime_s=user_lifetime,
         limits=_limits(raw.get("limits", {}), path),
         runtimes=_runtimes(raw.get("runtimes", {}), path),
+        fleets=_fleets(raw.get("fleet", {}), path),
     )
+
+
+def _fleets(raw: Any, path: Path) -> dict[str, FleetSettings]:
+    """``[fleet.<name>]`` tables: ``max_disconnect``, a duration in quotes."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: fleet must hold tables, one per Fleet: [fleet.default].")
+    found: dict[str, FleetSettings] = {}
+    for name, table in raw.items():
+        where = f"fleet.{name}"
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f'{path}: {where} must be a table ([{where}] with max_disconnect = "2h").'
+            )
+        _check_keys(table, {"max_disconnect"}, where, path)
+        value = table.get("max_disconnect")
+        if value is None:
+            found[name] = FleetSettings(name)
+            continue
+        seconds = parse_duration(value) if isinstance(value, str) else None
+        if seconds is None:
+            raise ConfigError(
+                f"{path}: [{where}] max_disconnect = {value!r} is not a duration. Write a whole "
+                'number and a unit in quotes ("90s", "30m", "2h", "1d"), or remove the line to '
+                "never declare its Nodes lost automatically."
+            )
+        found[name] = FleetSettings(name, seconds, value.strip())
+    return found
 
 
 _RUNTIME_ID = re.compile(r"^(host|image):\S+$")

@@ -14,6 +14,9 @@ Rules:
 - Dead peers are found by silence, not TCP: nothing heard for ``heartbeat_timeout`` closes the
   stream. Whatever ends a stream, the Node is recorded ``disconnected`` and its members
   ``unknown`` (never failed) - unless a newer stream of the same Node already replaced it.
+- A Node that comes back after it was declared lost (:mod:`~tuneplane.coordinator.node_loss`)
+  gets, after Welcome, a Cancel marked ``declared_lost`` for each such member its Hello still
+  holds (and for each it asks about with DecisionQuery); its reports about them are refused.
 - Control credentials expire and rotate (:mod:`~tuneplane.coordinator.store_identity`): Welcome
   says when the stream's credential expires; a CredentialRenewal gets a successor that works
   beside the old one until the Node says CredentialStored or connects with it. A revoked or
@@ -59,7 +62,12 @@ from tuneplane.coordinator.rate_limit import PeerRateLimit, peer_host
 from tuneplane.coordinator.records import AbortOrder, CommitOrder, NodeRecord, Order
 from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
 from tuneplane.coordinator.store import Store
-from tuneplane.coordinator.store_lifecycle import stop_siblings, stops_to_resend
+from tuneplane.coordinator.store_lifecycle import (
+    declared_lost_order,
+    declared_lost_stops,
+    stop_siblings,
+    stops_to_resend,
+)
 from tuneplane.coordinator.store_logs import LogStore
 from tuneplane.proto import v1
 
@@ -293,15 +301,15 @@ class ControlGateway:
         life: CredentialLife,
     ) -> None:
         connected_at = now_ms()
+        held = wire.held_members(hello)
         orders = await self._store.node_connected(
-            node.id,
-            wire.inventory(hello.inventory, node.hostname),
-            wire.held_members(hello),
-            connected_at,
+            node.id, wire.inventory(hello.inventory, node.hostname), held, connected_at
         )
         self._heartbeats.record(node.id, connected_at)
-        # Stops decided while the Node was away go now; a member being stopped gets no Commit.
+        # Stops decided while the Node was away go now (members declared lost among them); a
+        # member being stopped gets no Commit.
         stops = await stops_to_resend(self._store, node.id)
+        stops += await declared_lost_stops(self._store, node.id, held)
         stopping = {s.member for s in stops}
         orders = [
             o for o in orders if not (isinstance(o, CommitOrder) and o.member in stopping)
@@ -435,7 +443,11 @@ class ControlGateway:
             if any(isinstance(o, AbortOrder) for o in orders):
                 self._wake()
         elif isinstance(body, v1.DecisionQuery):
-            order = await self._store.decision_for(node_id, wire.member_key(body.member))
+            # A member declared lost gets its stop, never the Commit its attempt recorded.
+            key = wire.member_key(body.member)
+            order: Order | None = await declared_lost_order(self._store, node_id, key)
+            if order is None:
+                order = await self._store.decision_for(node_id, key)
             if order is not None:
                 self._registry.dispatch(await self._with_credentials([order]))
         elif isinstance(body, v1.CredentialRenewal):

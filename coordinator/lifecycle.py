@@ -18,6 +18,9 @@ Rules:
   sends it again once the steps before it have arrived); anything else is *refused* with a
   sentence and changes nothing. Report numbers decide nothing, so a forged or restarted
   sequence can never hide a true report, and reordering only delays one.
+- A member *declared lost* (its Node was declared lost, :mod:`~tuneplane.coordinator.node_loss`)
+  has ended for good: every later report about it is refused with the declaration's sentence,
+  so a Node that comes back can never move its Job again.
 """
 
 from __future__ import annotations
@@ -178,6 +181,7 @@ class ReportFacts:
     known: str = M_RESERVED  # its last real state (never ``unknown``)
     decision: str | None = None  # its attempt's decision
     recorded_out_dir: str = ""
+    declared_lost: str = ""  # the declaration's sentence when the member was declared lost
 
 
 @attrs.frozen
@@ -272,6 +276,11 @@ def judge_report(facts: ReportFacts) -> ReportVerdict:
             f"a MemberReport carries only {', '.join(sorted(REPORTABLE))}; "
             f"{facts.reported!r} is not one of them"
         )
+    if facts.declared_lost:
+        return refuse(
+            f"the member was {facts.declared_lost.rstrip('.')}, and nothing its Node says about "
+            "it changes its Job any more"
+        )
     known = facts.known
     if known in TERMINAL_MEMBER_STATES or MEMBER_RANK[facts.reported] <= MEMBER_RANK[known]:
         return StaleReport()
@@ -323,9 +332,12 @@ class MemberFacts:
     exit_code: int = 0
     signal: int = 0
     reason: str = ""  # why it is in ``state``, as its Node (or the coordinator) said
+    declared_lost: str = ""  # the declaration's sentence when its Node was declared lost
 
 
 def _failure(m: MemberFacts) -> str | None:
+    if m.state == M_LOST and m.declared_lost:
+        return f"member {m.index} was {m.declared_lost.rstrip('.')}"
     if m.state == M_LOST:
         return f"member {m.index} was lost by its Node"
     if m.state == M_EXITED and m.has_exit and (m.exit_code != 0 or m.signal != 0):

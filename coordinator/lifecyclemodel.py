@@ -1,4 +1,5 @@
-"""What ``tp job cancel``, ``tp job retry`` and ``tp logs`` get back: attrs values, no wire types.
+"""What ``tp job cancel``, ``tp job retry``, ``tp logs`` and ``node lost`` get back: attrs values,
+no wire types.
 
 Rules: like :mod:`~tuneplane.coordinator.apimodel`, nothing here imports grpclib or betterproto;
 :mod:`~tuneplane.coordinator.apiclient` builds these from the Api's replies.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import attrs
 
 from tuneplane.coordinator.apimodel import Job
+from tuneplane.coordinator.fleetmodel import Node
 
 # CancelJobReply.outcome words.
 CANCELLING = "cancelling"
@@ -52,3 +54,13 @@ class LogPage:
     complete: bool
     dropped_bytes: int
     member_state: str
+
+
+@attrs.frozen
+class NodeLossOutcome:
+    """What declaring a Node lost did: the Node now, the members it ended
+    (``<run id>/<attempt>/<member>``) and the Jobs it changed, as they are now."""
+
+    node: Node
+    lost: tuple[str, ...]
+    jobs: tuple[Job, ...]

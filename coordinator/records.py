@@ -126,6 +126,8 @@ class CancelOrder:
     member: MemberKey
     reason: str
     grace_period_s: int
+    # The member was declared lost while its Node was away: the Node stops it all the same.
+    declared_lost: bool = False
 
 
 Order = PrepareOrder | CommitOrder | AbortOrder | CancelOrder

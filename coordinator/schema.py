@@ -227,6 +227,16 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE members ADD COLUMN gpu_uuids_json TEXT NOT NULL DEFAULT '[]'",
         ),
     ),
+    (
+        9,
+        (
+            # A member whose Node was declared lost (`node lost`, or a Fleet's max_disconnect):
+            # the declaration's sentence ("declared lost by <who>: <reason>"); '' for every other
+            # member. Its Node's later reports are refused with it, and a Node that comes back is
+            # told to stop the member.
+            "ALTER TABLE members ADD COLUMN declared_lost TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -35,6 +35,7 @@ from tuneplane.coordinator.identity_api import IdentityApi
 from tuneplane.coordinator.lifecycle_api import LifecycleApi
 from tuneplane.coordinator.message_limits import bounded_handlers
 from tuneplane.coordinator.metrics_api import MetricsApi
+from tuneplane.coordinator.node_loss_service import MaxDisconnectWatch, NodeLossApi, NodeLossDesk
 from tuneplane.coordinator.rate_limit import PeerRateLimit
 from tuneplane.coordinator.scheduler import Scheduler
 from tuneplane.coordinator.sessions import SessionRegistry
@@ -191,6 +192,9 @@ async def serve(opts: ServeOptions) -> None:
         )
         identity = IdentityApi(store, registry)
         lifecycle = LifecycleApi(store, log_store, registry, scheduler.wake)
+        loss_desk = NodeLossDesk(store, registry, scheduler.wake, collectors)
+        node_loss = NodeLossApi(store, loss_desk)
+        loss_watch = MaxDisconnectWatch(store, registry, loss_desk, config.fleets)
         telemetry = TelemetryGateway(store, collectors)
         metrics = MetricsApi(store, telemetry_store)
         async with anyio.create_task_group() as tg:
@@ -199,7 +203,11 @@ async def serve(opts: ServeOptions) -> None:
                 api_addr = await tg.start(
                     _run_listener,
                     "api",
-                    _bounded("api", [api, fleets, metrics, lifecycle, identity], config.limits),
+                    _bounded(
+                        "api",
+                        [api, fleets, metrics, lifecycle, identity, node_loss],
+                        config.limits,
+                    ),
                     opts.host,
                     opts.api_port,
                     ctx,
@@ -224,6 +232,7 @@ async def serve(opts: ServeOptions) -> None:
                 )
                 tg.start_soon(scheduler.run)
                 tg.start_soon(flusher.run)
+                tg.start_soon(loss_watch.run)
                 publish(
                     state_dir,
                     Endpoints(

@@ -1113,8 +1113,8 @@ class Store(SqliteFile):
                 key = report.member
                 row = await _first(
                     db,
-                    "SELECT m.node_id, m.state, m.known_state, m.out_dir, a.decision "
-                    "FROM members m JOIN attempts a ON a.run_id = m.run_id "
+                    "SELECT m.node_id, m.state, m.known_state, m.out_dir, a.decision, "
+                    "m.declared_lost FROM members m JOIN attempts a ON a.run_id = m.run_id "
                     "AND a.number = m.attempt "
                     "WHERE m.run_id = ? AND m.attempt = ? AND m.member_index = ?",
                     (key.run_id, key.attempt, key.member_index),
@@ -1132,6 +1132,7 @@ class Store(SqliteFile):
                     known=lc.M_RESERVED if row is None else str(row[2]),
                     decision=None if row is None or row[4] is None else str(row[4]),
                     recorded_out_dir="" if row is None else str(row[3]),
+                    declared_lost="" if row is None else str(row[5]),
                 )
                 verdict = lc.judge_report(facts)
                 if isinstance(verdict, lc.RefuseReport):
@@ -1248,16 +1249,18 @@ class Store(SqliteFile):
             number, decision, decision_reason = attempt[0]
             # The reason of each member's latest state: a launch failure's sentence from its
             # Node becomes the Job's reason.
-            for idx, state, has_exit, code, sig, why in await db.execute_fetchall(
+            for idx, state, has_exit, code, sig, why, lost in await db.execute_fetchall(
                 "SELECT m.member_index, m.state, m.has_exit, m.exit_code, m.signal, "
                 "(SELECT s.reason FROM member_states s WHERE s.run_id = m.run_id "
                 " AND s.attempt = m.attempt AND s.member_index = m.member_index "
-                " ORDER BY s.id DESC LIMIT 1) "
+                " ORDER BY s.id DESC LIMIT 1), m.declared_lost "
                 "FROM members m WHERE m.run_id = ? AND m.attempt = ? ORDER BY m.member_index",
                 (run_id, number),
             ):
                 facts.append(
-                    lc.MemberFacts(int(idx), str(state), bool(has_exit), code, sig, str(why or ""))
+                    lc.MemberFacts(
+                        int(idx), str(state), bool(has_exit), code, sig, str(why or ""), str(lost)
+                    )
                 )
             cancel = await _first(
                 db,

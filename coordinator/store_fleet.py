@@ -370,6 +370,16 @@ async def set_scheduling(
     await store._shielded(work())
 
 
+async def cordon_in(store: Store, db: Any, node_id: str, by: str, reason: str, now: int) -> bool:
+    """Inside the caller's transaction: cordon the Node if it is schedulable (a Node declared
+    lost); False when it already takes no new work (cordoned, draining, drained)."""
+    rows = list(await db.execute_fetchall("SELECT scheduling FROM nodes WHERE id = ?", (node_id,)))
+    if not rows or str(rows[0][0]) != SCHEDULABLE:
+        return False
+    await _move(store, db, node_id, SCHEDULABLE, CORDONED, by, reason, now)
+    return True
+
+
 async def _holds_members(db: Any, node_id: str) -> bool:
     rows = await db.execute_fetchall(
         f"SELECT 1 FROM members WHERE node_id = ? AND {_LIVE} LIMIT 1", (node_id, *_TERMINAL)

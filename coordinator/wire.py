@@ -159,7 +159,12 @@ def order_message(order: Order) -> v1.CoordinatorMessage:
         return v1.CoordinatorMessage(abort=v1.Abort(member=ref, reason=order.reason))
     if isinstance(order, CancelOrder):
         return v1.CoordinatorMessage(
-            cancel=v1.Cancel(member=ref, reason=order.reason, grace_period_s=order.grace_period_s)
+            cancel=v1.Cancel(
+                member=ref,
+                reason=order.reason,
+                grace_period_s=order.grace_period_s,
+                declared_lost=order.declared_lost,
+            )
         )
     raise TypeError(f"not an order: {order!r}")
 

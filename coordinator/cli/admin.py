@@ -22,7 +22,7 @@ import anyio
 import attrs
 import click
 
-from tuneplane.coordinator import store_fleet, store_identity
+from tuneplane.coordinator import store_fleet, store_identity, store_lifecycle
 from tuneplane.coordinator.apiclient import ApiClient
 from tuneplane.coordinator.apimodel import ApiError
 from tuneplane.coordinator.auth import (
@@ -34,6 +34,7 @@ from tuneplane.coordinator.auth import (
 )
 from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
 from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.collector_credentials import CollectorCredentials
 from tuneplane.coordinator.config import ConfigError, load_config, parse_duration
 from tuneplane.coordinator.decisions import (
     DecisionLogError,
@@ -51,6 +52,7 @@ from tuneplane.coordinator.state_dir import (
     require_initialised,
 )
 from tuneplane.coordinator.store import NotFound, Store, StoreError, db_path
+from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
 from tuneplane.coordinator.tls import TlsError
 
 T = TypeVar("T")
@@ -448,7 +450,7 @@ def _utc(ms: int) -> str:
 
 @main.group()
 def node() -> None:
-    """Nodes: revoke a Node's control credential."""
+    """Nodes: revoke a Node's control credential, or declare a Node that never comes back lost."""
 
 
 @node.command(name="revoke")
@@ -490,6 +492,79 @@ def node_revoke(node_id: str, state_dir: Path, reason: str) -> None:
         + " (the coordinator is not serving, so no live stream needed ending). To use the "
         "machine again, make a join token for it (`tuneplane-coordinator token create --node "
         f"{node_id}`) and run `tuneplane-node enroll --re-enroll` there."
+    )
+
+
+@node.command(name="lost")
+@click.argument("node_id")
+@state_dir_option
+@click.option(
+    "--reason",
+    required=True,
+    help="How you know the machine is off (recorded in the decision log).",
+)
+def node_lost(node_id: str, state_dir: Path, reason: str) -> None:
+    """Declare NODE_ID lost: it never comes back, so its members end `lost`.
+
+    Make sure the machine is off first (power it off through its BMC or PDU): a workload still
+    running there would write outputs nobody waits for. Its live members end (`lost`, or their
+    launch aborted before Commit), their Jobs end or their pending cancels complete, their GPUs go
+    back, the members on other Nodes that worked with them are stopped, and the Node is cordoned,
+    all as decisions. A connected Node is refused. Repeating it changes nothing. If the Node ever
+    reconnects, it is told to stop those members.
+    """
+    state_dir = state_dir.absolute()
+    _run_sync(require_initialised, state_dir)
+    if not reason.strip():
+        raise click.BadParameter(
+            "is empty. Say how you know the machine is off; it goes into the decision log.",
+            param_hint="--reason",
+        )
+    if _serving_pid(state_dir):
+        endpoint = _run_sync(resolve_connection, state_dir / TP_CONTEXT, None, None, None)
+
+        async def call() -> tuple[list[str], list[tuple[str, str, str]], str]:
+            async with ApiClient(endpoint) as api:
+                outcome = await api.declare_node_lost(node_id, reason)
+            jobs = [(j.run_id, j.state, j.state_reason) for j in outcome.jobs]
+            return list(outcome.lost), jobs, outcome.node.scheduling
+
+        lost, jobs, scheduling = _run(call)
+    else:
+
+        async def work(store: Store) -> tuple[list[str], list[tuple[str, str, str]], str]:
+            loss = await store_lifecycle.declare_node_lost(
+                store, node_id, "admin CLI", reason, now_ms()
+            )
+            telemetry = await TelemetryStore.open(telemetry_db_path(state_dir))
+            try:
+                # The lost members' collector credentials drain and expire, as for any end.
+                for member in loss.lost:
+                    await CollectorCredentials(telemetry).member_ended(member, now_ms())
+            finally:
+                await telemetry.close()
+            jobs = []
+            for run_id in loss.runs:
+                job = await store.get_job(run_id)
+                jobs.append((run_id, job.state, job.state_reason))
+            view = await store_fleet.node_view(store, node_id)
+            return [store_lifecycle.member_text(k) for k in loss.lost], jobs, view.scheduling
+
+        lost, jobs, scheduling = _run(_with_store, state_dir, work)
+    if not lost:
+        click.echo(
+            f"Node {node_id} holds no live member (it is {scheduling}); nothing was left to "
+            "declare lost."
+        )
+        return
+    click.echo(f"Declared Node {node_id} lost; it is {scheduling}. Members ended:")
+    for member in lost:
+        click.echo(f"  {member}")
+    for run_id, state, why in jobs:
+        click.echo(f"Job {run_id} is {state}: {why}")
+    click.echo(
+        "If the machine comes back, its agent is told to stop these members. Uncordon it with "
+        f"`tp node uncordon {node_id}` once a person has checked it."
     )
 
 
