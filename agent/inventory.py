@@ -103,6 +103,9 @@ class Gpu:
     # NVML's recovery action ("none", "gpu_reset", "drain_and_reset", ...); "" when unknown.
     recovery_action: str = ""
     mig_devices: tuple[MigDevice, ...] = ()
+    # The N of the card's device node /dev/nvidia<N> (NVML's minor number; the driver numbers
+    # them in its own order, not always NVML's index order); None when unknown.
+    minor_number: int | None = None
 
 
 @attrs.frozen
@@ -288,7 +291,10 @@ _UNSUPPORTED = object()
 class _Card:
     """One card's answers, and every reason it cannot be trusted."""
 
-    def __init__(self) -> None:
+    def __init__(self, of_card: bool = True) -> None:
+        # False for system-wide calls (driver version): GPU_IS_LOST there is one more failure,
+        # not a card to stop asking.
+        self.of_card = of_card
         self.reasons: list[str] = []
 
     def failed(self, what: str, exc: pynvml.NVMLError) -> None:
@@ -308,7 +314,7 @@ class _Card:
             if exc.value in _REINIT_ERRORS:
                 raise _Reinit(exc) from exc
             self.failed(what, exc)
-            if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+            if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST and self.of_card:
                 raise _Lost from exc
             return None
         except InventoryError:
@@ -448,7 +454,7 @@ class NvmlSource:
                 handles[_handle_key(handle)] = gpu.uuid
                 self._register(handle, gpu)
         self._drain(handles)
-        versions = _Card()
+        versions = _Card(of_card=False)
         driver = versions.ask("driver version", nvml.nvmlSystemGetDriverVersion)
         cuda = versions.ask("CUDA version", nvml.nvmlSystemGetCudaDriverVersion_v2)
         cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) and cuda else ""
@@ -469,6 +475,7 @@ class NvmlSource:
         name: Any = None
         memory: Any = None
         recovery = ""
+        minor: Any = None
         mig_enabled = False
         mig_devices: tuple[MigDevice, ...] = ()
         try:
@@ -481,6 +488,7 @@ class NvmlSource:
                     uuid = self._handle_uuid[key] = _text(answer)
                 name = card.ask("name", nvml.nvmlDeviceGetName, handle, need=True)
                 memory = card.ask("memory size", nvml.nvmlDeviceGetMemoryInfo, handle, need=True)
+                minor = card.ask("device minor number", nvml.nvmlDeviceGetMinorNumber, handle)
                 arch = card.ask("architecture", nvml.nvmlDeviceGetArchitecture, handle)
                 self._check_memory(card, handle, arch)
                 mig_enabled, mig_devices = self._mig(card, handle, uuid or str(index))
@@ -504,6 +512,7 @@ class NvmlSource:
             health_reason=reason,
             recovery_action=recovery,
             mig_devices=mig_devices,
+            minor_number=minor if isinstance(minor, int) else None,
         )
         if reason:
             log.debug("gpu unhealthy gpu=%d gpu_uuid=%s reason=%s", index, uuid, reason)

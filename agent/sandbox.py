@@ -10,8 +10,10 @@ session would put the workload out of reach of the runner's process-group signal
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
+
+from tuneplane.agent.inventory import Gpu
 
 BWRAP = "/usr/bin/bwrap"
 # Restores SIGTERM's default action inside the sandbox; the runner starts bubblewrap with it
@@ -21,14 +23,18 @@ RESET_SIGTERM = ("/usr/bin/env", "--default-signal=TERM")
 SHARED_GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
-def gpu_devices(gpu_indexes: tuple[int, ...], present: Collection[str]) -> tuple[str, ...]:
+def gpu_devices(gpus: Sequence[Gpu], present: Collection[str]) -> tuple[str, ...]:
     """The device nodes of the member's GPUs that exist on this host (``present``).
 
-    ``/dev/nvidia<N>`` is taken to be GPU index N (the driver numbers minors in PCI order, as
-    NVML numbers indexes); the shared control nodes come with any GPU.
+    A GPU's node is ``/dev/nvidia<N>`` with N its minor number as NVML reports it: the driver
+    numbers device nodes in its own order, which is not always NVML's index order. A GPU whose
+    minor number is unknown (a simulated GPU) falls back to its index. The shared control nodes
+    come with any GPU.
     """
-    own = [f"/dev/nvidia{i}" for i in gpu_indexes]
-    shared = list(SHARED_GPU_DEVICES) if gpu_indexes else []
+    own = [
+        f"/dev/nvidia{gpu.index if gpu.minor_number is None else gpu.minor_number}" for gpu in gpus
+    ]
+    shared = list(SHARED_GPU_DEVICES) if gpus else []
     return tuple(path for path in own + shared if path in present)
 
 

@@ -24,6 +24,7 @@ metric while a real agent or collector process runs. Format (every key optional 
         {
           "uuid": "GPU-...",               # required; also the card's identity for its handle
           "name": "NVIDIA H200", "memory": 150754820096, "architecture": 9 or "hopper",
+          "minor": 3,                      # N of /dev/nvidia<N>; absent: its place in this list
           "ecc_uncorrected": 0, "ecc_corrected": 0,     # null: NOT_SUPPORTED
           "remapped_rows": [corr, unc, pending, failure], # null: NOT_SUPPORTED (pre-Ampere default)
           "retired_pages": {"pending": false, "double_bit": [], "single_bit": []},
@@ -355,6 +356,12 @@ class ScriptedNvml:
             total = int(card.get("memory", 141 * 2**30))
             used = int(card.get("metrics", {}).get("memory_used", 0))
         return SimpleNamespace(total=total, used=used, free=total - used, reserved=0)
+
+    def nvmlDeviceGetMinorNumber(self, handle: ScriptedHandle) -> int:
+        card = self._need(self._enter("nvmlDeviceGetMinorNumber", handle))
+        if "minor" in card:
+            return int(card["minor"])
+        return next(i for i, c in enumerate(self._cards()) if c["uuid"] == card["uuid"])
 
     def nvmlDeviceGetArchitecture(self, handle: ScriptedHandle) -> int:
         card = self._need(self._enter("nvmlDeviceGetArchitecture", handle))

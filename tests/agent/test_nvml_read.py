@@ -80,6 +80,7 @@ def test_a_healthy_read_names_the_scripted_source(script: Script) -> None:
         ("nvmlDeviceGetName", "name"),
         ("nvmlDeviceGetMemoryInfo", "memory size"),
         ("nvmlDeviceGetArchitecture", "architecture"),
+        ("nvmlDeviceGetMinorNumber", "device minor number"),
         ("nvmlDeviceGetUUID", "UUID"),
     ],
 )
@@ -110,6 +111,26 @@ def test_not_supported_means_no_data_and_nothing_else_does(script: Script) -> No
     inv = source_for(script).collect()
     assert health(inv) == {A: "ok", B: "ok"}
     assert inv.gpus[1].recovery_action == ""
+
+
+def test_each_card_carries_its_device_minor_number(script: Script) -> None:
+    # The driver numbers /dev/nvidia<N> in its own order; the sandbox binds by this number.
+    script.card(A)["minor"] = 3
+    script.card(B)["errors"] = {"nvmlDeviceGetMinorNumber": "NOT_SUPPORTED"}
+    script.write()
+    inv = source_for(script).collect()
+    assert [(g.index, g.minor_number) for g in inv.gpus] == [(0, 3), (1, None)]
+    assert health(inv) == {A: "ok", B: "ok"}
+
+
+def test_gpu_is_lost_from_a_system_call_stops_nothing(script: Script) -> None:
+    # Found by the Hypothesis test below: GPU_IS_LOST is about a card; from the driver-version
+    # call it used to escape the read as an exception.
+    script.top["errors"] = {"nvmlSystemGetDriverVersion": "GPU_IS_LOST"}
+    script.write()
+    inv = source_for(script).collect()
+    assert health(inv) == {A: "ok", B: "ok"}
+    assert inv.driver_version == ""
 
 
 def test_what_the_counters_say_is_the_health(script: Script) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.support import accounts as test_accounts
 from tuneplane.agent import accounts, config, sandbox, workload_checks
+from tuneplane.agent.inventory import Gpu
 from tuneplane.agent.launch_plan import (
     refused_loader_variable,
     resolve_entrypoint,
@@ -212,13 +213,20 @@ def test_the_sandbox_hides_the_node_and_binds_only_the_members_own_folders() -> 
     assert text.index("--tmpfs /var/lib/tuneplane-work ") < text.index("--bind /var/lib")
 
 
+def _gpu(index: int, minor: int | None) -> Gpu:
+    return Gpu(index, f"GPU-{index}", "NVIDIA H200", "h200", 1, False, True, minor_number=minor)
+
+
 def test_only_the_members_own_gpu_device_nodes_are_passed() -> None:
-    present = {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"}
-    assert sandbox.gpu_devices((1,), present) == (
+    present = {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm"}
+    assert sandbox.gpu_devices([_gpu(1, 1)], present) == (
         "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm",
     )  # fmt: skip
-    assert sandbox.gpu_devices((), present) == ()
-    assert sandbox.gpu_devices((3,), set()) == ()
+    # The node is the card's minor number, which the driver may number apart from the index.
+    assert sandbox.gpu_devices([_gpu(1, 3)], present)[0] == "/dev/nvidia3"
+    assert sandbox.gpu_devices([_gpu(0, None)], present)[0] == "/dev/nvidia0"  # simulated
+    assert sandbox.gpu_devices([], present) == ()
+    assert sandbox.gpu_devices([_gpu(3, 3)], set()) == ()
 
 
 def test_start_problems_refuse_root_members_and_roots_inside_the_state_dir(
