@@ -137,7 +137,7 @@ def default_policy(euid: int) -> WorkloadPolicy:
 
 def _type_name(kind: type) -> str:
     return {str: "a string", int: "an integer", bool: "true or false", list: "a list",
-            dict: "a table"}[kind]  # fmt: skip
+            dict: "a table", float: "a number of seconds"}[kind]  # fmt: skip
 
 
 def _check_table(path: Path, where: str, raw: Mapping[str, Any], keys: Mapping[str, type]) -> None:
