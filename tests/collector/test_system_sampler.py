@@ -307,7 +307,7 @@ def test_a_hung_nvml_call_does_not_hold_the_sample(
 
     opts = SystemOptions(
         interval_s=0.1, gpu_uuids=(UUID_A,), member_dir=member_dir,
-        scripted_nvml=script.path, nvml_limit_s=0.5,
+        scripted_nvml=script.path, nvml_limit_s=1.0,
     )  # fmt: skip
     sampling = SystemSampling(opts, tmp_path / "state", spool, lambda: False)
     (tmp_path / "state").mkdir()
@@ -330,7 +330,7 @@ def test_a_hung_nvml_call_does_not_hold_the_sample(
 
     took = trio.run(main)
     # The first sample waited for the limit; the next ones did not wait for the hung call.
-    assert took[0] < 3.0 and max(took[1:]) < 0.45, took
+    assert 1.0 <= took[0] < 4.0 and max(took[1:]) < 0.9, took
     assert all(not any(p.tag.startswith("system/gpu") for p in s) for s in spooled[:3])
     assert all(any(p.tag == "system/rss_bytes" for p in s) for s in spooled[:3])
     assert [s[0].step for s in spooled] == list(range(len(spooled)))
