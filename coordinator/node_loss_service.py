@@ -123,13 +123,15 @@ class MaxDisconnectWatch:
         desk: NodeLossDesk,
         fleets: Mapping[str, FleetSettings],
         tick_s: float = WATCH_TICK_S,
+        started_ms: int | None = None,
     ) -> None:
         self._store = store
         self._registry = registry
         self._desk = desk
         self._limits = {name: f for name, f in fleets.items() if f.max_disconnect_s is not None}
         self._tick_s = tick_s
-        self._started_ms = now_ms()
+        # When this coordinator began to hear Nodes: silence before it is not counted.
+        self._started_ms = now_ms() if started_ms is None else started_ms
 
     @property
     def enabled(self) -> bool:

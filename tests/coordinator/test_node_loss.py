@@ -14,8 +14,11 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
+from tuneplane.agent import messages as agent_messages
+from tuneplane.agent.wire import from_wire
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator import node_loss, store_fleet, store_lifecycle
+from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import ConfigError, parse_config
 from tuneplane.coordinator.node_loss_service import MaxDisconnectWatch, NodeLossDesk
 from tuneplane.coordinator.placement import MemberPlacement, Placement
@@ -32,6 +35,8 @@ from tuneplane.coordinator.records import (
 )
 from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
 from tuneplane.coordinator.store import Conflict, NotFound, Store
+from tuneplane.coordinator.wire import order_message
+from tuneplane.proto import v1
 
 T = TypeVar("T")
 NODE_A, NODE_B = "node-a", "node-b"
@@ -438,10 +443,10 @@ def test_max_disconnect_declares_only_overdue_nodes_that_hold_members(tmp_path: 
         registry.attach(NodeSession.create(NODE_A))
         woken: list[int] = []
         desk = NodeLossDesk(store, registry, lambda: woken.append(1))
-        watch = MaxDisconnectWatch(store, registry, desk, config.fleets)
-        # node-b went away at 2000 (epoch ms: long ago), but this watch only began now.
-        first = await watch.step()
-        watch._started_ms -= 1000
+        # node-b went away at 2000 (epoch ms: long ago), but a watch that began now waits.
+        first = await MaxDisconnectWatch(store, registry, desk, config.fleets).step()
+        began = now_ms() - 1000
+        watch = MaxDisconnectWatch(store, registry, desk, config.fleets, started_ms=began)
         second = await watch.step()
         third = await watch.step()
         job = await store.get_job(RUN)
@@ -461,9 +466,24 @@ def test_max_disconnect_is_off_unless_a_fleet_sets_it(tmp_path: Path) -> None:
     async def go(store: Store) -> tuple[bool, list[str]]:
         await _world(store)
         registry = SessionRegistry()
-        watch = MaxDisconnectWatch(store, registry, NodeLossDesk(store, registry, lambda: None), {})
-        watch._started_ms = 0
+        desk = NodeLossDesk(store, registry, lambda: None)
+        watch = MaxDisconnectWatch(store, registry, desk, {}, started_ms=0)
         await watch.run()  # returns at once: nothing to watch
         return watch.enabled, await watch.step()
 
     assert _run(go, path) == (False, [])
+
+
+def test_the_node_reads_declared_lost_from_the_cancel_on_the_wire() -> None:
+    key = MemberKey(RUN, 1, 1)
+    for lost in (True, False):
+        order = CancelOrder(NODE_B, key, DECLARATION, 7, declared_lost=lost)
+        sent = bytes(order_message(order))
+        cancel = from_wire(v1.CoordinatorMessage().parse(sent))
+        assert isinstance(cancel, agent_messages.Cancel)
+        assert (cancel.declared_lost, cancel.reason, cancel.grace_period_s) == (
+            lost,
+            DECLARATION,
+            7,
+        )
+        assert str(cancel.key) == f"{RUN}.1.1"

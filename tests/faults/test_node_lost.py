@@ -5,6 +5,7 @@ same state directory and watch it stop the members its runners kept alive.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,47 @@ def test_max_disconnect_declares_a_silent_node_lost_by_itself(tmp_path: Path) ->
         finally:
             release.write_text("go")
             agent.stop()
+
+
+def _credentials_ended(coord: CoordinatorProcess, run_id: str) -> list[bool]:
+    """Whether each collector credential of ``run_id`` has started its drain window."""
+    db = sqlite3.connect(f"file:{coord.state_dir / 'telemetry.db'}?mode=ro", uri=True)
+    try:
+        rows = db.execute(
+            "SELECT ended_at_ms FROM collector_credentials WHERE run_id = ?", (run_id,)
+        ).fetchall()
+    finally:
+        db.close()
+    return [r[0] is not None for r in rows]
+
+
+def test_node_lost_with_no_coordinator_serving_is_kept_and_enforced(
+    coordinator: CoordinatorProcess, tmp_path: Path
+) -> None:
+    agent = start_agent(tmp_path, coordinator)
+    agent.wait_connected()
+    release = tmp_path / "release"
+    root = project(coordinator, tmp_path / "proj", "custom/custom", _held(release))
+    run_id = submit(coordinator, root, "h200:1")
+    _running(coordinator, run_id)
+    (member_dir,) = _member_dirs(agent).values()
+    try:
+        agent.kill()
+        coordinator.stop()
+        out = coordinator.admin("node", "lost", agent.node_id, "--reason", REASON)
+        assert out.returncode == 0, out.stderr
+        assert f"Job {run_id} is failed: member 0 was declared lost by admin CLI: {REASON}" in (
+            out.stdout
+        )
+        assert _credentials_ended(coordinator, run_id) == [True]
+        coordinator.restart()
+        assert job(coordinator, run_id)["state"] == "failed"
+        assert node(coordinator, agent.node_id)["scheduling"] == "cordoned"
+        agent.restart()
+        agent.wait_connected()
+        wait_until("the member to be stopped", lambda: not runner_alive(member_dir))
+        wait_until("every report answered", lambda: not pending_reports(agent))
+        assert job(coordinator, run_id)["state"] == "failed"
+    finally:
+        release.write_text("go")
+        agent.stop()
