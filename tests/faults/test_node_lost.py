@@ -228,3 +228,48 @@ def test_node_lost_with_no_coordinator_serving_is_kept_and_enforced(
     finally:
         release.write_text("go")
         agent.stop()
+
+
+def test_node_lost_stops_the_members_on_other_nodes_that_worked_with_it(
+    coordinator: CoordinatorProcess, tmp_path: Path
+) -> None:
+    # One GPU per Node, two asked for: one member on each Node.
+    a = start_agent(tmp_path, coordinator, name="gpu-a", simulate_gpus="h200:1")
+    b = start_agent(tmp_path, coordinator, name="gpu-b", simulate_gpus="h200:1")
+    a.wait_connected()
+    b.wait_connected()
+    release = tmp_path / "release"
+    root = project(coordinator, tmp_path / "proj", "custom/custom", _held(release))
+    run_id = submit(coordinator, root, "h200:2")
+    shown = _running(coordinator, run_id)
+    nodes = {m["index"]: m["node_id"] for m in shown["attempts"][0]["members"]}
+    lost, kept = (b, a) if nodes[1] == b.node_id else (a, b)
+    (kept_dir,) = _member_dirs(kept).values()
+    try:
+        lost.kill()
+        wait_until("the Job to be unknown", lambda: job(coordinator, run_id)["state"] == "unknown")
+        out = coordinator.admin("node", "lost", lost.node_id, "--reason", REASON)
+        assert out.returncode == 0, out.stderr
+        done = job(coordinator, run_id)
+        assert done["state"] == "failed" and DECLARATION in done["state_reason"]
+        # The member on the Node that stayed is stopped, and its GPU comes back.
+        wait_until("the other member to be stopped", lambda: not runner_alive(kept_dir))
+        (member,) = journal(kept, "members", "--json")
+        wait_until("its exit", lambda: journal(kept, "members", "--json")[0]["state"] == "exited")
+        stop = [e for e in journal(kept, "events", "--json") if e["kind"] == "cancel-received"]
+        assert (
+            stop
+            and DECLARATION in stop[0]["reason"]
+            and "stopping the others" in (stop[0]["reason"])
+        )
+        assert not stop[0]["details"].get("declared_lost")
+        wait_until("no GPU held on either Node", lambda: not [
+            g for n in (a, b) for g in node(coordinator, n.node_id)["gpus"] if g["held_by"]
+        ])  # fmt: skip
+        assert node(coordinator, kept.node_id)["scheduling"] == "schedulable"
+        assert job(coordinator, run_id)["state"] == "failed"
+        assert member["member"].startswith(run_id)
+    finally:
+        release.write_text("go")
+        a.stop()
+        b.stop()
