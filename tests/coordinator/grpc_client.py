@@ -219,8 +219,10 @@ async def node_stream(
     hostname: str = "node-a",
     gpus: int = 2,
     held: list[v1.HeldMember] | None = None,
+    inventory: v1.Inventory | None = None,
 ) -> AsyncIterator[NodeStream]:
-    """Connect, send Hello with simulated GPUs, and check the Welcome."""
+    """Connect, send Hello with ``inventory`` (default: ``gpus`` simulated GPUs), and check the
+    Welcome."""
     channel = open_channel(control, ca_path)
     try:
         async with channel.request(
@@ -236,7 +238,7 @@ async def node_stream(
                 hello=v1.Hello(
                     node_id=node_id,
                     agent_version="test",
-                    inventory=simulated_inventory(hostname, gpus),
+                    inventory=inventory or simulated_inventory(hostname, gpus),
                     held=held or [],
                 )
             )

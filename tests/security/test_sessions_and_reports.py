@@ -25,7 +25,7 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from tests.agent.jobs import job, submit, tp
-from tests.coordinator.grpc_client import NodeStream, node_stream
+from tests.coordinator.grpc_client import NodeStream, api_client, node_stream
 from tests.faults.jobs import wait_state
 from tests.support.agent import AgentProcess, node_cli, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
@@ -158,10 +158,13 @@ def as_thief(
     held: list[v1.HeldMember] | None = None,
 ) -> Any:
     """Run ``attack(node_stream)`` on a Connect opened with ``victim_node``'s stolen credential
-    (its Hello claiming to hold ``held``)."""
+    (its Hello claiming to hold ``held``, and the inventory the real Node last reported: a thief
+    who copies it gets Prepares the real Node accepts once it is back)."""
 
     async def go() -> Any:
         with anyio.fail_after(STREAM_TIMEOUT_S):
+            async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+                shown = await api.stub.get_node(v1.GetNodeRequest(node_id=victim_node.node_id))
             async with node_stream(
                 coord.control,
                 coord.ca_path,
@@ -169,6 +172,7 @@ def as_thief(
                 victim_node.node_id,
                 hostname=victim_node.state_dir.name,
                 held=held,
+                inventory=shown.inventory,
             ) as node:
                 return await attack(node)
 
