@@ -398,8 +398,9 @@ async def declare_node_lost(
 
     result = await store._shielded(work())
     log.info(
-        "node declared lost node=%s by=%s members=%d runs=%s cordoned=%s reason=%s",
-        node_id, by, len(result.lost), ",".join(result.runs) or "-", result.cordoned, why,
+        "node declared lost node=%s by=%s changed=%s members=%d runs=%s cordoned=%s reason=%s",
+        node_id, by, result.changed, len(result.lost), ",".join(result.runs) or "-",
+        result.cordoned, why,
     )  # fmt: skip
     return result
 

@@ -552,10 +552,7 @@ def node_lost(node_id: str, state_dir: Path, reason: str) -> None:
 
         lost, jobs, scheduling = _run(_with_store, state_dir, work)
     if not lost:
-        click.echo(
-            f"Node {node_id} holds no live member (it is {scheduling}); nothing was left to "
-            "declare lost."
-        )
+        click.echo(f"Node {node_id} holds no live member: no Job changed, and it is {scheduling}.")
         return
     click.echo(f"Declared Node {node_id} lost; it is {scheduling}. Members ended:")
     for member in lost:
