@@ -14,16 +14,20 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
+import psutil
 
 from tests.coordinator.grpc_client import api_client, enroll, jobspec, node_stream
 from tests.support.coordinator import CoordinatorProcess
 from tests.support.processes import track, untrack
 from tuneplane.proto import v1
+from tuneplane.runner.durable import write_json_atomic
+from tuneplane.runner.records import RUNNER_FILE
 
 
 @attrs.frozen
@@ -183,3 +187,22 @@ def write_jsonl(path: Path, first: int, count: int, tag: str = "train/loss") -> 
         for step in range(first, first + count):
             record = {"step": step, "metrics": {tag: step * 0.5}, "wall_time": 1.7e9 + step}
             out.write(json.dumps(record) + "\n")
+
+
+@contextmanager
+def standing_runner(tmp_path: Path) -> Iterator[Path]:
+    """A member directory whose real ``runner.json`` names a real, live process standing for
+    the member's runner (what a collector samples); the process is killed on exit."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    track(proc)
+    member_dir = tmp_path / "member"
+    member_dir.mkdir()
+    start = psutil.Process(proc.pid).create_time()
+    write_json_atomic(member_dir / RUNNER_FILE, {"pid": proc.pid, "start_time": start,
+                                                 "processes": []})  # fmt: skip
+    try:
+        yield member_dir
+    finally:
+        proc.kill()
+        proc.wait()
+        untrack(proc)

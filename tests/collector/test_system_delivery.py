@@ -4,21 +4,22 @@ the real ``tuneplane-collector run`` process on the scripted NVML, a real proces
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.collector.delivery import CollectorProcess, launch_member, stored_points, write_jsonl
+from tests.collector.delivery import (
+    CollectorProcess,
+    launch_member,
+    standing_runner,
+    stored_points,
+    write_jsonl,
+)
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tests.support.processes import track, untrack, wait_until
+from tests.support.processes import wait_until
 from tuneplane.agent.scripted_nvml import write_script
-from tuneplane.runner.durable import write_json_atomic
-from tuneplane.runner.records import RUNNER_FILE
 
 UUID = "GPU-8d8d8d8d-1111-2222-3333-444444444444"
 
@@ -31,19 +32,8 @@ def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProce
 
 @pytest.fixture
 def runner(tmp_path: Path) -> Iterator[Path]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-    track(proc)
-    member_dir = tmp_path / "member"
-    member_dir.mkdir()
-    start = psutil.Process(proc.pid).create_time()
-    write_json_atomic(member_dir / RUNNER_FILE, {"pid": proc.pid, "start_time": start,
-                                                 "processes": []})  # fmt: skip
-    try:
+    with standing_runner(tmp_path) as member_dir:
         yield member_dir
-    finally:
-        proc.kill()
-        proc.wait()
-        untrack(proc)
 
 
 @pytest.mark.parametrize("trouble", ["hang", "error"])

@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.collector.delivery import (
@@ -27,16 +24,15 @@ from tests.collector.delivery import (
     Launched,
     delivery_row,
     launch_member,
+    standing_runner,
     stored_points,
 )
 from tests.coordinator.grpc_client import bearer, open_channel
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tests.support.processes import track, untrack, wait_until
+from tests.support.processes import wait_until
 from tuneplane.agent.scripted_nvml import write_script
 from tuneplane.collector.spool import SPOOL_FILE
 from tuneplane.proto import v1
-from tuneplane.runner.durable import write_json_atomic
-from tuneplane.runner.records import RUNNER_FILE
 
 UUID = "GPU-7c7c7c7c-1111-2222-3333-444444444444"
 WALL = 1.7e9
@@ -50,20 +46,8 @@ def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProce
 
 @pytest.fixture
 def runner(tmp_path: Path) -> Iterator[Path]:
-    """A real process standing for the member's runner, named by a real runner.json."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-    track(proc)
-    member_dir = tmp_path / "member"
-    member_dir.mkdir()
-    start = psutil.Process(proc.pid).create_time()
-    write_json_atomic(member_dir / RUNNER_FILE, {"pid": proc.pid, "start_time": start,
-                                                 "processes": []})  # fmt: skip
-    try:
+    with standing_runner(tmp_path) as member_dir:
         yield member_dir
-    finally:
-        proc.kill()
-        proc.wait()
-        untrack(proc)
 
 
 def test_a_workload_line_claiming_system_series_is_refused_and_stores_nothing(
