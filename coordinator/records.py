@@ -171,6 +171,8 @@ class MemberView:
     out_dir: str
     gpu_indexes: tuple[int, ...]
     history: tuple[StateChangeRecord, ...]
+    # When its Node said it ended (the exit report's at_ms, the Node's clock); 0 when unknown.
+    ended_at_ms: int = 0
 
 
 @attrs.frozen

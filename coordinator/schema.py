@@ -237,6 +237,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE members ADD COLUMN declared_lost TEXT NOT NULL DEFAULT ''",
         ),
     ),
+    (
+        10,
+        (
+            # When a member ended, as its Node's exit report said (the report's at_ms, the Node's
+            # clock); 0 when no Node reported the end (a lost member, or one that ended before
+            # this was recorded). `tp job show` names the member that failed first by it.
+            "ALTER TABLE members ADD COLUMN ended_at_ms BIGINT NOT NULL DEFAULT 0",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -660,11 +660,11 @@ class Store(SqliteFile):
             members = []
             mrows = await self._db.execute_fetchall(
                 "SELECT member_index, node_id, state, has_exit, exit_code, signal, out_dir, "
-                "gpu_indexes_json FROM members WHERE run_id = ? AND attempt = ? "
+                "gpu_indexes_json, ended_at_ms FROM members WHERE run_id = ? AND attempt = ? "
                 "ORDER BY member_index",
                 (run_id, number),
             )
-            for idx, node_id, state, has_exit, code, sig, out_dir, gpus in mrows:
+            for idx, node_id, state, has_exit, code, sig, out_dir, gpus, ended in mrows:
                 history = await self._history(
                     "SELECT state, at_ms, reason FROM member_states WHERE run_id = ? AND "
                     "attempt = ? AND member_index = ? ORDER BY id",
@@ -681,6 +681,7 @@ class Store(SqliteFile):
                         out_dir=str(out_dir),
                         gpu_indexes=tuple(json.loads(gpus)),
                         history=history,
+                        ended_at_ms=int(ended),
                     )
                 )
             state = {None: "preparing", lc.COMMIT: "committed", lc.ABORT: "aborted"}[decision]
@@ -1175,6 +1176,11 @@ class Store(SqliteFile):
                         (report.out_dir, key.run_id, key.attempt, key.member_index),
                     )
                 if moved in lc.TERMINAL_MEMBER_STATES:
+                    await db.execute(
+                        "UPDATE members SET ended_at_ms = ? WHERE run_id = ? AND attempt = ? "
+                        "AND member_index = ?",
+                        (report.at_ms or now, key.run_id, key.attempt, key.member_index),
+                    )
                     await self._release(db, key, now, f"the member {moved}")
                 await self._refresh_job(db, key.run_id, now)
                 return ReportOutcome(applied=True, ended=moved in lc.TERMINAL_MEMBER_STATES)
