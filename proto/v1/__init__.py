@@ -185,6 +185,11 @@ class Member(betterproto.Message):
     out_dir: str = betterproto.string_field(7)
     gpu_indexes: List[int] = betterproto.uint32_field(8)
     history: List["StateChange"] = betterproto.message_field(9)
+    ended_at_ms: int = betterproto.int64_field(10)
+    """
+    When its Node said it ended (the exit report's at_ms, on the Node's clock); 0 when no Node
+     reported the end (a lost member, or one that has not ended).
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -216,6 +221,42 @@ class Job(betterproto.Message):
     """
     Why the Job is in its state now, e.g. "waiting: quota h200 4/4 in use" while queued.
     """
+
+    first_failure: "FirstFailure" = betterproto.message_field(16)
+    """
+    Set by GetJob on a failed Job: the member of its latest attempt that failed first.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class FirstFailure(betterproto.Message):
+    """
+    The member that failed first (earliest end its Node reported; docs/researcher.md says how
+     ties, signals and lost members are ordered), with the last lines of its stderr as stored.
+    """
+
+    attempt: int = betterproto.uint32_field(1)
+    member_index: int = betterproto.uint32_field(2)
+    node_id: str = betterproto.string_field(3)
+    state: str = betterproto.string_field(4)
+    has_exit: bool = betterproto.bool_field(5)
+    exit_code: int = betterproto.int32_field(6)
+    signal: int = betterproto.int32_field(7)
+    at_ms: int = betterproto.int64_field(8)
+    """
+    When it failed: the exit report's at_ms, or for a lost member when its Node went silent.
+    """
+
+    what: str = betterproto.string_field(9)
+    """One sentence, e.g. "member 1 exited with code 3"."""
+
+    stderr_tail: str = betterproto.string_field(10)
+    """
+    The last lines of its stderr (at most 20 lines and 4 KiB), decoded as UTF-8.
+    """
+
+    stderr_cut: bool = betterproto.bool_field(11)
+    """True when older stderr exists that stderr_tail does not show."""
 
 
 @dataclass(eq=False, repr=False)
