@@ -12,14 +12,10 @@ import json
 import logging
 import os
 import pwd
-import re
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import click
@@ -28,6 +24,8 @@ import trio
 from tuneplane.agent import config as node_config
 from tuneplane.agent import journal_read, workload_checks
 from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.cli_support import sentences as _sentences
+from tuneplane.agent.cli_support import state_dir_option as _state_dir_option
 from tuneplane.agent.credential_renewal import credential_health, renewal_deadline_ms
 from tuneplane.agent.daemon import INVENTORY_INTERVAL_S, Daemon, run_daemon
 from tuneplane.agent.inventory import (
@@ -41,7 +39,8 @@ from tuneplane.agent.inventory import (
     parse_simulate_gpus,
     read_release,
 )
-from tuneplane.agent.journal import Journal, JournalError, MemberKey
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_cli import journal_group
 from tuneplane.agent.journal_owner import owner_problem, stamped_node_id
 from tuneplane.agent.state_dir import (
     AlreadyEnrolled,
@@ -53,19 +52,9 @@ from tuneplane.agent.state_dir import (
     write_atomic,
     write_json_atomic,
 )
-from tuneplane.agent.wire import Endpoint, Enrolled, WireError, enroll
+from tuneplane.agent.wire import Endpoint, Enrolled, enroll
 from tuneplane.agent.xid_book import CLEAR_KINDS, XidRecord
 from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
-
-F = TypeVar("F", bound=Callable[..., Any])
-EXPECTED_ERRORS = (
-    WireError,
-    StateDirError,
-    InventoryError,
-    JournalError,
-    journal_read.JournalUnreadable,
-    ValueError,
-)
 
 
 @attrs.frozen
@@ -82,34 +71,6 @@ def _workload_policy() -> node_config.WorkloadPolicy:
     if isinstance(found, _Settings):
         return workload_checks.policy_from(found.values, found.path)
     return workload_checks.policy_from(None, None)
-
-
-@contextmanager
-def _sentences() -> Iterator[None]:
-    """Turn the agent's typed errors into a one-line message and exit status 1."""
-    try:
-        yield
-    except EXPECTED_ERRORS as exc:
-        raise click.ClickException(str(exc)) from None
-    except BaseExceptionGroup as group:
-        # Trio nurseries group what their tasks raised; show the first expected one plainly.
-        matched, _rest = group.split(EXPECTED_ERRORS)
-        if matched is None:
-            raise
-        first: BaseException = matched
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        raise click.ClickException(str(first)) from None
-
-
-def _state_dir_option(fn: F) -> F:
-    return click.option(
-        "--state-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=Path("/var/lib/tuneplane-node"),
-        show_default=True,
-        help="The Node's private state directory (node.json, credentials, journal.db).",
-    )(fn)
 
 
 _scripted_nvml_option = click.option(
@@ -150,12 +111,6 @@ def _simulate(value: str | None) -> SimulatedGpus | None:
         return parse_simulate_gpus(value)
     except InventoryError as exc:
         raise click.BadParameter(str(exc)) from None
-
-
-def _ms(value: int | None) -> str:
-    if value is None:
-        return "-"
-    return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _ago(value: int | None) -> str:
@@ -697,151 +652,6 @@ def _workload_lines(state_dir: Path) -> int:
     return failures
 
 
-# --- journal -----------------------------------------------------------------------------------
-
-
-@main.group("journal")
-def journal_group() -> None:
-    """Read this Node's member journal (read-only; works with the agent stopped or running)."""
-
-
-def _since(value: str | None) -> int | None:
-    if value is None:
-        return None
-    match = re.fullmatch(r"(\d+)([smhd])", value.strip())
-    if match:
-        seconds = int(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
-        return int((time.time() - seconds) * 1000)
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is neither a duration (30s, 10m, 2h, 1d) nor an ISO time "
-            "(2026-01-31T12:00); pass one of those.",
-            param_hint="--since",
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return int(when.timestamp() * 1000)
-
-
-def _emit(rows: list[dict[str, Any]], columns: list[str], as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        click.echo("(none)")
-        return
-    cells = [[("-" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for row in cells:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-
-
-def _journal_path(state_dir: Path) -> Path:
-    return StateDir(state_dir).journal_path
-
-
-@journal_group.command("members")
-@_state_dir_option
-@click.option("--json", "as_json", is_flag=True)
-def journal_members(state_dir: Path, as_json: bool) -> None:
-    """Every member this Node has held, with its current state."""
-    with _sentences(), journal_read.open_readonly(_journal_path(state_dir)) as db:
-        rows = [journal_read.member_json(r) for r in journal_read.members(db)]
-    for row in rows:
-        row["updated"] = _ms(row["updated_at_ms"])
-        row["exit"] = f"signal {row['signal']}" if row["signal"] is not None else row["exit_code"]
-    _emit(rows, ["member", "state", "gpu_indexes", "updated", "exit", "reason"], as_json)
-
-
-@journal_group.command("show")
-@click.argument("member")
-@_state_dir_option
-def journal_show(member: str, state_dir: Path) -> None:
-    """One member: its record and its whole history."""
-    with _sentences():
-        key = MemberKey.parse(member)
-        with journal_read.open_readonly(_journal_path(state_dir)) as db:
-            record = journal_read.member(db, key)
-            history = journal_read.events(db, key=key)
-        if record is None:
-            raise ValueError(
-                f"Member {member} is not in this journal; list them with "
-                "`tuneplane-node journal members`."
-            )
-    for name, value in journal_read.member_json(record).items():
-        click.echo(f"{name:>15}: {value}")
-    click.echo("history:")
-    for event in history:
-        move = f"{event['from_state'] or '-'} -> {event['to_state'] or '-'}"
-        click.echo(f"  {_ms(event['at_ms'])}  {event['kind']:<18} {move:<26} {event['reason']}")
-
-
-@journal_group.command("events")
-@_state_dir_option
-@click.option("--since", default=None, help="A duration (10m, 2h) or an ISO time.")
-@click.option("--member", default=None, help="Only this member (<run id>.<attempt>.<index>).")
-@click.option("--json", "as_json", is_flag=True)
-def journal_events(state_dir: Path, since: str | None, member: str | None, as_json: bool) -> None:
-    """The append-only event log, oldest first."""
-    with _sentences():
-        key = MemberKey.parse(member) if member else None
-        with journal_read.open_readonly(_journal_path(state_dir)) as db:
-            rows = journal_read.events(db, since_ms=_since(since), key=key)
-    if not as_json:
-        for row in rows:
-            row["at"] = _ms(row["at_ms"])
-    _emit(rows, ["id", "at", "member", "kind", "from_state", "to_state", "reason"], as_json)
-
-
-@journal_group.command("reservations")
-@_state_dir_option
-@click.option("--json", "as_json", is_flag=True)
-def journal_reservations(state_dir: Path, as_json: bool) -> None:
-    """Which member owns which GPU, and the reports the coordinator has not acknowledged."""
-    with _sentences(), journal_read.open_readonly(_journal_path(state_dir)) as db:
-        rows = journal_read.reservations(db)
-        pending = [journal_read.report_json(r) for r in journal_read.pending_reports(db)]
-    if as_json:
-        click.echo(json.dumps({"gpus": rows, "pending_reports": pending}, indent=2))
-        return
-    for row in rows:
-        row["since"] = _ms(row["since_ms"])
-    _emit(rows, ["gpu_index", "member", "state", "since"], False)
-    click.echo(f"pending reports: {len(pending)}")
-    if pending:
-        _emit(pending, ["report_seq", "member", "state", "reason"], False)
-
-
-@journal_group.command("gpus")
-@_state_dir_option
-@click.option("--json", "as_json", is_flag=True)
-def journal_gpus(state_dir: Path, as_json: bool) -> None:
-    """GPUs that XIDs disable now, then every XID and clear, oldest first."""
-    with _sentences(), journal_read.open_readonly(_journal_path(state_dir)) as db:
-        disabled = journal_read.disabled_gpus(db)
-        history = journal_read.gpu_history(db)
-    if as_json:
-        click.echo(json.dumps({"disabled": disabled, "history": history}, indent=2))
-        return
-    click.echo("disabled by XIDs:")
-    _emit(disabled, ["gpu_uuid", "why"], False)
-    click.echo("history:")
-    _emit(history, ["at", "gpu_uuid", "what", "disables", "detail"], False)
-
-
-@journal_group.command("export")
-@_state_dir_option
-@click.option("--json", "as_json", is_flag=True, required=True, help="Export as JSON (required).")
-def journal_export(state_dir: Path, as_json: bool) -> None:
-    """Everything in the journal as one JSON document (credential ages, never their values)."""
-    with _sentences(), journal_read.open_readonly(_journal_path(state_dir)) as db:
-        data = journal_read.export(db)
-    click.echo(json.dumps(data, indent=2))
-
-
 # --- gpu -----------------------------------------------------------------------------------
 
 
@@ -969,6 +779,9 @@ def gpu_release(minutes: int, end: bool, wait_s: float, state_dir: Path) -> None
             "UUID), then end the release with `tuneplane-node gpu release --end`."
         )
 
+
+# The on-call's offline reader is its own module (agent/journal_cli.py), on this same group.
+main.add_command(journal_group)
 
 if __name__ == "__main__":
     main()

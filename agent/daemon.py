@@ -36,7 +36,13 @@ from tuneplane.agent.collectors import CollectorSupervisor
 from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource, probe
-from tuneplane.agent.journal import Journal, JournalCorrupt, MemberKey, PendingReport
+from tuneplane.agent.journal import (
+    AGENT_STOPPED,
+    Journal,
+    JournalCorrupt,
+    MemberKey,
+    PendingReport,
+)
 from tuneplane.agent.journal_owner import open_node_journal
 from tuneplane.agent.logship import LogShipper
 from tuneplane.agent.member_state import MemberState
@@ -189,6 +195,7 @@ class Daemon:
                     "running workload. Move the journal aside and run `tuneplane-node doctor`."
                 )
                 log.critical("safe mode reason=%s", self.status.safe_mode_reason)
+            ended_by: BaseException | None = None
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._status_loop)
@@ -199,7 +206,15 @@ class Daemon:
                             work_root=self.work_root, policy=self.policy,
                             refresh=self.refresh_inventory,
                         )  # fmt: skip
-                        await self.journal.node_event(now_ms(), "agent-started", pid=os.getpid())
+                        previous = await self.journal.record_start(
+                            now_ms(), version=AGENT_VERSION, pid=os.getpid(),
+                            state_dir=str(self.state.root),
+                        )  # fmt: skip
+                        log.log(
+                            logging.WARNING if previous.how == "unclean" else logging.INFO,
+                            "agent started pid=%d previous_stop=%s reason=%s", os.getpid(),
+                            previous.how, previous.sentence(),
+                        )  # fmt: skip
                         # XIDs and clears journaled before this start apply before anything is
                         # sent or launched; members an older agent prepared get their UUIDs.
                         await self.refresh_inventory()
@@ -218,12 +233,25 @@ class Daemon:
                     nursery.start_soon(self._command_worker)
                     nursery.start_soon(self._inventory_loop)
                     await self._connect_loop()
+            except BaseException as exc:
+                ended_by = exc
+                raise
             finally:
                 with trio.CancelScope(shield=True):
                     self.status.connected = False
                     self._write_status()
                     if self.journal is not None:
-                        await self.journal.node_event(now_ms(), "agent-stopped")
+                        # Only an orderly stop writes the marker the next start looks for; an
+                        # error leaves its own event, so the next start reads the run as unclean.
+                        if _orderly(ended_by):
+                            await self.journal.node_event(
+                                now_ms(), AGENT_STOPPED, "orderly stop", pid=os.getpid()
+                            )
+                        else:
+                            await self.journal.node_event(
+                                now_ms(), "agent-failed", f"{type(ended_by).__name__}: {ended_by}",
+                                pid=os.getpid(),
+                            )  # fmt: skip
                         await self.journal.close()
                 log.info("agent stopped node_id=%s", self.node.node_id)
 
@@ -519,6 +547,15 @@ class Daemon:
         except WireError as exc:
             # The receive loop sees the same broken stream and closes the session.
             log.warning("send failed message=%s reason=%s", type(message).__name__, exc)
+
+
+def _orderly(ended_by: BaseException | None) -> bool:
+    """Whether the daemon stopped because it was told to (cancelled by SIGTERM/SIGINT)."""
+    if ended_by is None:
+        return True
+    if isinstance(ended_by, BaseExceptionGroup):
+        return all(_orderly(e) for e in ended_by.exceptions)
+    return isinstance(ended_by, trio.Cancelled | KeyboardInterrupt)
 
 
 async def run_daemon(daemon: Daemon) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,67 @@ class MemberExists(JournalError):
 
 class GpuAlreadyOwned(JournalError):
     """A GPU asked for is owned by another member (or does not appear twice in one request)."""
+
+
+#: Node events (``member_key`` NULL) that bracket one run of the daemon. ``agent-stopped`` is
+#: written, committed and fsynced at an orderly stop (SIGTERM, SIGINT) and at nothing else, so
+#: an ``agent-started`` with no ``agent-stopped`` after it means the daemon did not stop in order.
+AGENT_STARTED = "agent-started"
+AGENT_STOPPED = "agent-stopped"
+#: Member events written on a restart: a live runner found again, and an exit found on disk.
+MEMBER_REATTACHED = "member-reattached"
+EXIT_COLLECTED = "exit-collected"
+
+
+@attrs.frozen
+class PreviousStop:
+    """How the daemon's previous run ended, as the journal shows it at this start.
+
+    ``how`` is ``first`` (no earlier start in this journal), ``clean`` (an orderly stop was
+    journaled) or ``unclean`` (a crash, kill -9 or power loss: the last start has no stop).
+    ``last_event_at_ms`` is the newest event before this start (for ``unclean``, the last thing
+    the previous run wrote); ``stopped_at_ms`` the orderly stop, when there was one.
+    """
+
+    how: str
+    last_event_at_ms: int | None
+    stopped_at_ms: int | None
+
+    def sentence(self) -> str:
+        if self.how == "first":
+            return "first start with this journal"
+        if self.how == "clean":
+            return f"the previous run stopped cleanly at {_utc(self.stopped_at_ms)}"
+        return (
+            "the previous run did not stop cleanly (a crash, kill -9 or power loss); the last "
+            f"event it journaled was at {_utc(self.last_event_at_ms)}"
+        )
+
+
+def judge_previous_stop(
+    last_marker: str | None, marker_at_ms: int | None, last_event_at_ms: int | None
+) -> PreviousStop:
+    """Classify the previous stop from the newest start/stop marker and the newest event."""
+    if last_marker is None:
+        return PreviousStop("first", last_event_at_ms, None)
+    if last_marker == AGENT_STOPPED:
+        return PreviousStop("clean", last_event_at_ms, marker_at_ms)
+    return PreviousStop("unclean", last_event_at_ms, None)
+
+
+def _utc(at_ms: int | None) -> str:
+    if at_ms is None:
+        return "an unknown time"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_ms / 1000))
+
+
+@attrs.frozen
+class ExtraEvent:
+    """One more event row a transition writes in its own transaction (same member)."""
+
+    kind: str
+    reason: str
+    details: Mapping[str, Any]
 
 
 @attrs.frozen
@@ -412,6 +474,50 @@ class Journal:
 
         await self._write(fn)
 
+    async def record_start(
+        self, at_ms: int, *, version: str, pid: int, state_dir: str
+    ) -> PreviousStop:
+        """Journal this daemon's start, with how the previous run ended, in one transaction."""
+        found: list[PreviousStop] = []
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            marker = await _fetchall(
+                db,
+                "SELECT kind, at_ms FROM events WHERE member_key IS NULL AND kind IN (?, ?) "
+                "ORDER BY id DESC LIMIT 1",
+                (AGENT_STARTED, AGENT_STOPPED),
+            )
+            newest = await _fetchall(db, "SELECT max(at_ms) FROM events")
+            last_at = None if newest[0][0] is None else int(newest[0][0])
+            previous = judge_previous_stop(
+                str(marker[0][0]) if marker else None,
+                int(marker[0][1]) if marker else None,
+                last_at,
+            )
+            found.append(previous)
+            await _insert_event(
+                db, at_ms, None, AGENT_STARTED, None, None, previous.sentence(),
+                {
+                    "version": version, "pid": pid, "state_dir": state_dir,
+                    "previous_stop": previous.how,
+                    "last_event_at_ms": previous.last_event_at_ms,
+                    "stopped_at_ms": previous.stopped_at_ms,
+                },
+            )  # fmt: skip
+
+        await self._write(fn)
+        return found[0]
+
+    async def member_event(
+        self, key: MemberKey, at_ms: int, kind: str, reason: str = "", **details: Any
+    ) -> None:
+        """Append an event about one member that changes no state (a re-attach after restart)."""
+
+        async def fn(db: aiosqlite.Connection) -> None:
+            await _insert_event(db, at_ms, str(key), kind, None, None, reason, details)
+
+        await self._write(fn)
+
     # --- members -----------------------------------------------------------------------------
 
     async def member(self, key: MemberKey) -> MemberRecord | None:
@@ -602,12 +708,15 @@ class Journal:
         exit: Exit | None = None,
         rendezvous: tuple[str, int] | None = None,
         details: Mapping[str, Any] | None = None,
+        extra: ExtraEvent | None = None,
     ) -> tuple[MemberRecord, PendingReport | None]:
         """Apply ``event`` to the member and commit everything that follows from it at once.
 
         Raises :class:`UnknownMember`, :class:`IllegalTransition` (nothing written), or
         :class:`GpuAlreadyOwned` when entering ``prepared`` would own a GPU twice (nothing
         written). Returns the new record and the report queued for the coordinator, if any.
+        ``extra`` is one more event row on the member, written first in the same transaction
+        (an ``exit-collected`` note before the ``exit-observed`` it explains).
         """
         reports: list[PendingReport] = []
 
@@ -633,6 +742,10 @@ class Journal:
             await db.execute(
                 f"UPDATE members SET {', '.join(sets)} WHERE member_key = ?", [*args, str(key)]
             )
+            if extra is not None:
+                await _insert_event(
+                    db, at_ms, str(key), extra.kind, None, None, extra.reason, extra.details
+                )
             event_details = dict(details or {})
             if exit is not None:
                 event_details.update(exit_code=exit.exit_code, signal=exit.signal)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -89,8 +89,14 @@ def member(db: sqlite3.Connection, key: MemberKey) -> MemberRecord | None:
 
 
 def events(
-    db: sqlite3.Connection, since_ms: int | None = None, key: MemberKey | None = None
+    db: sqlite3.Connection,
+    since_ms: int | None = None,
+    key: MemberKey | None = None,
+    *,
+    kinds: Sequence[str] = (),
+    node_only: bool = False,
 ) -> list[dict[str, Any]]:
+    """Events oldest first; ``node_only``: those about the Node itself (``member_key`` NULL)."""
     sql = "SELECT id, at_ms, member_key, kind, from_state, to_state, reason, details FROM events"
     where: list[str] = []
     args: list[Any] = []
@@ -100,6 +106,11 @@ def events(
     if key is not None:
         where.append("member_key = ?")
         args.append(str(key))
+    if node_only:
+        where.append("member_key IS NULL")
+    if kinds:
+        where.append(f"kind IN ({', '.join('?' for _ in kinds)})")
+        args.extend(kinds)
     if where:
         sql += " WHERE " + " AND ".join(where)
     names = ("id", "at_ms", "member", "kind", "from_state", "to_state", "reason")
@@ -107,6 +118,11 @@ def events(
         dict(zip(names, r[:7], strict=True), details=json.loads(r[7]))
         for r in db.execute(sql + " ORDER BY id", args).fetchall()
     ]
+
+
+def event_kinds(db: sqlite3.Connection) -> list[str]:
+    """Every event kind this journal holds, sorted (to name the choices when a filter misses)."""
+    return [str(r[0]) for r in db.execute("SELECT DISTINCT kind FROM events ORDER BY kind")]
 
 
 def reservations(db: sqlite3.Connection) -> list[dict[str, Any]]:

@@ -29,7 +29,10 @@ from tuneplane.agent.config import Runtime, WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory
 from tuneplane.agent.journal import (
+    EXIT_COLLECTED,
+    MEMBER_REATTACHED,
     Exit,
+    ExtraEvent,
     GpuAlreadyOwned,
     Journal,
     MemberKey,
@@ -432,6 +435,9 @@ class MemberManager:
         base_env = workload_env(
             spec.env,
             {
+                # The recipe's parameters as the coordinator rendered them at Preview (the
+                # digest covers them); the argv flags are in the capsule's entrypoint.
+                **spec.parameter_env,
                 "TUNEPLANE_RUN_ID": key.run_id,
                 "TUNEPLANE_ATTEMPT": str(key.attempt),
                 "TUNEPLANE_MEMBER_INDEX": str(key.member_index),
@@ -486,8 +492,12 @@ class MemberManager:
         _, report = await self.journal.transition(key, E.LAUNCH_FAILED, now_ms(), reason=reason)
         await self._report(report)
 
-    async def launch(self, record: MemberRecord) -> None:
-        """Start a committed member's runner, at most once; safe to call again after a crash."""
+    async def launch(self, record: MemberRecord, *, after_restart: bool = False) -> None:
+        """Start a committed member's runner, at most once; safe to call again after a crash.
+
+        ``after_restart``: replay calls it; a runner found already there is journaled as
+        re-attached (alive) or as an exit collected (ended while the agent was down).
+        """
         key = record.key
         member_dir = Path(record.member_dir)
         if record.state is S.COMMITTED:
@@ -523,6 +533,9 @@ class MemberManager:
             record, report = await self.journal.transition(key, E.SPAWN_REQUESTED, now_ms())
             await self._report(report)
         observation = supervision.observe(member_dir)
+        found = after_restart and not isinstance(observation, supervision.NotStarted)
+        if found:
+            await self._found_at_restart(key, observation)
         if isinstance(observation, supervision.NotStarted):
             try:
                 observation = await supervision.start_runner(member_dir)
@@ -535,10 +548,16 @@ class MemberManager:
                     return
         crashpoint("after-spawn")
         log.info("member spawned member=%s observation=%s", key, observation)
-        await self.apply(key, observation)
+        await self.apply(key, observation, after_restart=found)
 
-    async def apply(self, key: MemberKey, observation: supervision.Observation) -> None:
-        """Journal what supervision observed, then keep watching a member that is still live."""
+    async def apply(
+        self, key: MemberKey, observation: supervision.Observation, *, after_restart: bool = False
+    ) -> None:
+        """Journal what supervision observed, then keep watching a member that is still live.
+
+        ``after_restart``: the observation is the first after the agent (re)started, so an exit
+        is one that happened while the agent was down: an ``exit-collected`` event says so.
+        """
         record = await self.journal.member(key)
         if record is None or record.state in TERMINAL:
             return
@@ -556,10 +575,10 @@ class MemberManager:
                 _, started = await self.journal.transition(key, E.RUNNER_STARTED, now_ms())
                 await self._report(started)
             exit = Exit(observation.exit_code, observation.signal)
+            how = f"exit code {exit.exit_code}" if exit.signal is None else f"signal {exit.signal}"
             _, report = await self.journal.transition(
-                key, E.EXIT_OBSERVED, now_ms(), exit=exit,
-                reason=f"exit code {exit.exit_code}" if exit.signal is None
-                else f"signal {exit.signal}",
+                key, E.EXIT_OBSERVED, now_ms(), exit=exit, reason=how,
+                extra=_collected(observation, how) if after_restart else None,
             )  # fmt: skip
             log.info("member exited member=%s exit_code=%s signal=%s", key, exit.exit_code,
                      exit.signal)  # fmt: skip
@@ -617,20 +636,54 @@ class MemberManager:
                 await self._report(report)
             elif record.state in (S.COMMITTED, S.STARTING):
                 log.info("replay resumes launch member=%s state=%s", key, record.state.value)
-                await self.launch(record)
+                await self.launch(record, after_restart=True)
             elif record.state in (S.RUNNING, S.CANCELLING):
                 observation = supervision.observe(Path(record.member_dir))
                 log.info("replay re-attaches member=%s observation=%s", key, observation)
+                await self._found_at_restart(key, observation)
                 if record.state is S.CANCELLING and isinstance(observation, supervision.Running):
                     self._stop(record, record.grace_period_s)
                 else:
-                    await self.apply(key, observation)
+                    await self.apply(key, observation, after_restart=True)
+
+    async def _found_at_restart(self, key: MemberKey, observation: supervision.Observation) -> None:
+        """Journal a live runner found again after a restart (pid and start time, never pid
+        alone); an exit found instead is journaled with its transition (see :meth:`apply`)."""
+        if not isinstance(observation, supervision.Running):
+            return
+        await self.journal.member_event(
+            key, now_ms(), MEMBER_REATTACHED,
+            f"runner pid {observation.pid} (started {_utc_s(observation.start_time)}) is alive",
+            runner_pid=observation.pid, runner_start_time=observation.start_time,
+        )  # fmt: skip
+        log.info("member re-attached member=%s runner_pid=%d runner_start_time=%.3f", key,
+                 observation.pid, observation.start_time)  # fmt: skip
 
     async def held(self) -> list[tuple[MemberKey, MemberState]]:
         return [(r.key, r.state) for r in await self.journal.members() if r.state in _HELD]
 
     async def undecided(self) -> list[MemberKey]:
         return [r.key for r in await self.journal.members() if r.state is S.PREPARED]
+
+
+def _utc_s(at_s: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_s))
+
+
+def _collected(observation: supervision.Exited, how: str) -> ExtraEvent:
+    """The ``exit-collected`` note for an exit the agent found on disk when it restarted."""
+    pid = "an unknown pid" if observation.runner_pid is None else f"pid {observation.runner_pid}"
+    return ExtraEvent(
+        EXIT_COLLECTED,
+        f"runner {pid} recorded {how} at {_utc_s(observation.finished_at)}; found when the "
+        "agent restarted",
+        {
+            "runner_pid": observation.runner_pid,
+            "exit_code": observation.exit_code,
+            "signal": observation.signal,
+            "exited_at_ms": int(observation.finished_at * 1000),
+        },
+    )
 
 
 _HELD = frozenset({S.PREPARED, S.COMMITTED, S.STARTING, S.RUNNING, S.CANCELLING})

@@ -111,6 +111,9 @@ class Exited:
     exit_code: int | None
     signal: int | None
     finished_at: float
+    # The runner that recorded it (runner.json), when that record is readable. Not part of
+    # equality: an exit is the same exit whoever is known to have recorded it.
+    runner_pid: int | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
@@ -239,7 +242,8 @@ def observe(member_dir: Path) -> Observation:
     try:
         exited = read_exit_record(member_dir)
         if exited is not None:
-            return Exited(exited.exit_code, exited.signal, exited.finished_at)
+            return Exited(exited.exit_code, exited.signal, exited.finished_at,
+                          _runner_pid(member_dir))  # fmt: skip
         record = read_runner_record(member_dir)
         if record is not None:
             identity = (record.pid, record.start_time)
@@ -255,11 +259,19 @@ def observe(member_dir: Path) -> Observation:
     except RecordError as exc:
         return Vanished(f"a runner record is unreadable: {exc}")
     if exited is not None:
-        return Exited(exited.exit_code, exited.signal, exited.finished_at)
+        return Exited(exited.exit_code, exited.signal, exited.finished_at, identity[0])
     where = "runner.json" if record is not None else CLAIM_FILE
     return Vanished(
         f"runner pid {identity[0]} recorded in {member_dir / where} is gone and left no exit.json"
     )
+
+
+def _runner_pid(member_dir: Path) -> int | None:
+    try:
+        record = read_runner_record(member_dir)
+    except RecordError:
+        return None
+    return record.pid if record is not None else None
 
 
 def _group_is_ours(proc: ProcessIdentity) -> bool:
