@@ -76,7 +76,8 @@ def workload_env(
     """The whole base environment of a member's processes: an allow-list, nothing inherited.
 
     The Job's ``env`` first (LANG among it, or ``C.UTF-8``); then what TunePlane owns, which
-    always wins: ``TUNEPLANE_*``, ``HOME`` (the member's work directory) and ``PATH`` (the
+    always wins: ``TUNEPLANE_*`` (the recipe's ``TUNEPLANE_PARAM_*`` among them, as the
+    resolved JobSpec carries them), ``HOME`` (the member's work directory) and ``PATH`` (the
     runtime's definition in node.toml, never the agent's). The launcher adds ranks and the
     rendezvous; the runner adds the SDK to PYTHONPATH.
     """

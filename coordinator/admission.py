@@ -6,6 +6,10 @@ Rules:
 - Resolution only fills what the intent left open (Series from the Profile, the Profile's default
   shape and env, recipe parameter defaults, the recipe's runtime); it never overrides a value the
   intent set, and a value that contradicts the Profile is refused rather than silently changed.
+- What every rank runs is decided here, once: the resolved JobSpec's ``command`` (the entrypoint,
+  then the recipe's parameter flags) and ``parameter_env`` (``TUNEPLANE_PARAM_*``), from
+  :func:`.parameters.workload_command`. Preview shows them and the Node runs them as they are; an
+  intent that sets them is refused. The entrypoint file the recipe names must be in the experiment.
 - Site policy is checked on the resolved JobSpec (its runtime and its whole env, the Profile's
   included): loader variables only on a runtime coordinator.toml allows them for.
 - :func:`admit` is the whole of it from JSON text to the canonical resolved JSON and its digest,
@@ -15,7 +19,9 @@ Rules:
 
 from __future__ import annotations
 
+import difflib
 import math
+import posixpath
 from typing import Any
 
 import attrs
@@ -31,6 +37,7 @@ from tuneplane.coordinator.jobspec import (
     loads,
     validate,
 )
+from tuneplane.coordinator.parameters import ParameterError, workload_command
 
 BACKEND = "node"
 
@@ -171,9 +178,46 @@ def _parameters(spec: JobSpec, recipe: Recipe) -> dict[str, Any]:
     return dict(sorted(resolved.items()))
 
 
+def _check_entrypoint_file(spec: JobSpec, recipe: Recipe, parameters: dict[str, Any]) -> None:
+    """The file the recipe's entrypoint runs (``python3 {script}``) is one of the experiment's."""
+    index = recipe.entrypoint_file
+    if index is None or index >= len(spec.entrypoint):
+        return
+    name = spec.entrypoint[index]
+    if posixpath.normpath(name) in spec.source_files:
+        return
+    template = recipe.entrypoint[index]
+    param = template[1:-1] if template.startswith("{") and template.endswith("}") else ""
+    field = f"parameters.{param}" if parameters.get(param) == name else f"entrypoint[{index}]"
+    files = sorted(spec.source_files)
+    close = difflib.get_close_matches(name, files, n=1, cutoff=0.6)
+    if close:
+        fix = f"Did you mean '{close[0]}'? Fix the name"
+    elif files:
+        shown = ", ".join(files[:8]) + (", ..." if len(files) > 8 else "")
+        fix = f"Its files are: {shown}. Fix the name"
+    else:
+        fix = "The experiment has no files. Add it"
+    where = "in config.yaml or --param" if field.startswith("parameters.") else "in the recipe"
+    raise JobSpecError(
+        field,
+        name,
+        f"is not a file of experiment '{spec.experiment}', so nothing would run",
+        f"{fix} {where} and preview again.",
+    )
+
+
 def resolve(spec: JobSpec, config: CoordinatorConfig, catalogue: Catalogue) -> Resolved:
     """Resolve and check a JobSpec. Raises :class:`JobSpecError` on the first problem."""
     validate(spec)
+    for field, value in (("command", spec.command), ("parameter_env", spec.parameter_env)):
+        if value:
+            raise JobSpecError(
+                field,
+                value,
+                "is computed by the coordinator at Preview, not sent with the intent",
+                "Leave it out; `tp submit` never sets it.",
+            )
     recipe = catalogue.get(spec.method_id)
     if recipe is None:
         known = ", ".join(sorted(r.method_id for r in catalogue)) or "none"
@@ -249,12 +293,21 @@ def resolve(spec: JobSpec, config: CoordinatorConfig, catalogue: Catalogue) -> R
         )
     env: dict[str, str] = dict(profile.env)
     env.update(spec.env)
+    parameters = _parameters(spec, recipe)
+    _check_entrypoint_file(spec, recipe, parameters)
+    try:
+        command, parameter_env = workload_command(spec.entrypoint, recipe.passing, parameters)
+    except ParameterError as exc:
+        field = f"parameters.{exc.name}"
+        raise JobSpecError(field, parameters.get(exc.name), exc.why, exc.fix) from None
     resolved = attrs.evolve(
         spec,
         runtime_id=spec.runtime_id or recipe.runtime_id,
         resources=attrs.evolve(res, series=series.name, gpus_per_member=gpus_per_member),
-        parameters=_parameters(spec, recipe),
+        parameters=parameters,
         env=dict(sorted(env.items())),
+        command=command,
+        parameter_env=parameter_env,
     )
     validate(resolved)
     check_loader_policy(resolved, config.loader_env_runtimes)

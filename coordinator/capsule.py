@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 
 from tuneplane.coordinator.jobspec import JobSpec, digest
+from tuneplane.coordinator.parameters import fill_entrypoint
 
 CAPSULE_JSON = "capsule.json"
 BOOTSTRAP_SH = "bootstrap.sh"
@@ -29,15 +30,12 @@ exec "$@"
 
 
 def entrypoint_for(spec: JobSpec) -> list[str]:
-    """The JobSpec's entrypoint with ``{parameter}`` placeholders filled from its parameters."""
-    values = {name: str(value) for name, value in spec.parameters.items()}
-    filled = []
-    for arg in spec.entrypoint:
-        try:
-            filled.append(arg.format_map(values))
-        except (KeyError, ValueError, IndexError):
-            filled.append(arg)
-    return filled
+    """What every rank execs: the resolved JobSpec's ``command`` (computed at Preview, parameter
+    flags included). A JobSpec admitted before ``command`` existed has its entrypoint, with
+    ``{parameter}`` placeholders filled, as it always ran."""
+    if spec.command:
+        return list(spec.command)
+    return list(fill_entrypoint(spec.entrypoint, spec.parameters))
 
 
 def seal(

@@ -1,7 +1,9 @@
 """The Catalogue: the recipes this coordinator publishes, bundled as JSON beside this module.
 
 A recipe's digest is sha256 over its canonical JSON; ``recipe.lock.json`` pins it, and submit
-refuses a lock whose digest the Catalogue no longer holds.
+refuses a lock whose digest the Catalogue no longer holds. A recipe with parameters declares how
+they reach the workload (``pass_parameters``, see :mod:`.parameters`), and may name the entrypoint
+element that is a file of the experiment (``entrypoint_file``), which Preview checks.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from importlib import resources
 from typing import Any
 
 import attrs
+
+from .parameters import Passing, RecipeError, passing_of
 
 
 @attrs.frozen
@@ -39,7 +43,12 @@ class Recipe:
     entrypoint: tuple[str, ...]
     parameters: Mapping[str, Parameter]
     digest: str
+    # How the parameters reach the workload (argv flags, TUNEPLANE_PARAM_* variables).
+    passing: Passing
     raw: Mapping[str, Any] = attrs.field(repr=False, eq=False)
+    # The entrypoint element that names a file of the experiment (``python3 {script}``: 1), which
+    # Preview refuses when the experiment has no such file; None when the recipe names none.
+    entrypoint_file: int | None = None
 
 
 def recipe_digest(raw: Mapping[str, Any]) -> str:
@@ -60,6 +69,15 @@ def _recipe(raw: Mapping[str, Any]) -> Recipe:
         )
         for name, p in raw.get("parameters", {}).items()
     }
+    entrypoint = tuple(raw["entrypoint"])
+    entrypoint_file = raw.get("entrypoint_file")
+    if entrypoint_file is not None and (
+        type(entrypoint_file) is not int or not 0 <= entrypoint_file < len(entrypoint)
+    ):
+        raise RecipeError(
+            f"Recipe {raw['method_id']}: 'entrypoint_file' is {entrypoint_file!r}; give the index "
+            f"of an entrypoint element (0..{len(entrypoint) - 1})."
+        )
     return Recipe(
         method_id=raw["method_id"],
         version=raw["version"],
@@ -69,9 +87,11 @@ def _recipe(raw: Mapping[str, Any]) -> Recipe:
         framework_version=raw["framework"]["version"],
         runtime_id=raw["runtime_id"],
         launcher=raw["launcher"],
-        entrypoint=tuple(raw["entrypoint"]),
+        entrypoint=entrypoint,
         parameters=params,
         digest=recipe_digest(raw),
+        passing=passing_of(raw["method_id"], raw.get("pass_parameters"), raw.get("parameters", {})),
+        entrypoint_file=entrypoint_file,
         raw=raw,
     )
 

@@ -33,6 +33,7 @@ from tuneplane.coordinator.input_checks import (
     loader_refusal,
     text_problem,
 )
+from tuneplane.coordinator.parameters import ENV_NAME, MAX_VALUE_CHARS
 
 API_VERSION = "tuneplane/v1"
 MAX_MEMBERS = 32
@@ -108,6 +109,12 @@ class JobSpec:
     # TunePlane users besides the owner who may read this Job (state, logs, metrics): the
     # project's `share_with` in tuneplane.yaml. Reading only; changing a Job stays the owner's.
     share_with: tuple[str, ...] = ()
+    # Filled by the coordinator at Preview, never by the intent (see :mod:`.parameters`): what
+    # every rank execs (the entrypoint, placeholders filled, then the recipe's parameter flags)
+    # and the TUNEPLANE_PARAM_* variables it gets. The digest covers both; the Node runs them
+    # as they are. Empty in a JobSpec admitted before they existed.
+    command: tuple[str, ...] = ()
+    parameter_env: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def make_converter() -> cattrs.Converter:
@@ -259,6 +266,7 @@ def validate(spec: JobSpec) -> None:
             check_env(key, value)
         except InputRefused as exc:
             raise JobSpecError(exc.field, value, exc.why, exc.fix) from None
+    _check_parameter_env(spec.parameter_env)
     total = 0
     for name, content in spec.source_files.items():
         try:
@@ -311,6 +319,29 @@ def check_loader_policy(spec: JobSpec, loader_env_runtimes: Set[str]) -> None:
         raise JobSpecError(refused.field, spec.env[name], refused.why, refused.fix)
 
 
+def _check_parameter_env(env: Mapping[str, str]) -> None:
+    """Only TUNEPLANE_PARAM_* names, as :func:`.parameters.env_name` writes them."""
+    if len(env) > MAX_ENV_VARS:
+        raise JobSpecError(
+            "parameter_env",
+            f"{len(env)} variables",
+            f"holds more than {MAX_ENV_VARS} variables",
+            "Let the coordinator fill it at Preview.",
+        )
+    for key, value in env.items():
+        if not ENV_NAME.match(key):
+            raise JobSpecError(
+                f"parameter_env.{key[:80]}",
+                value,
+                "is not a TUNEPLANE_PARAM_<NAME> variable (upper-case letters, digits, '_')",
+                "Let the coordinator fill parameter_env at Preview.",
+            )
+        try:
+            check_text(value, f"parameter_env.{key}", MAX_VALUE_CHARS)
+        except InputRefused as exc:
+            raise JobSpecError(exc.field, value, exc.why, exc.fix) from None
+
+
 MAX_SHARE_WITH = 100
 
 
@@ -342,6 +373,13 @@ def to_json_obj(spec: JobSpec) -> dict[str, Any]:
         del data["share_with"]
     else:
         data["share_with"] = list(spec.share_with)
+    # Absent when empty too: an intent has neither, and an older resolved JobSpec keeps its digest.
+    if spec.command:
+        data["command"] = list(spec.command)
+    else:
+        del data["command"]
+    if not spec.parameter_env:
+        del data["parameter_env"]
     return json.loads(json.dumps(data))  # type: ignore[no-any-return]
 
 
@@ -405,6 +443,8 @@ def _check_strings(spec: JobSpec) -> None:
             check_text(getattr(spec, field), field)
         for i, arg in enumerate(spec.entrypoint):
             check_text(arg, f"entrypoint[{i}]")
+        for i, arg in enumerate(spec.command):
+            check_text(arg, f"command[{i}]")
         check_text(spec.resources.profile, "resources.profile")
         check_text(spec.resources.series, "resources.series")
         if spec.init_from is not None:

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from tuneplane.coordinator.apimodel import Attempt, Job, Preview, Receipt
 from tuneplane.coordinator.catalogue import Catalogue, Recipe
+from tuneplane.coordinator.cli.render_launch import launch_json, launch_rows
 from tuneplane.coordinator.cli.submissions import Submission
 
 _CONVERTER = cattrs.Converter()
@@ -126,6 +127,8 @@ def preview_json(record: Submission, path: Path) -> dict[str, Any]:
         "experiment": record.experiment,
         "coordinator": record.coordinator,
         "file": str(path),
+        # What every rank runs, as the coordinator resolved it (render_launch.py).
+        **launch_json(p.resolved_jobspec_json),
     }
 
 
@@ -164,6 +167,7 @@ def preview_view(preview: Preview, experiment: str, project: str, saved: str) ->
         ("Profile", s.profile or "-"),
         ("Series", s.series or "-"),
         ("GPUs", _gpu_shape(preview)),
+        *launch_rows(preview.resolved_jobspec_json),
         ("Digest", preview.digest),
         ("Saved", saved),
     ]

@@ -9,8 +9,13 @@ sum is right. ALLREDUCE_TIMEOUT_S (default 60) bounds the whole exchange.
 Rank 0 also reports a few hundred training metrics with the tuneplane.report SDK (the runner puts
 it on PYTHONPATH), so the demo can chart train/loss from the coordinator's store. The curve is a
 deterministic stand-in for a real loss: a decay with a little wobble and one spike at step 140.
+
+The recipe's parameters arrive as flags after the script (`--steps 300 --learning_rate 0.001`,
+from config.yaml or `tp submit --param`) and as TUNEPLANE_PARAM_<NAME> variables; this script
+reads the flags, which `tp submit --preview` shows under Command.
 """
 
+import argparse
 import json
 import math
 import os
@@ -85,32 +90,37 @@ def join(rank: int, world: int, addr: str, port: int, deadline: float) -> int:
     return 0 if ok else 1
 
 
-def report_metrics(steps: int = 300) -> None:
+def report_metrics(steps: int, learning_rate: float) -> None:
     from tuneplane.report import finish, init, log
 
-    init({"steps": steps, "world_size": int(os.environ["WORLD_SIZE"])})
+    world = int(os.environ["WORLD_SIZE"])
+    init({"steps": steps, "learning_rate": learning_rate, "world_size": world})
     for step in range(steps):
         loss = 2.5 * math.exp(-step / 60) + 0.08 + 0.03 * math.sin(step / 5)
         if step == 140:
             loss += 1.5  # a spike, which downsampling must not hide
-        lr = 1e-3 * min(1.0, (step + 1) / 30)
+        lr = learning_rate * min(1.0, (step + 1) / 30)
         log({"train/loss": loss, "train/lr": lr}, step=step)
     finish()
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description="The demo's process-group Job.")
+    parser.add_argument("--steps", type=int, default=300, help="metric steps rank 0 reports")
+    parser.add_argument("--learning_rate", type=float, default=1e-3, help="peak learning rate")
+    args = parser.parse_args()
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     addr = os.environ["MASTER_ADDR"]
     port = int(os.environ["MASTER_PORT"])
     deadline = time.monotonic() + float(os.environ.get("ALLREDUCE_TIMEOUT_S", "60"))
-    log(rank, f"world size {world}, meeting at {addr}:{port}")
+    log(rank, f"world size {world}, meeting at {addr}:{port}; steps {args.steps}")
     if world == 1:
-        report_metrics()
+        report_metrics(args.steps, args.learning_rate)
         write_result(rank, {"rank": rank, "world_size": 1, "sum": 0, "ok": True})
         return 0
     if rank == 0:
-        report_metrics()
+        report_metrics(args.steps, args.learning_rate)
         return serve(rank, world, addr, port, deadline)
     return join(rank, world, addr, port, deadline)
 
