@@ -28,6 +28,7 @@ from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import CoordinatorConfig
 from tuneplane.coordinator.fleet_service import caller
 from tuneplane.coordinator.job_access import check_read
+from tuneplane.coordinator.lifecycle_failure import first_failure
 from tuneplane.coordinator.message_limits import (
     INLINE_DECODE_BYTES,
     PROCESS_TEXT_CHARS,
@@ -39,7 +40,8 @@ from tuneplane.coordinator.message_limits import (
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.records import PreviewRecord
 from tuneplane.coordinator.store import Store
-from tuneplane.coordinator.wire import grpc_errors, job_message
+from tuneplane.coordinator.store_logs import LogStore
+from tuneplane.coordinator.wire import first_failure_message, grpc_errors, job_message
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -68,8 +70,11 @@ class ApiService:
         config: CoordinatorConfig,
         catalogue: Catalogue,
         on_admitted: Callable[[], None],
+        logs: LogStore | None = None,
     ) -> None:
         self._store = store
+        # Where GetJob reads a failed member's stderr (its last lines); None: not shown.
+        self._logs = logs
         self._config = config
         self._catalogue = catalogue
         self._on_admitted = on_admitted
@@ -218,7 +223,11 @@ class ApiService:
                 )
             check_read(await store_access.job_access(self._store, request.run_id), user, "state")
             job = await self._store.get_job(request.run_id)
-            await stream.send_message(job_message(job))
+            reply = job_message(job)
+            failed = await first_failure(job, self._logs)
+            if failed is not None:
+                reply.first_failure = first_failure_message(failed)
+            await stream.send_message(reply)
 
     async def _list_jobs(self, stream: Any) -> None:
         with grpc_errors():

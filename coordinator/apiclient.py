@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import betterproto
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
@@ -25,6 +26,7 @@ from tuneplane.coordinator.apimodel import (
     ClientConfigError,
     CoordinatorUnreachable,
     Endpoint,
+    FirstFailure,
     Job,
     Member,
     Preview,
@@ -80,6 +82,7 @@ def job_from_wire(msg: v1.Job) -> Job:
                 out_dir=m.out_dir,
                 gpu_indexes=tuple(m.gpu_indexes),
                 history=_changes(m.history),
+                ended_at_ms=m.ended_at_ms,
             )
             for m in a.members
         )
@@ -110,6 +113,25 @@ def job_from_wire(msg: v1.Job) -> Job:
         created_at_ms=msg.created_at_ms,
         init_from=msg.init_from,
         state_reason=msg.state_reason,
+        first_failure=_first_failure(msg.first_failure),
+    )
+
+
+def _first_failure(f: v1.FirstFailure) -> FirstFailure | None:
+    if not betterproto.serialized_on_wire(f):
+        return None
+    return FirstFailure(
+        attempt=f.attempt,
+        member_index=f.member_index,
+        node_id=f.node_id,
+        state=f.state,
+        has_exit=f.has_exit,
+        exit_code=f.exit_code,
+        signal=f.signal,
+        at_ms=f.at_ms,
+        what=f.what,
+        stderr_tail=f.stderr_tail,
+        stderr_cut=f.stderr_cut,
     )
 
 

@@ -94,6 +94,26 @@ class Member:
     out_dir: str
     gpu_indexes: tuple[int, ...]
     history: tuple[StateChange, ...]
+    # When its Node said it ended (the exit report's at_ms, the Node's clock); 0 when unknown.
+    ended_at_ms: int = 0
+
+
+@attrs.frozen
+class FirstFailure:
+    """A failed Job's member that failed first, how, and the last lines of its stderr."""
+
+    attempt: int
+    member_index: int
+    node_id: str
+    state: str
+    has_exit: bool
+    exit_code: int
+    signal: int
+    at_ms: int
+    what: str
+    stderr_tail: str
+    # True when older stderr exists that stderr_tail does not show.
+    stderr_cut: bool
 
 
 @attrs.frozen
@@ -124,3 +144,5 @@ class Job:
     init_from: str
     # Why the Job is in its state now, e.g. "waiting: quota h200 4/4 in use" while queued.
     state_reason: str = ""
+    # Only on a failed Job read with GetJob (``tp job show``); None otherwise.
+    first_failure: FirstFailure | None = None

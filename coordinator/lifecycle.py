@@ -335,7 +335,7 @@ class MemberFacts:
     declared_lost: str = ""  # the declaration's sentence when its Node was declared lost
 
 
-def _failure(m: MemberFacts) -> str | None:
+def describe_failure(m: MemberFacts) -> str | None:
     if m.state == M_LOST and m.declared_lost:
         return f"member {m.index} was {m.declared_lost.rstrip('.')}"
     if m.state == M_LOST:
@@ -347,7 +347,7 @@ def _failure(m: MemberFacts) -> str | None:
     return None
 
 
-def _launch_failure(m: MemberFacts) -> str | None:
+def describe_launch_failure(m: MemberFacts) -> str | None:
     """A committed member that ended ``aborted``: its Node could not start it."""
     if m.state != M_ABORTED:
         return None
@@ -377,7 +377,9 @@ def derive_job_state(
     # A workload's own failure explains more than a sibling stopped because of it, so exits and
     # losses are named first, then members their Node could not start. Before the Commit
     # decision an aborted member is a refused Prepare, which aborts the attempt instead.
-    checks = (_failure, _launch_failure) if decision == COMMIT else (_failure,)
+    checks = (
+        (describe_failure, describe_launch_failure) if decision == COMMIT else (describe_failure,)
+    )
     for failure in checks:
         for m in members:
             why = failure(m)

@@ -174,7 +174,7 @@ async def serve(opts: ServeOptions) -> None:
             quotas=config.quotas,
             loader_env_runtimes=config.loader_env_runtimes,
         )
-        api = ApiService(store, config, catalogue, scheduler.wake)
+        api = ApiService(store, config, catalogue, scheduler.wake, log_store)
         heartbeats = HeartbeatBook()
         flusher = HeartbeatFlusher(heartbeats, store, opts.heartbeat_interval_s, collectors)
         fleets = FleetService(store, config.quotas, scheduler.wake, heartbeats)

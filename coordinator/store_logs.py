@@ -222,6 +222,25 @@ class LogStore(SqliteFile):
         next_offset = max(cursor, from_offset)
         return LogRead(tuple(pieces), next_offset, complete and next_offset >= end, end - kept)
 
+    async def tail(self, member: MemberKey, stream: str, max_bytes: int) -> tuple[bytes, int]:
+        """The last kept bytes of a stream, at most ``max_bytes``, and the offset they start at
+        (0: they begin at the stream's first byte)."""
+        check_stream(stream)
+        rows = await self._rows(
+            f"SELECT next_offset FROM log_streams WHERE {_WHERE}", _key_args(member, stream)
+        )
+        if not rows:
+            return b"", 0
+        start = max(0, int(rows[0][0]) - max_bytes)
+        read = await self.read(member, stream, start, max_bytes)
+        pieces = [p for p in read.pieces if p.data]
+        if not pieces:
+            return b"", start
+        # Bytes dropped inside the window leave a gap: only what follows the last gap is shown.
+        last_gap = max((i for i, p in enumerate(pieces) if p.dropped_before), default=0)
+        kept = pieces[last_gap:]
+        return b"".join(p.data for p in kept), kept[0].offset
+
 
 def logs_db_path(state_dir: Path) -> Path:
     return state_dir / DB_NAME

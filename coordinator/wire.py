@@ -21,6 +21,7 @@ from tuneplane.coordinator.auth import AuthError, PermissionDenied
 from tuneplane.coordinator.config import ConfigError
 from tuneplane.coordinator.input_checks import InputRefused
 from tuneplane.coordinator.jobspec import JobSpecError
+from tuneplane.coordinator.lifecycle_failure import FirstFailure
 from tuneplane.coordinator.records import (
     AbortOrder,
     CancelOrder,
@@ -203,6 +204,7 @@ def job_message(job: JobView) -> v1.Job:
                         out_dir=m.out_dir,
                         gpu_indexes=list(m.gpu_indexes),
                         history=_changes(m.history),
+                        ended_at_ms=m.ended_at_ms,
                     )
                     for m in a.members
                 ],
@@ -212,6 +214,23 @@ def job_message(job: JobView) -> v1.Job:
         created_at_ms=job.created_at_ms,
         init_from=job.init_from,
         state_reason=job.state_reason,
+    )
+
+
+def first_failure_message(failed: FirstFailure) -> v1.FirstFailure:
+    m = failed.member
+    return v1.FirstFailure(
+        attempt=failed.attempt,
+        member_index=m.index,
+        node_id=m.node_id,
+        state=m.state,
+        has_exit=m.has_exit,
+        exit_code=m.exit_code,
+        signal=m.signal,
+        at_ms=failed.at_ms,
+        what=failed.what,
+        stderr_tail=failed.stderr_tail,
+        stderr_cut=failed.stderr_cut,
     )
 
 

@@ -8,6 +8,7 @@ the coordinator no longer keeps older output; ``--follow`` polls until the strea
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Iterator
@@ -110,11 +111,21 @@ def _tail(data: bytes, lines: int) -> bytes:
 
 @click.command("logs")
 @click.argument("run_id")
-@click.option("--member", "member_index", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--member",
+    "member_index",
+    type=click.IntRange(min=0),
+    help="Member index (default: 0, or the member that failed first when the Job failed).",
+)
 @click.option("--attempt", type=click.IntRange(min=1), help="Attempt number (default: latest).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the member's output ends.")
 @click.option("--tail", type=click.IntRange(min=0), help="Only the last N lines kept so far.")
-@click.option("--stderr", "use_stderr", is_flag=True, help="The member's stderr, not its stdout.")
+@click.option(
+    "--stderr/--stdout",
+    "use_stderr",
+    default=None,
+    help="Which stream (default: stdout, or stderr of the member that failed first).",
+)
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.1),
@@ -126,51 +137,96 @@ def _tail(data: bytes, lines: int) -> bytes:
 def logs_command(
     options: _HasEndpoint,
     run_id: str,
-    member_index: int,
+    member_index: int | None,
     attempt: int | None,
     follow: bool,
     tail: int | None,
-    use_stderr: bool,
+    use_stderr: bool | None,
     interval: float,
 ) -> None:
     """Print a member's stdout (or --stderr) as its Node shipped it.
 
-    The coordinator keeps the last 1 MiB of each stream; where older output was dropped, a line
-    says how many bytes. With --follow, new output appears as it arrives and the command ends
-    when the member has ended and all its output arrived (Ctrl-C stops following sooner).
+    Of a failed Job, without --member: the member that failed first (as `tp job show` names
+    it) and, without --stdout, its stderr; one line on stderr says so. The coordinator keeps
+    the last 1 MiB of each stream; where older output was dropped, a line says how many bytes.
+    With --follow, new output appears as it arrives, a coordinator that stops answering is
+    retried from the same offset, and the command ends when the member has ended and all its
+    output arrived (Ctrl-C stops following sooner).
     """
-    stream = "stderr" if use_stderr else "stdout"
 
     async def work(api: ApiClient) -> None:
-        import anyio
-
-        page = await _read_all(api, run_id, member_index, attempt or 0, stream, tail)
-        if not follow:
-            return
-        last_progress = time.monotonic()
-        while not page.complete:
-            await anyio.sleep(interval)
-            before = page.next_offset
-            page = await api.get_logs(
-                run_id, member_index, page.attempt, stream, from_offset=page.next_offset
-            )
-            _write(_text(page))
-            if page.next_offset != before:
-                last_progress = time.monotonic()
-            elif (
-                page.member_state in _ENDED and time.monotonic() - last_progress > FOLLOW_GIVE_UP_S
-            ):
-                click.echo(
-                    f"tp: member {member_index} of {run_id} ended, but its Node has sent no more "
-                    f"output for {FOLLOW_GIVE_UP_S:g} s; stopped following.",
-                    err=True,
-                )
-                return
+        member, stderr = member_index, use_stderr
+        if member is None:
+            member, stderr = await _default_member(api, run_id, attempt, stderr)
+        stream = "stderr" if stderr else "stdout"
+        page = await _read_all(api, run_id, member, attempt or 0, stream, tail)
+        if follow:
+            await _follow(api, run_id, page, interval)
 
     try:
         call(options, work)
     except KeyboardInterrupt:
         return
+
+
+async def _default_member(
+    api: ApiClient, run_id: str, attempt: int | None, use_stderr: bool | None
+) -> tuple[int, bool]:
+    """Member 0's stdout, or for a failed Job the first failed member's stderr (said on stderr).
+
+    An explicit ``--attempt`` other than the one that failed keeps member 0.
+    """
+    job = await api.get_job(run_id)
+    failed = job.first_failure
+    if failed is None or (attempt is not None and attempt != failed.attempt):
+        return 0, bool(use_stderr)
+    stderr = True if use_stderr is None else use_stderr
+    stream = "stderr" if stderr else "stdout"
+    click.echo(
+        f"tp: Job {run_id} failed; showing the {stream} of member {failed.member_index}, which "
+        f"failed first ({failed.what}). Choose another with --member and --stdout/--stderr.",
+        err=True,
+    )
+    return failed.member_index, stderr
+
+
+async def _follow(api: ApiClient, run_id: str, page: LogPage, interval: float) -> None:
+    """Print what arrives after ``page`` until the stream is complete, through outages."""
+    import anyio
+
+    from tuneplane.coordinator.cli.watch import Outage
+
+    outage = Outage(interval)
+    said = ""
+    last_progress = time.monotonic()
+    while not page.complete:
+        await anyio.sleep(interval)
+        before = page.next_offset
+        fetch = functools.partial(
+            api.get_logs, run_id, page.member_index, page.attempt, page.stream, from_offset=before
+        )
+        more = await outage.poll(fetch)
+        if more is None:
+            if not said:
+                click.echo(f"tp: {outage.problem} Waiting to go on from byte {before}.", err=True)
+            said = outage.problem
+            # An outage is not the member's silence: the give-up clock waits with us.
+            last_progress = time.monotonic()
+            continue
+        if said:
+            click.echo(f"tp: the coordinator answers again; going on from byte {before}.", err=True)
+            said = ""
+        page = more
+        _write(_text(page))
+        if page.next_offset != before:
+            last_progress = time.monotonic()
+        elif page.member_state in _ENDED and time.monotonic() - last_progress > FOLLOW_GIVE_UP_S:
+            click.echo(
+                f"tp: member {page.member_index} of {run_id} ended, but its Node has sent no more "
+                f"output for {FOLLOW_GIVE_UP_S:g} s; stopped following.",
+                err=True,
+            )
+            return
 
 
 async def _read_all(

@@ -18,7 +18,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tuneplane.coordinator.apimodel import Attempt, Job, Preview, Receipt
+from tuneplane.coordinator.apimodel import Attempt, FirstFailure, Job, Preview, Receipt
 from tuneplane.coordinator.catalogue import Catalogue, Recipe
 from tuneplane.coordinator.cli.render_launch import launch_json, launch_rows
 from tuneplane.coordinator.cli.submissions import Submission
@@ -217,18 +217,12 @@ def _members_table(attempt: Attempt) -> Table:
     for column in ("MEMBER (RANK)", "NODE", "GPUS", "STATE", "EXIT", "OUT DIR"):
         table.add_column(column)
     for m in attempt.members:
-        if not m.has_exit:
-            exit_text = "-"
-        elif m.signal:
-            exit_text = f"signal {m.signal}"
-        else:
-            exit_text = str(m.exit_code)
         table.add_row(
             str(m.index),
             m.node_id or "-",
             ",".join(str(g) for g in m.gpu_indexes) or "-",
             m.state,
-            exit_text,
+            exit_text(m.has_exit, m.exit_code, m.signal),
             m.out_dir or "-",
         )
     if not attempt.members:
@@ -267,4 +261,30 @@ def job_view(job: Job) -> list[RenderableType]:
         parts.append(Text("No attempts yet: the Job is waiting to be placed."))
     for attempt in job.attempts:
         parts += [_attempt_heading(attempt), _members_table(attempt)]
+    if job.first_failure is not None:
+        parts += _first_failure_view(job.run_id, job.first_failure)
+    return parts
+
+
+def exit_text(has_exit: bool, exit_code: int, signal: int) -> str:
+    """How a member ended, as the EXIT column shows it: a code, a signal or '-'."""
+    if not has_exit:
+        return "-"
+    return f"signal {signal}" if signal else str(exit_code)
+
+
+def _first_failure_view(run_id: str, f: FirstFailure) -> list[RenderableType]:
+    how = exit_text(f.has_exit, f.exit_code, f.signal)
+    rows = [
+        ("Member", f"{f.member_index} of attempt {f.attempt} (it failed first)"),
+        ("Node", f.node_id or "-"),
+        ("Exit", f"{how} ({f.state})"),
+        ("Why", f.what),
+        ("At", when(f.at_ms)),
+    ]
+    more = " (older lines cut)" if f.stderr_cut else ""
+    everything = f"tp logs {run_id} --member {f.member_index} --stderr"
+    heading = f"Its stderr, last lines{more}; all of it: {everything}"
+    parts: list[RenderableType] = [_heading("First failure"), _pairs(rows), _heading(heading)]
+    parts.append(Text(f.stderr_tail.rstrip("\n") if f.stderr_tail else "(its stderr is empty)"))
     return parts

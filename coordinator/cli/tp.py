@@ -396,8 +396,10 @@ def job_ls(
 def job_show(options: Options, run_id: str, as_json: bool, watch: bool, interval: float) -> int:
     """Show a Job: state history, attempts and their members, Derivation.
 
-    With --watch, the view refreshes until the Job is terminal (with --json: one JSON object per
-    change); Ctrl-C stops watching and leaves the Job alone.
+    Of a failed Job, also the member that failed first (by when its Node reported its end), its
+    Node, its exit and the last lines of its stderr. With --watch, the view refreshes until the
+    Job is terminal (with --json: one JSON object per change); Ctrl-C stops watching and leaves
+    the Job alone.
     """
     if watch:
         from tuneplane.coordinator.cli.watch import watch_job

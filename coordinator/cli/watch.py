@@ -6,6 +6,7 @@ Rules:
   With ``--json`` every change is one JSON object on one line.
 - The watch only reads: Ctrl-C stops watching, restores the terminal and leaves the Job alone.
 - A coordinator that stops answering is shown and retried; it does not end the watch.
+  :class:`Outage` is that retry, also used by ``tp logs --follow``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+import attrs
 from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
@@ -24,6 +28,33 @@ from tuneplane.coordinator.apimodel import Endpoint, Job, RequestRefused
 from tuneplane.coordinator.cli import render
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@attrs.define
+class Outage:
+    """Polls through a coordinator that stops answering: a refusal still ends the caller, any
+    other failure (unreachable, TLS, time ran out) is kept as :attr:`problem`, a sentence, and
+    the poll returns None so the caller keeps what it had and tries again after ``interval_s``.
+    """
+
+    interval_s: float
+    # Empty while the coordinator answers; else why it did not, ending in "Retrying every N s."
+    problem: str = ""
+
+    async def poll(self, fetch: Callable[[], Awaitable[T]]) -> T | None:
+        from tuneplane.coordinator.apimodel import ApiError
+
+        try:
+            value = await fetch()
+        except RequestRefused:
+            raise
+        except ApiError as exc:
+            self.problem = f"{exc} Retrying every {self.interval_s:g} s."
+            log.debug("poll failed why=%s", exc)
+            return None
+        self.problem = ""
+        return value
 
 
 def _fingerprint(job: Job) -> str:
@@ -33,25 +64,18 @@ def _fingerprint(job: Job) -> str:
 
 async def _follow(endpoint: Endpoint, run_id: str, as_json: bool, interval_s: float) -> Job:
     from tuneplane.coordinator.apiclient import ApiClient
-    from tuneplane.coordinator.apimodel import ApiError
 
     out = render.console()
     live_mode = out.is_terminal and not as_json
     last = ""
     job: Job | None = None
-    problem = ""
+    outage = Outage(interval_s)
     async with ApiClient(endpoint) as api:
         live = Live(Text(f"Fetching Job {run_id}..."), console=out, auto_refresh=False)
         with live if live_mode else _NoLive():
             while True:
-                try:
-                    job = await api.get_job(run_id)
-                    problem = ""
-                except RequestRefused:
-                    raise
-                except ApiError as exc:
-                    problem = f"{exc} Retrying every {interval_s:g} s."
-                    log.debug("watch poll failed run_id=%s why=%s", run_id, exc)
+                job = await outage.poll(lambda: api.get_job(run_id)) or job
+                problem = outage.problem
                 if job is not None:
                     print_now = _fingerprint(job) + problem
                     if live_mode:

@@ -107,3 +107,17 @@ def test_an_empty_chunk_past_the_end_counts_as_dropped_and_later_bytes_still_lan
         assert (done.pieces, done.next_offset, done.complete) == ((LogPiece(5, b"cd", 0),), 7, True)
 
     _run(tmp_path, work)
+
+
+def test_the_tail_is_the_last_bytes_after_any_gap(tmp_path: Path) -> None:
+    async def work(store: LogStore) -> None:
+        assert await store.tail(M, "stderr", 10) == (b"", 0)
+        await store.append(M, "stderr", 0, b"first\n", False, 1)
+        await store.append(M, "stderr", 6, b"second\n", False, 2)
+        assert await store.tail(M, "stderr", 100) == (b"first\nsecond\n", 0)
+        assert await store.tail(M, "stderr", 9) == (b"t\nsecond\n", 4)
+        # The Node dropped bytes 13..20 of its backlog: only what follows the gap is a tail.
+        await store.append(M, "stderr", 20, b"third\n", False, 3)
+        assert await store.tail(M, "stderr", 100) == (b"third\n", 20)
+
+    _run(tmp_path, work)

@@ -65,9 +65,11 @@ def test_logs_of_a_finished_job(cluster: LocalCluster, tmp_path: Path) -> None:
     run_id = submit(cluster, project(cluster, tmp_path / "done", script))
     wait_state(cluster, run_id, "failed")
     expected = "".join(f"out {i}\n" for i in range(1, 6))
-    assert _wait_logs(cluster, run_id, expected) == expected
+    assert _wait_logs(cluster, run_id, expected, "--stdout") == expected
     assert _logs(cluster, run_id, "--stderr").stdout == "something broke\n"
-    assert _logs(cluster, run_id, "--tail", "2").stdout == "out 4\nout 5\n"
+    # The Job failed: without --member and a stream, its failed member's stderr.
+    assert _logs(cluster, run_id).stdout == "something broke\n"
+    assert _logs(cluster, run_id, "--stdout", "--tail", "2").stdout == "out 4\nout 5\n"
     assert _logs(cluster, run_id, "--attempt", "1", "--member", "0").stdout == expected
     missing = cluster.tp("logs", run_id, "--member", "3")
     assert missing.returncode == 1 and "no member 3" in missing.stderr
