@@ -37,6 +37,7 @@ from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource, probe
 from tuneplane.agent.journal import (
+    AGENT_FAILED,
     AGENT_STOPPED,
     Journal,
     JournalCorrupt,
@@ -249,7 +250,7 @@ class Daemon:
                             )
                         else:
                             await self.journal.node_event(
-                                now_ms(), "agent-failed", f"{type(ended_by).__name__}: {ended_by}",
+                                now_ms(), AGENT_FAILED, f"{type(ended_by).__name__}: {ended_by}",
                                 pid=os.getpid(),
                             )  # fmt: skip
                         await self.journal.close()

@@ -198,6 +198,13 @@ AGENT_STOPPED = "agent-stopped"
 #: Member events written on a restart: a live runner found again, and an exit found on disk.
 MEMBER_REATTACHED = "member-reattached"
 EXIT_COLLECTED = "exit-collected"
+AGENT_FAILED = "agent-failed"
+#: Every event kind this agent writes (the lifecycle's, then the others), so a reader can tell a
+#: kind that has not happened yet from a typo.
+EVENT_KINDS: frozenset[str] = frozenset(e.value for e in MemberEvent) | {
+    "prepare-received", "report-refused", "gpu-uuids-filled", MEMBER_REATTACHED, EXIT_COLLECTED,
+    AGENT_STARTED, AGENT_STOPPED, AGENT_FAILED, "enrolled", "re-enrolled", "journal-created",
+}  # fmt: skip
 
 
 @attrs.frozen

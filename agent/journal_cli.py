@@ -18,7 +18,7 @@ import click
 
 from tuneplane.agent import journal_read
 from tuneplane.agent.cli_support import ms_text, sentences, state_dir_option
-from tuneplane.agent.journal import MemberKey
+from tuneplane.agent.journal import EVENT_KINDS, MemberKey
 from tuneplane.agent.state_dir import StateDir
 
 
@@ -137,11 +137,13 @@ def journal_events(
                 db, since_ms=_since(since), key=key, kinds=kinds, node_only=node_only
             )
             present = journal_read.event_kinds(db)
-        unknown = sorted(set(kinds) - set(present))
-        if unknown and not rows:
+        # A kind this agent writes but that has not happened yet is an empty answer; a kind
+        # neither written nor held is a typo, named with the choices.
+        unknown = sorted(set(kinds) - EVENT_KINDS - set(present))
+        if unknown:
             raise ValueError(
-                f"This journal has no event of kind {', '.join(unknown)}; the kinds it holds "
-                f"are {', '.join(present) or 'none'}."
+                f"--kind {', '.join(unknown)} is not an event kind; the kinds are "
+                f"{', '.join(sorted(EVENT_KINDS | set(present)))}."
             )
     if not as_json:
         for row in rows:

@@ -102,10 +102,16 @@ def test_pending_and_filtered_events_read_an_older_journal_without_changing_it(
     assert (tmp_path / "journal.db").read_bytes() == before
 
 
-def test_a_kind_the_journal_never_held_is_named_with_the_kinds_it_holds(tmp_path: Path) -> None:
+def test_a_mistyped_kind_is_refused_with_the_kinds_and_a_known_one_is_an_empty_answer(
+    tmp_path: Path,
+) -> None:
     shutil.copy(FIXTURE_V2, tmp_path / "journal.db")
     done = _cli(tmp_path, "events", "--kind", "agent-crashd")
     assert done.returncode == 1
-    assert "no event of kind agent-crashd" in done.stderr and "exit-observed" in done.stderr
+    assert "--kind agent-crashd is not an event kind" in done.stderr
+    assert "agent-started" in done.stderr and "exit-observed" in done.stderr
+    # A kind the agent writes that this (older) journal never held is an empty answer.
+    none_yet = _cli(tmp_path, "events", "--kind", "exit-collected")
+    assert none_yet.returncode == 0 and none_yet.stdout.strip() == "(none)", none_yet.stderr
     both = _cli(tmp_path, "events", "--node", "--member", "run-old.1.0")
     assert both.returncode == 1 and "contradict" in both.stderr

@@ -140,3 +140,41 @@ def test_a_killed_agent_journals_its_unclean_stop_reattach_and_collected_exit(
         if agent.alive():
             agent.stop()
         coordinator.kill()
+
+
+@pytest.mark.timeout(240)
+def test_a_runner_found_alive_before_its_start_was_journaled_is_reattached(
+    tmp_path: Path,
+) -> None:
+    # The agent dies right after the runner started and before `runner-started` is journaled:
+    # the restarted agent finds the member `starting` with a live runner, and says it
+    # re-attached it rather than starting it again.
+    coordinator = start_coordinator(tmp_path)
+    agent = start_agent(tmp_path, coordinator, env={"TUNEPLANE_CRASHPOINT": "after-spawn"})
+    release = tmp_path / "release"
+    try:
+        agent.wait_connected()
+        run_id = submit(coordinator, tmp_path / "proj", _held(release))
+        assert agent.wait_exit(60) == 137
+        key = f"{run_id}.1.0"
+        (member,) = journal(agent, "members", "--json")
+        assert member["state"] == "starting"
+        runner = json.loads((Path(member["member_dir"]) / "runner.json").read_text())
+        agent.start()
+        start = _started_again(agent, 1)
+        assert start["details"]["previous_stop"] == "unclean"
+        wait_state(coordinator, run_id, "running")
+        (reattached,) = _events(agent, "member-reattached", key)
+        assert reattached["details"]["runner_pid"] == runner["pid"]
+        assert reattached["details"]["runner_start_time"] == runner["start_time"]
+        kinds = [e["kind"] for e in journal(agent, "events", "--member", key, "--json")]
+        assert kinds.count("spawn-requested") == 1
+        assert kinds.index("member-reattached") < kinds.index("runner-started")
+        release.write_text("go")
+        assert wait_job(coordinator, run_id)["state"] == "succeeded"
+        assert _events(agent, "exit-collected", key) == []
+    finally:
+        release.write_text("go")
+        if agent.alive():
+            agent.stop()
+        coordinator.kill()
