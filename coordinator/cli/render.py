@@ -22,6 +22,7 @@ from tuneplane.coordinator.apimodel import Attempt, FirstFailure, Job, Preview, 
 from tuneplane.coordinator.catalogue import Catalogue, Recipe
 from tuneplane.coordinator.cli.render_launch import launch_json, launch_rows
 from tuneplane.coordinator.cli.submissions import Submission
+from tuneplane.coordinator.parameters import env_name
 
 _CONVERTER = cattrs.Converter()
 
@@ -80,6 +81,12 @@ def recipe_json(recipe: Recipe) -> dict[str, Any]:
         "runtime_id": recipe.runtime_id,
         "launcher": recipe.launcher,
         "entrypoint": list(recipe.entrypoint),
+        "entrypoint_file": recipe.entrypoint_file,
+        # How the parameters reach the workload: flags in this order, and TUNEPLANE_PARAM_*.
+        "pass_parameters": {
+            "argv": [{"name": name, "flag": flag} for name, flag in recipe.passing.argv],
+            "env": {name: env_name(name) for name in recipe.passing.env},
+        },
         "digest": recipe.digest,
         "parameters": {
             name: {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,11 +19,12 @@ import attrs
 # Set by the Node for each rank at launch (agent/launch_plan.py and agent/members.py): known only
 # once the Job is placed, so a preview names them instead of showing values.
 AT_LAUNCH = (
-    "RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NNODES, MASTER_ADDR, "
-    "MASTER_PORT, CUDA_VISIBLE_DEVICES, TUNEPLANE_RUN_ID, TUNEPLANE_ATTEMPT, "
-    "TUNEPLANE_MEMBER_INDEX, TUNEPLANE_MEMBER_COUNT, TUNEPLANE_OUT_DIR, TUNEPLANE_TELEMETRY_DIR, "
-    "HOME, PATH"
+    "by the Node, per rank: the rank and rendezvous variables of the recipe's launcher (RANK, "
+    "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NNODES, MASTER_ADDR, MASTER_PORT), "
+    "CUDA_VISIBLE_DEVICES, TUNEPLANE_RUN_ID, TUNEPLANE_ATTEMPT, TUNEPLANE_MEMBER_INDEX, "
+    "TUNEPLANE_MEMBER_COUNT, TUNEPLANE_OUT_DIR, TUNEPLANE_TELEMETRY_DIR, HOME and PATH"
 )
+_WRAP = 84
 
 
 @attrs.frozen
@@ -63,7 +65,9 @@ def launch_rows(resolved_jobspec_json: str) -> list[tuple[str, str]]:
     lines = [f"{name}={shlex.quote(value)}" for name, value in launch.env.items()]
     rows.append(("Environment", lines[0] if lines else "(none from the Job)"))
     rows += [("", line) for line in lines[1:]]
-    rows.append(("Set at launch", AT_LAUNCH))
+    wrapped = textwrap.wrap(AT_LAUNCH, _WRAP)
+    rows.append(("Set at launch", wrapped[0]))
+    rows += [("", line) for line in wrapped[1:]]
     return rows
 
 

@@ -7,6 +7,7 @@ experiment is always current; the starter program runs as written.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -39,23 +40,33 @@ TRAIN_PY = '''\
 """Entrypoint of experiment {experiment}: one process per assigned GPU.
 
 The launcher sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which is what
-torch.distributed.init_process_group(backend="nccl") reads. Only $TUNEPLANE_OUT_DIR survives
-the Job: write checkpoints and results there.
+torch.distributed.init_process_group(backend="nccl") reads. The recipe's parameters arrive as
+flags (--steps, --learning_rate, from config.yaml or `tp submit --param`) and as
+TUNEPLANE_PARAM_<NAME> variables. Only $TUNEPLANE_OUT_DIR survives the Job: write checkpoints
+and results there.
 """
 
+import argparse
 import json
 import os
 from pathlib import Path
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    args = parser.parse_args()
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     master = f"{{os.environ['MASTER_ADDR']}}:{{os.environ['MASTER_PORT']}}"
     print(f"rank {{rank}}/{{world_size}} (local {{local_rank}}) meets at {{master}}", flush=True)
     out_dir = Path(os.environ["TUNEPLANE_OUT_DIR"])
-    result = {{"rank": rank, "world_size": world_size, "local_rank": local_rank}}
+    result = {{
+        "rank": rank, "world_size": world_size, "local_rank": local_rank,
+        "steps": args.steps, "learning_rate": args.learning_rate,
+    }}
     (out_dir / f"rank-{{rank}}.json").write_text(json.dumps(result) + "\\n")
 
 
@@ -89,6 +100,23 @@ def _describe(param: Parameter) -> str:
     return f"{text}({', '.join(bits)})"
 
 
+def _passing_comment(recipe: Recipe) -> list[str]:
+    """How the recipe's parameters reach the program, as config.yaml comment lines."""
+    ways = []
+    if recipe.passing.argv:
+        flags = ", ".join(flag for _, flag in recipe.passing.argv)
+        ways.append(f"as flags after the command ({flags})")
+    if recipe.passing.env:
+        ways.append("as TUNEPLANE_PARAM_<NAME> variables")
+    if not ways:
+        return []
+    text = (
+        f"They reach the program {' and '.join(ways)}; `tp submit --preview` shows exactly "
+        "what each rank gets."
+    )
+    return ["# " + line for line in textwrap.wrap(text, 94)]
+
+
 def config_text(experiment: str, recipe: Recipe) -> str:
     """The documented config.yaml ``tp new`` writes, with every recipe parameter at its default."""
     lines = [
@@ -98,6 +126,7 @@ def config_text(experiment: str, recipe: Recipe) -> str:
         "# Method parameters, typed by the recipe (`tp recipe ls` lists them).",
     ]
     if recipe.parameters:
+        lines += _passing_comment(recipe)
         lines.append("parameters:")
         for param in recipe.parameters.values():
             lines.append(f"  # {_describe(param)}")

@@ -118,3 +118,20 @@ def test_a_misspelled_script_is_refused_at_preview_naming_the_closest_file(
     assert _previews_stored(coord) == before
     submissions = root / ".tuneplane-data" / "submissions"
     assert not submissions.exists() or not any(submissions.iterdir())
+
+
+def test_the_starter_train_py_of_tp_new_reads_the_flags(
+    node: tuple[CoordinatorProcess, AgentProcess], tmp_path: Path
+) -> None:
+    coord, agent = node
+    root = project(coord, tmp_path / "proj", "pytorch/process-group", {})
+    out = tp(
+        coord, "submit", "job", "--profile", "h200:1", "--yes", "--json",
+        "--param", "steps=5", "--param", "learning_rate=0.5", cwd=root,
+    )  # fmt: skip
+    run_id = str(json.loads(out.strip().splitlines()[-1])["run_id"])
+    done = wait_job(coord, run_id, 120)
+    assert done["state"] == "succeeded", done
+    (member,) = [m for m in journal(agent, "members", "--json") if m["run_id"] == run_id]
+    result = json.loads((Path(member["out_dir"]) / "rank-0.json").read_text())
+    assert result["steps"] == 5 and result["learning_rate"] == 0.5
