@@ -11,9 +11,12 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
+import trio
+
 from tests.support.agent import node_cli
 from tuneplane.agent import journal_read
 from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.daemon import _orderly
 from tuneplane.agent.journal import (
     AGENT_STARTED,
     AGENT_STOPPED,
@@ -115,3 +118,19 @@ def test_a_mistyped_kind_is_refused_with_the_kinds_and_a_known_one_is_an_empty_a
     assert none_yet.returncode == 0 and none_yet.stdout.strip() == "(none)", none_yet.stderr
     both = _cli(tmp_path, "events", "--node", "--member", "run-old.1.0")
     assert both.returncode == 1 and "contradict" in both.stderr
+
+
+async def test_only_a_cancellation_reads_as_an_orderly_stop() -> None:
+    cancelled: list[BaseException] = []
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled as exc:
+            cancelled.append(exc)
+            raise
+    (stop,) = cancelled
+    assert _orderly(None) and _orderly(stop) and _orderly(KeyboardInterrupt())
+    assert _orderly(BaseExceptionGroup("nursery", [stop, stop]))
+    assert not _orderly(ValueError("journal full"))
+    assert not _orderly(BaseExceptionGroup("nursery", [stop, OSError("disk")]))
