@@ -355,6 +355,12 @@ def describe_launch_failure(m: MemberFacts) -> str | None:
     return f"member {m.index} could not be started on its Node: {why}"
 
 
+def failure_sentence(m: MemberFacts) -> str | None:
+    """How a member of a committed attempt failed (an exit, a signal, lost, not started), or
+    None when it did not fail: the one test of "this member failed"."""
+    return describe_failure(m) or describe_launch_failure(m)
+
+
 def derive_job_state(
     decision: str | None,
     decision_reason: str,

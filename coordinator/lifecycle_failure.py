@@ -60,7 +60,7 @@ class Failed:
 
 def _what(m: MemberEnd) -> str | None:
     facts = lc.MemberFacts(m.index, m.state, m.has_exit, m.exit_code, m.signal, m.reason)
-    return lc.describe_failure(facts) or lc.describe_launch_failure(facts)
+    return lc.failure_sentence(facts)
 
 
 def _rank(m: MemberEnd) -> int:

@@ -192,9 +192,8 @@ async def _cancel_queued(
 def _failure(state: str, has_exit: bool, exit_code: int, signal: int) -> bool:
     # An aborted member here was committed (an undecided attempt's abort leaves no live sibling,
     # and a person's cancel is handled before): its Node could not start it.
-    if state in (lc.M_LOST, lc.M_ABORTED):
-        return True
-    return state == lc.M_EXITED and has_exit and (exit_code != 0 or signal != 0)
+    facts = lc.MemberFacts(0, state, has_exit, exit_code, signal)
+    return lc.failure_sentence(facts) is not None
 
 
 async def stop_siblings(store: Store, member: MemberKey, now: int) -> list[Order]:
