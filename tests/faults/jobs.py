@@ -78,5 +78,5 @@ def held_gpus(agent: AgentProcess) -> list[dict[str, Any]]:
 
 def pending_reports(agent: AgentProcess) -> list[dict[str, Any]]:
     """Reports the Node journaled that no coordinator has acknowledged yet."""
-    rows: list[dict[str, Any]] = journal(agent, "reservations", "--json")["pending_reports"]
+    rows: list[dict[str, Any]] = journal(agent, "pending", "--json")
     return rows
