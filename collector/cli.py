@@ -227,8 +227,9 @@ def run(
 ) -> None:
     """Follow one member's telemetry, spool it durably and ship it to the telemetry gateway
     exactly once; with --system-interval, also sample the member's GPUs and processes as its
-    system/... series (docs/telemetry.md). Exits 0 once the member exited (STATE_DIR/member-exited appears) and every
-    point was delivered (STATE_DIR/drained is written), or when stopped by SIGTERM/SIGINT."""
+    system/... series (docs/telemetry.md). Exits 0 once the member exited
+    (STATE_DIR/member-exited appears) and every point was delivered (STATE_DIR/drained is
+    written), or when stopped by SIGTERM/SIGINT."""
     import trio
 
     from tuneplane.collector.checkpoint import CheckpointError
