@@ -210,7 +210,11 @@ def _check_entrypoint_file(spec: JobSpec, recipe: Recipe, parameters: dict[str, 
 def resolve(spec: JobSpec, config: CoordinatorConfig, catalogue: Catalogue) -> Resolved:
     """Resolve and check a JobSpec. Raises :class:`JobSpecError` on the first problem."""
     validate(spec)
-    for field, value in (("command", spec.command), ("parameter_env", spec.parameter_env)):
+    sent: tuple[tuple[str, object], ...] = (
+        ("command", list(spec.command)),
+        ("parameter_env", dict(spec.parameter_env)),
+    )
+    for field, value in sent:
         if value:
             raise JobSpecError(
                 field,
