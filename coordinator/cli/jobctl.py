@@ -154,14 +154,36 @@ def logs_command(
     output arrived (Ctrl-C stops following sooner).
     """
 
-    async def work(api: ApiClient) -> None:
-        member, stderr = member_index, use_stderr
+    async def start(api: ApiClient) -> LogPage:
+        """The member and stream, and everything kept so far: printed only once all of it was
+        read, so a retry after a failed call prints nothing twice."""
+        member, stderr, note = member_index, bool(use_stderr), ""
         if member is None:
-            member, stderr = await _default_member(api, run_id, attempt, stderr)
+            member, stderr, note = await _default_member(api, run_id, attempt, use_stderr)
         stream = "stderr" if stderr else "stdout"
-        page = await _read_all(api, run_id, member, attempt or 0, stream, tail)
-        if follow:
-            await _follow(api, run_id, page, interval)
+        data, page = await _read_all(api, run_id, member, attempt or 0, stream, tail)
+        if note:
+            click.echo(note, err=True)
+        _write(iter([data]))
+        return page
+
+    async def work(api: ApiClient) -> None:
+        if not follow:
+            await start(api)
+            return
+        import anyio
+
+        from tuneplane.coordinator.cli.watch import Outage
+
+        # Like --watch, --follow waits for a coordinator that does not answer yet.
+        outage = Outage(interval)
+        said = False
+        while (page := await outage.poll(lambda: start(api))) is None:
+            if not said:
+                click.echo(f"tp: {outage.problem}", err=True)
+                said = True
+            await anyio.sleep(interval)
+        await _follow(api, run_id, page, interval)
 
     try:
         call(options, work)
@@ -171,23 +193,23 @@ def logs_command(
 
 async def _default_member(
     api: ApiClient, run_id: str, attempt: int | None, use_stderr: bool | None
-) -> tuple[int, bool]:
-    """Member 0's stdout, or for a failed Job the first failed member's stderr (said on stderr).
+) -> tuple[int, bool, str]:
+    """Member 0's stdout, or for a failed Job the first failed member's stderr with the line
+    that says so; the third value is that line ("" for member 0).
 
     An explicit ``--attempt`` other than the one that failed keeps member 0.
     """
     job = await api.get_job(run_id)
     failed = job.first_failure
     if failed is None or (attempt is not None and attempt != failed.attempt):
-        return 0, bool(use_stderr)
+        return 0, bool(use_stderr), ""
     stderr = True if use_stderr is None else use_stderr
     stream = "stderr" if stderr else "stdout"
-    click.echo(
+    note = (
         f"tp: Job {run_id} failed; showing the {stream} of member {failed.member_index}, which "
-        f"failed first ({failed.what}). Choose another with --member and --stdout/--stderr.",
-        err=True,
+        f"failed first ({failed.what}). Choose another with --member and --stdout/--stderr."
     )
-    return failed.member_index, stderr
+    return failed.member_index, stderr, note
 
 
 async def _follow(api: ApiClient, run_id: str, page: LogPage, interval: float) -> None:
@@ -236,8 +258,8 @@ async def _read_all(
     attempt: int,
     stream: str,
     tail: int | None,
-) -> LogPage:
-    """Print everything kept so far (or its last ``tail`` lines); returns the last page."""
+) -> tuple[bytes, LogPage]:
+    """Everything kept so far (or its last ``tail`` lines), and the last page read."""
     page = await api.get_logs(run_id, member_index, attempt, stream)
     gathered = [b"".join(_text(page))]
     while page.pieces:
@@ -250,5 +272,4 @@ async def _read_all(
         page = more
         gathered.append(b"".join(_text(page)))
     data = b"".join(gathered)
-    _write(iter([data if tail is None else _tail(data, tail)]))
-    return page
+    return (data if tail is None else _tail(data, tail)), page

@@ -181,3 +181,37 @@ def test_follow_goes_on_through_a_coordinator_restart(
     assert said.count("Waiting to go on") == 1, said
     assert "the coordinator answers again; going on from byte" in said, said
     assert wait_job(coord, run_id, 60)["state"] == "succeeded"
+
+
+@pytest.mark.timeout(240)
+def test_follow_started_during_an_outage_waits_for_the_coordinator(
+    cluster: tuple[CoordinatorProcess, AgentProcess, AgentProcess],
+    failed_job: tuple[str, dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    coord = cluster[0]
+    run_id, _ = failed_job
+    out, err = tmp_path / "follow.out", tmp_path / "follow.err"
+    env = dict(os.environ, TUNEPLANE_CONTEXT=str(coord.context_path))
+    coord.stop()
+    try:
+        with open(out, "wb") as out_file, open(err, "wb") as err_file:
+            follower = subprocess.Popen(
+                [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "logs", run_id,
+                 "--follow", "--interval", "0.2"],
+                stdout=out_file, stderr=err_file, env=env,
+            )  # fmt: skip
+        wait_until("tp logs to say it retries", lambda: "Retrying every 0.2 s." in _read(err))
+        assert follower.poll() is None and _read(out) == ""
+    finally:
+        coord.restart()
+    try:
+        assert follower.wait(timeout=120) == 0, _read(err)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    everything = "".join(f"warning {i}\n" for i in range(1, NOISE + 1))
+    assert _read(out) == everything + "FileNotFoundError: data.csv\n"
+    said = _read(err)
+    assert said.count("Retrying every") == 1 and said.count("showing the stderr of member 1") == 1
