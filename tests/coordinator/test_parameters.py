@@ -3,12 +3,15 @@ text, and how Preview stores the result in the resolved JobSpec (and refuses a m
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.coordinator.grpc_client import jobspec
 from tuneplane.coordinator import capsule
@@ -222,3 +225,38 @@ def test_an_entrypoint_not_from_the_parameter_names_the_entrypoint() -> None:
         resolve(js.parse(spec), CONFIG, CATALOGUE)
     assert err.value.field == "entrypoint[1]"
     assert "Did you mean 'train.py'?" in str(err.value)
+
+
+# -- what the workload reads back ----------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    rate=st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**53), 2**53),
+    note=st.text(alphabet=st.characters(exclude_characters="\x00", exclude_categories=["Cs"])),
+    shuffle=st.booleans(),
+)
+def test_argparse_reads_back_exactly_the_values_sent(
+    steps: int, rate: float, note: str, shuffle: bool
+) -> None:
+    passing = _passing(["steps", "learning_rate", "note", "shuffle"])
+    values = {"steps": steps, "learning_rate": rate, "note": note, "shuffle": shuffle}
+    rendered = render(passing, values)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--learning_rate", type=float)
+    parser.add_argument("--note-text", dest="note")
+    parser.add_argument("--shuffle", type=lambda text: text == "true")
+    # A value that starts with '-' is passed as it is; argparse needs the --flag=value form to
+    # take it, which is what a workload's own parser sees in sys.argv either way.
+    argv = list(rendered.argv)
+    joined = [f"{argv[i]}={argv[i + 1]}" for i in range(0, len(argv), 2)]
+    read = parser.parse_args(joined)
+    assert (read.steps, read.learning_rate, read.note, read.shuffle) == (
+        steps, float(rate), note, shuffle,
+    )  # fmt: skip
+    # The variables hold the same text as the flags.
+    assert rendered.env["TUNEPLANE_PARAM_STEPS"] == argv[argv.index("--steps") + 1]
+    assert float(rendered.env["TUNEPLANE_PARAM_LEARNING_RATE"]) == float(rate)
+    assert rendered.env["TUNEPLANE_PARAM_NOTE"] == note
