@@ -19,8 +19,8 @@ import pytest
 
 from tests.agent.jobs import job, tp, wait_job
 from tests.faults.jobs import project, submit
-from tests.support.agent import AgentProcess, start_agent, wait_until
-from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.agent import AgentProcess, two_agents, wait_until
+from tests.support.coordinator import CoordinatorProcess
 
 pytestmark = pytest.mark.slow
 
@@ -41,17 +41,8 @@ while true; do sleep 0.1; done
 def cluster(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[CoordinatorProcess, AgentProcess, AgentProcess]]:
-    root = tmp_path_factory.mktemp("cause")
-    with start_coordinator(root) as coord:
-        a = start_agent(root, coord, "node-a", "h200:1")
-        b = start_agent(root, coord, "node-b", "h200:1")
-        try:
-            a.wait_connected()
-            b.wait_connected()
-            yield coord, a, b
-        finally:
-            a.stop()
-            b.stop()
+    with two_agents(tmp_path_factory.mktemp("cause"), "h200:1") as cluster:
+        yield cluster
 
 
 def _tp(coord: CoordinatorProcess, *args: str) -> subprocess.CompletedProcess[str]:

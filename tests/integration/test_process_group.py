@@ -13,8 +13,8 @@ import pytest
 
 from tests.agent.jobs import job, journal, wait_job
 from tests.faults.jobs import held_gpus, project, submit
-from tests.support.agent import AgentProcess, start_agent, wait_until
-from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.agent import AgentProcess, two_agents, wait_until
+from tests.support.coordinator import CoordinatorProcess
 
 pytestmark = pytest.mark.slow
 
@@ -78,17 +78,8 @@ else:
 def two_nodes(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[CoordinatorProcess, AgentProcess, AgentProcess]]:
-    root = tmp_path_factory.mktemp("pg")
-    with start_coordinator(root) as coord:
-        a = start_agent(root, coord, "node-a", "h200:2")
-        b = start_agent(root, coord, "node-b", "h200:2")
-        try:
-            a.wait_connected()
-            b.wait_connected()
-            yield coord, a, b
-        finally:
-            a.stop()
-            b.stop()
+    with two_agents(tmp_path_factory.mktemp("pg"), "h200:2") as cluster:
+        yield cluster
 
 
 def _members_by_index(agents: tuple[AgentProcess, ...], run_id: str) -> dict[int, dict[str, Any]]:

@@ -27,8 +27,8 @@ from grpclib.const import Status
 from tests.agent.jobs import job, submit, tp
 from tests.coordinator.grpc_client import NodeStream, api_client, node_stream
 from tests.faults.jobs import wait_state
-from tests.support.agent import AgentProcess, node_cli, start_agent, wait_until
-from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.agent import AgentProcess, node_cli, two_agents, wait_until
+from tests.support.coordinator import CoordinatorProcess
 from tuneplane.proto import v1
 
 pytestmark = pytest.mark.slow
@@ -47,18 +47,8 @@ STREAM_TIMEOUT_S = 30.0
 def cluster(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[CoordinatorProcess, AgentProcess, AgentProcess]]:
-    root = tmp_path_factory.mktemp("sessions")
-    with start_coordinator(root) as coord:
-        a = start_agent(root, coord, "node-a")
-        b = start_agent(root, coord, "node-b")
-        try:
-            a.wait_connected()
-            b.wait_connected()
-            yield coord, a, b
-        finally:
-            for agent in (a, b):
-                if agent.alive():
-                    agent.stop()
+    with two_agents(tmp_path_factory.mktemp("sessions")) as cluster:
+        yield cluster
 
 
 def journal_id(path: Path) -> str:

@@ -14,12 +14,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from tests.support import accounts, processes
-from tests.support.coordinator import CoordinatorProcess
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.processes import stop_cleanly, track, untrack
 
 CONNECT_TIMEOUT_S = 30.0
@@ -249,4 +250,22 @@ def start_agent(
     return agent
 
 
-__all__ = ["AgentProcess", "enroll", "start_agent", "wait_until"]
+@contextmanager
+def two_agents(
+    root: Path, simulate_gpus: str | None = "h200:2"
+) -> Iterator[tuple[CoordinatorProcess, AgentProcess, AgentProcess]]:
+    """A coordinator under ``root`` and two connected agents, ``node-a`` and ``node-b``."""
+    with start_coordinator(root) as coord:
+        a = start_agent(root, coord, "node-a", simulate_gpus)
+        b = start_agent(root, coord, "node-b", simulate_gpus)
+        try:
+            a.wait_connected()
+            b.wait_connected()
+            yield coord, a, b
+        finally:
+            for agent in (a, b):
+                if agent.alive():  # a test may have killed or stopped it
+                    agent.stop()
+
+
+__all__ = ["AgentProcess", "enroll", "start_agent", "two_agents", "wait_until"]
