@@ -6,6 +6,8 @@ collectors keep retrying), real `tuneplane-collector run` processes, real SIGKIL
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
 import time
@@ -16,7 +18,8 @@ import psutil
 import pytest
 
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tuneplane.collector.service import EXIT_BUSY
+from tests.support.processes import wait_until
+from tuneplane.collector.service import EXIT_BUSY, LOCK_FILE
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +53,29 @@ def _gone(pid: int, timeout: float) -> bool:
     return False
 
 
+def _lock_held(lock: Path) -> bool:
+    """True when another process holds the collector's lock (flock, as the collector takes it)."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock this test took itself
+    return False
+
+
 def test_a_second_collector_for_the_same_member_leaves_it_to_the_first(
     coord: CoordinatorProcess, tmp_path: Path
 ) -> None:
     argv = _argv(coord, tmp_path)
+    lock = tmp_path / "state" / LOCK_FILE
     first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 20
-        while not (tmp_path / "state" / "collector.lock").exists():
-            assert time.monotonic() < deadline, "the first collector never took its lock"
-            time.sleep(0.05)
-        time.sleep(0.5)  # the lock file exists just before it is locked
+        wait_until("the first collector to hold its lock", lambda: _lock_held(lock), 20)
         second = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
         assert second.returncode == EXIT_BUSY, second.stderr
         assert "another collector serves this member" in second.stderr
@@ -71,7 +86,11 @@ def test_a_second_collector_for_the_same_member_leaves_it_to_the_first(
     # SIGKILL released the lock: a new collector may serve the member again.
     again = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(2)
+        wait_until(
+            "a collector after a crashed one to take the lock",
+            lambda: again.poll() is not None or _lock_held(lock),
+            20,
+        )
         assert again.poll() is None, "a collector after a crashed one must be able to start"
     finally:
         again.kill()
@@ -81,9 +100,11 @@ def test_a_second_collector_for_the_same_member_leaves_it_to_the_first(
 def test_a_collector_stops_when_the_agent_that_started_it_is_killed(
     coord: CoordinatorProcess, tmp_path: Path
 ) -> None:
+    # The agent names itself (--agent-pid), as the real agent does, and is killed at once: a
+    # collector still starting up when its agent dies must stop too (no wait hides that race).
     parent_code = (
-        "import subprocess, sys, time\n"
-        f"p = subprocess.Popen({_argv(coord, tmp_path)!r})\n"
+        "import os, subprocess, sys, time\n"
+        f"p = subprocess.Popen({_argv(coord, tmp_path)!r} + ['--agent-pid', str(os.getpid())])\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(120)\n"
     )
@@ -93,7 +114,6 @@ def test_a_collector_stops_when_the_agent_that_started_it_is_killed(
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        time.sleep(1.5)
         assert psutil.pid_exists(child)
         parent.kill()
         parent.wait()
