@@ -115,8 +115,10 @@ def test_cancel_a_queued_job_needs_no_node(cluster: LocalCluster, tmp_path: Path
     finally:
         for agent in cluster.agents:
             cluster.tp("node", "uncordon", agent.node_id)
-    # Nothing ever places it, even with the Nodes open again.
-    time.sleep(1.5)
+    # Nothing ever places it, even with the Nodes open again: a Job submitted after it is
+    # placed and ends (so the scheduler has run with the Nodes open), and it is still cancelled.
+    later = submit(cluster, project(cluster, tmp_path / "later", "echo placed\n"))
+    assert wait_state(cluster, later, "succeeded", "failed")["state"] == "succeeded"
     assert show(cluster, run_id)["state"] == "cancelled"
 
 
