@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AsyncExitStack, closing
 from pathlib import Path
 
@@ -17,6 +17,7 @@ import pytest
 
 from tests.coordinator.grpc_client import api_client, enroll, node_stream
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.processes import wait_until
 from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.heartbeats import HeartbeatBook
 from tuneplane.coordinator.store import Store, db_path
@@ -62,14 +63,6 @@ def _stored(state_dir: Path) -> dict[str, int]:
             str(node_id): int(at or 0)
             for node_id, at in db.execute("SELECT id, last_heartbeat_ms FROM nodes")
         }
-
-
-def _wait_for(what: str, check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g} s")
-        time.sleep(0.05)
 
 
 async def _enroll_many(coord: CoordinatorProcess, count: int) -> list[v1.EnrollReply]:
@@ -167,7 +160,7 @@ def test_heartbeats_are_acked_while_another_connection_holds_the_store_lock(
         assert max(latencies) < 2.5, f"slowest ack {max(latencies):.2f} s"
         # Once the lock is gone the waiting batch lands: each Node's last time is stored.
         ids = {r.node_id for r in replies}
-        _wait_for(
+        wait_until(
             "the batched heartbeat times reaching the store",
             lambda: all(at >= last_sent for n, at in _stored(coord.state_dir).items() if n in ids),
         )
