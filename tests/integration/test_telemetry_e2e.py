@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import stat
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support import accounts
+from tests.support.processes import wait_until
 from tuneplane.coordinator.demo.cluster import LocalCluster
 
 SCRIPT = """env > "$TUNEPLANE_OUT_DIR/env.txt"
@@ -44,17 +44,6 @@ def _json(cluster: LocalCluster, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-def _wait(what: str, check: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 def test_sdk_metrics_of_a_real_job_arrive_exactly_once(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -70,11 +59,12 @@ def test_sdk_metrics_of_a_real_job_arrive_exactly_once(
     assert done.returncode == 0, done.stderr
     run_id = json.loads(done.stdout.strip().splitlines()[-1])["run_id"]
 
-    job = _wait(
+    job = wait_until(
         "the Job to succeed",
         lambda: (
             (j := _json(cluster, "job", "show", run_id))["state"] in ("succeeded", "failed") and j
         ),
+        timeout=60,
     )
     assert job["state"] == "succeeded", job
 
@@ -82,7 +72,7 @@ def test_sdk_metrics_of_a_real_job_arrive_exactly_once(
         members = _json(cluster, "metrics", run_id, "--delivery")["members"]
         return members if members and all(m["drained"] for m in members) else None
 
-    (delivery,) = _wait("the collector to deliver everything", drained)
+    (delivery,) = wait_until("the collector to deliver everything", drained, timeout=60)
     # Beside the files' 600 points, the collector's own process samples (source "system").
     system = _json(cluster, "metrics", run_id, "--raw", "--source", "system")["tags"]
     assert all(t["tag"].startswith("system/") for t in system)
