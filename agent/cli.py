@@ -22,7 +22,7 @@ import click
 import trio
 
 from tuneplane.agent import config as node_config
-from tuneplane.agent import journal_read, workload_checks
+from tuneplane.agent import doctor, journal_read, workload_checks
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.cli_support import sentences as _sentences
 from tuneplane.agent.cli_support import state_dir_option as _state_dir_option
@@ -497,12 +497,24 @@ def _credential_json(state: StateDir) -> dict[str, Any]:
 # --- doctor ------------------------------------------------------------------------------------
 
 
-def _gpu_doctor_lines(
+def _doctor_inventory(
     state: StateDir, node_name: str, scripted_nvml: Path | None
+) -> Inventory | str | None:
+    """What doctor reads the GPUs from: the inventory, why it failed, or None while released."""
+    if read_release(state.root / RELEASE_REQUEST) > int(time.time() * 1000):
+        return None
+    try:
+        return InventorySource(node_name, None, scripted_nvml).collect_within(PROBE_LIMIT_S)
+    except InventoryError as exc:
+        return str(exc)
+
+
+def _gpu_doctor_lines(
+    state: StateDir, read: Inventory | str | None
 ) -> list[tuple[bool | None, str]]:
     """What NVML says, read as the agent reads it: (ok, text); ``None`` is a plain detail."""
-    released = read_release(state.root / RELEASE_REQUEST)
-    if released > int(time.time() * 1000):
+    if read is None:
+        released = read_release(state.root / RELEASE_REQUEST)
         until = time.strftime("%H:%M:%S", time.gmtime(released / 1000))
         return [
             (
@@ -511,10 +523,9 @@ def _gpu_doctor_lines(
                 "release); doctor leaves it alone too",
             )
         ]
-    try:
-        inv = InventorySource(node_name, None, scripted_nvml).collect_within(PROBE_LIMIT_S)
-    except InventoryError as exc:
-        return [(False, str(exc))]
+    if isinstance(read, str):
+        return [(False, read)]
+    inv = read
     where = f" ({inv.gpu_source})" if inv.gpu_source != "nvml" else ""
     if inv.problem:
         lines: list[tuple[bool | None, str]] = [(False, f"NVML{where}: {inv.problem}")]
@@ -558,14 +569,21 @@ def _gib(size: int) -> str:
 @_state_dir_option
 @_scripted_nvml_option
 def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
-    """Check the state dir, the credential, the journal's integrity and NVML."""
+    """Check the state dir, the credential, the journal, the GPU source and NVML, the runtimes,
+    the coordinator's address and clock, and free disk space."""
     state = StateDir(state_dir)
     failures = 0
+    node: NodeConfig | None = None
 
     def line(ok: bool, text: str) -> None:
         nonlocal failures
         failures += not ok
         click.echo(f"{'ok  ' if ok else 'FAIL'}  {text}")
+
+    def finding(found: workload_checks.Finding) -> None:
+        nonlocal failures
+        failures += found.level == "FAIL"
+        click.echo(f"{found.level.ljust(4)}  {found.text}")
 
     node_id = ""
     node_name = default_node_name()
@@ -600,7 +618,17 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
             line(problem is None, f"journal owner: {problem or 'Node ' + node_id}")
     except journal_read.JournalUnreadable as exc:
         line(False, f"journal integrity: {exc} The agent runs in safe mode until it is repaired.")
-    for ok, text in _gpu_doctor_lines(state, node_name, scripted_nvml):
+    read = _doctor_inventory(state, node_name, scripted_nvml)
+    status = read_status(state.status_path) or {}
+    if isinstance(read, Inventory):
+        pid = status.get("pid")
+        running = pid if _pid_alive(pid) and isinstance(pid, int) else None
+        finding(
+            doctor.inventory_source_finding(
+                running, status.get("inventory") or {}, read.gpu_source, len(read.gpus)
+            )
+        )
+    for ok, text in _gpu_doctor_lines(state, read):
         if ok is None:
             click.echo(f"      {text}")
         else:
@@ -608,6 +636,20 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
     for text in _xid_doctor_lines(state):
         click.echo(text)
     failures += _workload_lines(state.root)
+    if node is not None:
+        finding(doctor.probe_coordinator(node.coordinator, Path(node.ca)))
+        skew = status.get("clock_skew_ms")
+        at = status.get("clock_skew_at_ms")
+        finding(
+            doctor.skew_finding(
+                skew if isinstance(skew, int) else None,
+                at if isinstance(at, int) else None,
+                int(time.time() * 1000),
+            )
+        )
+    works, outputs = _roots(state.root)
+    for label, root in (("state dir", state.root), ("work root", works), ("output root", outputs)):
+        finding(doctor.measure_disk(label, root))
     if failures:
         raise SystemExit(1)
 
@@ -634,6 +676,15 @@ def _xid_doctor_lines(state: StateDir) -> list[str]:
     return lines
 
 
+def _roots(state_dir: Path) -> tuple[Path, Path]:
+    """The work and output roots node.toml sets (or their defaults beside the state dir)."""
+    settings = click.get_current_context().find_root().obj
+    known = (settings.values if isinstance(settings, _Settings) else None) or {}
+    outputs = Path(known.get("out_root") or workload_checks.default_out_root(state_dir))
+    works = Path(known.get("work_root") or workload_checks.default_work_root(state_dir))
+    return works, outputs
+
+
 def _workload_lines(state_dir: Path) -> int:
     """Print doctor's workload-policy lines (accounts, runtimes, bubblewrap); the failures."""
     try:
@@ -641,10 +692,7 @@ def _workload_lines(state_dir: Path) -> int:
     except node_config.NodeConfigError as exc:
         click.echo(f"FAIL  {exc}")
         return 1
-    settings = click.get_current_context().find_root().obj
-    known = (settings.values if isinstance(settings, _Settings) else None) or {}
-    outputs = Path(known.get("out_root") or workload_checks.default_out_root(state_dir))
-    works = Path(known.get("work_root") or workload_checks.default_work_root(state_dir))
+    works, outputs = _roots(state_dir)
     failures = 0
     for finding in workload_checks.doctor_findings(policy, state_dir, works, outputs):
         failures += finding.level == "FAIL"

@@ -116,6 +116,9 @@ class Status:
     credential_issued_at_ms: int = 0
     credential_expires_at_ms: int = 0
     credential_renewal_at_ms: int = 0
+    # The coordinator's clock minus this host's at the last Welcome (for doctor), and when.
+    clock_skew_ms: int | None = None
+    clock_skew_at_ms: int | None = None
 
 
 def _inventory_summary(inv: Inventory) -> dict[str, Any]:
@@ -482,6 +485,9 @@ class Daemon:
                 self.status.connected = True
                 self.status.last_connected_ms = now_ms()
                 self.status.last_error = ""
+                if effect.server_time_ms:
+                    self.status.clock_skew_ms = effect.server_time_ms - now_ms()
+                    self.status.clock_skew_at_ms = now_ms()
                 self._write_status()
                 if self.logship is not None:
                     self.logship.session_opened()

@@ -91,6 +91,8 @@ class Connected:
     heartbeat_timeout_s: float
     credential_issued_at_ms: int = 0
     credential_expires_at_ms: int = 0
+    # The coordinator's clock when it sent the Welcome (epoch ms; 0: not stated).
+    server_time_ms: int = 0
 
 
 @attrs.frozen
@@ -256,6 +258,7 @@ class ControlSession:
                 self.heartbeat_timeout_s,
                 welcome.credential_issued_at_ms,
                 welcome.credential_expires_at_ms,
+                welcome.server_time_ms,
             )
         ]
         for report in sorted(pending, key=lambda r: r.report_seq):

@@ -9,6 +9,7 @@ findings as warnings or failures, each a sentence with the fix.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ from tuneplane.agent import accounts, sandbox
 from tuneplane.agent.config import WorkloadPolicy, workload_policy
 
 BWRAP_CHECK_TIMEOUT_S = 20.0
+VERSION_LIMIT_S = 10.0
 
 
 @attrs.frozen
@@ -118,29 +120,68 @@ def _account_findings(policy: WorkloadPolicy) -> list[Finding]:
 
 
 def _runtime_findings(policy: WorkloadPolicy) -> list[Finding]:
+    """One line per runtime: its interpreter resolved with its PATH, executable, its version."""
     found = []
     names = sorted(set(policy.runtimes) | {"python3"})
     for name in names:
         runtime = policy.runtime(name)
         origin = "node.toml" if runtime.configured else "the default"
-        usable = runtime.interpreter.startswith("/") and os.access(runtime.interpreter, os.X_OK)
         loader = (
             f", loader variables allowed (a Job's env may set LD_*, PYTHONPATH ... when "
             f"coordinator.toml allows them for host:{name} too)"
             if runtime.allow_loader_env
             else ""
         )
-        text = (
-            f"runtime host:{name} ({origin}): interpreter {runtime.interpreter}, "
-            f"PATH {runtime.path}{loader}"
-        )
-        if not usable:
+        text = f"runtime host:{name} ({origin}): interpreter {runtime.interpreter}"
+        where = resolve_interpreter(runtime.interpreter, runtime.path)
+        fix = f"set interpreter in [runtimes.{name}] of node.toml or install it"
+        if where is None or not os.access(where, os.X_OK):
             text += (
-                f"; {runtime.interpreter} is not an executable file, set interpreter in "
-                f"[runtimes.{name}] of node.toml"
+                f", PATH {runtime.path}{loader}; {runtime.interpreter} is not an executable "
+                f"file, {fix}"
             )
-        found.append(Finding("ok" if usable else "FAIL", text))
+            found.append(Finding("FAIL", text))
+            continue
+        try:
+            version = interpreter_version(where, runtime.path)
+        except RuntimeError as exc:
+            found.append(Finding("FAIL", f"{text}, PATH {runtime.path}{loader}; {exc}, {fix}"))
+            continue
+        shown = "" if where == runtime.interpreter else f" ({where})"
+        found.append(Finding("ok", f"{text}{shown}, {version}, PATH {runtime.path}{loader}"))
     return found
+
+
+def resolve_interpreter(interpreter: str, path: str) -> str | None:
+    """The interpreter's file: as given when absolute, else looked up in the runtime's PATH."""
+    if os.sep in interpreter:
+        return interpreter if os.path.isfile(interpreter) else None
+    return shutil.which(interpreter, path=path)
+
+
+def interpreter_version(interpreter: str, path: str, limit_s: float = VERSION_LIMIT_S) -> str:
+    """The first line ``INTERPRETER --version`` prints, run with the runtime's PATH.
+
+    Raises :class:`RuntimeError` with a sentence when it fails, hangs past ``limit_s`` or says
+    nothing."""
+    try:
+        done = subprocess.run(
+            [interpreter, "--version"], capture_output=True, text=True, timeout=limit_s,
+            env={"PATH": path, "LANG": "C"}, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"`{interpreter} --version` did not answer within {limit_s:g} s"
+        ) from None
+    except OSError as exc:
+        raise RuntimeError(f"`{interpreter} --version` cannot be run ({exc.strerror})") from None
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"`{interpreter} --version` exited with {done.returncode} "
+            f"({lines[0] if lines else 'no output'})"
+        )
+    return lines[0].strip()
 
 
 def bwrap_finding(policy: WorkloadPolicy) -> Finding:
