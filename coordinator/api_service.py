@@ -21,6 +21,7 @@ from grpclib.const import Cardinality, Handler, Status
 
 from tuneplane.coordinator import jobspec, store_access, store_fleet, store_identity
 from tuneplane.coordinator.admission import Admitted, admit
+from tuneplane.coordinator.apimodel import JOB_LIST_DEFAULT, JOB_LIST_MAX
 from tuneplane.coordinator.auth import Principal, bearer_token, hash_credential
 from tuneplane.coordinator.capacity import never_fits
 from tuneplane.coordinator.catalogue import Catalogue
@@ -47,8 +48,6 @@ from tuneplane.proto import v1
 log = logging.getLogger(__name__)
 
 MAX_RETRY_KEY = 200
-DEFAULT_LIST_LIMIT = 100
-MAX_LIST_LIMIT = 1000
 
 T = TypeVar("T")
 Args = TypeVarTuple("Args")
@@ -233,7 +232,7 @@ class ApiService:
         with grpc_errors():
             user = await caller(self._store, stream)
             request: v1.ListJobsRequest = await stream.recv_message()
-            limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+            limit = min(request.limit or JOB_LIST_DEFAULT, JOB_LIST_MAX)
             # Only the Jobs this user may read (job_access): another user's never show up.
             jobs = await store_access.readable_jobs(
                 self._store, user, request.project, request.state, request.mine, limit

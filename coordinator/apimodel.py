@@ -11,6 +11,11 @@ from pathlib import Path
 
 import attrs
 
+# How many Jobs one ListJobs answers: the default when a request names none (0, the wire's
+# unset value) and the most it ever returns. ``tp job ls --limit`` accepts 1 to the most.
+JOB_LIST_DEFAULT = 100
+JOB_LIST_MAX = 1000
+
 
 class ApiError(Exception):
     """A call to the coordinator did not succeed; ``str()`` says why and what to do."""

@@ -19,6 +19,8 @@ import click
 
 from tuneplane.coordinator import jobspec, lifecycle
 from tuneplane.coordinator.apimodel import (
+    JOB_LIST_DEFAULT,
+    JOB_LIST_MAX,
     ApiError,
     ClientConfigError,
     CoordinatorUnreachable,
@@ -347,6 +349,19 @@ def _commit(options: Options, target: str, as_json: bool) -> None:
 # -- jobs ------------------------------------------------------------------------------------
 
 
+def check_job_limit(_ctx: click.Context, _param: click.Parameter, value: int) -> int:
+    """``--limit`` of ``tp job ls``, or a usage error saying what it accepts: the coordinator
+    never answers more than :data:`JOB_LIST_MAX` Jobs at once, so "all" (0) is not offered."""
+    if not 1 <= value <= JOB_LIST_MAX:
+        raise click.BadParameter(
+            f"{value} is not a number of Jobs tp can list: give 1 to {JOB_LIST_MAX} (0 does not "
+            f"mean all; the coordinator answers at most {JOB_LIST_MAX} Jobs at once). Narrow the "
+            "list with --project, --state or --mine to see older Jobs.",
+            param_hint="--limit",
+        )
+    return value
+
+
 @cli.group()
 def job() -> None:
     """Jobs on the coordinator."""
@@ -361,7 +376,14 @@ def job() -> None:
     help="Only Jobs in this state: " + ", ".join(sorted(lifecycle.JOB_TRANSITIONS)) + ".",
 )
 @click.option("--mine", is_flag=True, help="Only Jobs you submitted.")
-@click.option("--limit", type=click.IntRange(min=0), default=0, help="At most N Jobs (0: all).")
+@click.option(
+    "--limit",
+    type=int,
+    default=JOB_LIST_DEFAULT,
+    show_default=True,
+    callback=check_job_limit,
+    help=f"At most N Jobs, newest first (1 to {JOB_LIST_MAX}).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_obj
 def job_ls(
@@ -379,6 +401,13 @@ def job_ls(
         click.echo("No Jobs match.")
     else:
         render.console().print(render.jobs_table(jobs))
+    if len(jobs) >= limit:
+        # Said on stderr so that --json output stays one JSON document.
+        click.echo(
+            f"Showing the newest {limit} Jobs; there may be more. Narrow the list with "
+            f"--project, --state or --mine, or raise --limit (at most {JOB_LIST_MAX}).",
+            err=True,
+        )
 
 
 @job.command("show")
