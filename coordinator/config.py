@@ -28,8 +28,6 @@ DEFAULT_CONFIG = """\
 # (named presets over a Series) that `tp submit --profile` takes.
 #
 # [series.<name>]
-#   card_memory_gib   per-card memory
-#   scheduling_pin    the label a Node's GPUs carry for this Series
 #   cards             how many cards of this Series exist in the deployment (0: not counted)
 #   accelerator       false for a Series that has no GPUs (Jobs on it ask for 0 GPUs)
 # [profiles.<name>]
@@ -60,20 +58,14 @@ DEFAULT_CONFIG = """\
 #                             with allow_loader_env in its node.toml
 
 [series.h200]
-card_memory_gib = 141
-scheduling_pin = "h200"
 cards = 0
 accelerator = true
 
 [series.h100]
-card_memory_gib = 80
-scheduling_pin = "h100"
 cards = 0
 accelerator = true
 
 [series.cpu]
-card_memory_gib = 0
-scheduling_pin = "cpu"
 cards = 0
 accelerator = false
 
@@ -115,8 +107,6 @@ class ConfigError(ValueError):
 @attrs.frozen
 class Series:
     name: str
-    card_memory_gib: int
-    scheduling_pin: str
     cards: int
     accelerator: bool
 
@@ -173,6 +163,8 @@ class CoordinatorConfig:
     limits: Limits = attrs.field(factory=Limits)
     runtimes: Mapping[str, RuntimeSettings] = attrs.field(factory=dict)
     fleets: Mapping[str, FleetSettings] = attrs.field(factory=dict)
+    # Sentences about keys that are still accepted but no longer do anything; `serve` logs them.
+    warnings: tuple[str, ...] = ()
 
     @property
     def loader_env_runtimes(self) -> frozenset[str]:
@@ -201,6 +193,16 @@ def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str, path: P
         )
 
 
+# Keys a Series once required that placement never read; a config that still has them loads,
+# and each one becomes a warning naming it (never silently ignored, never a broken upgrade).
+_RETIRED_SERIES_KEYS = {
+    "card_memory_gib": "Placement matches GPUs by the Series name their Node reports, not by "
+    "their memory.",
+    "scheduling_pin": "A Node's GPUs are matched to a Series by its name, which is the label "
+    "they carry.",
+}
+
+
 def parse_config(text: str, path: Path) -> CoordinatorConfig:
     """Parse ``coordinator.toml`` text; ``path`` only names the file in errors."""
     try:
@@ -214,15 +216,18 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         path,
     )
     series: dict[str, Series] = {}
+    warnings: list[str] = []
     for name, table in raw.get("series", {}).items():
         where = f"series.{name}"
-        _check_keys(
-            table, {"card_memory_gib", "scheduling_pin", "cards", "accelerator"}, where, path
-        )
+        _check_keys(table, {*_RETIRED_SERIES_KEYS, "cards", "accelerator"}, where, path)
+        warnings += [
+            f"{path}: [{where}] {key} is no longer used and is ignored. {why} "
+            "Delete the line to silence this warning."
+            for key, why in _RETIRED_SERIES_KEYS.items()
+            if key in table
+        ]
         series[name] = Series(
             name=name,
-            card_memory_gib=_take(table, "card_memory_gib", int, where, path),
-            scheduling_pin=_take(table, "scheduling_pin", str, where, path),
             cards=_take(table, "cards", int, where, path),
             accelerator=_take(table, "accelerator", bool, where, path),
         )
@@ -261,6 +266,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         limits=_limits(raw.get("limits", {}), path),
         runtimes=_runtimes(raw.get("runtimes", {}), path),
         fleets=_fleets(raw.get("fleet", {}), path),
+        warnings=tuple(warnings),
     )
 
 

@@ -154,6 +154,8 @@ async def serve(opts: ServeOptions) -> None:
     state_dir = opts.state_dir.absolute()
     require_initialised(state_dir)
     config = load_config(state_dir)
+    for warning in config.warnings:
+        log.warning("config key ignored message=%r", warning)
     tls_paths = TlsPaths.under(state_dir)
     ctx = server_context(tls_paths)
     catalogue = Catalogue.bundled()

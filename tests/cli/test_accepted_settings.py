@@ -1,4 +1,5 @@
-"""Every setting ``tp`` accepts has an effect or is refused: ``tp job ls --limit``."""
+"""Every accepted setting has an effect or is refused: ``tp job ls --limit`` and the retired
+Series keys of ``coordinator.toml``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tests.cli.tp_process import run_tp, run_tp_as
 from tests.coordinator.grpc_client import api_client, jobspec
 from tests.support.coordinator import start_coordinator
 from tuneplane.coordinator.apimodel import JOB_LIST_MAX
+from tuneplane.coordinator.config import DEFAULT_CONFIG, parse_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,3 +46,23 @@ def test_job_ls_limit_returns_that_many_and_says_there_may_be_more(tmp_path: Pat
         assert five.returncode == 0, five
         assert sorted(job["run_id"] for job in json.loads(five.stdout)) == sorted(run_ids)
         assert "there may be more" not in five.stderr
+
+
+# coordinator.toml: Series keys placement never read are retired, loudly.
+
+
+def test_a_fresh_config_no_longer_has_the_retired_series_keys(tmp_path: Path) -> None:
+    config = parse_config(DEFAULT_CONFIG, tmp_path / "coordinator.toml")
+    assert config.warnings == ()
+    assert "card_memory_gib" not in DEFAULT_CONFIG and "scheduling_pin" not in DEFAULT_CONFIG
+
+
+def test_a_config_with_retired_series_keys_serves_and_warns_naming_them(tmp_path: Path) -> None:
+    old = '[series.a100]\ncard_memory_gib = 80\nscheduling_pin = "a100"\ncards = 0\n'
+    old += "accelerator = true\n"
+    with start_coordinator(tmp_path, config="\n" + old) as coord:
+        # Serving proves the config loaded; the log names each key and its table.
+        logged = coord.read_log()
+    for key in ("card_memory_gib", "scheduling_pin"):
+        assert f"[series.a100] {key} is no longer used and is ignored" in logged, logged
+    assert "Delete the line to silence this warning" in logged
