@@ -647,7 +647,10 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
                 int(time.time() * 1000),
             )
         )
+    # The roots the agent last ran with (status.json), else those node.toml or the defaults set.
     works, outputs = _roots(state.root)
+    works = Path(status.get("work_root") or works)
+    outputs = Path(status.get("out_root") or outputs)
     for label, root in (("state dir", state.root), ("work root", works), ("output root", outputs)):
         finding(doctor.measure_disk(label, root))
     if failures:

@@ -119,6 +119,9 @@ class Status:
     # The coordinator's clock minus this host's at the last Welcome (for doctor), and when.
     clock_skew_ms: int | None = None
     clock_skew_at_ms: int | None = None
+    # Where members' work directories and outputs go (doctor measures free space there).
+    work_root: str = ""
+    out_root: str = ""
 
 
 def _inventory_summary(inv: Inventory) -> dict[str, Any]:
@@ -168,6 +171,7 @@ class Daemon:
         self.inventory = source.collect_within()
         self.status = Status(os.getpid(), node.node_id, node.coordinator, now_ms())
         self.status.inventory = _inventory_summary(self.inventory)
+        self.status.work_root, self.status.out_root = str(work_root), str(out_root)
         self.journal: Journal | None = None
         self.manager: MemberManager | None = None
         self.logship: LogShipper | None = None

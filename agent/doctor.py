@@ -90,7 +90,7 @@ def probe_coordinator(address: str, ca: Path, limit_s: float = REACH_LIMIT_S) ->
         endpoint = Endpoint.parse(address)
         ctx = client_tls(ca)
     except (ValueError, TlsVerificationFailed) as exc:
-        return reach_finding(address, str(exc).rstrip("."), 0.0)
+        return Finding("FAIL", f"coordinator control address cannot be checked: {exc}")
     started = time.monotonic()
     try:
         with (
