@@ -25,7 +25,7 @@ import trio
 from tuneplane.agent import accounts, runner_pyz, sandbox, supervision
 from tuneplane.agent import messages as m
 from tuneplane.agent.collectors import telemetry_dir
-from tuneplane.agent.config import Runtime, WorkloadPolicy
+from tuneplane.agent.config import DEFAULT_RUNTIME_PATH, Runtime, WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory
 from tuneplane.agent.journal import (
@@ -66,6 +66,7 @@ from tuneplane.agent.prepare import (
     pick_port,
     read_capsule,
 )
+from tuneplane.agent.workload_checks import resolve_interpreter
 from tuneplane.coordinator import jobspec
 from tuneplane.runner.member_file import Account as RunAs
 
@@ -93,14 +94,39 @@ def work_dir_for(work_root: Path, key: MemberKey) -> Path:
 
 
 def runtime_of(spec: jobspec.JobSpec, policy: WorkloadPolicy) -> Runtime:
-    """The node.toml runtime a JobSpec's ``host:<name>`` runtime id names."""
+    """The node.toml runtime a JobSpec's ``host:<name>`` runtime id names, refused (with what
+    this Node offers) when it is not a host runtime or its interpreter is not an executable file
+    here: checked at Prepare, so no GPU is held for a Job this Node cannot start."""
     kind, _, name = spec.runtime_id.partition(":")
     if kind != "host" or not name:
         raise PrepareRefused(
             f"The runtime {spec.runtime_id!r} is not a host runtime; this Node runs "
-            "host:<interpreter> runtimes defined in its node.toml."
+            f"{offered_runtimes(policy)}."
         )
-    return policy.runtime(name)
+    runtime = policy.runtime(name)
+    where = resolve_interpreter(runtime.interpreter, runtime.path)
+    if where is None or not os.access(where, os.X_OK):
+        origin = (
+            f"as [runtimes.{name}] of node.toml defines it"
+            if runtime.configured
+            else f"looked up on {runtime.path}, as node.toml has no [runtimes.{name}]"
+        )
+        raise PrepareRefused(
+            f"This Node cannot run the runtime {spec.runtime_id!r}: its interpreter "
+            f"{runtime.interpreter!r} ({origin}) is not an executable file here. This Node "
+            f"runs {offered_runtimes(policy)}. Submit the Job on one of those, or ask this "
+            f"Node's operator to install the interpreter or define [runtimes.{name}] in node.toml."
+        )
+    return runtime
+
+
+def offered_runtimes(policy: WorkloadPolicy) -> str:
+    """What ``host:<name>`` runtimes this Node runs, in words for a refusal."""
+    configured = sorted(policy.runtimes)
+    tables = (
+        ", ".join(f"host:{name}" for name in configured) + " (node.toml) and " if configured else ""
+    )
+    return f"{tables}host:<program> for a program on {DEFAULT_RUNTIME_PATH}"
 
 
 class LaunchFailed(Exception):
