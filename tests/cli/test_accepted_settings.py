@@ -12,7 +12,7 @@ import pytest
 from tests.cli.tp_process import run_tp, run_tp_as
 from tests.coordinator.grpc_client import api_client, jobspec
 from tests.support.coordinator import start_coordinator
-from tuneplane.coordinator.apimodel import JOB_LIST_MAX
+from tuneplane.coordinator.apimodel import JOB_LIST_DEFAULT, JOB_LIST_MAX
 from tuneplane.coordinator.config import DEFAULT_CONFIG, parse_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,25 +27,36 @@ def test_job_ls_refuses_a_limit_it_cannot_honour(tmp_path: Path, limit: str) -> 
     assert "0 does not mean all" in done.stderr
 
 
-def test_job_ls_limit_returns_that_many_and_says_there_may_be_more(tmp_path: Path) -> None:
+def test_job_ls_lists_the_default_then_more_on_request_and_says_when_it_may_be_cut(
+    tmp_path: Path,
+) -> None:
+    total = JOB_LIST_DEFAULT + 1
     with start_coordinator(tmp_path) as coord:
 
-        async def submit_three() -> list[str]:
+        async def submit_all() -> list[str]:
             async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
-                return [(await api.submit(jobspec(gpus=1), f"limit-{n}")).run_id for n in range(3)]
+                return [
+                    (await api.submit(jobspec(gpus=1), f"limit-{n}")).run_id for n in range(total)
+                ]
 
-        run_ids = asyncio.run(submit_three())
+        run_ids = asyncio.run(submit_all())
 
-        two = run_tp_as(coord, None, "job", "ls", "--limit", "2", "--json")
-        assert two.returncode == 0, two
-        listed = [job["run_id"] for job in json.loads(two.stdout)]
-        assert len(listed) == 2 and set(listed) <= set(run_ids)
-        assert "Showing the newest 2 Jobs; there may be more" in two.stderr
+        def listed(*args: str) -> tuple[list[str], str]:
+            done = run_tp_as(coord, None, "job", "ls", "--json", *args)
+            assert done.returncode == 0, done
+            return [job["run_id"] for job in json.loads(done.stdout)], done.stderr
 
-        five = run_tp_as(coord, None, "job", "ls", "--limit", "5", "--json")
-        assert five.returncode == 0, five
-        assert sorted(job["run_id"] for job in json.loads(five.stdout)) == sorted(run_ids)
-        assert "there may be more" not in five.stderr
+        shown, said = listed()
+        assert len(shown) == JOB_LIST_DEFAULT and set(shown) < set(run_ids)
+        assert f"Showing the newest {JOB_LIST_DEFAULT} Jobs; there may be more" in said
+        assert f"raise --limit (at most {JOB_LIST_MAX})" in said
+
+        shown, said = listed("--limit", "2")
+        assert len(shown) == 2 and "Showing the newest 2 Jobs" in said
+
+        shown, said = listed("--limit", str(total + 1))
+        assert sorted(shown) == sorted(run_ids)
+        assert "there may be more" not in said
 
 
 # coordinator.toml: Series keys placement never read are retired, loudly.
