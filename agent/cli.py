@@ -620,13 +620,16 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
         line(False, f"journal integrity: {exc} The agent runs in safe mode until it is repaired.")
     read = _doctor_inventory(state, node_name, scripted_nvml)
     status = read_status(state.status_path) or {}
-    if isinstance(read, Inventory):
+    if read is not None:  # None: NVML is released, the GPU line below says so
         pid = status.get("pid")
         running = pid if _pid_alive(pid) and isinstance(pid, int) else None
+        mine, count = (
+            (read.gpu_source, len(read.gpus))
+            if isinstance(read, Inventory)
+            else ("nothing (its GPU read failed, see below)", 0)
+        )
         finding(
-            doctor.inventory_source_finding(
-                running, status.get("inventory") or {}, read.gpu_source, len(read.gpus)
-            )
+            doctor.inventory_source_finding(running, status.get("inventory") or {}, mine, count)
         )
     for ok, text in _gpu_doctor_lines(state, read):
         if ok is None:
