@@ -232,7 +232,14 @@ class ApiService:
         with grpc_errors():
             user = await caller(self._store, stream)
             request: v1.ListJobsRequest = await stream.recv_message()
-            limit = min(request.limit or JOB_LIST_DEFAULT, JOB_LIST_MAX)
+            if request.limit > JOB_LIST_MAX:
+                raise GRPCError(
+                    Status.INVALID_ARGUMENT,
+                    f"ListJobsRequest.limit is {request.limit}, over the {JOB_LIST_MAX} Jobs one "
+                    f"call returns. Ask for at most {JOB_LIST_MAX}, or 0 for the default of "
+                    f"{JOB_LIST_DEFAULT}, and narrow the list by project, state or mine.",
+                )
+            limit = request.limit or JOB_LIST_DEFAULT
             # Only the Jobs this user may read (job_access): another user's never show up.
             jobs = await store_access.readable_jobs(
                 self._store, user, request.project, request.state, request.mine, limit

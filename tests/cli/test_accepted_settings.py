@@ -8,12 +8,15 @@ import json
 from pathlib import Path
 
 import pytest
+from grpclib import GRPCError
+from grpclib.const import Status
 
 from tests.cli.tp_process import run_tp, run_tp_as
 from tests.coordinator.grpc_client import api_client, jobspec
 from tests.support.coordinator import start_coordinator
 from tuneplane.coordinator.apimodel import JOB_LIST_DEFAULT, JOB_LIST_MAX
 from tuneplane.coordinator.config import DEFAULT_CONFIG, parse_config
+from tuneplane.proto import v1
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,3 +80,24 @@ def test_a_config_with_retired_series_keys_serves_and_warns_naming_them(tmp_path
     for key in ("card_memory_gib", "scheduling_pin"):
         assert f"[series.a100] {key} is no longer used and is ignored" in logged, logged
     assert "Delete the line to silence this warning" in logged
+
+
+def test_list_jobs_refuses_a_limit_over_the_most_and_keeps_serving(tmp_path: Path) -> None:
+    with start_coordinator(tmp_path) as coord:
+
+        async def scenario() -> tuple[GRPCError, int]:
+            async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+                await api.submit(jobspec(gpus=1), "limit-api")
+                with pytest.raises(GRPCError) as refused:
+                    await api.stub.list_jobs(v1.ListJobsRequest(limit=JOB_LIST_MAX + 1))
+                served = await api.stub.list_jobs(v1.ListJobsRequest(limit=JOB_LIST_MAX))
+                return refused.value, len(served.jobs)
+
+        refused, served = asyncio.run(scenario())
+    assert refused.status == Status.INVALID_ARGUMENT
+    assert refused.message == (
+        f"ListJobsRequest.limit is {JOB_LIST_MAX + 1}, over the {JOB_LIST_MAX} Jobs one call "
+        f"returns. Ask for at most {JOB_LIST_MAX}, or 0 for the default of {JOB_LIST_DEFAULT}, "
+        "and narrow the list by project, state or mine."
+    )
+    assert served == 1
