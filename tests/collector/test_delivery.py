@@ -214,9 +214,15 @@ def test_a_full_spool_pauses_reading_and_loses_nothing(tmp_path: Path) -> None:
         # Small appends, each read as its own batch, while the gateway is unreachable.
         for round_ in range(10):
             write_jsonl(telemetry / "report.rank0.jsonl", round_ * 100, 100)
-            time.sleep(0.3)
+            # Each append read as its own batch: wait until it is spooled, or reading paused.
+            wanted = (round_ + 1) * 100
+
+            def spooled_or_paused(wanted: int = wanted) -> bool:
+                return collector.spool_depth() >= wanted or "spool full" in collector.read_log()
+
+            wait_until(f"append {round_} to be spooled or reading to pause", spooled_or_paused)
         wait_until("the collector to say it paused", lambda: "spool full" in collector.read_log())
-        time.sleep(1.0)
+        time.sleep(1.0)  # not a wait for an event: a paused collector must read nothing more
         # Paused, not dropping: at most one batch over the limit, the rest still in the file.
         assert 200 <= collector.spool_depth() <= 300
         coord.restart()
