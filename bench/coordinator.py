@@ -117,6 +117,13 @@ class Coordinator:
                 str(HEARTBEAT_INTERVAL_S),
                 "--heartbeat-timeout",
                 "120",
+                # Free ports, not the fixed defaults, so a bench never collides with a coordinator.
+                "--api-port",
+                "0",
+                "--control-port",
+                "0",
+                "--telemetry-port",
+                "0",
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,

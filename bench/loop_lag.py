@@ -316,7 +316,16 @@ async def _measure(state_dir: Path, runs: int) -> dict[str, list[tuple[float, in
     probe = Probe()
     results: dict[str, list[tuple[float, int]]] = {}
     async with anyio.create_task_group() as tg:
-        tg.start_soon(serve, ServeOptions(state_dir, heartbeat_interval_s=1.0))
+        tg.start_soon(
+            serve,
+            ServeOptions(
+                state_dir,
+                api_port=0,
+                control_port=0,
+                telemetry_port=0,
+                heartbeat_interval_s=1.0,
+            ),
+        )
         endpoints = state_dir / "endpoints.json"
         with anyio.fail_after(60):
             while not endpoints.exists():

@@ -52,13 +52,21 @@ log = logging.getLogger(__name__)
 ENROLL_METHOD = "/tuneplane.v1.Control/Enroll"
 
 
+# Fixed, documented defaults (docs/operator.md): a Node remembers the control address it
+# enrolled with, so a restart on other ports would strand every Node. Port 0 still means "let the
+# kernel pick a free one" (what the tests use so parallel runs never collide).
+DEFAULT_API_PORT = 7443
+DEFAULT_CONTROL_PORT = 7444
+DEFAULT_TELEMETRY_PORT = 7445
+
+
 @attrs.frozen
 class ServeOptions:
     state_dir: Path
     host: str = "127.0.0.1"
-    api_port: int = 0
-    control_port: int = 0
-    telemetry_port: int = 0
+    api_port: int = DEFAULT_API_PORT
+    control_port: int = DEFAULT_CONTROL_PORT
+    telemetry_port: int = DEFAULT_TELEMETRY_PORT
     heartbeat_interval_s: float = 5.0
     heartbeat_timeout_s: float = 15.0
     prepare_timeout_s: float = 120.0
@@ -68,8 +76,8 @@ class ServeError(RuntimeError):
     """``serve`` cannot start; ``str()`` says why and what to do."""
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A bound, listening socket; port 0 lets the kernel pick a free port."""
+def _listen(name: str, host: str, port: int) -> socket.socket:
+    """A bound, listening socket for listener ``name``; port 0 lets the kernel pick a free port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio and grpclib turn Nagle off only on sockets whose proto is
     # IPPROTO_TCP, and accepted sockets copy it. With Nagle on, every reply waited for the
@@ -83,8 +91,8 @@ def _listen(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise ServeError(
-            f"cannot listen on {host}:{port} ({exc.strerror}). Pick another port or stop the "
-            "process that holds it."
+            f"The {name} listener cannot listen on {host}:{port} ({exc.strerror}). Change "
+            f"--{name}-port (0 picks a free port) or stop the process that holds it."
         ) from None
     sock.setblocking(False)
     return sock
@@ -117,17 +125,34 @@ def _bounded(listener: str, services: list[Any], limits: Limits) -> list[Any]:
     return bounded_handlers(services, per_method, default, grpc_errors)
 
 
+def _listen_all(opts: ServeOptions) -> dict[str, socket.socket]:
+    """Bind all three listeners before anything else happens, so a taken port stops ``serve``
+    with one sentence and nothing changed (no store touched, no endpoints published)."""
+    socks: dict[str, socket.socket] = {}
+    try:
+        for name, port in (
+            ("api", opts.api_port),
+            ("telemetry", opts.telemetry_port),
+            ("control", opts.control_port),
+        ):
+            socks[name] = _listen(name, opts.host, port)
+    except ServeError:
+        for sock in socks.values():
+            sock.close()
+        raise
+    return socks
+
+
 async def _run_listener(
     name: str,
     handlers: list[Any],
     host: str,
-    port: int,
+    sock: socket.socket,
     ctx: ssl.SSLContext,
     *,
     task_status: TaskStatus[str],
 ) -> None:
     server = Server(handlers)
-    sock = _listen(host, port)
     await server.start(sock=sock, ssl=ctx)
     address = _address(host, sock.getsockname()[1])
     log.info("listener started name=%s address=%s", name, address)
@@ -159,7 +184,13 @@ async def serve(opts: ServeOptions) -> None:
     tls_paths = TlsPaths.under(state_dir)
     ctx = server_context(tls_paths)
     catalogue = Catalogue.bundled()
-    store = await Store.open(db_path(state_dir))
+    socks = _listen_all(opts)
+    try:
+        store = await Store.open(db_path(state_dir))
+    except BaseException:
+        for sock in socks.values():
+            sock.close()
+        raise
     telemetry_store: TelemetryStore | None = None
     log_store: LogStore | None = None
     try:
@@ -211,7 +242,7 @@ async def serve(opts: ServeOptions) -> None:
                         config.limits,
                     ),
                     opts.host,
-                    opts.api_port,
+                    socks["api"],
                     ctx,
                 )
                 # Telemetry before control: every Commit a Node receives names the gateway.
@@ -220,7 +251,7 @@ async def serve(opts: ServeOptions) -> None:
                     "telemetry",
                     _bounded("telemetry", [telemetry], config.limits),
                     opts.host,
-                    opts.telemetry_port,
+                    socks["telemetry"],
                     ctx,
                 )
                 collectors.telemetry_address = telemetry_addr
@@ -229,7 +260,7 @@ async def serve(opts: ServeOptions) -> None:
                     "control",
                     _bounded("control", [control], config.limits),
                     opts.host,
-                    opts.control_port,
+                    socks["control"],
                     ctx,
                 )
                 tg.start_soon(scheduler.run)
@@ -259,6 +290,8 @@ async def serve(opts: ServeOptions) -> None:
                     # Every session is closed: no heartbeat arrives after this last batch.
                     await flusher.flush()
     finally:
+        for sock in socks.values():
+            sock.close()  # already closed by its server when it ran; a no-op then
         with anyio.CancelScope(shield=True):
             if telemetry_store is not None:
                 await telemetry_store.close()

@@ -43,7 +43,14 @@ from tuneplane.coordinator.decisions import (
     read_decisions,
 )
 from tuneplane.coordinator.fleetviews import FleetView, UserView
-from tuneplane.coordinator.server import ServeError, ServeOptions, serve
+from tuneplane.coordinator.server import (
+    DEFAULT_API_PORT,
+    DEFAULT_CONTROL_PORT,
+    DEFAULT_TELEMETRY_PORT,
+    ServeError,
+    ServeOptions,
+    serve,
+)
 from tuneplane.coordinator.state_dir import (
     ENDPOINTS,
     TP_CONTEXT,
@@ -123,9 +130,27 @@ def init(state_dir: Path, san: tuple[str, ...]) -> None:
 @main.command(name="serve")
 @state_dir_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--api-port", default=0, show_default=True, help="API port (0: pick a free one).")
-@click.option("--control-port", default=0, show_default=True, help="Control gateway port.")
-@click.option("--telemetry-port", default=0, show_default=True, help="Telemetry gateway port.")
+@click.option(
+    "--api-port",
+    default=DEFAULT_API_PORT,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="API port (0: pick a free one).",
+)
+@click.option(
+    "--control-port",
+    default=DEFAULT_CONTROL_PORT,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Control gateway port, the address Nodes enroll with (0: pick a free one).",
+)
+@click.option(
+    "--telemetry-port",
+    default=DEFAULT_TELEMETRY_PORT,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Telemetry gateway port (0: pick a free one).",
+)
 @click.option(
     "--heartbeat-interval",
     default=5.0,

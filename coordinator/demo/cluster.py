@@ -193,6 +193,8 @@ class LocalCluster:
                 *COORDINATOR, "serve", "--state-dir", str(state),
                 "--heartbeat-interval", str(self.heartbeat_interval),
                 "--heartbeat-timeout", str(self.heartbeat_timeout),
+                # Free ports: the demo must not collide with a coordinator on the fixed defaults.
+                "--api-port", "0", "--control-port", "0", "--telemetry-port", "0",
             ],
         )  # fmt: skip
         self.endpoints = _wait_for_file(state / "endpoints.json", self.coordinator, 60)

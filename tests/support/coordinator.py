@@ -47,16 +47,18 @@ class CoordinatorProcess:
 
     def start(self, ports: tuple[int, int, int] | None = None) -> None:
         """Start ``serve`` and wait for its endpoints.json (written once all listeners accept)."""
-        args = list(self._serve_args)
-        if ports is not None:
-            args += [
-                "--api-port",
-                str(ports[0]),
-                "--control-port",
-                str(ports[1]),
-                "--telemetry-port",
-                str(ports[2]),
-            ]
+        # serve defaults to fixed ports (7443-7445); tests always pass theirs, 0 (a free one)
+        # unless restarting, so parallel runs never collide. serve_args come last and win.
+        api_port, control_port, telemetry_port = ports if ports is not None else (0, 0, 0)
+        args = [
+            "--api-port",
+            str(api_port),
+            "--control-port",
+            str(control_port),
+            "--telemetry-port",
+            str(telemetry_port),
+            *self._serve_args,
+        ]
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 _admin("serve", "--state-dir", str(self.state_dir), *args),
