@@ -172,7 +172,8 @@ def _bytes(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n else "-"
 
 
-def node_view(node: Node, now_ms: int) -> list[RenderableType]:
+def node_view(node: Node, now_ms: int, name: str = "") -> list[RenderableType]:
+    """``name``: the Node's display name (:func:`display_names`); its host name when not given."""
     scheduling = node.scheduling
     if node.scheduling_changed_at_ms:
         why = f": {node.scheduling_reason}" if node.scheduling_reason else ""
@@ -184,6 +185,7 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
         _pairs(
             [
                 ("Node", node.id),
+                ("Name", name or node.hostname or "-"),
                 ("Fleet", node.fleet),
                 ("Hostname", node.hostname or "-"),
                 ("Scheduling", scheduling),

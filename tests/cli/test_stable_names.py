@@ -40,6 +40,11 @@ def _check_names(coord: CoordinatorProcess) -> None:
     assert shown.stdout.splitlines()[0].split()[:2] == ["NODE", "NAME"], shown.stdout
     assert rows[nodes[0]["id"]][1] == host, shown.stdout
     assert rows[nodes[1]["id"]][1] == f"{host}-2", shown.stdout
+    one = run_tp_as(coord, None, "node", "show", nodes[1]["id"])
+    assert one.returncode == 0, one.stderr
+    assert any(line.split() == ["Name", f"{host}-2"] for line in one.stdout.splitlines()), (
+        one.stdout
+    )
 
 
 def _node(node_id: str, fleet: str, hostname: str, enrolled_at_ms: int) -> Node:
