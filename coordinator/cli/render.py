@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,14 +219,14 @@ def _attempt_heading(attempt: Attempt) -> Text:
     return _heading(f"Attempt {attempt.number}: {attempt.state} (since {since}{rdv})")
 
 
-def _members_table(attempt: Attempt) -> Table:
+def _members_table(attempt: Attempt, node_names: Mapping[str, str]) -> Table:
     table = Table()
     for column in ("MEMBER (RANK)", "NODE", "GPUS", "STATE", "EXIT", "OUT DIR"):
         table.add_column(column)
     for m in attempt.members:
         table.add_row(
             str(m.index),
-            m.node_id or "-",
+            node_text(m.node_id, node_names),
             ",".join(str(g) for g in m.gpu_indexes) or "-",
             m.state,
             exit_text(m.has_exit, m.exit_code, m.signal),
@@ -237,7 +237,17 @@ def _members_table(attempt: Attempt) -> Table:
     return table
 
 
-def job_view(job: Job) -> list[RenderableType]:
+def node_text(node_id: str, node_names: Mapping[str, str]) -> str:
+    """A Node as listed next to others: its id, then its display name when known."""
+    if not node_id:
+        return "-"
+    name = node_names.get(node_id, "")
+    return f"{node_id} ({name})" if name else node_id
+
+
+def job_view(job: Job, node_names: Mapping[str, str] | None = None) -> list[RenderableType]:
+    """``node_names``: Node id -> display name (``render_fleet.display_names``), shown next to
+    each member's Node."""
     derivation = f"began from run {job.init_from}" if job.init_from else "none"
     parts: list[RenderableType] = [
         _pairs(
@@ -267,7 +277,7 @@ def job_view(job: Job) -> list[RenderableType]:
     if not job.attempts:
         parts.append(Text("No attempts yet: the Job is waiting to be placed."))
     for attempt in job.attempts:
-        parts += [_attempt_heading(attempt), _members_table(attempt)]
+        parts += [_attempt_heading(attempt), _members_table(attempt, node_names or {})]
     if job.first_failure is not None:
         parts += _first_failure_view(job.run_id, job.first_failure)
     return parts

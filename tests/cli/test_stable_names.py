@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.cli.tp_process import run_tp_as
+from tests.agent.jobs import wait_job
+from tests.cli.tp_process import run_tp, run_tp_as
+from tests.faults.jobs import project, submit
 from tests.support.agent import start_agent
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator.cli.render_fleet import display_names
@@ -20,13 +22,14 @@ def test_two_nodes_on_one_host_get_unique_names(tmp_path: Path) -> None:
         try:
             for agent in agents:
                 agent.wait_connected()
-            _check_names(coord)
+            shown_names = _check_names(coord)
+            _check_job_show(coord, tmp_path, shown_names)
         finally:
             for agent in agents:
                 agent.stop()
 
 
-def _check_names(coord: CoordinatorProcess) -> None:
+def _check_names(coord: CoordinatorProcess) -> dict[str, str]:
     """The same host name twice: the later-enrolled Node is shown with ``-2``."""
     listed = run_tp_as(coord, None, "node", "ls", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -45,6 +48,22 @@ def _check_names(coord: CoordinatorProcess) -> None:
     assert any(line.split() == ["Name", f"{host}-2"] for line in one.stdout.splitlines()), (
         one.stdout
     )
+    return {node_id: row[1] for node_id, row in rows.items()}
+
+
+def _check_job_show(coord: CoordinatorProcess, tmp_path: Path, names: dict[str, str]) -> None:
+    """``tp job show`` names each member's Node next to its id."""
+    root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": "true\n"})
+    run_id = submit(coord, root, "h200:1")
+    ended = wait_job(coord, run_id)
+    assert ended["state"] == "succeeded", ended
+    node_id = ended["attempts"][-1]["members"][0]["node_id"]
+    shown = run_tp(
+        "job", "show", run_id, cwd=root,
+        env={"TUNEPLANE_CONTEXT": str(coord.context_path), "COLUMNS": "250"},
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert f"{node_id} ({names[node_id]})" in shown.stdout, shown.stdout
 
 
 def _node(node_id: str, fleet: str, hostname: str, enrolled_at_ms: int) -> Node:
