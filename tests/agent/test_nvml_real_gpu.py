@@ -26,7 +26,7 @@ import pynvml
 import pytest
 
 from tuneplane.agent.inventory import Gpu, Inventory, InventorySource
-from tuneplane.agent.launch_plan import plan_processes
+from tuneplane.agent.launch_plan import ProcessSpec, plan_processes
 
 TIMEOUT_S = 60
 MIB = 1024 * 1024
@@ -166,11 +166,10 @@ def _healthy(inventory: Inventory) -> list[Gpu]:
     return gpus
 
 
-def test_a_rank_sees_exactly_its_own_gpu() -> None:
-    gpus = _healthy(_inventory())
-    uuids = tuple(g.uuid for g in gpus)
-    specs = plan_processes(
-        launcher="process-group",
+def _plan(launcher: str, uuids: tuple[str, ...]) -> tuple[ProcessSpec, ...]:
+    """The local processes of a one-member attempt on ``uuids``, as the Node plans them."""
+    return plan_processes(
+        launcher=launcher,
         entrypoint=("true",),
         member_index=0,
         member_count=1,
@@ -180,6 +179,11 @@ def test_a_rank_sees_exactly_its_own_gpu() -> None:
         base_env={},
         cwd=Path("/"),
     )
+
+
+def test_a_rank_sees_exactly_its_own_gpu() -> None:
+    uuids = tuple(g.uuid for g in _healthy(_inventory()))
+    specs = _plan("process-group", uuids)
     seen = {spec.local_rank: _cuda_sees(spec.env["CUDA_VISIBLE_DEVICES"]) for spec in specs}
     _report("cuda_per_rank", seen)
     assert seen == {rank: [uuid] for rank, uuid in enumerate(uuids)}
@@ -187,15 +191,5 @@ def test_a_rank_sees_exactly_its_own_gpu() -> None:
 
 def test_a_member_launcher_sees_all_its_gpus_in_order() -> None:
     uuids = tuple(g.uuid for g in _healthy(_inventory()))
-    (spec,) = plan_processes(
-        launcher="member",
-        entrypoint=("true",),
-        member_index=0,
-        member_count=1,
-        gpu_uuids=uuids,
-        master_addr="127.0.0.1",
-        master_port=29500,
-        base_env={},
-        cwd=Path("/"),
-    )
+    (spec,) = _plan("member", uuids)
     assert _cuda_sees(spec.env["CUDA_VISIBLE_DEVICES"]) == list(uuids)
