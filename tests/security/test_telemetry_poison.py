@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import sqlite3
 import subprocess
 import time
@@ -33,7 +32,7 @@ from tests.collector.delivery import (
 )
 from tests.coordinator.grpc_client import bearer, open_channel
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tests.support.processes import track, wait_until
+from tests.support.processes import faketime_env, track, wait_until
 from tuneplane.collector.ship_wire import columns
 from tuneplane.collector.spool import SPOOL_FILE, Spool, SpooledPoint
 from tuneplane.collector.tfrecord import frame
@@ -287,9 +286,6 @@ def test_a_spool_written_before_the_rule_holds_nothing_back(
     assert (row["drained"], row["data_loss_warnings"]) == (1, 2)
 
 
-FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
-
-
 def test_points_the_gateway_refuses_are_dropped_as_data_loss_not_retried(
     coord: CoordinatorProcess, tmp_path: Path
 ) -> None:
@@ -297,14 +293,7 @@ def test_points_the_gateway_refuses_are_dropped_as_data_loss_not_retried(
     Points stamped 36 h ahead of real time pass the collector's rule and fail the gateway's:
     the gateway stores the rest of each batch and names them; the collector records them as
     refused-by-gateway data loss with file and offset and never sends them again."""
-    if not FAKETIME_LIB.exists():
-        message = (
-            f"this test needs libfaketime ({FAKETIME_LIB}) to run the collector with a clock a "
-            "day ahead; install the distribution's faketime package"
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    env = faketime_env("+1d", "to run the collector with a clock a day ahead")
     launched = launch_member(coord, "skewed-node")
     telemetry = tmp_path / "telemetry"
     telemetry.mkdir()
@@ -317,12 +306,6 @@ def test_points_the_gateway_refuses_are_dropped_as_data_loss_not_retried(
         )
     offsets = _append(telemetry / "metrics.jsonl", lines)
     collector = CollectorProcess(coord, launched, telemetry, tmp_path / "collector")
-    env = dict(
-        os.environ,
-        LD_PRELOAD=str(FAKETIME_LIB),
-        FAKETIME="+1d",
-        FAKETIME_DONT_FAKE_MONOTONIC="1",
-    )
     with open(collector.log_path, "ab") as log_file:
         collector.proc = subprocess.Popen(
             collector.argv, stdout=log_file, stderr=subprocess.STDOUT, env=env

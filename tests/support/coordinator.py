@@ -105,10 +105,15 @@ class CoordinatorProcess:
         return api, control, telemetry
 
     def create_join_token(
-        self, fleet: str = "default", ttl: str = "1h", node: str | None = None
+        self,
+        fleet: str = "default",
+        ttl: str = "1h",
+        node: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> str:
         """A one-time join token, made by the real ``token create`` command; with ``node``, one
-        that only re-enrolls that Node (``token create --node``)."""
+        that only re-enrolls that Node (``token create --node``); ``env`` runs the command in
+        another environment (a moved clock: :func:`tests.support.processes.faketime_env`)."""
         for_node = ["--node", node] if node is not None else []
         out = subprocess.run(
             _admin(
@@ -118,6 +123,7 @@ class CoordinatorProcess:
             check=True,
             capture_output=True,
             timeout=30,
+            env=env,
         )  # fmt: skip
         made = json.loads(out.stdout)
         assert made.get("for_node") == node, made

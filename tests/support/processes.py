@@ -8,11 +8,15 @@ that forgot to stop a process never leaves it running.
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
 
@@ -32,6 +36,29 @@ def track(proc: subprocess.Popen[bytes]) -> None:
 
 def untrack(proc: subprocess.Popen[bytes]) -> None:
     _LIVE.discard(proc)
+
+
+FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+
+
+def faketime_env(offset: str, why: str) -> dict[str, str]:
+    """The environment that runs a real process with its wall clock moved by ``offset``
+    (libfaketime's syntax: ``+1d``, ``-1h``); monotonic time is left alone. Skips the test with
+    a sentence naming ``why`` it needs libfaketime (fails under ``CI=true``) when it is missing."""
+    if not FAKETIME_LIB.exists():
+        message = (
+            f"this test needs libfaketime ({FAKETIME_LIB}) {why}; install the distribution's "
+            "faketime package"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return dict(
+        os.environ,
+        LD_PRELOAD=str(FAKETIME_LIB),
+        FAKETIME=offset,
+        FAKETIME_DONT_FAKE_MONOTONIC="1",
+    )
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
