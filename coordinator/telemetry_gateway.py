@@ -1,9 +1,10 @@
 """The telemetry gateway (``tuneplane.v1.Telemetry``), on its own listener.
 
 Rules:
-- ``Ship`` takes only a collector credential, and only for the member it was minted for; Node
-  control credentials and user tokens are refused. ``Ping`` also answers user tokens, so an
-  operator can check the listener.
+- ``Ship`` and ``Ping`` take only a collector credential (``Ship`` only for the member it was
+  minted for); Node control credentials and user tokens are refused, as a credential for one
+  listener is refused on the others. An operator checks the listener with
+  ``tuneplane-node doctor``, which opens a TLS connection to it and needs no credential.
 - Every point is checked by the collector's own rule (:mod:`tuneplane.collector.point_rules`):
   a collector is not trusted to have applied it. A bad point is refused on its own and named in
   the reply; the rest of the batch is stored in one transaction and acknowledged only once it is
@@ -23,8 +24,7 @@ from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
 from tuneplane.collector.point_rules import PointScreen, storable
-from tuneplane.coordinator.api_service import user_principal
-from tuneplane.coordinator.auth import PermissionDenied, Principal, bearer_token
+from tuneplane.coordinator.auth import AuthError, PermissionDenied, bearer_token
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.collector_credentials import (
     CollectorCredentials,
@@ -63,11 +63,13 @@ class TelemetryGateway:
     async def _ping(self, stream: Any) -> None:
         with grpc_errors():
             metadata = stream.metadata.items() if stream.metadata else ()
-            principal: Principal
-            if is_collector_credential(bearer_token(metadata)):
-                principal, _ = await self._collectors.principal(metadata, now_ms())
-            else:
-                principal = await user_principal(self._store, stream)
+            if not is_collector_credential(bearer_token(metadata)):
+                raise AuthError(
+                    "the telemetry listener answers only collector credentials (tpc_...); user "
+                    "tokens and Node control credentials are refused here. To check that it is "
+                    "reachable, run `tuneplane-node doctor` on a Node, which needs no credential."
+                )
+            principal, _ = await self._collectors.principal(metadata, now_ms())
             await stream.recv_message()
             await stream.send_message(
                 v1.PingReply(

@@ -184,6 +184,12 @@ def test_a_collector_credential_opens_only_its_own_member_on_the_telemetry_gatew
         assert "collector credential" in (err.message or "")
     assert refused("tpc_forged", a.member).status is Status.UNAUTHENTICATED
     assert asyncio.run(ping(a.credential)).principal == (f"collector:{a.run_id}/attempt-1/member-0")
+    # A credential for another listener is refused on this one, Ping included.
+    for token in (a.node_credential, coord.admin_token):
+        with pytest.raises(GRPCError) as pinged:
+            asyncio.run(ping(token))
+        assert pinged.value.status is Status.UNAUTHENTICATED
+        assert "only collector credentials" in (pinged.value.message or "")
     assert len(stored_points(coord, a.run_id)) == 1
     assert stored_points(coord, b.run_id) == []
 

@@ -19,6 +19,7 @@ import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
 
+from tests.collector.delivery import launch_member
 from tests.coordinator.grpc_client import (
     bearer,
     enroll,
@@ -131,16 +132,19 @@ def test_a_50_mb_request_is_refused_while_list_fleets_and_heartbeats_are_answere
 
 
 def test_each_listener_refuses_a_message_over_its_limit(coord: CoordinatorProcess) -> None:
+    # The telemetry listener answers only a collector credential: a real one, from a Commit.
+    collector = launch_member(coord, "oversize-ping").credential
+    before = asyncio.run(job_ids(coord))
     preview = frame(1, b"{" + b" " * (17 * 1024 * 1024) + b"}")
     api = asyncio.run(call(coord.api, coord.ca_path, PREVIEW, preview, coord.admin_token))
     assert api.status == Status.RESOURCE_EXHAUSTED, api
     assert "16777216 bytes" in api.message and "api_message_bytes" in api.message
     ping = asyncio.run(
-        call(coord.telemetry, coord.ca_path, PING, frame(15, b"x" * (4 << 20)), coord.admin_token)
+        call(coord.telemetry, coord.ca_path, PING, frame(15, b"x" * (4 << 20)), collector)
     )
     assert ping.status == Status.RESOURCE_EXHAUSTED, ping
     assert "3145728 bytes" in ping.message and "telemetry_message_bytes" in ping.message
-    assert asyncio.run(job_ids(coord)) == []
+    assert asyncio.run(job_ids(coord)) == before
 
 
 def test_an_inventory_with_too_many_gpus_is_refused_before_decoding(
