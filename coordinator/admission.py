@@ -192,18 +192,24 @@ def _check_entrypoint_file(spec: JobSpec, recipe: Recipe, parameters: dict[str, 
     files = sorted(spec.source_files)
     close = difflib.get_close_matches(name, files, n=1, cutoff=0.6)
     if close:
-        fix = f"Did you mean '{close[0]}'? Fix the name"
+        seen = f"Did you mean '{close[0]}'? "
     elif files:
         shown = ", ".join(files[:8]) + (", ..." if len(files) > 8 else "")
-        fix = f"Its files are: {shown}. Fix the name"
+        seen = f"Its files are: {shown}. "
     else:
-        fix = "The experiment has no files. Add it"
-    where = "in config.yaml or --param" if field.startswith("parameters.") else "in the recipe"
+        seen = "The experiment has no files. "
+    if field.startswith("parameters."):
+        fix = "Fix the name in config.yaml or --param" if files else "Add the file"
+    else:
+        # The recipe names the file itself (custom/custom runs train.sh): the experiment must
+        # hold a file of that name.
+        fix = f"The recipe {recipe.method_id} runs '{name}': add it to the experiment"
+        fix += " or rename yours" if files else ""
     raise JobSpecError(
         field,
         name,
         f"is not a file of experiment '{spec.experiment}', so nothing would run",
-        f"{fix} {where} and preview again.",
+        f"{seen}{fix} and preview again.",
     )
 
 

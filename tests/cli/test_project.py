@@ -145,7 +145,7 @@ def test_stale_lock_is_refused_and_upgrade_fixes_it(project: Project) -> None:
     assert old is not None
     changes = old.differences(new)
     assert any(line.startswith("recipe_digest: sha256:000") for line in changes)
-    assert "recipe_version: 0.9.0 -> 1.0.0" in changes
+    assert "recipe_version: 0.9.0 -> 1.1.0" in changes
     assert check_lock_current(project, "hello", CATALOGUE) == new
     again_old, again_new = upgrade_lock(project, "hello", CATALOGUE)
     assert again_old == again_new

@@ -227,6 +227,21 @@ def test_an_entrypoint_not_from_the_parameter_names_the_entrypoint() -> None:
     assert "Did you mean 'train.py'?" in str(err.value)
 
 
+def test_a_custom_job_without_its_train_sh_is_refused_at_preview() -> None:
+    """custom/custom runs the experiment's train.sh: an experiment whose script is named
+    otherwise is refused before it can take a GPU, naming the closest file."""
+    spec = jobspec()
+    spec["source_files"] = {"trian.sh": spec["source_files"]["train.sh"]}
+    with pytest.raises(js.JobSpecError) as err:
+        resolve(js.parse(spec), CONFIG, CATALOGUE)
+    assert err.value.field == "entrypoint[1]"
+    assert "'train.sh': is not a file of experiment 'hello'" in str(err.value)
+    assert (
+        "Did you mean 'trian.sh'? The recipe custom/custom runs 'train.sh': add it to the "
+        "experiment or rename yours and preview again." in str(err.value)
+    )
+
+
 # -- what the workload reads back ----------------------------------------------------------------
 
 
