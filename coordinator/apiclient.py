@@ -83,6 +83,7 @@ def job_from_wire(msg: v1.Job) -> Job:
                 gpu_indexes=tuple(m.gpu_indexes),
                 history=_changes(m.history),
                 ended_at_ms=m.ended_at_ms,
+                node_name=m.node_name,
             )
             for m in a.members
         )

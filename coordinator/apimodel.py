@@ -101,6 +101,8 @@ class Member:
     history: tuple[StateChange, ...]
     # When its Node said it ended (the exit report's at_ms, the Node's clock); 0 when unknown.
     ended_at_ms: int = 0
+    # Its Node's display name; empty when not known (an older coordinator).
+    node_name: str = ""
 
 
 @attrs.frozen

@@ -107,6 +107,7 @@ def node_message(node: NodeView) -> v1.Node:
         id=node.id,
         fleet=node.fleet,
         hostname=node.hostname,
+        name=node.name,
         scheduling=node.scheduling,
         scheduling_reason=node.scheduling_reason,
         scheduling_changed_at_ms=node.scheduling_changed_at_ms,
@@ -234,7 +235,8 @@ class FleetService:
             await caller(self._store, stream)
             request: v1.GetNodeRequest = await stream.recv_message()
             require_node_id(request.node_id, "GetNodeRequest")
-            node = await store_fleet.node_view(self._store, request.node_id)
+            node_id = await store_fleet.resolve_node(self._store, request.node_id)
+            node = await store_fleet.node_view(self._store, node_id)
             await stream.send_message(self._node_message(node))
 
     async def _set_scheduling(self, stream: Any) -> None:
@@ -249,9 +251,10 @@ class FleetService:
                 )
             require_node_id(request.node_id, "SetNodeSchedulingRequest")
             check_reason(request.reason, "SetNodeSchedulingRequest")
+            node_id = await store_fleet.resolve_node(self._store, request.node_id)
             await store_fleet.set_scheduling(
                 self._store,
-                request.node_id,
+                node_id,
                 request.scheduling,
                 user.name,
                 request.reason,
@@ -259,5 +262,5 @@ class FleetService:
             )
             # Uncordoning frees capacity; the scheduler should look at the queue again now.
             self._on_change()
-            node = await store_fleet.node_view(self._store, request.node_id)
+            node = await store_fleet.node_view(self._store, node_id)
             await stream.send_message(self._node_message(node))

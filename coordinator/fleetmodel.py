@@ -79,3 +79,5 @@ class Node:
     credential_issued_at_ms: int = 0
     credential_expires_at_ms: int = 0
     revoked_at_ms: int = 0
+    # The display name chosen at enrollment; unique per Fleet (the id for an older coordinator).
+    name: str = ""

@@ -66,6 +66,8 @@ class NodeView:
     credential_issued_at_ms: int = 0
     credential_expires_at_ms: int = 0
     revoked_at_ms: int = 0
+    # The display name chosen at enrollment (store_fleet.free_node_name); unique per Fleet.
+    name: str = ""
 
 
 @attrs.frozen

@@ -48,6 +48,7 @@ def node_from_wire(msg: v1.Node) -> Node:
         id=msg.id,
         fleet=msg.fleet,
         hostname=msg.hostname,
+        name=msg.name or msg.id,
         scheduling=msg.scheduling,
         scheduling_reason=msg.scheduling_reason,
         scheduling_changed_at_ms=msg.scheduling_changed_at_ms,

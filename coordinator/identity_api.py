@@ -50,19 +50,20 @@ class IdentityApi:
             request: v1.RevokeNodeRequest = await stream.recv_message()
             require_node_id(request.node_id, "RevokeNodeRequest")
             check_reason(request.reason, "RevokeNodeRequest")
+            node_id = await store_fleet.resolve_node(self._store, request.node_id)
             changed = await store_identity.revoke_node(
-                self._store, request.node_id, user.name, request.reason, now_ms()
+                self._store, node_id, user.name, request.reason, now_ms()
             )
             ended = self._registry.end(
-                request.node_id,
+                node_id,
                 "the Node's control credential was revoked; re-enroll it with a new join token",
             )
             log.info(
                 "node revoked node=%s by=%s changed=%s live_stream_ended=%s",
-                request.node_id,
+                node_id,
                 user.name,
                 changed,
                 ended,
             )
-            node = await store_fleet.node_view(self._store, request.node_id)
+            node = await store_fleet.node_view(self._store, node_id)
             await stream.send_message(node_message(node))

@@ -100,8 +100,9 @@ class NodeLossApi:
                     "DeclareNodeLostRequest.reason is empty. Say how you know the machine is "
                     "off; it goes into the decision log.",
                 )
-            loss = await self._desk.declare(request.node_id, user.name, request.reason)
-            node = await store_fleet.node_view(self._store, request.node_id)
+            node_id = await store_fleet.resolve_node(self._store, request.node_id)
+            loss = await self._desk.declare(node_id, user.name, request.reason)
+            node = await store_fleet.node_view(self._store, node_id)
             jobs = [job_message(await self._store.get_job(run_id)) for run_id in loss.runs]
             await stream.send_message(
                 v1.DeclareNodeLostReply(

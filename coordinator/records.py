@@ -173,6 +173,8 @@ class MemberView:
     history: tuple[StateChangeRecord, ...]
     # When its Node said it ended (the exit report's at_ms, the Node's clock); 0 when unknown.
     ended_at_ms: int = 0
+    # Its Node's display name (nodes.name); empty when the Node is unknown.
+    node_name: str = ""
 
 
 @attrs.frozen

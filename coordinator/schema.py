@@ -246,6 +246,24 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE members ADD COLUMN ended_at_ms BIGINT NOT NULL DEFAULT 0",
         ),
     ),
+    (
+        15,
+        (
+            # A Node's display name, chosen once at enrollment (store_fleet.free_node_name): the
+            # host name it reported, numbered within its Fleet in enrollment order when taken
+            # (gpu-a, gpu-a-2). It stays when the host name later changes, so people and
+            # scripts can keep using it. Nodes enrolled before are named by the same rule here.
+            "ALTER TABLE nodes ADD COLUMN name TEXT NOT NULL DEFAULT ''",
+            """UPDATE nodes SET name = (
+                SELECT CASE WHEN r.n = 1 THEN r.hostname ELSE r.hostname || '-' || r.n END
+                FROM (SELECT id, hostname, ROW_NUMBER() OVER (
+                    PARTITION BY fleet, hostname ORDER BY enrolled_at_ms, id) AS n
+                    FROM nodes) AS r
+                WHERE r.id = nodes.id)""",
+            "UPDATE nodes SET name = id WHERE name = ''",
+            "CREATE INDEX nodes_by_name ON nodes (fleet, name)",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -211,10 +211,11 @@ class Store(SqliteFile):
         async def work() -> str:
             async with self._txn() as db:
                 fleet = await self.spend_join_token(db, join_token_hash, node_id, now)
+                name = await free_node_name(db, fleet, inventory.hostname, node_id)
                 await db.execute(
                     "INSERT INTO nodes (id, fleet, hostname, inventory_json, credential_hash, "
                     "enrolled_at_ms, disconnected_since_ms, credential_issued_at_ms, "
-                    "credential_expires_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "credential_expires_at_ms, name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         node_id,
                         fleet,
@@ -225,13 +226,14 @@ class Store(SqliteFile):
                         now,
                         now,
                         credential_expires_at_ms,
+                        name,
                     ),
                 )
                 await self._log(
                     db,
                     now,
                     "node enrolled",
-                    {"fleet": fleet, "hostname": inventory.hostname},
+                    {"fleet": fleet, "hostname": inventory.hostname, "name": name},
                     node_id=node_id,
                 )
                 return fleet
@@ -659,12 +661,13 @@ class Store(SqliteFile):
         for number, decision, addr, port, created in rows:
             members = []
             mrows = await self._db.execute_fetchall(
-                "SELECT member_index, node_id, state, has_exit, exit_code, signal, out_dir, "
-                "gpu_indexes_json, ended_at_ms FROM members WHERE run_id = ? AND attempt = ? "
-                "ORDER BY member_index",
+                "SELECT m.member_index, m.node_id, m.state, m.has_exit, m.exit_code, m.signal, "
+                "m.out_dir, m.gpu_indexes_json, m.ended_at_ms, n.name FROM members m "
+                "LEFT JOIN nodes n ON n.id = m.node_id WHERE m.run_id = ? AND m.attempt = ? "
+                "ORDER BY m.member_index",
                 (run_id, number),
             )
-            for idx, node_id, state, has_exit, code, sig, out_dir, gpus, ended in mrows:
+            for idx, node_id, state, has_exit, code, sig, out_dir, gpus, ended, name in mrows:
                 history = await self._history(
                     "SELECT state, at_ms, reason FROM member_states WHERE run_id = ? AND "
                     "attempt = ? AND member_index = ? ORDER BY id",
@@ -682,6 +685,7 @@ class Store(SqliteFile):
                         gpu_indexes=tuple(json.loads(gpus)),
                         history=history,
                         ended_at_ms=int(ended),
+                        node_name=str(name or ""),
                     )
                 )
             state = {None: "preparing", lc.COMMIT: "committed", lc.ABORT: "aborted"}[decision]
@@ -1295,3 +1299,23 @@ class Store(SqliteFile):
 
 def db_path(state_dir: Path) -> Path:
     return state_dir / DB_NAME
+
+
+async def free_node_name(db: aiosqlite.Connection, fleet: str, hostname: str, node_id: str) -> str:
+    """Inside a transaction: the display name a Node enrolling into ``fleet`` gets. Its host
+    name when no Node of the Fleet holds that name, else the first free of ``hostname-2``,
+    ``hostname-3``, ...; the Node's id when it reported no host name. Names are unique per
+    Fleet because they are chosen here, in the enrolling transaction."""
+    if not hostname:
+        return node_id
+    taken = {
+        str(row[0])
+        for row in await db.execute_fetchall(
+            "SELECT name FROM nodes WHERE fleet = ? AND substr(name, 1, ?) = ?",
+            (fleet, len(hostname), hostname),
+        )
+    }
+    number = 1
+    while (name := hostname if number == 1 else f"{hostname}-{number}") in taken:
+        number += 1
+    return name

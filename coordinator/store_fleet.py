@@ -75,7 +75,7 @@ async def _node_rows(store: Store, fleet: str, node_id: str) -> list[Any]:
         store,
         "SELECT id, fleet, hostname, inventory_json, scheduling, connected, last_heartbeat_ms, "
         "disconnected_since_ms, enrolled_at_ms, credential_issued_at_ms, "
-        f"credential_expires_at_ms, revoked_at_ms FROM nodes {where} ORDER BY fleet, id",
+        f"credential_expires_at_ms, revoked_at_ms, name FROM nodes {where} ORDER BY fleet, id",
         args,
     )
 
@@ -146,9 +146,30 @@ async def node_views(store: Store, fleet: str = "", node_id: str = "") -> list[N
                 credential_issued_at_ms=int(r[9] or 0),
                 credential_expires_at_ms=int(r[10] or 0),
                 revoked_at_ms=int(r[11] or 0),
+                name=str(r[12]) or nid,
             )
         )
     return views
+
+
+async def resolve_node(store: Store, ref: str) -> str:
+    """The id of the Node ``ref`` names: its id, its display name when one Fleet has it, or
+    ``FLEET/NAME``. Raises :class:`NotFound`, or :class:`Conflict` when several Fleets have a
+    Node of that name (the sentence lists them as ``FLEET/NAME``)."""
+    if await _rows(store, "SELECT 1 FROM nodes WHERE id = ?", (ref,)):
+        return ref
+    fleet, _, name = ref.rpartition("/")
+    sql, args = "SELECT id, fleet FROM nodes WHERE name = ?", [name]
+    if fleet:
+        sql += " AND fleet = ?"
+        args.append(fleet)
+    found = await _rows(store, sql + " ORDER BY fleet", args)
+    if len(found) == 1:
+        return str(found[0][0])
+    if not found:
+        raise NotFound(f"there is no Node {ref!r}. List the Nodes with `tp node ls`.")
+    both = ", ".join(f"{f}/{name}" for _, f in found)
+    raise Conflict(f"several Fleets have a Node named {name!r}; name one of {both}, or its id.")
 
 
 async def node_view(store: Store, node_id: str) -> NodeView:

@@ -205,6 +205,7 @@ def job_message(job: JobView) -> v1.Job:
                         gpu_indexes=list(m.gpu_indexes),
                         history=_changes(m.history),
                         ended_at_ms=m.ended_at_ms,
+                        node_name=m.node_name,
                     )
                     for m in a.members
                 ],

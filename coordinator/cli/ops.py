@@ -123,18 +123,15 @@ def node_ls(options: _HasEndpoint, fleet: str, as_json: bool) -> None:
 def node_show(options: _HasEndpoint, node_id: str, as_json: bool) -> None:
     """Show NODE: scheduling, connectivity, CPUs, memory, GPUs and who holds them, members."""
 
-    async def work(api: ApiClient) -> tuple[Node, str]:
-        node = await api.get_node(node_id)
-        # Its display name is unique within its Fleet, so it is worked out against the Fleet.
-        names = render_fleet.display_names(await api.list_nodes(node.fleet))
-        return node, names.get(node.id, node.hostname or node.id)
+    async def work(api: ApiClient) -> Node:
+        return await api.get_node(node_id)
 
-    found, name = call(options, work)
+    found = call(options, work)
     if as_json:
         click.echo(render.to_json(found))
         return
     out = render.console()
-    for part in render_fleet.node_view(found, _now_ms(), name):
+    for part in render_fleet.node_view(found, _now_ms()):
         out.print(part)
 
 

@@ -245,9 +245,9 @@ def node_text(node_id: str, node_names: Mapping[str, str]) -> str:
     return f"{node_id} ({name})" if name else node_id
 
 
-def job_view(job: Job, node_names: Mapping[str, str] | None = None) -> list[RenderableType]:
-    """``node_names``: Node id -> display name (``render_fleet.display_names``), shown next to
-    each member's Node."""
+def job_view(job: Job) -> list[RenderableType]:
+    """The Job as ``tp job show`` prints it; each member's Node is shown by id and name."""
+    node_names = {m.node_id: m.node_name for a in job.attempts for m in a.members if m.node_name}
     derivation = f"began from run {job.init_from}" if job.init_from else "none"
     parts: list[RenderableType] = [
         _pairs(
@@ -277,9 +277,9 @@ def job_view(job: Job, node_names: Mapping[str, str] | None = None) -> list[Rend
     if not job.attempts:
         parts.append(Text("No attempts yet: the Job is waiting to be placed."))
     for attempt in job.attempts:
-        parts += [_attempt_heading(attempt), _members_table(attempt, node_names or {})]
+        parts += [_attempt_heading(attempt), _members_table(attempt, node_names)]
     if job.first_failure is not None:
-        parts += _first_failure_view(job.run_id, job.first_failure)
+        parts += _first_failure_view(job.run_id, job.first_failure, node_names)
     return parts
 
 
@@ -290,11 +290,13 @@ def exit_text(has_exit: bool, exit_code: int, signal: int) -> str:
     return f"signal {signal}" if signal else str(exit_code)
 
 
-def _first_failure_view(run_id: str, f: FirstFailure) -> list[RenderableType]:
+def _first_failure_view(
+    run_id: str, f: FirstFailure, node_names: Mapping[str, str]
+) -> list[RenderableType]:
     how = exit_text(f.has_exit, f.exit_code, f.signal)
     rows = [
         ("Member", f"{f.member_index} of attempt {f.attempt} (it failed first)"),
-        ("Node", f.node_id or "-"),
+        ("Node", node_text(f.node_id, node_names)),
         ("Exit", f"{how} ({f.state})"),
         ("Why", f.what),
         ("At", when(f.at_ms)),

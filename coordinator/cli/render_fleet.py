@@ -132,32 +132,15 @@ def _gpu_summary(node: Node) -> str:
     )
 
 
-def display_names(nodes: list[Node]) -> dict[str, str]:
-    """Node id -> its display name: the host name it reports, unique per Fleet. Nodes of one
-    Fleet that report the same host name keep it in enrollment order: the first is ``gpu-a``,
-    the next ``gpu-a-2``, then ``gpu-a-3``. A Node that reports none is shown by its id."""
-    names: dict[str, str] = {}
-    seen: dict[tuple[str, str], int] = {}
-    for n in sorted(nodes, key=lambda n: (n.enrolled_at_ms, n.id)):
-        if not n.hostname:
-            names[n.id] = n.id
-            continue
-        count = seen.get((n.fleet, n.hostname), 0) + 1
-        seen[(n.fleet, n.hostname)] = count
-        names[n.id] = n.hostname if count == 1 else f"{n.hostname}-{count}"
-    return names
-
-
 def nodes_table(nodes: list[Node], now_ms: int) -> Table:
     table = Table(box=None, pad_edge=False)
     for column in ("NODE", "NAME", "FLEET", "SCHEDULING", "CONTROL", "LAST HEARTBEAT", "GPUS"):
         table.add_column(column, no_wrap=True)
     table.add_column("MEMBERS", no_wrap=True)
-    names = display_names(nodes)
     for n in nodes:
         table.add_row(
             n.id,
-            names[n.id],
+            n.name or n.id,
             n.fleet,
             n.scheduling,
             control(n, now_ms),
@@ -172,8 +155,7 @@ def _bytes(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n else "-"
 
 
-def node_view(node: Node, now_ms: int, name: str = "") -> list[RenderableType]:
-    """``name``: the Node's display name (:func:`display_names`); its host name when not given."""
+def node_view(node: Node, now_ms: int) -> list[RenderableType]:
     scheduling = node.scheduling
     if node.scheduling_changed_at_ms:
         why = f": {node.scheduling_reason}" if node.scheduling_reason else ""
@@ -185,7 +167,7 @@ def node_view(node: Node, now_ms: int, name: str = "") -> list[RenderableType]:
         _pairs(
             [
                 ("Node", node.id),
-                ("Name", name or node.hostname or "-"),
+                ("Name", node.name or node.id),
                 ("Fleet", node.fleet),
                 ("Hostname", node.hostname or "-"),
                 ("Scheduling", scheduling),

@@ -30,7 +30,7 @@ from tuneplane.coordinator.apimodel import (
     RequestRefused,
 )
 from tuneplane.coordinator.catalogue import Catalogue
-from tuneplane.coordinator.cli import render, render_fleet, submissions
+from tuneplane.coordinator.cli import render, submissions
 from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
 from tuneplane.coordinator.cli.intent import IntentError, SubmitRequest, build_jobspec
 from tuneplane.coordinator.cli.jobctl import job_cancel, job_retry, logs_command
@@ -435,18 +435,15 @@ def job_show(options: Options, run_id: str, as_json: bool, watch: bool, interval
 
         return watch_job(options.endpoint(), run_id, as_json, interval)
 
-    async def work(api: ApiClient) -> tuple[Job, dict[str, str]]:
-        job = await api.get_job(run_id)
-        if as_json or not job.fleet:
-            return job, {}
-        return job, render_fleet.display_names(await api.list_nodes(job.fleet))
+    async def work(api: ApiClient) -> Job:
+        return await api.get_job(run_id)
 
-    found, node_names = _run(options.endpoint(), work)
+    found = _run(options.endpoint(), work)
     if as_json:
         click.echo(render.to_json(found))
         return 0
     out = render.console()
-    for part in render.job_view(found, node_names):
+    for part in render.job_view(found):
         out.print(part)
     for part in delivery_section(options.endpoint(), run_id):
         out.print(part)

@@ -191,6 +191,9 @@ class Member(betterproto.Message):
      reported the end (a lost member, or one that has not ended).
     """
 
+    node_name: str = betterproto.string_field(11)
+    """Its Node's display name (Node.name); empty before placement."""
+
 
 @dataclass(eq=False, repr=False)
 class Attempt(betterproto.Message):
@@ -376,6 +379,11 @@ class Node(betterproto.Message):
 
     credential_expires_at_ms: int = betterproto.int64_field(16)
     revoked_at_ms: int = betterproto.int64_field(17)
+    name: str = betterproto.string_field(18)
+    """
+    The display name chosen at enrollment: the host name, numbered within the Fleet when two
+     Nodes report the same one (gpu-a, gpu-a-2). Unique per Fleet; commands accept it for the id.
+    """
 
 
 @dataclass(eq=False, repr=False)
