@@ -479,11 +479,12 @@ def node() -> None:
 
 
 @node.command(name="revoke")
-@click.argument("node_id")
+@click.argument("node_id", metavar="NODE")
 @state_dir_option
 @click.option("--reason", default="", help="Why; recorded in the decision log.")
 def node_revoke(node_id: str, state_dir: Path, reason: str) -> None:
-    """Revoke NODE_ID: end its live control stream now and refuse its credential from then on.
+    """Revoke NODE (its id, name or FLEET/NAME): end its live control stream now and refuse its
+    credential from then on.
 
     With the coordinator serving, this goes through its API (admin token), which records the
     decision and ends the stream at once; when it is not serving, the store is written directly.
@@ -494,11 +495,11 @@ def node_revoke(node_id: str, state_dir: Path, reason: str) -> None:
     if live:
         endpoint = _run_sync(resolve_connection, state_dir / TP_CONTEXT, None, None, None)
 
-        async def call() -> None:
+        async def call() -> str:
             async with ApiClient(endpoint) as api:
-                await api.revoke_node(node_id, reason or "revoked by the operator")
+                return (await api.revoke_node(node_id, reason or "revoked by the operator")).id
 
-        _run(call)
+        node_id = _run(call)
         click.echo(
             f"Revoked Node {node_id}: its control stream is ended and its credential refused. "
             "To use the machine again, make a join token for it (`tuneplane-coordinator token "
@@ -506,12 +507,14 @@ def node_revoke(node_id: str, state_dir: Path, reason: str) -> None:
         )
         return
 
-    async def work(store: Store) -> bool:
-        return await store_identity.revoke_node(
-            store, node_id, "admin CLI", reason or "revoked by the operator", now_ms()
+    async def work(store: Store) -> tuple[str, bool]:
+        found = await store_fleet.resolve_node(store, node_id)
+        changed = await store_identity.revoke_node(
+            store, found, "admin CLI", reason or "revoked by the operator", now_ms()
         )
+        return found, changed
 
-    changed = _run(_with_store, state_dir, work)
+    node_id, changed = _run(_with_store, state_dir, work)
     click.echo(
         (f"Revoked Node {node_id}" if changed else f"Node {node_id} was already revoked")
         + " (the coordinator is not serving, so no live stream needed ending). To use the "
@@ -521,7 +524,7 @@ def node_revoke(node_id: str, state_dir: Path, reason: str) -> None:
 
 
 @node.command(name="lost")
-@click.argument("node_id")
+@click.argument("node_id", metavar="NODE")
 @state_dir_option
 @click.option(
     "--reason",
@@ -529,7 +532,8 @@ def node_revoke(node_id: str, state_dir: Path, reason: str) -> None:
     help="How you know the machine is off (recorded in the decision log).",
 )
 def node_lost(node_id: str, state_dir: Path, reason: str) -> None:
-    """Declare NODE_ID lost: it never comes back, so its members end `lost`.
+    """Declare NODE (its id, name or FLEET/NAME) lost: it never comes back, so its members end
+    `lost`.
 
     Make sure the machine is off first (power it off through its BMC or PDU): a workload still
     running there would write outputs nobody waits for. Its live members end (`lost`, or their
@@ -548,18 +552,19 @@ def node_lost(node_id: str, state_dir: Path, reason: str) -> None:
     if _serving_pid(state_dir):
         endpoint = _run_sync(resolve_connection, state_dir / TP_CONTEXT, None, None, None)
 
-        async def call() -> tuple[list[str], list[tuple[str, str, str]], str]:
+        async def call() -> tuple[str, list[str], list[tuple[str, str, str]], str]:
             async with ApiClient(endpoint) as api:
                 outcome = await api.declare_node_lost(node_id, reason)
             jobs = [(j.run_id, j.state, j.state_reason) for j in outcome.jobs]
-            return list(outcome.lost), jobs, outcome.node.scheduling
+            return outcome.node.id, list(outcome.lost), jobs, outcome.node.scheduling
 
-        lost, jobs, scheduling = _run(call)
+        node_id, lost, jobs, scheduling = _run(call)
     else:
 
-        async def work(store: Store) -> tuple[list[str], list[tuple[str, str, str]], str]:
+        async def work(store: Store) -> tuple[str, list[str], list[tuple[str, str, str]], str]:
+            found = await store_fleet.resolve_node(store, node_id)
             loss = await store_lifecycle.declare_node_lost(
-                store, node_id, "admin CLI", reason, now_ms()
+                store, found, "admin CLI", reason, now_ms()
             )
             telemetry = await TelemetryStore.open(telemetry_db_path(state_dir))
             try:
@@ -572,10 +577,11 @@ def node_lost(node_id: str, state_dir: Path, reason: str) -> None:
             for run_id in loss.runs:
                 job = await store.get_job(run_id)
                 jobs.append((run_id, job.state, job.state_reason))
-            view = await store_fleet.node_view(store, node_id)
-            return [store_lifecycle.member_text(k) for k in loss.lost], jobs, view.scheduling
+            view = await store_fleet.node_view(store, found)
+            lost = [store_lifecycle.member_text(k) for k in loss.lost]
+            return found, lost, jobs, view.scheduling
 
-        lost, jobs, scheduling = _run(_with_store, state_dir, work)
+        node_id, lost, jobs, scheduling = _run(_with_store, state_dir, work)
     if not lost:
         click.echo(f"Node {node_id} holds no live member: no Job changed, and it is {scheduling}.")
         return

@@ -108,9 +108,10 @@ def test_node_lost_ends_the_jobs_and_a_returning_agent_stops_what_its_runners_ke
         assert len(coordinator.decisions("node cordoned", agent.node_id)) == 1
         assert {d["run_id"] for d in coordinator.decisions("release")} >= {failing, cancelled}
 
-        # Declaring it again changes nothing.
-        again = coordinator.admin("node", "lost", agent.node_id, "--reason", REASON)
+        # Declaring it again, by its name this time, changes nothing.
+        again = coordinator.admin("node", "lost", viewed["name"], "--reason", REASON)
         assert again.returncode == 0 and "holds no live member: no Job changed" in again.stdout
+        assert f"Node {agent.node_id} holds" in again.stdout
         assert len(coordinator.decisions("node declared lost")) == 1
         histories = {r: _history(coordinator, r) for r in (failing, cancelled)}
 
@@ -208,11 +209,14 @@ def test_node_lost_with_no_coordinator_serving_is_kept_and_enforced(
     run_id = submit(coordinator, root, "h200:1")
     _running(coordinator, run_id)
     (member_dir,) = _member_dirs(agent).values()
+    name = node(coordinator, agent.node_id)["name"]
     try:
         agent.kill()
         coordinator.stop()
-        out = coordinator.admin("node", "lost", agent.node_id, "--reason", REASON)
+        # With no coordinator serving, the store is written directly; the name still works.
+        out = coordinator.admin("node", "lost", f"default/{name}", "--reason", REASON)
         assert out.returncode == 0, out.stderr
+        assert f"Declared Node {agent.node_id} lost" in out.stdout
         assert f"Job {run_id} is failed: member 0 was declared lost by admin CLI: {REASON}" in (
             out.stdout
         )
