@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import pwd
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import click
 import trio
 
 from tuneplane.agent import config as node_config
-from tuneplane.agent import doctor, journal_read, workload_checks
+from tuneplane.agent import daemon_log, doctor, journal_read, workload_checks
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.cli_support import sentences as _sentences
 from tuneplane.agent.cli_support import state_dir_option as _state_dir_option
@@ -42,6 +41,7 @@ from tuneplane.agent.inventory import (
 from tuneplane.agent.journal import Journal
 from tuneplane.agent.journal_cli import journal_group
 from tuneplane.agent.journal_owner import owner_problem, stamped_node_id
+from tuneplane.agent.sd_notify import ServiceNotifier
 from tuneplane.agent.state_dir import (
     AlreadyEnrolled,
     CredentialLife,
@@ -120,10 +120,10 @@ def _ago(value: int | None) -> str:
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
+    daemon_log.configure(
+        getattr(logging, level.upper()),
+        "tuneplane-node",
+        "%(asctime)s %(levelname)s %(name)s %(message)s",
     )
 
 
@@ -323,6 +323,9 @@ def run_command(
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (which stop it and leave every member running)."""
     _setup_logging(log_level)
+    # Taken out of the environment before anything is started: no runner, collector or
+    # workload may talk to systemd as the agent.
+    notifier = ServiceNotifier.from_environment()
     _one_gpu_source(simulate_gpus, scripted_nvml)
     if not state_dir.is_absolute():
         # Every runner the agent starts works from its own directory and finds its member by the
@@ -360,7 +363,7 @@ def run_command(
             node.node_id, node.coordinator, len(daemon.inventory.gpus),
             daemon.inventory.gpu_source, os.getpid(),
         )  # fmt: skip
-        trio.run(run_daemon, daemon)
+        trio.run(run_daemon, daemon, notifier)
 
 
 # --- status ------------------------------------------------------------------------------------

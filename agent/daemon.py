@@ -49,6 +49,7 @@ from tuneplane.agent.logship import LogShipper
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.members import MemberManager, now_ms
 from tuneplane.agent.prepare import node_address
+from tuneplane.agent.sd_notify import ServiceNotifier
 from tuneplane.agent.session import (
     Close,
     Connected,
@@ -186,6 +187,9 @@ class Daemon:
         self._commands_send, self._commands_recv = trio.open_memory_channel[m.MemberCommand](
             COMMAND_QUEUE
         )
+        # Set once the journal is replayed and live members re-attached (or safe mode entered),
+        # right before the first connect: what READY=1 to systemd waits for (run_daemon).
+        self.ready = trio.Event()
 
     # --- main --------------------------------------------------------------------------------
 
@@ -240,6 +244,7 @@ class Daemon:
                         nursery.start_soon(self.collectors.run)
                     nursery.start_soon(self._command_worker)
                     nursery.start_soon(self._inventory_loop)
+                    self.ready.set()
                     await self._connect_loop()
             except BaseException as exc:
                 ended_by = exc
@@ -569,8 +574,32 @@ def _orderly(ended_by: BaseException | None) -> bool:
     return isinstance(ended_by, trio.Cancelled | KeyboardInterrupt)
 
 
-async def run_daemon(daemon: Daemon) -> None:
-    """Run ``daemon`` until SIGTERM or SIGINT, then stop cleanly without touching members."""
+def service_status(status: Status) -> str:
+    """The one-line status ``systemctl status tuneplane-node`` shows (pure)."""
+    if status.safe_mode:
+        return "SAFE MODE: refusing new members, touching no workload (tuneplane-node status)"
+    if status.connected:
+        return f"connected to {status.coordinator}"
+    return f"not connected to {status.coordinator}, retrying ({status.reconnects} reconnects)"
+
+
+async def _tell_service_manager(daemon: Daemon, notifier: ServiceNotifier) -> None:
+    """READY=1 once the journal is replayed, then the status line whenever it changes."""
+    await daemon.ready.wait()
+    line = service_status(daemon.status)
+    notifier.ready(f"journal replayed; {line}")
+    while True:
+        await trio.sleep(STATUS_INTERVAL_S)
+        now = service_status(daemon.status)
+        if now != line:
+            line = now
+            notifier.status(line)
+
+
+async def run_daemon(daemon: Daemon, notifier: ServiceNotifier | None = None) -> None:
+    """Run ``daemon`` until SIGTERM or SIGINT, then stop cleanly without touching members.
+    ``notifier`` tells systemd (Type=notify) when it is ready, that it lives and that it stops."""
+    notifier = notifier or ServiceNotifier()
     async with trio.open_nursery() as nursery:
 
         async def on_signal() -> None:
@@ -578,9 +607,13 @@ async def run_daemon(daemon: Daemon) -> None:
                 async for signum in signals:
                     log.info("stopping on signal signal=%s; members keep running",
                              signal.Signals(signum).name)  # fmt: skip
+                    notifier.stopping("stopping; members keep running")
                     nursery.cancel_scope.cancel()
                     return
 
         nursery.start_soon(on_signal)
+        # From the start, not from READY: systemd arms the watchdog when it starts the process.
+        nursery.start_soon(notifier.keep_watchdog)
+        nursery.start_soon(_tell_service_manager, daemon, notifier)
         await daemon.run()
         nursery.cancel_scope.cancel()

@@ -23,6 +23,7 @@ import attrs
 from anyio.abc import TaskStatus
 from grpclib.server import Server
 
+from tuneplane.agent.sd_notify import ServiceNotifier
 from tuneplane.coordinator.api_service import ApiService
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
@@ -166,10 +167,11 @@ async def _run_listener(
             log.info("listener stopped name=%s", name)
 
 
-async def _watch_signals(scope: anyio.CancelScope) -> None:
+async def _watch_signals(scope: anyio.CancelScope, notifier: ServiceNotifier) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("stop requested signal=%s", signal.Signals(signum).name)
+            notifier.stopping("stopping: closing Node sessions and the store")
             scope.cancel()
             return
 
@@ -177,6 +179,8 @@ async def _watch_signals(scope: anyio.CancelScope) -> None:
 async def serve(opts: ServeOptions) -> None:
     """Run the coordinator until SIGTERM/SIGINT (or until cancelled)."""
     state_dir = opts.state_dir.absolute()
+    # systemd's variables leave the environment before any worker process is started.
+    notifier = ServiceNotifier.from_environment()
     require_initialised(state_dir)
     config = load_config(state_dir)
     for warning in config.warnings:
@@ -231,7 +235,8 @@ async def serve(opts: ServeOptions) -> None:
         telemetry = TelemetryGateway(store, collectors)
         metrics = MetricsApi(store, telemetry_store)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_signals, tg.cancel_scope)
+            tg.start_soon(_watch_signals, tg.cancel_scope, notifier)
+            tg.start_soon(notifier.keep_watchdog)
             try:
                 api_addr = await tg.start(
                     _run_listener,
@@ -283,6 +288,9 @@ async def serve(opts: ServeOptions) -> None:
                     telemetry_addr,
                     state_dir,
                 )
+                # Every listener accepts and the store is open: systemd may start what needs us.
+                notifier.ready(f"serving api={api_addr} control={control_addr} "
+                               f"telemetry={telemetry_addr}")  # fmt: skip
                 await anyio.sleep_forever()
             finally:
                 with anyio.CancelScope(shield=True):

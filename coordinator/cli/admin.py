@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +21,7 @@ import anyio
 import attrs
 import click
 
+from tuneplane.agent import daemon_log
 from tuneplane.coordinator import store_fleet, store_identity, store_lifecycle
 from tuneplane.coordinator.apiclient import ApiClient
 from tuneplane.coordinator.apimodel import ApiError
@@ -106,10 +106,10 @@ def parse_ttl(text: str, option: str = "--ttl") -> int:
 @click.option("-v", "--verbose", is_flag=True, help="Log debug detail to stderr.")
 def main(verbose: bool) -> None:
     """Run and administer a TunePlane coordinator."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    daemon_log.configure(
+        logging.DEBUG if verbose else logging.INFO,
+        "tuneplane-coordinator",
+        "%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("hpack").setLevel(logging.WARNING)
 
