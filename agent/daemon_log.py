@@ -53,8 +53,8 @@ def fields_of(message: str) -> dict[str, str]:
     ``TUNEPLANE_KEY``; a key seen twice keeps its first value."""
     found: dict[str, str] = {}
     matches = list(_KEY.finditer(message))
-    for here, after in zip(matches, [*matches[1:], None], strict=True):
-        end = after.start() if after is not None else len(message)
+    for i, here in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(message)
         name = (FIELD_PREFIX + here.group(1).upper())[:_FIELD_NAME_MAX]
         found.setdefault(name, message[here.end() : end].strip())
     return found
