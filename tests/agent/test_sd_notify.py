@@ -63,6 +63,7 @@ def test_ready_status_and_stopping_arrive_on_an_abstract_socket() -> None:
         assert notifier.stopping("stopping")
         notifier.close()
         inbox.wait_for("three notifications", lambda got: len(got) == 3)
+    assert {d.sender_pid for d in inbox.received} == {os.getpid()}
     fields = [notify_fields(d.data) for d in inbox.received]
     assert fields == [
         {"READY": "1", "STATUS": "serving"},

@@ -21,6 +21,8 @@ from types import TracebackType
 import attrs
 
 _FD_SIZE = array.array("i").itemsize
+# Room for a passed file descriptor and the sender's credentials (pid, uid, gid).
+_ANCILLARY = socket.CMSG_SPACE(_FD_SIZE) + socket.CMSG_SPACE(struct.calcsize("=iII"))
 
 
 @attrs.frozen
@@ -28,6 +30,8 @@ class Datagram:
     data: bytes
     at_monotonic: float
     at_ms: int
+    #: The sending process as the kernel vouches for it (SCM_CREDENTIALS), as systemd checks it.
+    sender_pid: int
 
 
 def notify_fields(data: bytes) -> dict[str, str]:
@@ -66,6 +70,7 @@ class DatagramInbox:
         self._on_datagram = on_datagram
         self._changed = threading.Condition()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self._sock.bind("\0" + address[1:] if address.startswith("@") else address)
         self._sock.settimeout(0.2)
         self._stop = threading.Event()
@@ -75,19 +80,22 @@ class DatagramInbox:
     def _receive(self) -> None:
         while not self._stop.is_set():
             try:
-                data, ancillary, _, _ = self._sock.recvmsg(1 << 20, socket.CMSG_SPACE(_FD_SIZE))
+                data, ancillary, _, _ = self._sock.recvmsg(1 << 20, _ANCILLARY)
             except TimeoutError:
                 continue
             except OSError:
                 return
+            sender = 0
             for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    sender = struct.unpack_from("=iII", payload)[0]
                 # journald's protocol passes a large entry as a sealed memfd.
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fd = array.array("i", payload[:_FD_SIZE])[0]
                     with os.fdopen(fd, "rb") as memfd:
                         memfd.seek(0)
                         data = memfd.read()
-            got = Datagram(data, time.monotonic(), int(time.time() * 1000))
+            got = Datagram(data, time.monotonic(), int(time.time() * 1000), sender)
             if self._on_datagram is not None:
                 try:
                     self._on_datagram(got)
