@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,8 @@ class AgentProcess:
         self.status_path = state_dir / "status.json"
         # More `tuneplane-node run` options (--scripted-nvml FILE, --inventory-interval S).
         self.run_args: tuple[str, ...] = ()
+        # What the daemon runs under: ``ip netns exec NS`` puts it on another host (netns.py).
+        self.prefix_argv: tuple[str, ...] = ()
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -85,7 +87,7 @@ class AgentProcess:
         self.status_path.unlink(missing_ok=True)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                node_cli(*args),
+                [*self.prefix_argv, *node_cli(*args)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -183,11 +185,13 @@ def enroll(
     name: str,
     simulate_gpus: str | None,
     scripted_nvml: str | None = None,
+    prefix_argv: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run the real ``tuneplane-node enroll`` with a fresh join token.
 
     ``scripted_nvml``: the enrolment reads that scripted NVML, so a test that runs the agent on
-    one never reads the machine's real GPUs (it means the same on a GPU host).
+    one never reads the machine's real GPUs (it means the same on a GPU host). ``prefix_argv``
+    runs it under a prefix (a network namespace: tests/support/netns.py).
     """
     args = [
         "enroll", "--state-dir", str(state_dir), "--coordinator", coordinator.control,
@@ -198,7 +202,9 @@ def enroll(
         args += ["--simulate-gpus", simulate_gpus]
     if scripted_nvml:
         args += ["--scripted-nvml", scripted_nvml]
-    return subprocess.run(node_cli(*args), capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [*prefix_argv, *node_cli(*args)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def write_node_toml(path: Path, pool: tuple[str, ...], extra: str = "") -> None:
@@ -218,18 +224,20 @@ def start_agent(
     env: Mapping[str, str] | None = None,
     node_toml: str = "",
     run_args: tuple[str, ...] = (),
+    prefix_argv: Sequence[str] = (),
 ) -> AgentProcess:
     """Enroll a Node under ``tmp_path/<name>`` and start ``tuneplane-node run`` for it.
 
     ``node_toml``: settings put before the test's [accounts] table (``isolation = "bwrap"``,
     [runtimes.*] tables); one that holds its own [accounts] table gets no pool. ``run_args``:
-    more options for every ``run`` of this agent (restarts included).
+    more options for every ``run`` of this agent (restarts included). ``prefix_argv``: what
+    ``enroll`` and every ``run`` run under (``host.prefix()`` from tests/support/netns.py).
     """
     state_dir = tmp_path / name
     scripted = (
         run_args[run_args.index("--scripted-nvml") + 1] if "--scripted-nvml" in run_args else None
     )
-    done = enroll(state_dir, coordinator, name, simulate_gpus, scripted)
+    done = enroll(state_dir, coordinator, name, simulate_gpus, scripted, prefix_argv)
     if done.returncode != 0:
         raise RuntimeError(f"tuneplane-node enroll failed ({done.returncode}): {done.stderr}")
     node = json.loads((state_dir / "node.json").read_text())
@@ -246,6 +254,7 @@ def start_agent(
         tmp_path / f"{name}.log", config_path, roots / f"{name}-work", pool,
     )  # fmt: skip
     agent.run_args = run_args
+    agent.prefix_argv = tuple(prefix_argv)
     agent.start(env)
     return agent
 

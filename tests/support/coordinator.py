@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,8 +29,12 @@ def _admin(*args: str) -> list[str]:
 class CoordinatorProcess:
     """A running coordinator. Addresses are ``"127.0.0.1:<port>"``."""
 
-    def __init__(self, state_dir: Path, serve_args: list[str]) -> None:
+    def __init__(
+        self, state_dir: Path, serve_args: list[str], prefix_argv: Sequence[str] = ()
+    ) -> None:
         self.state_dir = state_dir
+        # What serve runs under: ``ip netns exec NS`` puts it on another host (tests/support/netns).
+        self.prefix_argv = tuple(prefix_argv)
         self.ca_path = state_dir / "tls" / "ca.pem"
         self.context_path = state_dir / "tp-context.json"
         self.log_path = state_dir / "serve.log"
@@ -61,7 +66,7 @@ class CoordinatorProcess:
         ]
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                _admin("serve", "--state-dir", str(self.state_dir), *args),
+                [*self.prefix_argv, *_admin("serve", "--state-dir", str(self.state_dir), *args)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -208,10 +213,13 @@ def start_coordinator(
     heartbeat_interval: float = 0.5,
     heartbeat_timeout: float = 3,
     config: str = "",
+    prefix_argv: Sequence[str] = (),
     **opts: Any,
 ) -> CoordinatorProcess:
     """``init`` a state directory under ``tmp_path`` and ``serve`` it.
 
+    ``prefix_argv`` runs ``serve`` under a prefix (``host.prefix()`` from tests/support/netns.py
+    puts it in a network namespace); the other commands work on its files and run here.
     ``config`` is TOML appended to the fresh coordinator.toml (a ``[limits]`` table, say); a state
     directory that already exists keeps its own. Extra keyword options become ``serve`` flags:
     ``prepare_timeout=5`` -> ``--prepare-timeout 5``.
@@ -234,7 +242,7 @@ def start_coordinator(
     ]
     for name, value in opts.items():
         serve_args += ["--" + name.replace("_", "-"), str(value)]
-    proc = CoordinatorProcess(state_dir, serve_args)
+    proc = CoordinatorProcess(state_dir, serve_args, prefix_argv)
     proc.start()
     return proc
 
