@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 import trio
 
+from tuneplane.agent import control_address
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.collectors import CollectorSupervisor
@@ -39,6 +40,7 @@ from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource
 from tuneplane.agent.journal import (
     AGENT_FAILED,
     AGENT_STOPPED,
+    CONTROL_ADDRESS_CHANGED,
     Journal,
     JournalCorrupt,
     MemberKey,
@@ -51,6 +53,7 @@ from tuneplane.agent.members import MemberManager, now_ms
 from tuneplane.agent.prepare import node_address
 from tuneplane.agent.sd_notify import ServiceNotifier
 from tuneplane.agent.session import (
+    AdoptControlAddress,
     Close,
     Connected,
     ControlSession,
@@ -368,6 +371,9 @@ class Daemon:
         while True:
             self._welcomed = False
             ended: BaseException | None = None
+            # The current address first; after failures, the ones it replaced in turn.
+            self.endpoint = Endpoint.parse(control_address.pick(self.node, max(failures - 1, 0)))
+            self.status.coordinator = str(self.endpoint)
             try:
                 # Read each time: a re-enrolment or a rotation a crash cut short changed it.
                 self.credential = self.state.read_credential()
@@ -435,7 +441,10 @@ class Daemon:
     async def _run_session(self, stream: ControlStream) -> None:
         """Drive one session until it closes: raises SessionClosed or WireError, never returns."""
         session = ControlSession(
-            self.node.node_id, AGENT_VERSION, renewal_jitter=self._renewal_jitter
+            self.node.node_id,
+            AGENT_VERSION,
+            dialed_address=str(self.endpoint),
+            renewal_jitter=self._renewal_jitter,
         )
         self._session, self._stream = session, stream
         await self._execute(session.start(trio.current_time(), self.inventory,
@@ -513,8 +522,35 @@ class Daemon:
                     await self.logship.acked(effect.ack)
             elif isinstance(effect, StoreCredential):
                 await self._rotate(effect.issued)
+            elif isinstance(effect, AdoptControlAddress):
+                await self._adopt_control_address(effect.address)
             elif isinstance(effect, Close):
                 raise SessionClosed(effect.reason)
+
+    async def _adopt_control_address(self, address: str) -> None:
+        """Store the control address the coordinator named (node.json, atomically) and journal
+        it, so the next connect dials it; the stream now open is kept."""
+        try:
+            changed = control_address.adopt(self.node, address)
+        except control_address.BadControlAddress as exc:
+            log.warning("control address refused reason=%s", exc)
+            return
+        if changed is None:
+            return
+        old = self.node.coordinator
+        if self.journal is not None:
+            await self.journal.node_event(
+                now_ms(),
+                CONTROL_ADDRESS_CHANGED,
+                f"the coordinator named {address} as the control address; {old} is kept as "
+                "a fallback",
+                old=old,
+                new=address,
+            )
+        await trio.to_thread.run_sync(self.state.save_node, changed)
+        self.node = changed
+        log.info("control address changed old=%s new=%s fallbacks=%s", old, address,
+                 ",".join(changed.previous_coordinators))  # fmt: skip
 
     async def _rotate(self, issued: m.CredentialIssued) -> None:
         """Store a successor credential durably, switch to it, then confirm it.

@@ -198,6 +198,8 @@ AGENT_STOPPED = "agent-stopped"
 #: Member events written on a restart: a live runner found again, and an exit found on disk.
 MEMBER_REATTACHED = "member-reattached"
 EXIT_COLLECTED = "exit-collected"
+# The coordinator named a new control address; node.json now dials it first (details: old, new).
+CONTROL_ADDRESS_CHANGED = "control-address-changed"
 AGENT_FAILED = "agent-failed"
 #: Every event kind this agent writes (the lifecycle's, then the others), so a reader can tell a
 #: kind that has not happened yet from a typo.

@@ -25,6 +25,8 @@ class Welcome:
     # The lifetime of the credential this stream was opened with; 0: none stated (no renewal).
     credential_issued_at_ms: int = 0
     credential_expires_at_ms: int = 0
+    # The control address to dial from now on; "" when the coordinator names none.
+    control_address: str = ""
 
 
 @attrs.frozen
@@ -104,8 +106,16 @@ class CredentialIssued:
     expires_at_ms: int
 
 
+@attrs.frozen
+class ControlAddress:
+    """The control address to dial from now on (agent/control_address.py)."""
+
+    address: str
+
+
 Incoming = (
     Welcome
+    | ControlAddress
     | HeartbeatAck
     | ReportAck
     | Prepare
@@ -126,6 +136,8 @@ class Hello:
     agent_version: str
     inventory: Inventory
     held: tuple[tuple[MemberKey, MemberState], ...]
+    # The control address this stream was dialed at.
+    dialed_address: str = ""
 
 
 @attrs.frozen

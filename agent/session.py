@@ -116,6 +116,14 @@ class StoreCredential:
 
 
 @attrs.frozen
+class AdoptControlAddress:
+    """The coordinator named the control address to dial from now on: store it (node.json,
+    journal) for the next connect (agent/control_address.py)."""
+
+    address: str
+
+
+@attrs.frozen
 class Close:
     """End the session; the daemon reconnects with backoff. ``reason`` is a sentence."""
 
@@ -130,6 +138,7 @@ Effect = (
     | HeartbeatAcked
     | LogAcked
     | StoreCredential
+    | AdoptControlAddress
     | Close
 )
 
@@ -144,6 +153,8 @@ class ControlSession:
 
     node_id: str
     agent_version: str
+    # The control address this session's stream was dialed at (said in Hello).
+    dialed_address: str = ""
     phase: Phase = Phase.IDLE
     heartbeat_interval_s: float = 0.0
     heartbeat_timeout_s: float = WELCOME_TIMEOUT_S
@@ -175,7 +186,10 @@ class ControlSession:
         self.phase = Phase.HELLO_SENT
         self.last_heard = now
         self.inventory_sent = inventory
-        return [Send(m.Hello(self.node_id, self.agent_version, inventory, tuple(held)))]
+        hello = m.Hello(
+            self.node_id, self.agent_version, inventory, tuple(held), self.dialed_address
+        )
+        return [Send(hello)]
 
     def receive(
         self,
@@ -202,7 +216,9 @@ class ControlSession:
         if isinstance(message, m.Welcome):
             # A repeated Welcome only updates the timing; nothing is replayed twice.
             self._timing(message)
-            return []
+            return _announced(message.control_address)
+        if isinstance(message, m.ControlAddress):
+            return _announced(message.address)
         if isinstance(message, m.HeartbeatAck):
             return [HeartbeatAcked(message.seq)]
         if isinstance(message, m.ReportAck):
@@ -261,6 +277,7 @@ class ControlSession:
                 welcome.server_time_ms,
             )
         ]
+        effects.extend(_announced(welcome.control_address))
         for report in sorted(pending, key=lambda r: r.report_seq):
             self.report_sent_at[report.report_seq] = now
             effects.append(Send(m.Report(report)))
@@ -342,3 +359,8 @@ class ControlSession:
     def _close(self, reason: str) -> list[Effect]:
         self.phase = Phase.CLOSED
         return [Close(reason)]
+
+
+def _announced(address: str) -> list[Effect]:
+    """A control address the coordinator named, for the shell to store; none when empty."""
+    return [AdoptControlAddress(address)] if address else []

@@ -82,6 +82,9 @@ class NodeConfig:
     name: str
     ca: str
     enrolled_at_ms: int
+    # Control addresses ``coordinator`` replaced when the coordinator announced a new one,
+    # newest first; dialed when it is unreachable (agent/control_address.py).
+    previous_coordinators: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -161,6 +164,7 @@ class StateDir:
                 name=str(raw["name"]),
                 ca=str(raw["ca"]),
                 enrolled_at_ms=int(raw["enrolled_at_ms"]),
+                previous_coordinators=tuple(str(a) for a in raw.get("previous_coordinators", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateDirError(

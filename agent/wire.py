@@ -74,7 +74,7 @@ class Endpoint:
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(
                 f"coordinator address {text!r} is not HOST:PORT; use the `control` address from "
-                "the coordinator's endpoints.json, for example 127.0.0.1:7443."
+                "the coordinator's endpoints.json, for example 127.0.0.1:7444."
             )
         return cls(host, int(port))
 
@@ -193,6 +193,7 @@ def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
                 agent_version=msg.agent_version,
                 inventory=inventory_to_wire(msg.inventory),
                 held=held,
+                dialed_address=msg.dialed_address,
             )
         )
     if isinstance(msg, m.Heartbeat):
@@ -274,7 +275,10 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
             body.server_time_ms,
             body.credential_issued_at_ms,
             body.credential_expires_at_ms,
+            body.control_address,
         )
+    if isinstance(body, v1.ControlAddress):
+        return m.ControlAddress(body.address)
     if isinstance(body, v1.HeartbeatAck):
         return m.HeartbeatAck(body.seq)
     if isinstance(body, v1.ReportAck):

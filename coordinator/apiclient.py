@@ -238,6 +238,15 @@ class ApiClient:
         msg = await self._call("RevokeNode", lambda t: self._stub.revoke_node(request, timeout=t))
         return node_from_wire(msg)
 
+    async def set_control_address(self, address: str) -> tuple[str, int]:
+        """Tell every Node ``address`` (empty: clear it); returns it and how many connected
+        Nodes were told at once."""
+        request = v1.SetControlAddressRequest(address=address)
+        reply = await self._call(
+            "SetControlAddress", lambda t: self._stub.set_control_address(request, timeout=t)
+        )
+        return reply.address, reply.nodes_told
+
     async def declare_node_lost(self, node_id: str, reason: str) -> NodeLossOutcome:
         request = v1.DeclareNodeLostRequest(node_id=node_id, reason=reason)
         reply = await self._call(

@@ -55,6 +55,7 @@ from tuneplane.coordinator.collector_credentials import (
     CollectorCredentials,
     is_collector_credential,
 )
+from tuneplane.coordinator.control_address import ControlAddressDesk
 from tuneplane.coordinator.heartbeats import HeartbeatBook
 from tuneplane.coordinator.logship import receive_chunk
 from tuneplane.coordinator.message_limits import encoded_off_loop
@@ -99,7 +100,10 @@ class ControlGateway:
         heartbeats: HeartbeatBook,
         credential_lifetime_s: int = DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
         enroll_limit: PeerRateLimit | None = None,
+        addresses: ControlAddressDesk | None = None,
     ) -> None:
+        # The control address every Welcome names (tuneplane-coordinator control-address).
+        self._addresses = addresses
         # Enroll is the one call anyone may make: each address gets a token bucket.
         self._enroll_limit = enroll_limit if enroll_limit is not None else PeerRateLimit(0, 0)
         self._credential_lifetime_ms = credential_lifetime_s * 1000
@@ -303,7 +307,11 @@ class ControlGateway:
         connected_at = now_ms()
         held = wire.held_members(hello)
         orders = await self._store.node_connected(
-            node.id, wire.inventory(hello.inventory, node.hostname), held, connected_at
+            node.id,
+            wire.inventory(hello.inventory, node.hostname),
+            held,
+            connected_at,
+            hello.dialed_address,
         )
         self._heartbeats.record(node.id, connected_at)
         # Stops decided while the Node was away go now (members declared lost among them); a
@@ -322,6 +330,7 @@ class ControlGateway:
                     server_time_ms=now_ms(),
                     credential_issued_at_ms=life.issued_at_ms or 0,
                     credential_expires_at_ms=life.expires_at_ms or 0,
+                    control_address=self._addresses.address if self._addresses else "",
                 )
             )
         )

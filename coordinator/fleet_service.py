@@ -108,6 +108,7 @@ def node_message(node: NodeView) -> v1.Node:
         fleet=node.fleet,
         hostname=node.hostname,
         name=node.name,
+        dialed_address=node.dialed_address,
         scheduling=node.scheduling,
         scheduling_reason=node.scheduling_reason,
         scheduling_changed_at_ms=node.scheduling_changed_at_ms,

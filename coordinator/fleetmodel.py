@@ -81,3 +81,5 @@ class Node:
     revoked_at_ms: int = 0
     # The display name chosen at enrollment; unique per Fleet (the id for an older coordinator).
     name: str = ""
+    # The control address the Node dialed for its current or last stream; "" when not known.
+    dialed_address: str = ""

@@ -68,6 +68,8 @@ class NodeView:
     revoked_at_ms: int = 0
     # The display name chosen at enrollment (store_fleet.free_node_name); unique per Fleet.
     name: str = ""
+    # The control address the Node dialed for its current or last stream; "" before it said.
+    dialed_address: str = ""
 
 
 @attrs.frozen

@@ -264,6 +264,22 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX nodes_by_name ON nodes (fleet, name)",
         ),
     ),
+    (
+        16,
+        (
+            # The control address Nodes are told to dial (`tuneplane-coordinator
+            # control-address`); at most one row, none when unset. Each change is a decision.
+            """CREATE TABLE control_address (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                address TEXT NOT NULL,
+                set_at_ms BIGINT NOT NULL,
+                set_by TEXT NOT NULL
+            )""",
+            # The control address a Node dialed for its current or last stream (its Hello);
+            # '' before it said (an older agent).
+            "ALTER TABLE nodes ADD COLUMN dialed_address TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -29,6 +29,7 @@ from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.collector_credentials import CollectorCredentials
 from tuneplane.coordinator.config import Limits, load_config
+from tuneplane.coordinator.control_address import ControlAddressApi, ControlAddressDesk
 from tuneplane.coordinator.control_gateway import ControlGateway
 from tuneplane.coordinator.fleet_service import FleetService
 from tuneplane.coordinator.heartbeats import HeartbeatBook, HeartbeatFlusher
@@ -212,6 +213,8 @@ async def serve(opts: ServeOptions) -> None:
             loader_env_runtimes=config.loader_env_runtimes,
         )
         api = ApiService(store, config, catalogue, scheduler.wake, log_store)
+        addresses = ControlAddressDesk(store, registry, tls_paths.server_cert)
+        await addresses.load()
         heartbeats = HeartbeatBook()
         flusher = HeartbeatFlusher(heartbeats, store, opts.heartbeat_interval_s, collectors)
         fleets = FleetService(store, config.quotas, scheduler.wake, heartbeats)
@@ -226,8 +229,10 @@ async def serve(opts: ServeOptions) -> None:
             heartbeats=heartbeats,
             credential_lifetime_s=config.node_credential_lifetime_s,
             enroll_limit=PeerRateLimit(config.limits.enroll_burst, config.limits.enroll_per_second),
+            addresses=addresses,
         )
         identity = IdentityApi(store, registry)
+        address_api = ControlAddressApi(store, addresses)
         lifecycle = LifecycleApi(store, log_store, registry, scheduler.wake)
         loss_desk = NodeLossDesk(store, registry, scheduler.wake, collectors)
         node_loss = NodeLossApi(store, loss_desk)
@@ -243,7 +248,7 @@ async def serve(opts: ServeOptions) -> None:
                     "api",
                     _bounded(
                         "api",
-                        [api, fleets, metrics, lifecycle, identity, node_loss],
+                        [api, fleets, metrics, lifecycle, identity, node_loss, address_api],
                         config.limits,
                     ),
                     opts.host,

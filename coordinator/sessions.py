@@ -99,6 +99,10 @@ class SessionRegistry:
     def is_connected(self, node_id: str) -> bool:
         return node_id in self._sessions
 
+    def connected_nodes(self) -> list[str]:
+        """The ids of the Nodes with a live session now."""
+        return list(self._sessions)
+
     def send(self, node_id: str, message: v1.CoordinatorMessage) -> bool:
         """Queue ``message`` for the Node; False when it has no session (it will ask again)."""
         session = self._sessions.get(node_id)

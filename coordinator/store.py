@@ -316,9 +316,15 @@ class Store(SqliteFile):
         await self._shielded(work())
 
     async def node_connected(
-        self, node_id: str, inventory: InventoryInfo, held: Sequence[HeldMember], now: int
+        self,
+        node_id: str,
+        inventory: InventoryInfo,
+        held: Sequence[HeldMember],
+        now: int,
+        dialed_address: str = "",
     ) -> list[Order]:
-        """Record a Hello: the Node is connected; unknown members get their real state back.
+        """Record a Hello: the Node is connected (at ``dialed_address``, the control address it
+        dialed); unknown members get their real state back.
 
         Returns the orders to (re)send: Prepare for members still waiting for one, and the
         decision for members whose attempt is already decided.
@@ -328,10 +334,12 @@ class Store(SqliteFile):
             async with self._txn() as db:
                 await db.execute(
                     "UPDATE nodes SET connected = 1, disconnected_since_ms = NULL, "
-                    "last_heartbeat_ms = ?, inventory_json = ?, hostname = ? WHERE id = ?",
-                    (now, inventory.to_json(), inventory.hostname, node_id),
+                    "last_heartbeat_ms = ?, inventory_json = ?, hostname = ?, "
+                    "dialed_address = ? WHERE id = ?",
+                    (now, inventory.to_json(), inventory.hostname, dialed_address, node_id),
                 )
-                await self._log(db, now, "node connected", {}, node_id=node_id)
+                detail = {"dialed": dialed_address} if dialed_address else {}
+                await self._log(db, now, "node connected", detail, node_id=node_id)
                 held_states = {h.member: h.state for h in held}
                 rows = list(
                     await db.execute_fetchall(

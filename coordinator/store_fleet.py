@@ -75,7 +75,8 @@ async def _node_rows(store: Store, fleet: str, node_id: str) -> list[Any]:
         store,
         "SELECT id, fleet, hostname, inventory_json, scheduling, connected, last_heartbeat_ms, "
         "disconnected_since_ms, enrolled_at_ms, credential_issued_at_ms, "
-        f"credential_expires_at_ms, revoked_at_ms, name FROM nodes {where} ORDER BY fleet, id",
+        f"credential_expires_at_ms, revoked_at_ms, name, dialed_address FROM nodes {where} "
+        "ORDER BY fleet, id",
         args,
     )
 
@@ -147,6 +148,7 @@ async def node_views(store: Store, fleet: str = "", node_id: str = "") -> list[N
                 credential_expires_at_ms=int(r[10] or 0),
                 revoked_at_ms=int(r[11] or 0),
                 name=str(r[12]) or nid,
+                dialed_address=str(r[13]),
             )
         )
     return views

@@ -22,7 +22,7 @@ import attrs
 import click
 
 from tuneplane.agent import daemon_log
-from tuneplane.coordinator import store_fleet, store_identity, store_lifecycle
+from tuneplane.coordinator import control_address, store_fleet, store_identity, store_lifecycle
 from tuneplane.coordinator.apiclient import ApiClient
 from tuneplane.coordinator.apimodel import ApiError
 from tuneplane.coordinator.auth import (
@@ -43,6 +43,7 @@ from tuneplane.coordinator.decisions import (
     read_decisions,
 )
 from tuneplane.coordinator.fleetviews import FleetView, UserView
+from tuneplane.coordinator.input_checks import InputRefused
 from tuneplane.coordinator.server import (
     DEFAULT_API_PORT,
     DEFAULT_CONTROL_PORT,
@@ -60,12 +61,13 @@ from tuneplane.coordinator.state_dir import (
 )
 from tuneplane.coordinator.store import NotFound, Store, StoreError, db_path
 from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
-from tuneplane.coordinator.tls import TlsError
+from tuneplane.coordinator.tls import TlsError, TlsPaths
 
 T = TypeVar("T")
 _FLEET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _USER_NAME = _FLEET_NAME
 _ERRORS = (
+    InputRefused,
     StateDirError,
     StoreError,
     ConfigError,
@@ -625,6 +627,76 @@ def decisions(state_dir: Path, run_id: str, since: str, as_json: bool) -> None:
             click.echo(json.dumps(attrs.asdict(row), sort_keys=True, separators=(",", ":")))
         else:
             click.echo(format_row(row))
+
+
+@main.command(name="control-address")
+@click.argument("address", required=False, default=None)
+@state_dir_option
+@click.option("--clear", is_flag=True, help="Stop telling Nodes an address.")
+def control_address_command(address: str | None, state_dir: Path, clear: bool) -> None:
+    """Tell every Node the control ADDRESS (HOST:PORT) to dial from now on; with no ADDRESS,
+    show the address Nodes are told and the one each Node last dialed.
+
+    Connected Nodes are told at once, the others at their next connect; each keeps the address
+    it dialed as a fallback. Set it while the old address still serves, wait until every Node
+    shows the new one under DIALED, then move the coordinator (docs/operator.md, "Moving the
+    coordinator"). Its host must be a name the server certificate covers.
+    """
+    state_dir = state_dir.absolute()
+    _run_sync(require_initialised, state_dir)
+    if address is not None and clear:
+        raise click.UsageError("Give an ADDRESS or --clear, not both.")
+    if address is None and not clear:
+        _show_control_address(state_dir)
+        return
+    wanted = "" if clear else address or ""
+    if _serving_pid(state_dir):
+        endpoint = _run_sync(resolve_connection, state_dir / TP_CONTEXT, None, None, None)
+
+        async def call() -> tuple[str, int]:
+            async with ApiClient(endpoint) as api:
+                return await api.set_control_address(wanted)
+
+        stored, told = _run(call)
+        if not stored:
+            click.echo("Nodes are no longer told an address; each keeps dialing its own.")
+            return
+        click.echo(
+            f"Nodes are told to dial {stored}: {told} connected Node(s) told now, the others at "
+            "their next connect. Check who follows with `tuneplane-coordinator control-address`."
+        )
+        return
+    checked = _run_sync(control_address.check, wanted, TlsPaths.under(state_dir).server_cert)
+
+    async def work(store: Store) -> bool:
+        return await control_address.record(store, checked, "admin CLI", now_ms())
+
+    _run(_with_store, state_dir, work)
+    if not checked:
+        click.echo("Nodes are no longer told an address; each keeps dialing its own.")
+        return
+    click.echo(
+        f"Nodes will be told to dial {checked} when they next connect (the coordinator is not "
+        "serving now)."
+    )
+
+
+def _show_control_address(state_dir: Path) -> None:
+    async def work(store: Store) -> tuple[str, list[tuple[str, str, str, bool]]]:
+        nodes = await store_fleet.node_views(store)
+        rows = [(n.id, n.name, n.dialed_address, n.connected) for n in nodes]
+        return await control_address.current(store), rows
+
+    address, rows = _run(_with_store, state_dir, work)
+    click.echo(f"Nodes are told to dial: {address or '(nothing set: each dials its own)'}")
+    if not rows:
+        return
+    width = max(len(r[0]) for r in rows)
+    named = max(len(r[1]) for r in rows)
+    click.echo(f"{'NODE':<{width}}  {'NAME':<{named}}  CONNECTED  DIALED")
+    for node_id, name, dialed, connected in rows:
+        mark = "yes" if connected else "no"
+        click.echo(f"{node_id:<{width}}  {name:<{named}}  {mark:<9}  {dialed or '-'}")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,23 @@ class MemberRef(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class SetControlAddressRequest(betterproto.Message):
+    address: str = betterproto.string_field(1)
+    """
+    HOST:PORT ([v6]:PORT), a name or address the coordinator's server certificate covers.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class SetControlAddressReply(betterproto.Message):
+    address: str = betterproto.string_field(1)
+    nodes_told: int = betterproto.uint32_field(2)
+    """
+    How many connected Nodes were told at once; the others learn it at their next Welcome.
+    """
+
+
+@dataclass(eq=False, repr=False)
 class PreviewRequest(betterproto.Message):
     jobspec_json: str = betterproto.string_field(1)
     """The JobSpec (`tuneplane/v1`) as canonical JSON."""
@@ -383,6 +400,11 @@ class Node(betterproto.Message):
     """
     The display name chosen at enrollment: the host name, numbered within the Fleet when two
      Nodes report the same one (gpu-a, gpu-a-2). Unique per Fleet; commands accept it for the id.
+    """
+
+    dialed_address: str = betterproto.string_field(19)
+    """
+    The control address the Node dialed for its current or last stream (Hello.dialed_address).
     """
 
 
@@ -687,6 +709,7 @@ class CoordinatorMessage(betterproto.Message):
     cancel: "Cancel" = betterproto.message_field(7, group="body")
     log_ack: "LogAck" = betterproto.message_field(8, group="body")
     credential_issued: "CredentialIssued" = betterproto.message_field(9, group="body")
+    control_address: "ControlAddress" = betterproto.message_field(10, group="body")
 
 
 @dataclass(eq=False, repr=False)
@@ -697,6 +720,12 @@ class Hello(betterproto.Message):
     held: List["HeldMember"] = betterproto.message_field(4)
     """
     Members the Node holds, with their last journaled state, for reconciliation.
+    """
+
+    dialed_address: str = betterproto.string_field(5)
+    """
+    The control address (HOST:PORT) this stream was dialed at, as the Node's node.json has it;
+     `tp node show` shows it so an operator moving the coordinator sees who has followed.
     """
 
 
@@ -718,6 +747,22 @@ class Welcome(betterproto.Message):
     """
 
     credential_expires_at_ms: int = betterproto.int64_field(5)
+    control_address: str = betterproto.string_field(6)
+    """
+    The control address Nodes are to dial from now on (`tuneplane-coordinator control-address`);
+     empty when none was set. A Node stores it, keeps the one it dialed as a fallback, and dials
+     it at its next connect.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ControlAddress(betterproto.Message):
+    """
+    Sent to every connected Node when `tuneplane-coordinator control-address` changes the address:
+     the same as Welcome.control_address, without waiting for the next Welcome.
+    """
+
+    address: str = betterproto.string_field(1)
 
 
 @dataclass(eq=False, repr=False)
@@ -1343,6 +1388,23 @@ class ApiStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def set_control_address(
+        self,
+        set_control_address_request: "SetControlAddressRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "SetControlAddressReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Api/SetControlAddress",
+            set_control_address_request,
+            SetControlAddressReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class ControlStub(betterproto.ServiceStub):
     async def enroll(
@@ -1487,6 +1549,11 @@ class ApiBase(ServiceBase):
     ) -> "DeclareNodeLostReply":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def set_control_address(
+        self, set_control_address_request: "SetControlAddressRequest"
+    ) -> "SetControlAddressReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_preview(
         self, stream: "grpclib.server.Stream[PreviewRequest, PreviewReply]"
     ) -> None:
@@ -1607,6 +1674,14 @@ class ApiBase(ServiceBase):
         response = await self.declare_node_lost(request)
         await stream.send_message(response)
 
+    async def __rpc_set_control_address(
+        self,
+        stream: "grpclib.server.Stream[SetControlAddressRequest, SetControlAddressReply]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.set_control_address(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/tuneplane.v1.Api/Preview": grpclib.const.Handler(
@@ -1710,6 +1785,12 @@ class ApiBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 DeclareNodeLostRequest,
                 DeclareNodeLostReply,
+            ),
+            "/tuneplane.v1.Api/SetControlAddress": grpclib.const.Handler(
+                self.__rpc_set_control_address,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetControlAddressRequest,
+                SetControlAddressReply,
             ),
         }
 
