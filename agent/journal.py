@@ -44,7 +44,7 @@ from .xid_book import HealthEvent, NewHealthEvent, NewXid, XidBook, XidRecord
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Migration n brings a journal from version n-1 to n. Append only; never edit a shipped one.
 MIGRATIONS: Sequence[str] = (
@@ -148,6 +148,12 @@ MIGRATIONS: Sequence[str] = (
         recovery_action TEXT NOT NULL DEFAULT ''
     );
     CREATE INDEX gpu_health_events_uuid ON gpu_health_events (gpu_uuid, id);
+    """,
+    # 4: an ended member's output manifest, as the exit report carries it to the coordinator
+    # (ManifestSummary JSON: files, bytes, sha256 of the manifest file, or the problem that
+    # kept it from being written); '' on every other report.
+    """
+    ALTER TABLE pending_reports ADD COLUMN manifest TEXT NOT NULL DEFAULT '';
     """,
 )
 
@@ -322,6 +328,8 @@ class PendingReport:
     exit: Exit | None
     out_dir: str
     journal_id: str = ""  # the journal that numbered it (``meta.journal_id``)
+    # The member's output manifest summary (ManifestSummary JSON) on its exit report; "" else.
+    manifest: str = ""
 
 
 @attrs.frozen
@@ -346,7 +354,7 @@ MEMBER_COLUMNS = (
 XID_COLUMNS = "id, gpu_uuid, xid, at_ms, application"
 HEALTH_COLUMNS = "id, gpu_uuid, at_ms, kind, actor, reason, through_xid_id, recovery_action"
 REPORT_COLUMNS = (
-    "report_seq, member_key, state, at_ms, reason, has_exit, exit_code, signal, out_dir"
+    "report_seq, member_key, state, at_ms, reason, has_exit, exit_code, signal, out_dir, manifest"
 )
 
 
@@ -396,6 +404,7 @@ def report_from_row(row: Sequence[Any], journal_id: str = "") -> PendingReport:
         reason=row[4],
         exit=Exit(row[6] if not row[7] else None, row[7] or None) if has_exit else None,
         out_dir=row[8],
+        manifest=str(row[9] or "") if len(row) > 9 else "",
     )
 
 
@@ -718,6 +727,7 @@ class Journal:
         rendezvous: tuple[str, int] | None = None,
         details: Mapping[str, Any] | None = None,
         extra: ExtraEvent | None = None,
+        manifest: str = "",
     ) -> tuple[MemberRecord, PendingReport | None]:
         """Apply ``event`` to the member and commit everything that follows from it at once.
 
@@ -725,7 +735,9 @@ class Journal:
         :class:`GpuAlreadyOwned` when entering ``prepared`` would own a GPU twice (nothing
         written). Returns the new record and the report queued for the coordinator, if any.
         ``extra`` is one more event row on the member, written first in the same transaction
-        (an ``exit-collected`` note before the ``exit-observed`` it explains).
+        (an ``exit-collected`` note before the ``exit-observed`` it explains). ``manifest`` is
+        the member's output manifest summary (JSON), kept in the event's details and sent with
+        the report.
         """
         reports: list[PendingReport] = []
 
@@ -758,6 +770,8 @@ class Journal:
             event_details = dict(details or {})
             if exit is not None:
                 event_details.update(exit_code=exit.exit_code, signal=exit.signal)
+            if manifest:
+                event_details["output_manifest"] = json.loads(manifest)
             await _insert_event(
                 db, at_ms, str(key), event.value, before.state.value, after.value, reason,
                 event_details,
@@ -803,10 +817,11 @@ class Journal:
                     (exit.exit_code or 0) if exit else 0,
                     (exit.signal or 0) if exit else 0,
                     before.out_dir,
+                    manifest,
                 )
                 await db.execute(
                     f"INSERT INTO pending_reports ({REPORT_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     row,
                 )
                 reports.append(report_from_row(row, self.journal_id))

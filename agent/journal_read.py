@@ -192,7 +192,10 @@ def disabled_gpus(db: sqlite3.Connection) -> list[dict[str, Any]]:
 def pending_reports(db: sqlite3.Connection) -> list[PendingReport]:
     # A journal not yet opened by an agent that gives journals an id has none: "".
     journal_id = meta(db).get("journal_id", "")
-    rows = db.execute(f"SELECT {REPORT_COLUMNS} FROM pending_reports ORDER BY report_seq")
+    # A journal older than output manifests (schema 4) has no manifest column: read it as "".
+    names = {str(r[1]) for r in db.execute("PRAGMA table_info(pending_reports)").fetchall()}
+    columns = REPORT_COLUMNS if "manifest" in names else REPORT_COLUMNS.replace(", manifest", "")
+    rows = db.execute(f"SELECT {columns} FROM pending_reports ORDER BY report_seq")
     return [report_from_row(r, journal_id) for r in rows.fetchall()]
 
 

@@ -27,6 +27,8 @@ from tuneplane.agent import messages as m
 from tuneplane.agent.collectors import telemetry_dir
 from tuneplane.agent.config import DEFAULT_RUNTIME_PATH, Runtime, WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
+from tuneplane.agent.init_from import ENV_NAME as INIT_FROM_ENV
+from tuneplane.agent.init_from import INIT_FROM_DIR, materialise_init_from
 from tuneplane.agent.inventory import Inventory
 from tuneplane.agent.journal import (
     EXIT_COLLECTED,
@@ -56,6 +58,7 @@ from tuneplane.agent.member_state import (
     MemberEvent,
     MemberState,
 )
+from tuneplane.agent.outputs_manifest import write_manifest
 from tuneplane.agent.prepare import (
     CAPSULE_DIR,
     JOBSPEC_FILE,
@@ -259,6 +262,8 @@ class MemberManager:
                 self._materialise, member_dir, lease, cmd, spec.source_files,
                 ended.get(lease.account.name, []),
             )  # fmt: skip
+            if spec.init_from_source is not None:
+                await trio.to_thread.run_sync(self._init_from, key, spec, lease, work)
             launch = read_capsule(work)
             if launch.launcher not in LAUNCHERS:
                 raise PrepareRefused(str(UnknownLauncher(launch.launcher)))
@@ -336,6 +341,20 @@ class MemberManager:
         if lease.switches_user:
             accounts.chown_tree(work, lease.account)
         return work
+
+    def _init_from(
+        self, key: MemberKey, spec: jobspec.JobSpec, lease: accounts.Lease, work: Path
+    ) -> None:
+        """Copy and verify the Derivation's source into the work dir (agent/init_from.py),
+        then give it to the member's account like the rest of the work dir."""
+        source = spec.init_from_source
+        assert source is not None
+        dest = work / INIT_FROM_DIR
+        copied = materialise_init_from(source, self.out_root, dest)
+        if lease.switches_user:
+            accounts.chown_tree(dest, lease.account)
+        log.info("init-from materialised member=%s source_run=%s files=%d bytes=%d dir=%s",
+                 key, source.run_id, source.files, copied, dest)  # fmt: skip
 
     async def commit(self, cmd: m.Commit) -> None:
         key = cmd.key
@@ -470,6 +489,12 @@ class MemberManager:
                 "TUNEPLANE_MEMBER_COUNT": str(record.member_count),
                 "TUNEPLANE_OUT_DIR": str(out_dir),
                 "TUNEPLANE_TELEMETRY_DIR": str(telemetry),
+                # The Derivation's source, copied and verified at Prepare (agent/init_from.py).
+                **(
+                    {INIT_FROM_ENV: str(lease.work_dir / INIT_FROM_DIR)}
+                    if spec.init_from_source is not None
+                    else {}
+                ),
             },
             runtime.path,
             str(lease.work_dir),
@@ -602,9 +627,17 @@ class MemberManager:
                 await self._report(started)
             exit = Exit(observation.exit_code, observation.signal)
             how = f"exit code {exit.exit_code}" if exit.signal is None else f"signal {exit.signal}"
+            # The artifact manifest is written before the exit is journaled: a crash between
+            # the two writes it again on replay (agent/outputs_manifest.py).
+            manifest = await trio.to_thread.run_sync(
+                write_manifest, Path(record.out_dir), key.run_id, key.attempt, key.member_index
+            )
+            log.info("output manifest member=%s files=%d bytes=%d sha256=%s problem=%s", key,
+                     manifest.files, manifest.bytes, manifest.sha256, manifest.problem)  # fmt: skip
             _, report = await self.journal.transition(
                 key, E.EXIT_OBSERVED, now_ms(), exit=exit, reason=how,
                 extra=_collected(observation, how) if after_restart else None,
+                manifest=manifest.to_json(),
             )  # fmt: skip
             log.info("member exited member=%s exit_code=%s signal=%s", key, exit.exit_code,
                      exit.signal)  # fmt: skip

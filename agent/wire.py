@@ -28,6 +28,7 @@ from tuneplane.agent.adapter import run_aio
 from tuneplane.agent.inventory import Gpu, Inventory
 from tuneplane.agent.journal import MemberKey
 from tuneplane.agent.member_state import MemberState
+from tuneplane.coordinator.derivation import ManifestSummary
 from tuneplane.coordinator.input_checks import InputRefused, check_message
 from tuneplane.coordinator.message_limits import (
     AGENT_RECEIVE_BYTES,
@@ -216,6 +217,7 @@ def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
                 signal=(exit.signal or 0) if exit else 0,
                 out_dir=r.out_dir,
                 journal_id=r.journal_id,
+                output_manifest=_manifest(r.manifest),
             )
         )
     if isinstance(msg, m.PrepareReply):
@@ -459,3 +461,13 @@ async def open_control_stream(
             with suppress(Exception):
                 await run_aio(stream.__aexit__, ConnectionResetError, closing, None)
         channel.close()
+
+
+def _manifest(text: str) -> v1.OutputManifest:
+    """A report's output manifest summary (journaled JSON) on the wire; empty when it has none."""
+    summary = ManifestSummary.from_json(text)
+    if summary is None:
+        return v1.OutputManifest()
+    return v1.OutputManifest(
+        files=summary.files, bytes=summary.bytes, sha256=summary.sha256, problem=summary.problem
+    )

@@ -75,6 +75,8 @@ class Admitted:
     gpus: int
     members: int | None
     gpus_per_member: int | None
+    # The run a Derivation names (``--init-from``); Preview resolves its source (derivation.py).
+    init_from: str | None = None
 
 
 def admit(text: str, config: CoordinatorConfig, catalogue: Catalogue) -> Admitted:
@@ -90,6 +92,7 @@ def admit(text: str, config: CoordinatorConfig, catalogue: Catalogue) -> Admitte
         gpus=res.gpus,
         members=res.members,
         gpus_per_member=res.gpus_per_member,
+        init_from=resolved.spec.init_from,
     )
 
 
@@ -219,6 +222,7 @@ def resolve(spec: JobSpec, config: CoordinatorConfig, catalogue: Catalogue) -> R
     sent: tuple[tuple[str, object], ...] = (
         ("command", list(spec.command)),
         ("parameter_env", dict(spec.parameter_env)),
+        ("init_from_source", spec.init_from_source),
     )
     for field, value in sent:
         if value:

@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any, TypeVar, TypeVarTuple
 
+import attrs
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
@@ -27,8 +28,10 @@ from tuneplane.coordinator.capacity import never_fits
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import CoordinatorConfig
+from tuneplane.coordinator.derivation import SourceRun, resolve_source
 from tuneplane.coordinator.fleet_service import caller
-from tuneplane.coordinator.job_access import check_read
+from tuneplane.coordinator.fleetviews import UserView
+from tuneplane.coordinator.job_access import check_read, may_read
 from tuneplane.coordinator.lifecycle_failure import first_failure
 from tuneplane.coordinator.message_limits import (
     INLINE_DECODE_BYTES,
@@ -40,7 +43,7 @@ from tuneplane.coordinator.message_limits import (
 )
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.records import PreviewRecord
-from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store import NotFound, Store
 from tuneplane.coordinator.store_logs import LogStore
 from tuneplane.coordinator.wire import first_failure_message, grpc_errors, job_message
 from tuneplane.proto import v1
@@ -108,6 +111,7 @@ class ApiService:
                     f"places Jobs on the Fleet {s.fleet!r}, which does not exist",
                     "Ask the coordinator's operator to create it or fix the Profile.",
                 )
+            admitted = await self._derive(admitted, stream)
             refusal = never_fits(
                 Request(admitted.gpus, admitted.members, admitted.gpus_per_member),
                 s.fleet,
@@ -149,6 +153,26 @@ class ApiService:
                 principal.name,
             )
             await stream.send_message(pre_encoded(reply, encoded))
+
+    async def _derive(self, admitted: Admitted, stream: Any) -> Admitted:
+        """``admitted`` with its Derivation's source resolved into the JobSpec (so the digest
+        covers it), or the JobSpecError on ``init_from`` saying why that run cannot be one."""
+        if admitted.init_from is None:
+            return admitted
+        spec = await self._off_loop(
+            len(admitted.resolved_json), jobspec.loads, admitted.resolved_json.decode("utf-8")
+        )
+        assert spec.init_from is not None
+        fleet = admitted.summary.fleet
+        settings = self._config.fleets.get(fleet)
+        found = await _source_run(self._store, spec.init_from, await caller(self._store, stream))
+        source = resolve_source(
+            spec.init_from, found, fleet, settings.shared_output_root if settings else ""
+        )
+        log.info("derivation resolved run_id=%s out_dir=%s manifest_sha256=%s files=%d",
+                 source.run_id, source.out_dir, source.manifest_sha256, source.files)  # fmt: skip
+        canonical = jobspec.canonical_json(attrs.evolve(spec, init_from_source=source)).encode()
+        return attrs.evolve(admitted, resolved_json=canonical, digest=jobspec.digest_of(canonical))
 
     async def _admit(self, text: str) -> Admitted:
         """:func:`admit` where it holds the event loop for no more than a few milliseconds: inline
@@ -245,6 +269,26 @@ class ApiService:
                 self._store, user, request.project, request.state, request.mine, limit
             )
             await stream.send_message(v1.ListJobsReply(jobs=[job_message(j) for j in jobs]))
+
+
+async def _source_run(store: Store, run_id: str, user: UserView) -> SourceRun | None:
+    """What the store knows of the run an ``--init-from`` names (None: no such Job); whether
+    ``user`` may read it is decided by :func:`.job_access.may_read`, as for ``tp job show``."""
+    try:
+        access = await store_access.job_access(store, run_id)
+    except NotFound:
+        return None
+    if not may_read(access, user):
+        return SourceRun(run_id, "", False, access.owner)
+    job = await store.get_job(run_id)
+    attempt = job.attempts[-1] if job.attempts else None
+    first = next((m for m in attempt.members if m.index == 0), None) if attempt else None
+    if attempt is None or first is None:
+        return SourceRun(run_id, job.state, True, job.owner)
+    return SourceRun(
+        run_id, job.state, True, job.owner, attempt.number, first.out_dir,
+        first.node_name or first.node_id, first.output_manifest,
+    )  # fmt: skip
 
 
 def _finish_reply(reply: v1.PreviewReply, resolved_json: bytes) -> tuple[str, bytes]:

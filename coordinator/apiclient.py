@@ -35,6 +35,7 @@ from tuneplane.coordinator.apimodel import (
     RequestRefused,
     StateChange,
 )
+from tuneplane.coordinator.derivation import ManifestSummary
 from tuneplane.coordinator.fleetmodel import Fleet, Node
 from tuneplane.coordinator.fleetwire import fleet_from_wire, node_from_wire
 from tuneplane.coordinator.lifecyclemodel import (
@@ -68,6 +69,14 @@ def _changes(items: list[v1.StateChange]) -> tuple[StateChange, ...]:
     return tuple(StateChange(c.state, c.at_ms, c.reason) for c in items)
 
 
+def _manifest(msg: v1.OutputManifest | None) -> ManifestSummary | None:
+    """A member's output manifest summary; None when its Node reported none (yet): a manifest
+    always has a digest or a problem."""
+    if msg is None or not (msg.sha256 or msg.problem):
+        return None
+    return ManifestSummary(msg.files, msg.bytes, msg.sha256, msg.problem)
+
+
 def job_from_wire(msg: v1.Job) -> Job:
     attempts = []
     for a in msg.attempts:
@@ -84,6 +93,7 @@ def job_from_wire(msg: v1.Job) -> Job:
                 history=_changes(m.history),
                 ended_at_ms=m.ended_at_ms,
                 node_name=m.node_name,
+                output_manifest=_manifest(m.output_manifest),
             )
             for m in a.members
         )

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import attrs
 
+from tuneplane.coordinator.derivation import ManifestSummary
+
 # How many Jobs one ListJobs answers: the default when a request names none (0, the wire's
 # unset value) and the most it ever returns. ``tp job ls --limit`` accepts 1 to the most.
 JOB_LIST_DEFAULT = 100
@@ -103,6 +105,8 @@ class Member:
     ended_at_ms: int = 0
     # Its Node's display name; empty when not known (an older coordinator).
     node_name: str = ""
+    # Its output manifest as its Node reported it when the member ended; None before that.
+    output_manifest: ManifestSummary | None = None
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ Rules:
 
 from __future__ import annotations
 
+import posixpath
 import re
 import tomllib
 from collections.abc import Mapping
@@ -52,6 +53,10 @@ DEFAULT_CONFIG = """\
 #   max_disconnect = "2h"     declare a Node lost when it holds members and stays disconnected
 #                             this long (off unless set; docs/operator.md, "A Node that never
 #                             comes back", says what it risks)
+#   shared_output_root = "/mnt/tp-out"  a directory every Node of the Fleet mounts at this
+#                             path and uses as its output root (node.toml out_root): a run
+#                             whose outputs lie under it can be an --init-from source
+#                             (docs/researcher.md, "Starting from another run")
 # [runtimes."<runtime id>"]  optional: what Jobs on one runtime may do
 #   allow_loader_env = true   a JobSpec's env may set LD_*, PYTHONPATH and their kin on this
 #                             runtime (refused at Preview otherwise); the Node decides again
@@ -150,6 +155,9 @@ class FleetSettings:
     # members (seconds; None: never, the default). ``max_disconnect_text`` is as written.
     max_disconnect_s: int | None = None
     max_disconnect_text: str = ""
+    # An absolute directory every Node of the Fleet mounts at this same path as its output
+    # root; outputs under it can seed a Derivation (``--init-from``). "": none declared.
+    shared_output_root: str = ""
 
 
 @attrs.frozen
@@ -281,10 +289,11 @@ def _fleets(raw: Any, path: Path) -> dict[str, FleetSettings]:
             raise ConfigError(
                 f'{path}: {where} must be a table ([{where}] with max_disconnect = "2h").'
             )
-        _check_keys(table, {"max_disconnect"}, where, path)
+        _check_keys(table, {"max_disconnect", "shared_output_root"}, where, path)
+        shared = _shared_output_root(table.get("shared_output_root", ""), where, path)
         value = table.get("max_disconnect")
         if value is None:
-            found[name] = FleetSettings(name)
+            found[name] = FleetSettings(name, shared_output_root=shared)
             continue
         seconds = parse_duration(value) if isinstance(value, str) else None
         if seconds is None:
@@ -293,8 +302,26 @@ def _fleets(raw: Any, path: Path) -> dict[str, FleetSettings]:
                 'number and a unit in quotes ("90s", "30m", "2h", "1d"), or remove the line to '
                 "never declare its Nodes lost automatically."
             )
-        found[name] = FleetSettings(name, seconds, value.strip())
+        found[name] = FleetSettings(name, seconds, value.strip(), shared)
     return found
+
+
+def _shared_output_root(value: object, where: str, path: Path) -> str:
+    """``shared_output_root``: an absolute, normalised directory path, or "" when not set."""
+    if value == "":
+        return ""
+    if (
+        not isinstance(value, str)
+        or not value.startswith("/")
+        or posixpath.normpath(value) != value.rstrip("/")
+        or "\0" in value
+    ):
+        raise ConfigError(
+            f"{path}: [{where}] shared_output_root = {value!r} is not an absolute, normalised "
+            'directory path. Write the path every Node of the Fleet mounts, e.g. "/mnt/tp-out", '
+            "or remove the line."
+        )
+    return value.rstrip("/") or "/"
 
 
 _RUNTIME_ID = re.compile(r"^(host|image):\S+$")

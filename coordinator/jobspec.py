@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import posixpath
 import re
 from collections.abc import Callable, Mapping, Set
 from typing import Any
@@ -23,6 +24,7 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
+from tuneplane.coordinator.derivation import InitFromSource
 from tuneplane.coordinator.input_checks import (
     InputRefused,
     bounded_int,
@@ -115,6 +117,10 @@ class JobSpec:
     # as they are. Empty in a JobSpec admitted before they existed.
     command: tuple[str, ...] = ()
     parameter_env: Mapping[str, str] = attrs.field(factory=dict)
+    # Filled by the coordinator at Preview from ``init_from`` (:mod:`.derivation`): the source
+    # artifact, its place and its manifest's digest, so the digest covers which bytes the run
+    # begins from. None without a Derivation (and absent from the JSON then).
+    init_from_source: InitFromSource | None = None
 
 
 def make_converter() -> cattrs.Converter:
@@ -254,6 +260,7 @@ def validate(spec: JobSpec) -> None:
         )
     _check_strings(spec)
     _check_share_with(spec.share_with)
+    _check_init_from_source(spec)
     if len(spec.env) > MAX_ENV_VARS:
         raise JobSpecError(
             "env",
@@ -345,6 +352,34 @@ def _check_parameter_env(env: Mapping[str, str]) -> None:
 MAX_SHARE_WITH = 100
 
 
+def _check_init_from_source(spec: JobSpec) -> None:
+    """The Derivation's source, as Preview resolved it: for the run ``init_from`` names, an
+    absolute normalised out_dir and a sha256 manifest digest (the Node copies and checks it)."""
+    source = spec.init_from_source
+    if source is None:
+        return
+    field = "init_from_source"
+    if spec.init_from != source.run_id:
+        raise JobSpecError(
+            f"{field}.run_id",
+            source.run_id,
+            f"does not match init_from ({spec.init_from!r})",
+            "Preview again; the coordinator fills init_from_source from init_from.",
+        )
+    out = source.out_dir
+    if not out.startswith("/") or posixpath.normpath(out) != out or "\0" in out:
+        raise JobSpecError(
+            f"{field}.out_dir", out, "is not an absolute, normalised path", "Preview again."
+        )
+    if not re.fullmatch(r"[0-9a-f]{64}", source.manifest_sha256):
+        raise JobSpecError(
+            f"{field}.manifest_sha256",
+            source.manifest_sha256,
+            "is not a sha256 digest (64 lowercase hex digits)",
+            "Preview again.",
+        )
+
+
 def _check_share_with(names: tuple[str, ...]) -> None:
     if len(names) > MAX_SHARE_WITH:
         raise JobSpecError(
@@ -380,6 +415,8 @@ def to_json_obj(spec: JobSpec) -> dict[str, Any]:
         del data["command"]
     if not spec.parameter_env:
         del data["parameter_env"]
+    if spec.init_from_source is None:
+        del data["init_from_source"]
     return json.loads(json.dumps(data))  # type: ignore[no-any-return]
 
 

@@ -13,6 +13,8 @@ from typing import Any
 import attrs
 import cattrs
 
+from tuneplane.coordinator.derivation import ManifestSummary
+
 _CONVERTER = cattrs.Converter(forbid_extra_keys=False)
 
 
@@ -83,6 +85,8 @@ class Report:
     signal: int = 0
     out_dir: str = ""
     journal_id: str = ""  # the Node's journal that numbered it ("" from an older agent)
+    # The member's output manifest, on an exit report from a Node that writes them.
+    manifest: ManifestSummary | None = None
 
 
 @attrs.frozen
@@ -175,6 +179,8 @@ class MemberView:
     ended_at_ms: int = 0
     # Its Node's display name (nodes.name); empty when the Node is unknown.
     node_name: str = ""
+    # Its output manifest as its Node reported it when the member ended; None before that.
+    output_manifest: ManifestSummary | None = None
 
 
 @attrs.frozen

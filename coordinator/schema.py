@@ -247,6 +247,16 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
     (
+        12,
+        (
+            # A member's output manifest as its Node's exit report carried it (JSON: files,
+            # bytes, sha256 of the manifest file, or the problem that kept it from being
+            # written); '' until then, and from a Node older than manifests. A Derivation
+            # (--init-from) begins from member 0's, checked against that digest.
+            "ALTER TABLE members ADD COLUMN output_manifest_json TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
+    (
         15,
         (
             # A Node's display name, chosen once at enrollment (store_fleet.free_node_name): the

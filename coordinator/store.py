@@ -22,6 +22,7 @@ import aiosqlite
 import attrs
 
 from tuneplane.coordinator import lifecycle as lc
+from tuneplane.coordinator.derivation import ManifestSummary, stored_manifest
 from tuneplane.coordinator.placement import NodeOffer, Placement
 from tuneplane.coordinator.records import (
     AbortOrder,
@@ -670,12 +671,13 @@ class Store(SqliteFile):
             members = []
             mrows = await self._db.execute_fetchall(
                 "SELECT m.member_index, m.node_id, m.state, m.has_exit, m.exit_code, m.signal, "
-                "m.out_dir, m.gpu_indexes_json, m.ended_at_ms, n.name FROM members m "
+                "m.out_dir, m.gpu_indexes_json, m.ended_at_ms, n.name, m.output_manifest_json "
+                "FROM members m "
                 "LEFT JOIN nodes n ON n.id = m.node_id WHERE m.run_id = ? AND m.attempt = ? "
                 "ORDER BY m.member_index",
                 (run_id, number),
             )
-            for idx, node_id, state, has_exit, code, sig, out_dir, gpus, ended, name in mrows:
+            for idx, node_id, state, has_exit, code, sig, out_dir, gpus, ended, name, mf in mrows:
                 history = await self._history(
                     "SELECT state, at_ms, reason FROM member_states WHERE run_id = ? AND "
                     "attempt = ? AND member_index = ? ORDER BY id",
@@ -694,6 +696,7 @@ class Store(SqliteFile):
                         history=history,
                         ended_at_ms=int(ended),
                         node_name=str(name or ""),
+                        output_manifest=ManifestSummary.from_json(str(mf or "")),
                     )
                 )
             state = {None: "preparing", lc.COMMIT: "committed", lc.ABORT: "aborted"}[decision]
@@ -1187,6 +1190,13 @@ class Store(SqliteFile):
                         "AND member_index = ?",
                         (report.out_dir, key.run_id, key.attempt, key.member_index),
                     )
+                if report.manifest is not None and moved == lc.M_EXITED:
+                    await db.execute(
+                        "UPDATE members SET output_manifest_json = ? WHERE run_id = ? AND "
+                        "attempt = ? AND member_index = ?",
+                        (stored_manifest(report.manifest).to_json(), key.run_id, key.attempt,
+                         key.member_index),
+                    )  # fmt: skip
                 if moved in lc.TERMINAL_MEMBER_STATES:
                     await db.execute(
                         "UPDATE members SET ended_at_ms = ? WHERE run_id = ? AND attempt = ? "

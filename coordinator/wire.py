@@ -19,6 +19,7 @@ from grpclib.exceptions import ProtocolError, StreamTerminatedError
 from tuneplane.coordinator import capsule
 from tuneplane.coordinator.auth import AuthError, PermissionDenied
 from tuneplane.coordinator.config import ConfigError
+from tuneplane.coordinator.derivation import ManifestSummary
 from tuneplane.coordinator.input_checks import InputRefused
 from tuneplane.coordinator.jobspec import JobSpecError
 from tuneplane.coordinator.lifecycle_failure import FirstFailure
@@ -125,6 +126,7 @@ def report(msg: v1.MemberReport) -> Report:
         signal=msg.signal,
         out_dir=msg.out_dir,
         journal_id=msg.journal_id,
+        manifest=manifest_from_wire(msg.output_manifest),
     )
 
 
@@ -206,6 +208,7 @@ def job_message(job: JobView) -> v1.Job:
                         history=_changes(m.history),
                         ended_at_ms=m.ended_at_ms,
                         node_name=m.node_name,
+                        output_manifest=manifest_to_wire(m.output_manifest),
                     )
                     for m in a.members
                 ],
@@ -298,3 +301,20 @@ def grpc_errors() -> Iterator[None]:
             f"The coordinator failed unexpectedly (error id {error_id}) and keeps serving. "
             "Tell the coordinator's operator the error id; its log holds the details.",
         ) from None
+
+
+def manifest_from_wire(msg: v1.OutputManifest | None) -> ManifestSummary | None:
+    """A MemberReport's ``output_manifest``; None when the report carries none (a manifest
+    always has a digest or a problem)."""
+    if msg is None or not (msg.sha256 or msg.problem):
+        return None
+    return ManifestSummary(msg.files, msg.bytes, msg.sha256, msg.problem)
+
+
+def manifest_to_wire(summary: ManifestSummary | None) -> v1.OutputManifest:
+    """A member's output manifest for GetJob; empty when its Node reported none."""
+    if summary is None:
+        return v1.OutputManifest()
+    return v1.OutputManifest(
+        files=summary.files, bytes=summary.bytes, sha256=summary.sha256, problem=summary.problem
+    )

@@ -97,6 +97,23 @@ class MemberRef(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class OutputManifest(betterproto.Message):
+    """
+    What a member left in its $TUNEPLANE_OUT_DIR when it ended, as its Node wrote it down: the
+     manifest file `<out_dir>.manifest.json` lists every file by relative path, size and sha256.
+     `problem` is a sentence when no manifest could be written (past its file or byte bounds);
+     the counts and the digest are then empty.
+    """
+
+    files: int = betterproto.uint32_field(1)
+    bytes: int = betterproto.uint64_field(2)
+    sha256: str = betterproto.string_field(3)
+    """sha256 (hex) of the manifest file itself."""
+
+    problem: str = betterproto.string_field(4)
+
+
+@dataclass(eq=False, repr=False)
 class SetControlAddressRequest(betterproto.Message):
     address: str = betterproto.string_field(1)
     """
@@ -210,6 +227,11 @@ class Member(betterproto.Message):
 
     node_name: str = betterproto.string_field(11)
     """Its Node's display name (Node.name); empty before placement."""
+
+    output_manifest: "OutputManifest" = betterproto.message_field(12)
+    """
+    Its output manifest as its Node reported it when the member ended; unset before that.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -803,6 +825,12 @@ class MemberReport(betterproto.Message):
      never drops a report for its number: it applies a report only as a move the member's
      lifecycle allows from its recorded state, so a repeat, a late copy or a forged number
      changes nothing.
+    """
+
+    output_manifest: "OutputManifest" = betterproto.message_field(11)
+    """
+    On the report of a member's exit: its output manifest, written before the exit was
+     journaled. Unset on every other report and from a Node older than manifests.
     """
 
 

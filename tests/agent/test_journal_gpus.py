@@ -15,6 +15,7 @@ import pytest
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.inventory import Gpu, Inventory
 from tuneplane.agent.journal import (
+    SCHEMA_VERSION,
     GpuAlreadyOwned,
     Journal,
     MemberKey,
@@ -83,7 +84,7 @@ async def test_a_v2_journal_migrates_and_its_members_get_uuids(tmp_path: Path) -
         finally:
             await journal.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         rows = db.execute(
             "SELECT gpu_uuid, gpu_index, member_key FROM gpu_ownership ORDER BY gpu_index"
         ).fetchall()

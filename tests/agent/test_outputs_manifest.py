@@ -1,0 +1,119 @@
+"""Output manifests and their use at Prepare, on real files: what a member left is listed with
+sizes and sha256, bounded; a Derivation's copy is verified file by file against it, and every
+refusal names the file and leaves no half-copied directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tuneplane.agent.init_from import INIT_FROM_DIR, materialise_init_from
+from tuneplane.agent.outputs_manifest import read_manifest, write_manifest
+from tuneplane.agent.prepare import PrepareRefused
+from tuneplane.coordinator.derivation import InitFromSource, manifest_path
+
+pytestmark = pytest.mark.timeout(60)
+
+CKPT = os.urandom(3 * 1024 * 1024 + 17)  # more than one read chunk
+
+
+def _outputs(out_root: Path) -> Path:
+    out = out_root / "run-a" / "attempt-1" / "member-0"
+    (out / "ckpt").mkdir(parents=True)
+    (out / "ckpt" / "model.bin").write_bytes(CKPT)
+    (out / "notes.txt").write_text("step 7\n")
+    return out
+
+
+def _source(out: Path, sha256: str, files: int = 2) -> InitFromSource:
+    return InitFromSource("run-a", 1, 0, str(out), sha256, files, len(CKPT) + 7)
+
+
+def test_manifest_lists_regular_files_with_sizes_and_digests(tmp_path: Path) -> None:
+    out = _outputs(tmp_path / "out")
+    (out / "link").symlink_to("/etc/passwd")
+    os.link(out / "notes.txt", out / "notes-again.txt")
+    summary = write_manifest(out, "run-a", 1, 0)
+    data = Path(manifest_path(str(out))).read_bytes()
+    assert summary.problem == ""
+    assert summary.sha256 == hashlib.sha256(data).hexdigest()
+    manifest = read_manifest(data, "test")
+    assert [(e.path, e.size) for e in manifest.files] == [("ckpt/model.bin", len(CKPT))]
+    assert manifest.files[0].sha256 == hashlib.sha256(CKPT).hexdigest()
+    assert (summary.files, summary.bytes) == (1, len(CKPT))
+    skipped = json.loads(data)["skipped"]
+    assert "link: not a regular file" in skipped
+    assert {"notes-again.txt: has 2 hard links", "notes.txt: has 2 hard links"} <= set(skipped)
+    # Written again, the same directory gives the same bytes (a replay after a crash).
+    assert write_manifest(out, "run-a", 1, 0) == summary
+
+
+def test_past_its_bounds_no_manifest_is_written_and_the_summary_says_why(tmp_path: Path) -> None:
+    out = _outputs(tmp_path / "out")
+    assert write_manifest(out, "run-a", 1, 0).problem == ""
+    summary = write_manifest(out, "run-a", 1, 0, max_files=1)
+    assert summary.sha256 == "" and summary.files == 0
+    assert "holds more than 1 files" in summary.problem and str(out) in summary.problem
+    assert not Path(manifest_path(str(out))).exists()
+    summary = write_manifest(out, "run-a", 1, 0, max_bytes=1024)
+    assert "holds more than 1024 bytes" in summary.problem
+
+
+def test_init_from_copies_and_verifies_every_file(tmp_path: Path) -> None:
+    out_root = tmp_path / "out"
+    out = _outputs(out_root)
+    summary = write_manifest(out, "run-a", 1, 0)
+    dest = tmp_path / "work" / INIT_FROM_DIR
+    copied = materialise_init_from(_source(out, summary.sha256), out_root, dest)
+    assert copied == len(CKPT) + 7
+    assert (dest / "ckpt" / "model.bin").read_bytes() == CKPT
+    assert (dest / "notes.txt").read_text() == "step 7\n"
+    assert not dest.with_name(dest.name + ".partial").exists()
+    # Repeating the step (a re-Prepare) redoes it over what is there, and over a stale partial.
+    dest.with_name(dest.name + ".partial").mkdir()
+    (dest / "extra").write_text("left by a crash")
+    materialise_init_from(_source(out, summary.sha256), out_root, dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["ckpt", "notes.txt"]
+
+
+@pytest.mark.parametrize("tamper", ["changed", "missing", "longer", "link"])
+def test_a_tampered_source_file_is_refused_naming_it(tmp_path: Path, tamper: str) -> None:
+    out_root = tmp_path / "out"
+    out = _outputs(out_root)
+    summary = write_manifest(out, "run-a", 1, 0)
+    model = out / "ckpt" / "model.bin"
+    if tamper == "changed":
+        model.write_bytes(b"X" + CKPT[1:])
+    elif tamper == "missing":
+        model.unlink()
+    elif tamper == "longer":
+        model.write_bytes(CKPT + b"!")
+    else:
+        model.unlink()
+        model.symlink_to(tmp_path / "elsewhere")
+        (tmp_path / "elsewhere").write_bytes(CKPT)
+    dest = tmp_path / "work" / INIT_FROM_DIR
+    with pytest.raises(PrepareRefused, match=r"The file ckpt/model\.bin of run run-a's outputs"):
+        materialise_init_from(_source(out, summary.sha256), out_root, dest)
+    assert not dest.exists()
+
+
+def test_a_changed_manifest_or_a_source_outside_the_out_root_is_refused(tmp_path: Path) -> None:
+    out_root = tmp_path / "out"
+    out = _outputs(out_root)
+    summary = write_manifest(out, "run-a", 1, 0)
+    dest = tmp_path / "work" / INIT_FROM_DIR
+    manifest = Path(manifest_path(str(out)))
+    manifest.write_bytes(manifest.read_bytes().replace(b"step", b"step"))
+    with pytest.raises(PrepareRefused, match="was changed after the run ended: its sha256 is"):
+        materialise_init_from(_source(out, "0" * 64), out_root, dest)
+    with pytest.raises(PrepareRefused, match="not inside this Node's output root"):
+        materialise_init_from(_source(out, summary.sha256), tmp_path / "other", dest)
+    manifest.unlink()
+    with pytest.raises(PrepareRefused, match="is missing on this Node"):
+        materialise_init_from(_source(out, summary.sha256), out_root, dest)
+    assert not dest.exists()
