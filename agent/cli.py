@@ -22,6 +22,7 @@ import trio
 
 from tuneplane.agent import config as node_config
 from tuneplane.agent import daemon_log, doctor, journal_read, workload_checks
+from tuneplane.agent import metrics as node_metrics
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.cli_support import sentences as _sentences
 from tuneplane.agent.cli_support import state_dir_option as _state_dir_option
@@ -55,6 +56,7 @@ from tuneplane.agent.state_dir import (
 from tuneplane.agent.wire import Endpoint, Enrolled, enroll
 from tuneplane.agent.xid_book import CLEAR_KINDS, XidRecord
 from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
+from tuneplane.coordinator.metrics_listener import MetricsListener
 
 
 @attrs.frozen
@@ -63,6 +65,14 @@ class _Settings:
 
     values: dict[str, Any] | None
     path: Path | None
+
+
+def _metrics_listener() -> MetricsListener | None:
+    """node.toml's [metrics] listener; None (off) without the table or without a node.toml."""
+    found = click.get_current_context().find_root().obj
+    if isinstance(found, _Settings) and found.values is not None:
+        return node_config.metrics_settings(found.values, found.path)
+    return None
 
 
 def _workload_policy() -> node_config.WorkloadPolicy:
@@ -363,7 +373,10 @@ def run_command(
             node.node_id, node.coordinator, len(daemon.inventory.gpus),
             daemon.inventory.gpu_source, os.getpid(),
         )  # fmt: skip
-        trio.run(run_daemon, daemon, notifier)
+        # Bound before the journal is opened: a taken port stops the agent with nothing changed.
+        with node_metrics.serving(_metrics_listener()) as metrics_address:
+            daemon.status.metrics_address = metrics_address
+            trio.run(run_daemon, daemon, notifier)
 
 
 # --- status ------------------------------------------------------------------------------------

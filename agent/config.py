@@ -17,6 +17,13 @@ from typing import Any
 
 import attrs
 
+from tuneplane.coordinator.metrics_listener import (
+    DEFAULT_NODE_PORT,
+    MetricsConfigError,
+    MetricsListener,
+    metrics_listener,
+)
+
 DEFAULT_PATH = Path("/etc/tuneplane/node.toml")
 DEFAULT_WORK_ROOT = Path("/var/lib/tuneplane-work")
 # Where a runtime without its own [runtimes.<name>] table looks for its interpreter, and the
@@ -42,6 +49,8 @@ _KEYS: Mapping[str, tuple[type, tuple[str, ...]]] = {
     "runtimes": (dict, ()),
     # [telemetry] system_interval_s sets `run --system-interval` (see default_map).
     "telemetry": (dict, ()),
+    # [metrics]: the Prometheus listener of `run` (off without the table); read by run.
+    "metrics": (dict, ()),
 }
 _JOURNAL_COMMANDS = ("members", "show", "events", "reservations", "export")
 _ACCOUNT_KEYS: Mapping[str, type] = {"mode": str, "pool": list, "prefix": str, "count": int}
@@ -280,7 +289,21 @@ def load(path: Path) -> dict[str, Any]:
     workload_policy(raw, path, euid=None)
     if "telemetry" in raw:
         raw["telemetry"] = _telemetry(path, raw["telemetry"])
+    metrics_settings(raw, path)
     return dict(raw)
+
+
+def metrics_settings(
+    settings: Mapping[str, Any], path: Path | None = None
+) -> MetricsListener | None:
+    """The Prometheus listener node.toml asks for: None (off) without a [metrics] table; with
+    one, ``port`` (default 7447) on ``host`` (default 127.0.0.1, this machine only)."""
+    if "metrics" not in settings:
+        return None
+    try:
+        return metrics_listener(settings["metrics"], DEFAULT_NODE_PORT)
+    except MetricsConfigError as exc:
+        raise NodeConfigError(f"{path or DEFAULT_PATH}: {exc}") from None
 
 
 def workload_policy(

@@ -33,7 +33,7 @@ import trio
 from tuneplane.agent import control_address
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
-from tuneplane.agent.collectors import CollectorSupervisor
+from tuneplane.agent.collectors import COLLECTORS_DIR, CollectorSupervisor
 from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource, probe
@@ -50,6 +50,18 @@ from tuneplane.agent.journal_owner import open_node_journal
 from tuneplane.agent.logship import LogShipper
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.members import MemberManager, now_ms
+from tuneplane.agent.metrics import CONNECTED as METRIC_CONNECTED
+from tuneplane.agent.metrics import CREDENTIAL_EXPIRY as METRIC_CREDENTIAL_EXPIRY
+from tuneplane.agent.metrics import (
+    HEARTBEAT_RTT,
+    JOURNAL_COMMIT,
+    RECONNECTS,
+    SNAPSHOT_INTERVAL_S,
+    NodeSnapshot,
+    gpu_counts,
+    publish_snapshot,
+    read_spools,
+)
 from tuneplane.agent.prepare import node_address
 from tuneplane.agent.sd_notify import ServiceNotifier
 from tuneplane.agent.session import (
@@ -126,6 +138,8 @@ class Status:
     # Where members' work directories and outputs go (doctor measures free space there).
     work_root: str = ""
     out_root: str = ""
+    # Where the Prometheus listener ([metrics] in node.toml) serves; "" when it is off.
+    metrics_address: str = ""
 
 
 def _inventory_summary(inv: Inventory) -> dict[str, Any]:
@@ -176,6 +190,9 @@ class Daemon:
         self.status = Status(os.getpid(), node.node_id, node.coordinator, now_ms())
         self.status.inventory = _inventory_summary(self.inventory)
         self.status.work_root, self.status.out_root = str(work_root), str(out_root)
+        # Read at scrape time, from the listener's thread: two plain attributes.
+        METRIC_CONNECTED.set_function(lambda: float(self.status.connected))
+        METRIC_CREDENTIAL_EXPIRY.set_function(lambda: self.status.credential_expires_at_ms / 1000)
         self.journal: Journal | None = None
         self.manager: MemberManager | None = None
         self.logship: LogShipper | None = None
@@ -214,6 +231,10 @@ class Daemon:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._status_loop)
+                    if self.journal is not None:
+                        self.journal.on_commit = JOURNAL_COMMIT.observe
+                    if self.status.metrics_address:
+                        nursery.start_soon(self._metrics_loop)
                     if self.journal is not None:
                         self.manager = MemberManager(
                             self.journal, self.state.members_dir, self.out_root,
@@ -364,6 +385,30 @@ class Daemon:
         data["updated_at_ms"] = now_ms()
         write_json_atomic(self.state.status_path, data)
 
+    async def _metrics_loop(self) -> None:
+        """Refresh what the metrics listener serves, while it is on (agent/metrics.py)."""
+        while True:
+            members: dict[str, int] = {}
+            pending = 0
+            uuids: dict[str, MemberKey] = {}
+            indexes: dict[int, MemberKey] = {}
+            if self.journal is not None:
+                members, pending = await self.journal.counts()
+                uuids, indexes = await self.journal.gpu_owners_by_uuid()
+            spools = await trio.to_thread.run_sync(read_spools, self.state.root / COLLECTORS_DIR)
+            publish_snapshot(
+                NodeSnapshot(
+                    read_at_s=now_ms() / 1000,
+                    members=members,
+                    reports_pending=pending,
+                    gpus=gpu_counts(self.inventory, set(uuids), set(indexes)),
+                    spools=spools.spools,
+                    spool_points=spools.points,
+                    data_loss_warnings=spools.data_loss_warnings,
+                )
+            )
+            await trio.sleep(SNAPSHOT_INTERVAL_S)
+
     # --- connection --------------------------------------------------------------------------
 
     async def _connect_loop(self) -> None:
@@ -410,6 +455,7 @@ class Daemon:
             # A session that got as far as Welcome starts the backoff over.
             failures = 1 if self._welcomed else failures + 1
             self.status.reconnects += 1
+            RECONNECTS.inc()
             delay = backoff_delay(failures, random.random())
             log.info("reconnecting coordinator=%s in_s=%.2f attempt=%d", self.endpoint, delay,
                      failures)  # fmt: skip
@@ -517,6 +563,8 @@ class Daemon:
                          effect.heartbeat_timeout_s)  # fmt: skip
             elif isinstance(effect, HeartbeatAcked):
                 self.status.last_heartbeat_ack_ms = now_ms()
+                if effect.rtt_s is not None:
+                    HEARTBEAT_RTT.observe(effect.rtt_s)
             elif isinstance(effect, LogAcked):
                 if self.logship is not None:
                     await self.logship.acked(effect.ack)

@@ -22,7 +22,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -428,6 +428,8 @@ class Journal:
         self._lock = trio.Lock()
         #: This journal's random identity (``meta.journal_id``), sent with every report.
         self.journal_id = journal_id
+        #: Told the seconds each write's COMMIT (its fsync) took; the daemon's metrics set it.
+        self.on_commit: Callable[[float], None] | None = None
 
     # --- opening -----------------------------------------------------------------------------
 
@@ -454,7 +456,9 @@ class Journal:
     async def _write(self, fn: Any, *args: Any) -> Any:
         async with self._lock:
             with trio.CancelScope(shield=True):
-                return await run_aio(_aio_transaction, self._db, fn, *args)
+                return await run_aio(
+                    _aio_transaction, self._db, fn, *args, on_commit=self.on_commit
+                )
 
     # --- meta and credentials ----------------------------------------------------------------
 
@@ -840,6 +844,12 @@ class Journal:
         rows = await self._read(f"SELECT {REPORT_COLUMNS} FROM pending_reports ORDER BY report_seq")
         return [report_from_row(r, self.journal_id) for r in rows]
 
+    async def counts(self) -> tuple[dict[str, int], int]:
+        """Members by state, and how many reports wait for acknowledgement (two COUNTs)."""
+        members = await self._read("SELECT state, COUNT(*) FROM members GROUP BY state")
+        pending = await self._read("SELECT COUNT(*) FROM pending_reports")
+        return {str(state): int(n) for state, n in members}, int(pending[0][0])
+
     async def ack_report(self, report_seq: int, refused: str = "", at_ms: int = 0) -> bool:
         """Drop an acknowledged report. A repeated or unknown acknowledgement is harmless.
 
@@ -913,15 +923,27 @@ async def _insert_health(db: aiosqlite.Connection, r: NewHealthEvent) -> None:
     )
 
 
-async def _aio_transaction(db: aiosqlite.Connection, fn: Any, *args: Any) -> Any:
-    """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT; roll back on any error."""
+async def _aio_transaction(
+    db: aiosqlite.Connection,
+    fn: Any,
+    *args: Any,
+    on_commit: Callable[[float], None] | None = None,
+) -> Any:
+    """Run ``fn(db, *args)`` inside BEGIN IMMEDIATE ... COMMIT; roll back on any error.
+
+    ``on_commit`` is told how long the COMMIT took: with ``synchronous=FULL`` that is the fsync
+    every journaled state change waits for.
+    """
     await db.execute("BEGIN IMMEDIATE")
     try:
         result = await fn(db, *args)
     except BaseException:
         await db.execute("ROLLBACK")
         raise
+    started = time.perf_counter()
     await db.execute("COMMIT")
+    if on_commit is not None:
+        on_commit(time.perf_counter() - started)
     return result
 
 

@@ -98,6 +98,8 @@ class Connected:
 @attrs.frozen
 class HeartbeatAcked:
     seq: int
+    # Seconds from sending the heartbeat to this acknowledgement; None for an older one's.
+    rtt_s: float | None = None
 
 
 @attrs.frozen
@@ -161,6 +163,8 @@ class ControlSession:
     last_heard: float = 0.0
     next_beat_at: float = float("inf")
     beat_seq: int = 0
+    # When heartbeat ``beat_seq`` was sent (monotonic): its acknowledgement gives the RTT.
+    beat_sent_at: float = 0.0
     inventory_sent: Inventory | None = None
     # report_seq -> when it was last sent on this stream; unacknowledged reports are sent again
     # after a heartbeat timeout, and a report never sent on this stream goes at the next tick.
@@ -220,7 +224,8 @@ class ControlSession:
         if isinstance(message, m.ControlAddress):
             return _announced(message.address)
         if isinstance(message, m.HeartbeatAck):
-            return [HeartbeatAcked(message.seq)]
+            latest = message.seq == self.beat_seq and self.beat_seq > 0
+            return [HeartbeatAcked(message.seq, now - self.beat_sent_at if latest else None)]
         if isinstance(message, m.ReportAck):
             self.report_sent_at.pop(message.report_seq, None)
             return [DropReport(message.report_seq, message.refused)]
@@ -321,6 +326,7 @@ class ControlSession:
             self.inventory_sent = inventory
             # Schedule from now, not from the missed slot: a stalled loop sends one beat, not many.
             self.next_beat_at = now + self.heartbeat_interval_s
+            self.beat_sent_at = now
             effects.append(Send(m.Heartbeat(self.beat_seq, wall_ms, changed)))
         if self.phase is Phase.OPEN:
             for report in sorted(pending, key=lambda r: r.report_seq):

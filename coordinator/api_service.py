@@ -41,6 +41,7 @@ from tuneplane.coordinator.message_limits import (
     in_thread,
     pre_encoded,
 )
+from tuneplane.coordinator.metrics_export import ADMISSIONS
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.records import PreviewRecord
 from tuneplane.coordinator.store import NotFound, Store
@@ -209,14 +210,19 @@ class ApiService:
                     f"CommitRequest.retry_key is longer than {MAX_RETRY_KEY} characters. "
                     "Use a shorter key.",
                 )
-            receipt = await self._store.commit(
-                request.preview_id,
-                request.digest,
-                request.retry_key,
-                principal.name,
-                "run-" + secrets.token_hex(6),
-                now_ms(),
-            )
+            try:
+                receipt = await self._store.commit(
+                    request.preview_id,
+                    request.digest,
+                    request.retry_key,
+                    principal.name,
+                    "run-" + secrets.token_hex(6),
+                    now_ms(),
+                )
+            except Exception:
+                ADMISSIONS.labels("refused").inc()
+                raise
+            ADMISSIONS.labels("admitted" if receipt.created else "repeated").inc()
             if receipt.created:
                 log.info(
                     "job admitted run_id=%s preview_id=%s owner=%s",

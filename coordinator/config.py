@@ -21,6 +21,12 @@ from tuneplane.coordinator.auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
     DEFAULT_USER_TOKEN_LIFETIME_S,
 )
+from tuneplane.coordinator.metrics_listener import (
+    DEFAULT_COORDINATOR_PORT,
+    MetricsConfigError,
+    MetricsListener,
+    metrics_listener,
+)
 
 CONFIG_NAME = "coordinator.toml"
 
@@ -61,6 +67,9 @@ DEFAULT_CONFIG = """\
 #   allow_loader_env = true   a JobSpec's env may set LD_*, PYTHONPATH and their kin on this
 #                             runtime (refused at Preview otherwise); the Node decides again
 #                             with allow_loader_env in its node.toml
+# [metrics]           optional: serve Prometheus metrics over plain HTTP (off without the table;
+#   port = 7446       docs/operator.md, "Metrics", lists them)
+#   host = "127.0.0.1"        the address to listen on (default: this machine only)
 
 [series.h200]
 cards = 0
@@ -171,6 +180,8 @@ class CoordinatorConfig:
     limits: Limits = attrs.field(factory=Limits)
     runtimes: Mapping[str, RuntimeSettings] = attrs.field(factory=dict)
     fleets: Mapping[str, FleetSettings] = attrs.field(factory=dict)
+    # [metrics]: where the Prometheus listener binds; None: off (the default).
+    metrics: MetricsListener | None = None
     # Sentences about keys that are still accepted but no longer do anything; `serve` logs them.
     warnings: tuple[str, ...] = ()
 
@@ -219,7 +230,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         raise ConfigError(f"{path} is not valid TOML ({exc}). Fix the syntax.") from None
     _check_keys(
         raw,
-        {"series", "profiles", "quota", "credentials", "limits", "runtimes", "fleet"},
+        {"series", "profiles", "quota", "credentials", "limits", "runtimes", "fleet", "metrics"},
         "<top level>",
         path,
     )
@@ -274,8 +285,19 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         limits=_limits(raw.get("limits", {}), path),
         runtimes=_runtimes(raw.get("runtimes", {}), path),
         fleets=_fleets(raw.get("fleet", {}), path),
+        metrics=_metrics(raw, path),
         warnings=tuple(warnings),
     )
+
+
+def _metrics(raw: Mapping[str, Any], path: Path) -> MetricsListener | None:
+    """``[metrics]``: ``port`` (default 7446) and ``host`` (default 127.0.0.1); off without it."""
+    if "metrics" not in raw:
+        return None
+    try:
+        return metrics_listener(raw["metrics"], DEFAULT_COORDINATOR_PORT)
+    except MetricsConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _fleets(raw: Any, path: Path) -> dict[str, FleetSettings]:

@@ -21,6 +21,7 @@ from tuneplane.coordinator import capsule, jobspec, store_fleet
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.message_limits import PROCESS_TEXT_CHARS, in_process
+from tuneplane.coordinator.metrics_export import SCHEDULING_PASS
 from tuneplane.coordinator.placement import Placement
 from tuneplane.coordinator.queue_plan import PoolKey, plan_pass
 from tuneplane.coordinator.sessions import SessionRegistry
@@ -72,7 +73,8 @@ class Scheduler:
                 await self._wake.wait()
             # A fresh event before the pass: a wake during the pass sets it, and only once.
             self._wake = anyio.Event()
-            await self.step()
+            with SCHEDULING_PASS.time():
+                await self.step()
 
     async def step(self) -> None:
         """One pass: abort expired launches, mark drained Nodes, then plan the whole queue."""

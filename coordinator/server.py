@@ -28,7 +28,7 @@ from tuneplane.coordinator.api_service import ApiService
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.collector_credentials import CollectorCredentials
-from tuneplane.coordinator.config import Limits, load_config
+from tuneplane.coordinator.config import CoordinatorConfig, Limits, load_config
 from tuneplane.coordinator.control_address import ControlAddressApi, ControlAddressDesk
 from tuneplane.coordinator.control_gateway import ControlGateway
 from tuneplane.coordinator.fleet_service import FleetService
@@ -37,6 +37,12 @@ from tuneplane.coordinator.identity_api import IdentityApi
 from tuneplane.coordinator.lifecycle_api import LifecycleApi
 from tuneplane.coordinator.message_limits import bounded_handlers
 from tuneplane.coordinator.metrics_api import MetricsApi
+from tuneplane.coordinator.metrics_export import REGISTRY, refresh_gauges, timed_handlers
+from tuneplane.coordinator.metrics_listener import (
+    MetricsListenError,
+    RunningListener,
+    start_listener,
+)
 from tuneplane.coordinator.node_loss_service import MaxDisconnectWatch, NodeLossApi, NodeLossDesk
 from tuneplane.coordinator.rate_limit import PeerRateLimit
 from tuneplane.coordinator.scheduler import Scheduler
@@ -124,7 +130,18 @@ def _bounded(listener: str, services: list[Any], limits: Limits) -> list[Any]:
             "[limits] enroll_message_bytes in coordinator.toml",
         )
     default = (size, f"[limits] {listener}_message_bytes in coordinator.toml")
-    return bounded_handlers(services, per_method, default, grpc_errors)
+    # Timed outermost: the RPC latency metric sees every call, refusals by the bounds included.
+    return timed_handlers(bounded_handlers(services, per_method, default, grpc_errors))
+
+
+def _start_metrics(config: CoordinatorConfig) -> RunningListener | None:
+    """The Prometheus listener coordinator.toml's [metrics] asks for (None: off)."""
+    if config.metrics is None:
+        return None
+    try:
+        return start_listener(config.metrics, REGISTRY, "[metrics] in coordinator.toml")
+    except MetricsListenError as exc:
+        raise ServeError(str(exc)) from None
 
 
 def _listen_all(opts: ServeOptions) -> dict[str, socket.socket]:
@@ -190,11 +207,15 @@ async def serve(opts: ServeOptions) -> None:
     ctx = server_context(tls_paths)
     catalogue = Catalogue.bundled()
     socks = _listen_all(opts)
+    exporter: RunningListener | None = None
     try:
+        exporter = _start_metrics(config)
         store = await Store.open(db_path(state_dir))
     except BaseException:
         for sock in socks.values():
             sock.close()
+        if exporter is not None:
+            exporter.close()
         raise
     telemetry_store: TelemetryStore | None = None
     log_store: LogStore | None = None
@@ -274,6 +295,8 @@ async def serve(opts: ServeOptions) -> None:
                     ctx,
                 )
                 tg.start_soon(scheduler.run)
+                if exporter is not None:
+                    tg.start_soon(refresh_gauges, store)
                 tg.start_soon(flusher.run)
                 tg.start_soon(loss_watch.run)
                 publish(
@@ -284,6 +307,7 @@ async def serve(opts: ServeOptions) -> None:
                         telemetry=telemetry_addr,
                         ca=str(tls_paths.ca_cert),
                         pid=os.getpid(),
+                        metrics=exporter.address if exporter is not None else "",
                     ),
                 )
                 log.info(
@@ -306,6 +330,9 @@ async def serve(opts: ServeOptions) -> None:
         for sock in socks.values():
             sock.close()  # already closed by its server when it ran; a no-op then
         with anyio.CancelScope(shield=True):
+            if exporter is not None:
+                # shutdown() waits for the server thread's poll loop: off the event loop.
+                await anyio.to_thread.run_sync(exporter.close)
             if telemetry_store is not None:
                 await telemetry_store.close()
             if log_store is not None:

@@ -39,6 +39,8 @@ class Endpoints:
     telemetry: str
     ca: str
     pid: int
+    # The Prometheus listener's address ([metrics] in coordinator.toml); "" when it is off.
+    metrics: str = ""
 
 
 def is_initialised(state_dir: Path) -> bool:

@@ -31,6 +31,7 @@ from tuneplane.coordinator.collector_credentials import (
     is_collector_credential,
 )
 from tuneplane.coordinator.message_limits import in_thread
+from tuneplane.coordinator.metrics_export import observe_ship
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.telemetry_records import CollectorReport, ShippedPoint
 from tuneplane.coordinator.wire import grpc_errors, member_key
@@ -107,6 +108,7 @@ class TelemetryGateway:
                 data_loss_warnings=p.data_loss_warnings,
             )
             result = await self._collectors.store.ship(member, points, report, now)
+            observe_ship(result.stored, result.duplicates, len(refused))
             log.debug(
                 "points shipped run_id=%s attempt=%d member=%d stored=%d duplicates=%d "
                 "spool=%d drained=%s",
