@@ -32,6 +32,8 @@ import attrs
 log = logging.getLogger(__name__)
 
 NOTIFY_VARIABLES = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+#: The fastest the watchdog is pinged, however short WATCHDOG_USEC is: never a busy loop.
+MIN_PING_INTERVAL_S = 0.01
 
 
 @attrs.frozen
@@ -45,7 +47,8 @@ class NotifySettings:
 def settings_from(env: Mapping[str, str], pid: int) -> NotifySettings:
     """What the service manager asked of process ``pid`` through ``env`` (pure).
 
-    The watchdog interval is half of ``WATCHDOG_USEC``, as sd_watchdog_enabled(3) advises; it is
+    The watchdog interval is half of ``WATCHDOG_USEC``, as sd_watchdog_enabled(3) advises (at
+    least :data:`MIN_PING_INTERVAL_S`); it is
     ``None`` without a socket, without ``WATCHDOG_USEC``, when either is not a positive number,
     or when ``WATCHDOG_PID`` names another process.
     """
@@ -57,7 +60,7 @@ def settings_from(env: Mapping[str, str], pid: int) -> NotifySettings:
     watchdog_pid = env.get("WATCHDOG_PID", "")
     for_us = not watchdog_pid or (watchdog_pid.isdigit() and int(watchdog_pid) == pid)
     if usec.isdigit() and int(usec) > 0 and for_us:
-        interval = int(usec) / 1_000_000 / 2
+        interval = max(int(usec) / 1_000_000 / 2, MIN_PING_INTERVAL_S)
     return NotifySettings(address, interval)
 
 
