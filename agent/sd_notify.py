@@ -48,9 +48,9 @@ def settings_from(env: Mapping[str, str], pid: int) -> NotifySettings:
     """What the service manager asked of process ``pid`` through ``env`` (pure).
 
     The watchdog interval is half of ``WATCHDOG_USEC``, as sd_watchdog_enabled(3) advises (at
-    least :data:`MIN_PING_INTERVAL_S`); it is
-    ``None`` without a socket, without ``WATCHDOG_USEC``, when either is not a positive number,
-    or when ``WATCHDOG_PID`` names another process.
+    least :data:`MIN_PING_INTERVAL_S`); it is ``None`` without a socket, without
+    ``WATCHDOG_USEC``, when that is not a positive number, or when ``WATCHDOG_PID`` names
+    another process.
     """
     address = env.get("NOTIFY_SOCKET") or None
     if address is None:
