@@ -3,7 +3,7 @@
 Rules:
 - Accepted lines (docs/telemetry.md): ``{"step": N, "metrics": {tag: number}, "wall_time"?: t}``,
   the flat ``{"step": N, tag: number, ..., "wall_time"?: t}``, and the SDK's
-  ``{"hparams": {...}}`` record (read, not a scalar). Blank lines are ignored.
+  ``{"hparams": {...}}`` record (an :class:`HParamsMark`, not a scalar). Blank lines are ignored.
 - A line is consumed only up to its newline: a partial last line is waited for (and, once the
   writer is done, decoded if it is complete JSON). Malformed lines (not JSON, nested deeper
   than the decoder allows, an integer of more than 4300 digits, a tag holding a NUL or a lone
@@ -17,7 +17,8 @@ import json
 from typing import Any
 
 from tuneplane.collector.point_rules import encoding_problem
-from tuneplane.collector.points import Decoded, ReadWarning, ScalarPoint
+from tuneplane.collector.points import Decoded, HParamsMark, Mark, ReadWarning, ScalarPoint
+from tuneplane.collector.tfevent import bounded_hparams
 
 MAX_LINE_BYTES = 1024 * 1024
 _RESERVED = frozenset({"step", "wall_time", "metrics"})
@@ -36,6 +37,7 @@ class JsonlDecoder:
         self.lines = int(state.get("lines", 0))
         # Inside an over-long line already reported: discard through its newline.
         self.skipping = bool(state.get("skipping", False))
+        self._marks: list[Mark] = []
 
     def snapshot(self) -> dict[str, Any]:
         return {"lines": self.lines, "skipping": self.skipping}
@@ -43,6 +45,8 @@ class JsonlDecoder:
     def feed(self, data: bytes, offset: int, *, final: bool = False) -> Decoded:
         points: list[ScalarPoint] = []
         warnings: list[ReadWarning] = []
+        marks: list[Mark] = []
+        self._marks = marks
         pos = 0
         n = len(data)
         while pos < n:
@@ -71,7 +75,7 @@ class JsonlDecoder:
             else:
                 self._decode_line(data[pos:newline], offset + pos, points, warnings)
             pos = newline + 1
-        return Decoded(points, warnings, pos)
+        return Decoded(points, warnings, pos, marks)
 
     def _decode_tail(
         self, line: bytes, offset: int, points: list[ScalarPoint], warnings: list[ReadWarning]
@@ -101,6 +105,25 @@ class JsonlDecoder:
 
     def _warn(self, warnings: list[ReadWarning], offset: int, kind: str, message: str) -> None:
         warnings.append(ReadWarning(self.source, offset, kind, message, line=self.lines))
+
+    def _hparams(self, hparams: object, offset: int, warnings: list[ReadWarning]) -> None:
+        """The SDK's ``{"hparams": {...}}`` record: name -> value, kept as JSON text."""
+        if not isinstance(hparams, dict):
+            self._warn(
+                warnings,
+                offset,
+                "malformed-line",
+                f"field 'hparams' is a JSON {type(hparams).__name__}, not an object of name: "
+                "value; the record is skipped",
+            )
+            return
+        kept, problems = bounded_hparams((str(k), v) for k, v in hparams.items())
+        for problem in problems:
+            warnings.append(
+                ReadWarning(self.source, offset, "hparam-skipped", problem, False, line=self.lines)
+            )
+        if kept:
+            self._marks.append(HParamsMark(self.source, self.source_id, offset, 0, kept))
 
     def _decode_line(
         self, line: bytes, offset: int, points: list[ScalarPoint], warnings: list[ReadWarning]
@@ -137,6 +160,7 @@ class JsonlDecoder:
             )
             return
         if "hparams" in obj and "step" not in obj:
+            self._hparams(obj["hparams"], offset, warnings)
             return
         step = obj.get("step")
         if not isinstance(step, int) or isinstance(step, bool):

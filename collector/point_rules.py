@@ -10,6 +10,9 @@ Rules:
   finite, not before 2000-01-01 and at most a day ahead of ``now``.
 - ``system/`` tags come only from the source ``system`` (the collector's GPU and process
   samples) and that source carries nothing else: a workload's file cannot forge them.
+- Marks (restarts, hparams) are checked by :func:`mark_problem` the same way on both sides:
+  names as tags are, at most :data:`MAX_MARK_NAMES` names, hparam values JSON text of at most
+  :data:`MAX_HPARAM_VALUE_CHARS` characters.
 """
 
 from __future__ import annotations
@@ -167,6 +170,44 @@ class PointScreen:
             )
             for p, why in refused
         ]
+
+
+#: Tags one restart mark names, or hparams (and metric names) one hparams mark carries.
+MAX_MARK_NAMES = 256
+MAX_HPARAM_VALUE_CHARS = 1024
+
+
+def mark_problem(
+    source_id: str,
+    offset: int,
+    names: Iterable[str],
+    values: Iterable[str] = (),
+) -> str | None:
+    """Why a restart or hparams mark may not be shipped or stored, or None. ``names`` are its
+    tags, or its hparam and metric names; ``values`` its hparam values as JSON text."""
+    why = text_problem("source name", source_id, MAX_SOURCE_CHARS)
+    if why is None and source_id == SYSTEM_SOURCE:
+        why = f"the source {SYSTEM_SOURCE!r} carries only system/ points, not restarts or hparams"
+    if why is None:
+        why = number_problem(0, None, offset, 0.0)
+    if why is not None:
+        return why
+    for count, name in enumerate(names, 1):
+        if count > MAX_MARK_NAMES:
+            return f"the mark names more than {MAX_MARK_NAMES} tags or hparams"
+        why = text_problem("tag or hparam name", name, MAX_TAG_CHARS)
+        if why is not None:
+            return why
+    for value in values:
+        if len(value) > MAX_HPARAM_VALUE_CHARS:
+            return (
+                f"an hparam value is {len(value)} characters as JSON, more than "
+                f"{MAX_HPARAM_VALUE_CHARS}"
+            )
+        why = encoding_problem("hparam value", value)
+        if why is not None:
+            return why
+    return None
 
 
 def storable(text: str) -> str:

@@ -5,6 +5,8 @@ Rules:
   the same bytes read twice give the same key, so a re-read after a crash never duplicates.
 - A warning names the file, the byte offset and why; ``data_loss`` says whether a value that the
   writer meant to record will never be shipped.
+- Marks are what a source says about its points rather than points: a restart (TensorBoard's
+  orphaned points) and hparams. They travel beside points with the same kind of dedup key.
 """
 
 from __future__ import annotations
@@ -58,6 +60,48 @@ class ReadWarning:
         return f"{where}: {self.message}"
 
 
+@attrs.frozen(slots=True)
+class RestartMark:
+    """A TensorBoard writer restarted: points of the same run directory read *before* this
+    mark (in TensorBoard's reading order: file name, then byte offset) whose step is at least
+    ``step`` are orphaned, for every tag (``tags`` is None: a ``SessionLog.START``) or only for
+    ``tags`` (a step that went backwards in a file without ``file_version``). See
+    docs/telemetry.md, "Restarted writers"."""
+
+    source: str
+    source_id: str
+    offset: int
+    step: int
+    tags: tuple[str, ...] | None
+    wall_time: float | None = None
+
+    @property
+    def dedup_key(self) -> DedupKey:
+        return (self.source_id or self.source, self.offset, 0)
+
+
+@attrs.frozen(slots=True)
+class HParamsMark:
+    """A run's hyperparameters (name -> value as JSON text) and/or the names of the metrics it
+    declared, as TensorBoard's hparams plugin or ``tuneplane.report.init(hparams=...)`` wrote
+    them. ``index`` tells apart several in one record (TensorBoard writes each in its own
+    summary value)."""
+
+    source: str
+    source_id: str
+    offset: int
+    index: int
+    hparams: tuple[tuple[str, str], ...]
+    metrics: tuple[str, ...] = ()
+
+    @property
+    def dedup_key(self) -> DedupKey:
+        return (self.source_id or self.source, self.offset, self.index)
+
+
+Mark = RestartMark | HParamsMark
+
+
 @attrs.frozen
 class Decoded:
     """The result of feeding bytes to a decoder: ``consumed`` bytes are done for good."""
@@ -65,6 +109,7 @@ class Decoded:
     points: list[ScalarPoint]
     warnings: list[ReadWarning]
     consumed: int
+    marks: list[Mark] = attrs.field(factory=list)
 
 
 class Decoder(Protocol):

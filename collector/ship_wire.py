@@ -26,7 +26,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from tuneplane.collector.point_rules import storable
-from tuneplane.collector.points import ReadWarning
+from tuneplane.collector.points import HParamsMark, Mark, ReadWarning, RestartMark
 from tuneplane.collector.spool import SpooledPoint
 from tuneplane.proto import v1
 
@@ -132,6 +132,36 @@ def columns(points: Sequence[SpooledPoint]) -> v1.PointColumns:
     )
 
 
+def mark_messages(marks: Sequence[Mark]) -> tuple[list[v1.RestartMark], list[v1.HParamsMark]]:
+    """``marks`` as the ``restarts`` and ``hparams`` of a ShipRequest."""
+    restarts: list[v1.RestartMark] = []
+    hparams: list[v1.HParamsMark] = []
+    for m in marks:
+        if isinstance(m, RestartMark):
+            restarts.append(
+                v1.RestartMark(
+                    source_id=m.source_id,
+                    offset=m.offset,
+                    step=m.step,
+                    all_tags=m.tags is None,
+                    tags=list(m.tags or ()),
+                    has_wall_time=m.wall_time is not None,
+                    wall_time=m.wall_time or 0.0,
+                )
+            )
+        elif isinstance(m, HParamsMark):
+            hparams.append(
+                v1.HParamsMark(
+                    source_id=m.source_id,
+                    offset=m.offset,
+                    index=m.index,
+                    hparams=[v1.HParam(name=n, value_json=v) for n, v in m.hparams],
+                    metrics=list(m.metrics),
+                )
+            )
+    return restarts, hparams
+
+
 class TelemetryClient:
     """Ships batches for one member. Use inside :func:`open_telemetry_client`."""
 
@@ -145,14 +175,19 @@ class TelemetryClient:
         member: tuple[str, int, int],
         points: Sequence[SpooledPoint],
         progress: Progress,
+        marks: Sequence[Mark] = (),
     ) -> v1.ShipReply:
-        """Store ``points``; returns only once the gateway acknowledged them durably."""
+        """Store ``points`` and ``marks``; returns only once the gateway acknowledged them
+        durably."""
         try:
             token = read_credential(self._credential_file)
         except CollectorConfigError as exc:
             raise ShipFailed(str(exc)) from None
         run_id, attempt, index = member
+        restarts, hparams = mark_messages(marks)
         request = v1.ShipRequest(
+            restarts=restarts,
+            hparams=hparams,
             member=v1.MemberRef(run_id=run_id, attempt=attempt, member_index=index),
             columns=columns(points),
             progress=v1.CollectorProgress(

@@ -9,21 +9,25 @@ Rules:
   Ids grow (AUTOINCREMENT), so acknowledging "up to id N" never touches a later point.
 - Bounded: :meth:`Spool.full` says when ``max_points`` are waiting. The caller then stops
   reading (backpressure); nothing is ever dropped to make room.
+- Marks (restarts, hparams: :mod:`tuneplane.collector.points`) wait in their own table with the
+  same dedup-key uniqueness and leave it with the points' acknowledgement, in one transaction.
 - Blocking calls: the Trio shell runs them in a worker thread, one at a time.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 from tuneplane.collector.point_rules import PointScreen, storable
-from tuneplane.collector.points import ReadWarning, ScalarPoint
+from tuneplane.collector.points import HParamsMark, Mark, ReadWarning, RestartMark, ScalarPoint
 
 SPOOL_FILE = "spool.db"
 DEFAULT_MAX_POINTS = 1_000_000
@@ -48,7 +52,18 @@ _SCHEMA = (
         message TEXT NOT NULL,
         UNIQUE (source, byte_offset, kind)
     )""",
+    """CREATE TABLE IF NOT EXISTS marks (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        source_id TEXT NOT NULL,
+        byte_offset INTEGER NOT NULL,
+        value_index INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        body TEXT NOT NULL,
+        UNIQUE (source_id, byte_offset, value_index, kind)
+    )""",
 )
+RESTART = "restart"
+HPARAMS = "hparams"
 
 
 class SpoolError(Exception):
@@ -67,6 +82,52 @@ class SpooledPoint:
     step: int
     wall_time: float | None
     value: float
+
+
+@attrs.frozen(slots=True)
+class SpooledMark:
+    """A mark waiting in the spool; ``id`` orders and acknowledges marks."""
+
+    id: int
+    mark: Mark
+
+
+def _mark_row(m: Mark) -> tuple[str, int, int, str, str]:
+    source_id = storable(m.source_id or m.source)
+    if isinstance(m, RestartMark):
+        restart: dict[str, Any] = {"step": m.step, "tags": m.tags, "wall_time": m.wall_time}
+        return (source_id, m.offset, 0, RESTART, json.dumps(restart))
+    body: dict[str, Any] = {"hparams": [list(p) for p in m.hparams], "metrics": list(m.metrics)}
+    return (source_id, m.offset, m.index, HPARAMS, json.dumps(body))
+
+
+def _mark_of(row: tuple[int, str, int, int, str, str]) -> SpooledMark:
+    id_, source_id, offset, index, kind, text = row
+    body = json.loads(text)
+    if kind == RESTART:
+        tags = body["tags"]
+        return SpooledMark(
+            int(id_),
+            RestartMark(
+                source_id,
+                source_id,
+                int(offset),
+                int(body["step"]),
+                None if tags is None else tuple(str(t) for t in tags),
+                body["wall_time"],
+            ),
+        )
+    return SpooledMark(
+        int(id_),
+        HParamsMark(
+            source_id,
+            source_id,
+            int(offset),
+            int(index),
+            tuple((str(n), str(v)) for n, v in body["hparams"]),
+            tuple(str(m) for m in body["metrics"]),
+        ),
+    )
 
 
 class Spool:
@@ -110,8 +171,14 @@ class Spool:
     def full(self) -> bool:
         return self._depth >= self.max_points
 
-    def append(self, points: Sequence[ScalarPoint], warnings: Sequence[ReadWarning]) -> int:
-        """Make ``points`` and ``warnings`` durable in one transaction; returns points added."""
+    def append(
+        self,
+        points: Sequence[ScalarPoint],
+        warnings: Sequence[ReadWarning],
+        marks: Sequence[Mark] = (),
+    ) -> int:
+        """Make ``points``, ``warnings`` and ``marks`` durable in one transaction; returns
+        points added."""
         # The tailer screened these already; screening again costs little and means no caller
         # can put a point into the spool that the gateway would refuse or SQLite cannot hold.
         good, refused = self._screen.screen(points, time.time())
@@ -141,6 +208,12 @@ class Spool:
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 [_warning_row(w) for w in [*warnings, *refused]],
             )
+            if marks:
+                db.executemany(
+                    "INSERT INTO marks (source_id, byte_offset, value_index, kind, body) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    [_mark_row(m) for m in marks],
+                )
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -169,16 +242,29 @@ class Spool:
             for r in rows
         ]
 
-    def acknowledge(self, upto_id: int, refused: Sequence[ReadWarning] = ()) -> int:
+    def peek_marks(self, limit: int) -> list[SpooledMark]:
+        """The oldest ``limit`` waiting marks, in the order they were spooled."""
+        rows = self._db.execute(
+            "SELECT id, source_id, byte_offset, value_index, kind, body FROM marks "
+            "ORDER BY id LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [_mark_of(r) for r in rows]
+
+    def acknowledge(
+        self, upto_id: int, refused: Sequence[ReadWarning] = (), marks_upto: int = 0
+    ) -> int:
         """Drop every point with ``id <= upto_id`` (the gateway stored them, or refused them for
         good: ``refused`` records those as data-loss warnings in the same transaction, so a
         crash between the two can neither lose the record nor keep the point). Returns how many
-        points left."""
+        points left. ``marks_upto`` acknowledges the marks up to that id the same way."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
             cursor = db.execute("DELETE FROM points WHERE id <= ?", (upto_id,))
             removed = max(cursor.rowcount, 0)
+            if marks_upto:
+                db.execute("DELETE FROM marks WHERE id <= ?", (marks_upto,))
             db.executemany(
                 "INSERT INTO warnings (source, byte_offset, kind, data_loss, message) "
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",

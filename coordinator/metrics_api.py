@@ -170,6 +170,15 @@ class MetricsApi:
                             last_contact_ms=d.last_contact_ms,
                             warnings=d.warnings,
                             data_loss_warnings=d.data_loss_warnings,
+                            hparams=[
+                                v1.RunHParams(
+                                    source=h.source,
+                                    hparams=[v1.HParam(name=n, value_json=v) for n, v in h.hparams],
+                                    metrics=list(h.metrics),
+                                )
+                                for h in d.hparams
+                            ],
+                            orphaned_points=d.orphaned_points,
                         )
                         for d in members
                     ],

@@ -8,7 +8,13 @@ messages become :mod:`~tuneplane.coordinator.metricsmodel` values here, nowhere 
 from __future__ import annotations
 
 from tuneplane.coordinator.apiclient import ApiClient
-from tuneplane.coordinator.metricsmodel import BucketView, DeliveryView, MetricTagView, SeriesView
+from tuneplane.coordinator.metricsmodel import (
+    BucketView,
+    DeliveryView,
+    HParamsView,
+    MetricTagView,
+    SeriesView,
+)
 from tuneplane.proto import v1
 
 
@@ -101,6 +107,15 @@ class MetricsClient(ApiClient):
                 last_contact_ms=d.last_contact_ms,
                 warnings=d.warnings,
                 data_loss_warnings=d.data_loss_warnings,
+                hparams=tuple(
+                    HParamsView(
+                        h.source,
+                        tuple((p.name, p.value_json) for p in h.hparams),
+                        tuple(h.metrics),
+                    )
+                    for h in d.hparams
+                ),
+                orphaned_points=d.orphaned_points,
             )
             for d in r.members
         ]

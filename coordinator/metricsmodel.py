@@ -43,6 +43,15 @@ class SeriesView:
 
 
 @attrs.frozen
+class HParamsView:
+    """One run's hparams (name -> value as JSON text, first value wins) and metric names."""
+
+    source: str
+    hparams: tuple[tuple[str, str], ...]
+    metrics: tuple[str, ...]
+
+
+@attrs.frozen
 class DeliveryView:
     attempt: int
     member_index: int
@@ -54,3 +63,5 @@ class DeliveryView:
     last_contact_ms: int
     warnings: int
     data_loss_warnings: int
+    hparams: tuple[HParamsView, ...] = ()
+    orphaned_points: int = 0

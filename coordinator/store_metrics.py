@@ -11,6 +11,12 @@ Rules:
   bounded pool (:func:`~tuneplane.coordinator.message_limits.in_thread`) before the transaction
   opens, and the series id is joined to each row in the database's own thread: a 5,000-point
   batch is not walked on the event loop.
+- A restarted TensorBoard writer's orphaned points are kept and marked (``orphaned = 1``), never
+  deleted: a restart mark marks the points already stored, and a point stored after its mark
+  is marked as it is inserted (:mod:`~tuneplane.coordinator.orphans` decides, by place, not by
+  arrival). Every read skips them; series counters count only the others.
+- hparams keep the first value of each name per source in reading order (byte offset), as
+  TensorBoard keeps a tag's first metadata, whatever order the batches arrived in.
 - Writes run shielded (a caller's deadline never leaves half a transaction); the heavy read
   (:meth:`TelemetryStore.query_series`) runs in a worker thread on its own read-only connection
   so a million-point series never stalls the gateways.
@@ -18,6 +24,7 @@ Rules:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sqlite3
@@ -32,6 +39,7 @@ import attrs
 
 from tuneplane.coordinator.downsample import Row, downsample, every_point
 from tuneplane.coordinator.message_limits import in_thread
+from tuneplane.coordinator.orphans import Restart, SeriesRule, place
 from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.sqlite_db import SqliteFile
 from tuneplane.coordinator.store import NotFound
@@ -40,8 +48,11 @@ from tuneplane.coordinator.telemetry_records import (
     CollectorReport,
     Delivery,
     MetricSelector,
+    RunHParams,
     SeriesResult,
+    ShippedHParams,
     ShippedPoint,
+    ShippedRestart,
     ShipResult,
     TagSummary,
 )
@@ -106,6 +117,44 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                 warnings BIGINT NOT NULL DEFAULT 0,
                 data_loss_warnings BIGINT NOT NULL DEFAULT 0,
                 PRIMARY KEY (run_id, attempt, member_index)
+            )""",
+        ),
+    ),
+    (
+        2,
+        (
+            # Orphaned by a restarted TensorBoard writer: kept, never read (docs/telemetry.md).
+            "ALTER TABLE metric_points ADD COLUMN orphaned INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE metric_series ADD COLUMN orphaned BIGINT NOT NULL DEFAULT 0",
+            """CREATE TABLE metric_restarts (
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                member_index INTEGER NOT NULL,
+                source TEXT NOT NULL,
+                source_offset BIGINT NOT NULL,
+                step BIGINT NOT NULL,
+                tags TEXT,
+                wall_time DOUBLE PRECISION,
+                UNIQUE (run_id, attempt, member_index, source, source_offset)
+            )""",
+            """CREATE TABLE run_hparams (
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                member_index INTEGER NOT NULL,
+                source TEXT NOT NULL,
+                name TEXT NOT NULL,
+                value_json TEXT NOT NULL,
+                source_offset BIGINT NOT NULL,
+                value_index INTEGER NOT NULL,
+                PRIMARY KEY (run_id, attempt, member_index, source, name)
+            )""",
+            """CREATE TABLE run_hparam_metrics (
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                member_index INTEGER NOT NULL,
+                source TEXT NOT NULL,
+                metric TEXT NOT NULL,
+                PRIMARY KEY (run_id, attempt, member_index, source, metric)
             )""",
         ),
     ),
@@ -276,8 +325,11 @@ class TelemetryStore(SqliteFile):
         points: Sequence[ShippedPoint],
         report: CollectorReport,
         now: int,
+        restarts: Sequence[ShippedRestart] = (),
+        hparams: Sequence[ShippedHParams] = (),
     ) -> ShipResult:
-        """Store ``points`` (each at most once, ever) and the collector's progress, durably."""
+        """Store ``points`` (each at most once, ever), restart marks, hparams and the
+        collector's progress, durably, in one transaction."""
         if len(points) > INLINE_POINTS:
             batches = await in_thread(series_rows, points)
         else:
@@ -286,7 +338,9 @@ class TelemetryStore(SqliteFile):
         async def work() -> ShipResult:
             try:
                 async with self._txn() as db:
-                    return await self._ship(db, member, batches, len(points), report, now)
+                    touched = await self._store_restarts(db, member, restarts)
+                    await self._store_hparams(db, member, hparams)
+                    return await self._ship(db, member, batches, len(points), report, now, touched)
             except BaseException:
                 # A rolled-back transaction may have made series rows that no longer exist.
                 self._series_ids.clear()
@@ -302,28 +356,42 @@ class TelemetryStore(SqliteFile):
         shipped: int,
         report: CollectorReport,
         now: int,
+        touched: set[int],
     ) -> ShipResult:
         stored = 0
         newest_wall: float | None = None
+        known = await self._restarts(db, member) if batches else []
         for batch in batches:
             series_id = await self._series_id(db, member, batch.source, batch.tag)
-            # A generator: sqlite3 reads it in the connection's thread, off the event loop.
-            cursor = await db.executemany(
-                "INSERT INTO metric_points (series_id, source_offset, value_index, step, "
-                "wall_time, value) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                ((series_id, *row) for row in batch.rows),
-            )
+            rule = SeriesRule.build(batch.source, batch.tag, known) if known else None
+            if rule is None or rule.empty:
+                # A generator: sqlite3 reads it in the connection's thread, off the event loop.
+                cursor = await db.executemany(
+                    "INSERT INTO metric_points (series_id, source_offset, value_index, step, "
+                    "wall_time, value) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    ((series_id, *row) for row in batch.rows),
+                )
+            else:
+                # Stored after the restart that orphans them: marked as they go in.
+                cursor = await db.executemany(
+                    "INSERT INTO metric_points (series_id, source_offset, value_index, step, "
+                    "wall_time, value, orphaned) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT DO NOTHING",
+                    ((series_id, *row, int(rule.orphaned(row[0], row[2]))) for row in batch.rows),
+                )
+                touched.add(series_id)
             added = max(int(cursor.rowcount), 0)
             if not added:
                 continue
             stored += added
-            await db.execute(
-                "UPDATE metric_series SET points = points + ?, "
-                "(last_step, last_value, last_wall_time) = (SELECT step, value, wall_time FROM "
-                "metric_points WHERE series_id = ? ORDER BY step DESC, id DESC LIMIT 1) "
-                "WHERE id = ?",
-                (added, series_id, series_id),
-            )
+            if series_id not in touched:
+                await db.execute(
+                    "UPDATE metric_series SET points = points + ?, "
+                    "(last_step, last_value, last_wall_time) = (SELECT step, value, wall_time "
+                    "FROM metric_points WHERE series_id = ? AND orphaned = 0 "
+                    "ORDER BY step DESC, id DESC LIMIT 1) WHERE id = ?",
+                    (added, series_id, series_id),
+                )
             if batch.newest_wall is not None:
                 newest = batch.newest_wall
                 newest_wall = newest if newest_wall is None else max(newest_wall, newest)
@@ -358,11 +426,157 @@ class TelemetryStore(SqliteFile):
                 report.data_loss_warnings,
             ),
         )
+        for series_id in sorted(touched):
+            await db.execute(
+                "UPDATE metric_series SET "
+                "points = (SELECT COUNT(*) FROM metric_points WHERE series_id = ? "
+                "AND orphaned = 0), "
+                "orphaned = (SELECT COUNT(*) FROM metric_points WHERE series_id = ? "
+                "AND orphaned = 1), "
+                "(last_step, last_value, last_wall_time) = (SELECT step, value, wall_time "
+                "FROM metric_points WHERE series_id = ? AND orphaned = 0 "
+                "ORDER BY step DESC, id DESC LIMIT 1) WHERE id = ?",
+                (series_id, series_id, series_id, series_id),
+            )
         return ShipResult(stored, shipped - stored)
+
+    async def _restarts(self, db: aiosqlite.Connection, member: MemberKey) -> list[Restart]:
+        rows = await db.execute_fetchall(
+            "SELECT source, source_offset, step, tags FROM metric_restarts "
+            "WHERE run_id = ? AND attempt = ? AND member_index = ?",
+            (member.run_id, member.attempt, member.member_index),
+        )
+        return [
+            Restart(
+                str(r[0]),
+                int(r[1]),
+                int(r[2]),
+                None if r[3] is None else frozenset(json.loads(r[3])),
+            )
+            for r in rows
+        ]
+
+    async def _store_restarts(
+        self, db: aiosqlite.Connection, member: MemberKey, restarts: Sequence[ShippedRestart]
+    ) -> set[int]:
+        """Store new restart marks and mark the points they orphan; returns the series whose
+        counters must be counted again."""
+        touched: set[int] = set()
+        if not restarts:
+            return touched
+        key = (member.run_id, member.attempt, member.member_index)
+        fresh: list[Restart] = []
+        for r in restarts:
+            cursor = await db.execute(
+                "INSERT INTO metric_restarts (run_id, attempt, member_index, source, "
+                "source_offset, step, tags, wall_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                (
+                    *key,
+                    r.source_id,
+                    r.offset,
+                    r.step,
+                    None if r.tags is None else json.dumps(sorted(set(r.tags))),
+                    r.wall_time,
+                ),
+            )
+            if cursor.rowcount > 0:
+                fresh.append(
+                    Restart(
+                        r.source_id, r.offset, r.step, None if r.tags is None else frozenset(r.tags)
+                    )
+                )
+        if not fresh:
+            return touched
+        series = await db.execute_fetchall(
+            "SELECT id, source, tag FROM metric_series "
+            "WHERE run_id = ? AND attempt = ? AND member_index = ?",
+            key,
+        )
+        for row in series:
+            series_id, source, tag = int(row[0]), str(row[1]), str(row[2])
+            scope, file_key = place(source)
+            for mark in fresh:
+                if mark.scope != scope or mark.file_key < file_key:
+                    continue
+                if mark.tags is not None and tag not in mark.tags:
+                    continue
+                if mark.file_key == file_key:
+                    cursor = await db.execute(
+                        "UPDATE metric_points SET orphaned = 1 WHERE series_id = ? "
+                        "AND step >= ? AND source_offset < ? AND orphaned = 0",
+                        (series_id, mark.step, mark.offset),
+                    )
+                else:
+                    cursor = await db.execute(
+                        "UPDATE metric_points SET orphaned = 1 WHERE series_id = ? "
+                        "AND step >= ? AND orphaned = 0",
+                        (series_id, mark.step),
+                    )
+                if cursor.rowcount > 0:
+                    touched.add(series_id)
+        return touched
+
+    async def _store_hparams(
+        self, db: aiosqlite.Connection, member: MemberKey, hparams: Sequence[ShippedHParams]
+    ) -> None:
+        key = (member.run_id, member.attempt, member.member_index)
+        for h in hparams:
+            # The earliest record of a name (by offset, then index) wins, whatever arrived first.
+            await db.executemany(
+                "INSERT INTO run_hparams (run_id, attempt, member_index, source, name, "
+                "value_json, source_offset, value_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run_id, attempt, member_index, source, name) DO UPDATE SET "
+                "value_json = excluded.value_json, source_offset = excluded.source_offset, "
+                "value_index = excluded.value_index WHERE (excluded.source_offset, "
+                "excluded.value_index) < (run_hparams.source_offset, run_hparams.value_index)",
+                [(*key, h.source_id, n, v, h.offset, h.index) for n, v in h.hparams],
+            )
+            await db.executemany(
+                "INSERT INTO run_hparam_metrics (run_id, attempt, member_index, source, metric) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [(*key, h.source_id, m) for m in h.metrics],
+            )
 
     # ----- reads -------------------------------------------------------------------------------
 
+    async def hparams(self, run_id: str) -> dict[tuple[int, int], list[RunHParams]]:
+        """Each member's (attempt, member index) recorded hparams, by source."""
+        values = await self._db.execute_fetchall(
+            "SELECT attempt, member_index, source, name, value_json FROM run_hparams "
+            "WHERE run_id = ? ORDER BY attempt, member_index, source, source_offset, "
+            "value_index, name",
+            (run_id,),
+        )
+        metrics = await self._db.execute_fetchall(
+            "SELECT attempt, member_index, source, metric FROM run_hparam_metrics "
+            "WHERE run_id = ? ORDER BY attempt, member_index, source, metric",
+            (run_id,),
+        )
+        found: dict[tuple[int, int, str], tuple[list[tuple[str, str]], list[str]]] = {}
+        for r in values:
+            found.setdefault((int(r[0]), int(r[1]), str(r[2])), ([], []))[0].append(
+                (str(r[3]), str(r[4]))
+            )
+        for r in metrics:
+            found.setdefault((int(r[0]), int(r[1]), str(r[2])), ([], []))[1].append(str(r[3]))
+        out: dict[tuple[int, int], list[RunHParams]] = {}
+        for (attempt, index, source), (names, tags) in sorted(found.items()):
+            out.setdefault((attempt, index), []).append(
+                RunHParams(source, tuple(names), tuple(tags))
+            )
+        return out
+
     async def delivery(self, run_id: str) -> list[Delivery]:
+        hparams = await self.hparams(run_id)
+        orphaned = {
+            (int(r[0]), int(r[1])): int(r[2])
+            for r in await self._db.execute_fetchall(
+                "SELECT attempt, member_index, SUM(orphaned) FROM metric_series "
+                "WHERE run_id = ? GROUP BY attempt, member_index",
+                (run_id,),
+            )
+        }
         rows = await self._db.execute_fetchall(
             "SELECT attempt, member_index, points_stored, spool_points, backpressure, drained, "
             "last_point_wall_ms, last_contact_ms, warnings, data_loss_warnings "
@@ -380,6 +594,8 @@ class TelemetryStore(SqliteFile):
                 last_contact_ms=int(r[7]),
                 warnings=int(r[8]),
                 data_loss_warnings=int(r[9]),
+                hparams=tuple(hparams.get((int(r[0]), int(r[1])), ())),
+                orphaned_points=orphaned.get((int(r[0]), int(r[1])), 0),
             )
             for r in rows
         ]
@@ -504,7 +720,8 @@ class TelemetryStore(SqliteFile):
 def _rows(db: sqlite3.Connection, series_ids: list[int]) -> Iterator[Row]:
     marks = ",".join("?" for _ in series_ids)
     cursor = db.execute(
-        f"SELECT step, id, value FROM metric_points WHERE series_id IN ({marks})", series_ids
+        f"SELECT step, id, value FROM metric_points WHERE series_id IN ({marks}) AND orphaned = 0",
+        series_ids,
     )
     cursor.arraysize = 10_000
     while chunk := cursor.fetchmany():
@@ -522,10 +739,12 @@ def _read_buckets(path: Path, series_ids: list[int], total: int, max_points: int
         for series_id in series_ids:
             # Per series, MIN and MAX are two index probes; over an IN list they would scan.
             (low,) = db.execute(
-                "SELECT MIN(step) FROM metric_points WHERE series_id = ?", (series_id,)
+                "SELECT MIN(step) FROM metric_points WHERE series_id = ? AND orphaned = 0",
+                (series_id,),
             ).fetchone()
             (high,) = db.execute(
-                "SELECT MAX(step) FROM metric_points WHERE series_id = ?", (series_id,)
+                "SELECT MAX(step) FROM metric_points WHERE series_id = ? AND orphaned = 0",
+                (series_id,),
             ).fetchone()
             if low is not None:
                 lo = low if lo is None else min(lo, low)

@@ -9,6 +9,9 @@ Rules:
   a collector is not trusted to have applied it. A bad point is refused on its own and named in
   the reply; the rest of the batch is stored in one transaction and acknowledged only once it is
   on disk, so a retried batch stores nothing twice and one bad point never blocks the others.
+- Restart and hparams marks ride in the same call and the same transaction, checked by the
+  same rule (:func:`~tuneplane.collector.point_rules.mark_problem`); a bad one is refused on its
+  own, named like a point in ``ShipReply.refused``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
-from tuneplane.collector.point_rules import PointScreen, storable
+from tuneplane.collector.point_rules import PointScreen, mark_problem, storable
 from tuneplane.coordinator.auth import AuthError, PermissionDenied, bearer_token
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.collector_credentials import (
@@ -33,13 +36,19 @@ from tuneplane.coordinator.collector_credentials import (
 from tuneplane.coordinator.message_limits import in_thread
 from tuneplane.coordinator.metrics_export import observe_ship
 from tuneplane.coordinator.store import Store
-from tuneplane.coordinator.telemetry_records import CollectorReport, ShippedPoint
+from tuneplane.coordinator.telemetry_records import (
+    CollectorReport,
+    ShippedHParams,
+    ShippedPoint,
+    ShippedRestart,
+)
 from tuneplane.coordinator.wire import grpc_errors, member_key
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
 
 MAX_POINTS_PER_SHIP = 5000
+MAX_MARKS_PER_SHIP = 1000
 # Points read and screened on the event loop; a larger batch is read in a worker thread.
 INLINE_POINTS = 50
 
@@ -107,7 +116,11 @@ class TelemetryGateway:
                 warnings=p.warnings,
                 data_loss_warnings=p.data_loss_warnings,
             )
-            result = await self._collectors.store.ship(member, points, report, now)
+            restarts, hparams, refused_marks = _marks(request)
+            refused += refused_marks
+            result = await self._collectors.store.ship(
+                member, points, report, now, restarts, hparams
+            )
             observe_ship(result.stored, result.duplicates, len(refused))
             log.debug(
                 "points shipped run_id=%s attempt=%d member=%d stored=%d duplicates=%d "
@@ -151,6 +164,66 @@ def _read(
     if request.columns is not None and request.columns.strings:
         points += _columns(request.columns)
     return _screen(points, now_s)
+
+
+def _marks(
+    request: v1.ShipRequest,
+) -> tuple[list[ShippedRestart], list[ShippedHParams], list[v1.RefusedPoint]]:
+    """The request's restart and hparams marks that may be stored, and each other one refused
+    on its own (a batch of more than :data:`MAX_MARKS_PER_SHIP` is refused whole)."""
+    count = len(request.restarts) + len(request.hparams)
+    if count > MAX_MARKS_PER_SHIP:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"ShipRequest holds {count} restart and hparams marks, more than "
+            f"{MAX_MARKS_PER_SHIP}. Send smaller batches.",
+        )
+    restarts: list[ShippedRestart] = []
+    hparams: list[ShippedHParams] = []
+    refused: list[v1.RefusedPoint] = []
+
+    def refuse(source_id: str, offset: int, index: int, why: str, what: str) -> None:
+        refused.append(
+            v1.RefusedPoint(
+                source_id=storable(source_id),
+                offset=offset,
+                index=index,
+                reason=f"{why}; the {what} is not stored",
+            )
+        )
+
+    for r in request.restarts:
+        why = mark_problem(r.source_id, r.offset, r.tags)
+        if why is None and r.all_tags and r.tags:
+            why = "the restart mark says all tags and also names tags"
+        if why is not None:
+            refuse(r.source_id, r.offset, 0, why, "restart mark")
+            continue
+        restarts.append(
+            ShippedRestart(
+                r.source_id,
+                r.offset,
+                r.step,
+                None if r.all_tags else tuple(r.tags),
+                r.wall_time if r.has_wall_time else None,
+            )
+        )
+    for h in request.hparams:
+        names = [p.name for p in h.hparams] + list(h.metrics)
+        why = mark_problem(h.source_id, h.offset, names, [p.value_json for p in h.hparams])
+        if why is not None:
+            refuse(h.source_id, h.offset, h.index, why, "hparams record")
+            continue
+        hparams.append(
+            ShippedHParams(
+                h.source_id,
+                h.offset,
+                h.index,
+                tuple((p.name, p.value_json) for p in h.hparams),
+                tuple(h.metrics),
+            )
+        )
+    return restarts, hparams, refused
 
 
 def _points(points: Iterable[v1.MetricPoint]) -> list[ShippedPoint]:

@@ -37,6 +37,39 @@ class ShippedPoint:
     value: float
 
 
+@attrs.frozen(slots=True)
+class ShippedRestart:
+    """A restart mark as a collector shipped it (:mod:`tuneplane.coordinator.orphans`);
+    ``tags`` None: every tag."""
+
+    source_id: str
+    offset: int
+    step: int
+    tags: tuple[str, ...] | None
+    wall_time: float | None
+
+
+@attrs.frozen(slots=True)
+class ShippedHParams:
+    """A run's hparams (name, value as JSON text) and metric names, as a collector shipped
+    them; ``(source_id, offset, index)`` is its dedup key."""
+
+    source_id: str
+    offset: int
+    index: int
+    hparams: tuple[tuple[str, str], ...]
+    metrics: tuple[str, ...]
+
+
+@attrs.frozen
+class RunHParams:
+    """What one source recorded: the first value of each hparam name, and metric names."""
+
+    source: str
+    hparams: tuple[tuple[str, str], ...]
+    metrics: tuple[str, ...]
+
+
 @attrs.frozen
 class CollectorReport:
     """The collector's own account of itself, sent with every Ship."""
@@ -104,3 +137,5 @@ class Delivery:
     last_contact_ms: int
     warnings: int
     data_loss_warnings: int
+    hparams: tuple[RunHParams, ...] = ()
+    orphaned_points: int = 0

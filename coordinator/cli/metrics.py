@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import sys
 from collections.abc import Awaitable, Callable
@@ -146,6 +147,8 @@ def delivery_table(now_ms: int, members: list[DeliveryView]) -> Table:
             state = f"shipping (last call {_age(now_ms, d.last_contact_ms)})"
         if d.data_loss_warnings:
             state += f"; {d.data_loss_warnings} values unreadable"
+        if d.orphaned_points:
+            state += f"; {d.orphaned_points} points orphaned by a restarted TensorBoard writer"
         table.add_row(
             str(d.attempt),
             str(d.member_index),
@@ -157,6 +160,53 @@ def delivery_table(now_ms: int, members: list[DeliveryView]) -> Table:
     return table
 
 
+def hparams_table(members: list[DeliveryView]) -> Table | None:
+    """Each member's runs and the hparams they recorded; None when none recorded any."""
+    rows = [(d, h) for d in members for h in d.hparams]
+    if not rows:
+        return None
+    table = Table(title="hparams", title_justify="left")
+    for column in ("attempt", "member", "source", "hparams", "metrics"):
+        table.add_column(column, justify="right" if column in ("attempt", "member") else "left")
+    for d, h in rows:
+        table.add_row(
+            str(d.attempt),
+            str(d.member_index),
+            h.source,
+            ", ".join(f"{name}={value}" for name, value in h.hparams) or "-",
+            ", ".join(h.metrics) or "-",
+        )
+    return table
+
+
+def hparams_json(members: list[DeliveryView]) -> list[dict[str, Any]]:
+    """Each run's hparams for ``--json``: values as the JSON they were recorded as."""
+    return [
+        {
+            "attempt": d.attempt,
+            "member_index": d.member_index,
+            "source": h.source,
+            "hparams": {name: json.loads(value) for name, value in h.hparams},
+            "metrics": list(h.metrics),
+        }
+        for d in members
+        for h in d.hparams
+    ]
+
+
+def job_json(endpoint: Endpoint, run_id: str, job_text: str) -> str:
+    """``tp job show --json``: the Job, with ``hparams`` from its telemetry. When the
+    telemetry cannot be read the Job is printed without it and a note goes to stderr."""
+    try:
+        _, members = _run(endpoint, lambda api: api.delivery(run_id))
+    except ApiError as exc:
+        click.echo(f"hparams unavailable: {exc}", err=True)
+        return job_text
+    data = json.loads(job_text)
+    data["hparams"] = hparams_json(members)
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
 def delivery_section(endpoint: Endpoint, run_id: str) -> list[Any]:
     """What ``tp job show`` prints about telemetry; a failure is a note, never an error,
     because a Job's state never depends on its metrics."""
@@ -166,7 +216,8 @@ def delivery_section(endpoint: Endpoint, run_id: str) -> list[Any]:
         return [Text(f"telemetry delivery unavailable: {exc}", style="yellow")]
     if not members:
         return [Text("telemetry delivery: no points received yet")]
-    return [delivery_table(now, members)]
+    hparams = hparams_table(members)
+    return [delivery_table(now, members)] + ([hparams] if hparams is not None else [])
 
 
 def _delivery_json(now: int, members: list[DeliveryView]) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from tuneplane.coordinator.cli import render, submissions
 from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
 from tuneplane.coordinator.cli.intent import IntentError, SubmitRequest, build_jobspec
 from tuneplane.coordinator.cli.jobctl import job_cancel, job_retry, logs_command
-from tuneplane.coordinator.cli.metrics import delivery_section, metrics
+from tuneplane.coordinator.cli.metrics import delivery_section, job_json, metrics
 from tuneplane.coordinator.cli.ops import fleet_group, node_group
 from tuneplane.coordinator.cli.scaffold import new_experiment
 from tuneplane.coordinator.project import (
@@ -440,7 +440,7 @@ def job_show(options: Options, run_id: str, as_json: bool, watch: bool, interval
 
     found = _run(options.endpoint(), work)
     if as_json:
-        click.echo(render.to_json(found))
+        click.echo(job_json(options.endpoint(), run_id, render.to_json(found)))
         return 0
     out = render.console()
     for part in render.job_view(found):

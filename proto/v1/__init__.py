@@ -114,6 +114,174 @@ class OutputManifest(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class PingRequest(betterproto.Message):
+    note: str = betterproto.string_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class PingReply(betterproto.Message):
+    server_time_ms: int = betterproto.int64_field(1)
+    principal: str = betterproto.string_field(2)
+    """
+    Who the presented credential belongs to, for a collector to check its scope.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class MetricPoint(betterproto.Message):
+    """
+    One scalar point. (source_id, offset, index) is its dedup key within the member: the identity
+     of the byte stream, the byte offset of the record or line that carried it, its index there.
+    """
+
+    source_id: str = betterproto.string_field(1)
+    offset: int = betterproto.uint64_field(2)
+    index: int = betterproto.uint32_field(3)
+    tag: str = betterproto.string_field(4)
+    step: int = betterproto.int64_field(5)
+    has_wall_time: bool = betterproto.bool_field(6)
+    wall_time: float = betterproto.double_field(7)
+    value: float = betterproto.double_field(8)
+
+
+@dataclass(eq=False, repr=False)
+class CollectorProgress(betterproto.Message):
+    """
+    What the collector says about itself with every call, for `tp job show`.
+    """
+
+    spool_points: int = betterproto.uint64_field(1)
+    """
+    Points in the collector's spool, this batch included, not yet acknowledged.
+    """
+
+    backpressure: bool = betterproto.bool_field(2)
+    """
+    The spool is full: the collector stopped reading new points until it drains.
+    """
+
+    member_exited: bool = betterproto.bool_field(3)
+    drained: bool = betterproto.bool_field(4)
+    """
+    The member exited and, with this call, every point it wrote has been delivered.
+    """
+
+    warnings: int = betterproto.uint64_field(5)
+    data_loss_warnings: int = betterproto.uint64_field(6)
+
+
+@dataclass(eq=False, repr=False)
+class ShipRequest(betterproto.Message):
+    member: "MemberRef" = betterproto.message_field(1)
+    points: List["MetricPoint"] = betterproto.message_field(2)
+    progress: "CollectorProgress" = betterproto.message_field(3)
+    columns: "PointColumns" = betterproto.message_field(4)
+    """
+    The same points in columns, the compact form collectors send; both may be present.
+    """
+
+    restarts: List["RestartMark"] = betterproto.message_field(5)
+    """
+    Where TensorBoard's reader would purge orphaned points (a restarted writer); stored once by
+     (source_id, offset) and honoured by every metric read.
+    """
+
+    hparams: List["HParamsMark"] = betterproto.message_field(6)
+    """
+    A run's hyperparameters and metric names, stored once by (source_id, offset, index).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class RestartMark(betterproto.Message):
+    """
+    Points of the same run directory (the source's directory) read before this mark, in
+     TensorBoard's order (file name, then byte offset), whose step is at least `step` are orphaned:
+     of every tag (`all_tags`, a SessionLog.START after the run's first) or of `tags` only (a step
+     that went backwards in a file without file_version). docs/telemetry.md, "Restarted writers".
+    """
+
+    source_id: str = betterproto.string_field(1)
+    offset: int = betterproto.uint64_field(2)
+    step: int = betterproto.int64_field(3)
+    all_tags: bool = betterproto.bool_field(4)
+    tags: List[str] = betterproto.string_field(5)
+    has_wall_time: bool = betterproto.bool_field(6)
+    wall_time: float = betterproto.double_field(7)
+
+
+@dataclass(eq=False, repr=False)
+class HParam(betterproto.Message):
+    """
+    One hyperparameter: its name and its value as JSON text (a number, string, bool or null).
+    """
+
+    name: str = betterproto.string_field(1)
+    value_json: str = betterproto.string_field(2)
+
+
+@dataclass(eq=False, repr=False)
+class HParamsMark(betterproto.Message):
+    """
+    What a run recorded about itself: TensorBoard's hparams plugin (session start, experiment)
+     or tuneplane.report.init(hparams=...).
+    """
+
+    source_id: str = betterproto.string_field(1)
+    offset: int = betterproto.uint64_field(2)
+    index: int = betterproto.uint32_field(3)
+    hparams: List["HParam"] = betterproto.message_field(4)
+    metrics: List[str] = betterproto.string_field(5)
+
+
+@dataclass(eq=False, repr=False)
+class PointColumns(betterproto.Message):
+    """
+    Points in columns: a message per point costs too much to encode and decode in Python at
+     10 000 points/s. Each bytes column holds one little-endian number per point, in point order.
+    """
+
+    strings: List[str] = betterproto.string_field(1)
+    """Source identities and tags, referred to by index."""
+
+    source_refs: bytes = betterproto.bytes_field(2)
+    tag_refs: bytes = betterproto.bytes_field(3)
+    offsets: bytes = betterproto.bytes_field(4)
+    indexes: bytes = betterproto.bytes_field(5)
+    steps: bytes = betterproto.bytes_field(6)
+    wall_times: bytes = betterproto.bytes_field(7)
+    values: bytes = betterproto.bytes_field(8)
+
+
+@dataclass(eq=False, repr=False)
+class ShipReply(betterproto.Message):
+    stored: int = betterproto.uint32_field(1)
+    """
+    Points stored by this call; duplicates were already stored (a retried batch).
+    """
+
+    duplicates: int = betterproto.uint32_field(2)
+    server_time_ms: int = betterproto.int64_field(3)
+    refused: List["RefusedPoint"] = betterproto.message_field(4)
+    """
+    Points the gateway refused one by one (a step beyond int64, an absurd wall time, a name that
+     cannot be stored); the rest of the batch was stored. They will never be stored: the collector
+     records each as data loss and drops it instead of sending it again.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class RefusedPoint(betterproto.Message):
+    source_id: str = betterproto.string_field(1)
+    """The point's dedup key, as it was sent."""
+
+    offset: int = betterproto.uint64_field(2)
+    index: int = betterproto.uint32_field(3)
+    reason: str = betterproto.string_field(4)
+    """Why, as a sentence naming the field and the limit."""
+
+
+@dataclass(eq=False, repr=False)
 class SetControlAddressRequest(betterproto.Message):
     address: str = betterproto.string_field(1)
     """
@@ -588,6 +756,29 @@ class MemberDelivery(betterproto.Message):
     last_contact_ms: int = betterproto.int64_field(9)
     warnings: int = betterproto.uint64_field(10)
     data_loss_warnings: int = betterproto.uint64_field(11)
+    hparams: List["RunHParams"] = betterproto.message_field(12)
+    """
+    The hyperparameters each of its runs recorded (first value of each name wins, as in
+     TensorBoard), by source.
+    """
+
+    orphaned_points: int = betterproto.uint64_field(13)
+    """
+    Points stored but orphaned by a restarted TensorBoard writer: kept, never read.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class RunHParams(betterproto.Message):
+    """One run's hyperparameters as the member's files recorded them."""
+
+    source: str = betterproto.string_field(1)
+    """
+    The file that recorded them, relative to the member's telemetry root.
+    """
+
+    hparams: List["HParam"] = betterproto.message_field(2)
+    metrics: List[str] = betterproto.string_field(3)
 
 
 @dataclass(eq=False, repr=False)
@@ -1011,119 +1202,40 @@ class CredentialStored(betterproto.Message):
     request_id: int = betterproto.uint64_field(1)
 
 
-@dataclass(eq=False, repr=False)
-class PingRequest(betterproto.Message):
-    note: str = betterproto.string_field(1)
+class TelemetryStub(betterproto.ServiceStub):
+    async def ping(
+        self,
+        ping_request: "PingRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "PingReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Telemetry/Ping",
+            ping_request,
+            PingReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
 
-
-@dataclass(eq=False, repr=False)
-class PingReply(betterproto.Message):
-    server_time_ms: int = betterproto.int64_field(1)
-    principal: str = betterproto.string_field(2)
-    """
-    Who the presented credential belongs to, for a collector to check its scope.
-    """
-
-
-@dataclass(eq=False, repr=False)
-class MetricPoint(betterproto.Message):
-    """
-    One scalar point. (source_id, offset, index) is its dedup key within the member: the identity
-     of the byte stream, the byte offset of the record or line that carried it, its index there.
-    """
-
-    source_id: str = betterproto.string_field(1)
-    offset: int = betterproto.uint64_field(2)
-    index: int = betterproto.uint32_field(3)
-    tag: str = betterproto.string_field(4)
-    step: int = betterproto.int64_field(5)
-    has_wall_time: bool = betterproto.bool_field(6)
-    wall_time: float = betterproto.double_field(7)
-    value: float = betterproto.double_field(8)
-
-
-@dataclass(eq=False, repr=False)
-class CollectorProgress(betterproto.Message):
-    """
-    What the collector says about itself with every call, for `tp job show`.
-    """
-
-    spool_points: int = betterproto.uint64_field(1)
-    """
-    Points in the collector's spool, this batch included, not yet acknowledged.
-    """
-
-    backpressure: bool = betterproto.bool_field(2)
-    """
-    The spool is full: the collector stopped reading new points until it drains.
-    """
-
-    member_exited: bool = betterproto.bool_field(3)
-    drained: bool = betterproto.bool_field(4)
-    """
-    The member exited and, with this call, every point it wrote has been delivered.
-    """
-
-    warnings: int = betterproto.uint64_field(5)
-    data_loss_warnings: int = betterproto.uint64_field(6)
-
-
-@dataclass(eq=False, repr=False)
-class ShipRequest(betterproto.Message):
-    member: "MemberRef" = betterproto.message_field(1)
-    points: List["MetricPoint"] = betterproto.message_field(2)
-    progress: "CollectorProgress" = betterproto.message_field(3)
-    columns: "PointColumns" = betterproto.message_field(4)
-    """
-    The same points in columns, the compact form collectors send; both may be present.
-    """
-
-
-@dataclass(eq=False, repr=False)
-class PointColumns(betterproto.Message):
-    """
-    Points in columns: a message per point costs too much to encode and decode in Python at
-     10 000 points/s. Each bytes column holds one little-endian number per point, in point order.
-    """
-
-    strings: List[str] = betterproto.string_field(1)
-    """Source identities and tags, referred to by index."""
-
-    source_refs: bytes = betterproto.bytes_field(2)
-    tag_refs: bytes = betterproto.bytes_field(3)
-    offsets: bytes = betterproto.bytes_field(4)
-    indexes: bytes = betterproto.bytes_field(5)
-    steps: bytes = betterproto.bytes_field(6)
-    wall_times: bytes = betterproto.bytes_field(7)
-    values: bytes = betterproto.bytes_field(8)
-
-
-@dataclass(eq=False, repr=False)
-class ShipReply(betterproto.Message):
-    stored: int = betterproto.uint32_field(1)
-    """
-    Points stored by this call; duplicates were already stored (a retried batch).
-    """
-
-    duplicates: int = betterproto.uint32_field(2)
-    server_time_ms: int = betterproto.int64_field(3)
-    refused: List["RefusedPoint"] = betterproto.message_field(4)
-    """
-    Points the gateway refused one by one (a step beyond int64, an absurd wall time, a name that
-     cannot be stored); the rest of the batch was stored. They will never be stored: the collector
-     records each as data loss and drops it instead of sending it again.
-    """
-
-
-@dataclass(eq=False, repr=False)
-class RefusedPoint(betterproto.Message):
-    source_id: str = betterproto.string_field(1)
-    """The point's dedup key, as it was sent."""
-
-    offset: int = betterproto.uint64_field(2)
-    index: int = betterproto.uint32_field(3)
-    reason: str = betterproto.string_field(4)
-    """Why, as a sentence naming the field and the limit."""
+    async def ship(
+        self,
+        ship_request: "ShipRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "ShipReply":
+        return await self._unary_unary(
+            "/tuneplane.v1.Telemetry/Ship",
+            ship_request,
+            ShipReply,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
 
 
 class ApiStub(betterproto.ServiceStub):
@@ -1472,40 +1584,43 @@ class ControlStub(betterproto.ServiceStub):
             yield response
 
 
-class TelemetryStub(betterproto.ServiceStub):
-    async def ping(
-        self,
-        ping_request: "PingRequest",
-        *,
-        timeout: Optional[float] = None,
-        deadline: Optional["Deadline"] = None,
-        metadata: Optional["MetadataLike"] = None
-    ) -> "PingReply":
-        return await self._unary_unary(
-            "/tuneplane.v1.Telemetry/Ping",
-            ping_request,
-            PingReply,
-            timeout=timeout,
-            deadline=deadline,
-            metadata=metadata,
-        )
+class TelemetryBase(ServiceBase):
 
-    async def ship(
-        self,
-        ship_request: "ShipRequest",
-        *,
-        timeout: Optional[float] = None,
-        deadline: Optional["Deadline"] = None,
-        metadata: Optional["MetadataLike"] = None
-    ) -> "ShipReply":
-        return await self._unary_unary(
-            "/tuneplane.v1.Telemetry/Ship",
-            ship_request,
-            ShipReply,
-            timeout=timeout,
-            deadline=deadline,
-            metadata=metadata,
-        )
+    async def ping(self, ping_request: "PingRequest") -> "PingReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def ship(self, ship_request: "ShipRequest") -> "ShipReply":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def __rpc_ping(
+        self, stream: "grpclib.server.Stream[PingRequest, PingReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.ping(request)
+        await stream.send_message(response)
+
+    async def __rpc_ship(
+        self, stream: "grpclib.server.Stream[ShipRequest, ShipReply]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.ship(request)
+        await stream.send_message(response)
+
+    def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
+        return {
+            "/tuneplane.v1.Telemetry/Ping": grpclib.const.Handler(
+                self.__rpc_ping,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                PingRequest,
+                PingReply,
+            ),
+            "/tuneplane.v1.Telemetry/Ship": grpclib.const.Handler(
+                self.__rpc_ship,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ShipRequest,
+                ShipReply,
+            ),
+        }
 
 
 class ApiBase(ServiceBase):
@@ -1864,44 +1979,5 @@ class ControlBase(ServiceBase):
                 grpclib.const.Cardinality.STREAM_STREAM,
                 NodeMessage,
                 CoordinatorMessage,
-            ),
-        }
-
-
-class TelemetryBase(ServiceBase):
-
-    async def ping(self, ping_request: "PingRequest") -> "PingReply":
-        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
-
-    async def ship(self, ship_request: "ShipRequest") -> "ShipReply":
-        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
-
-    async def __rpc_ping(
-        self, stream: "grpclib.server.Stream[PingRequest, PingReply]"
-    ) -> None:
-        request = await stream.recv_message()
-        response = await self.ping(request)
-        await stream.send_message(response)
-
-    async def __rpc_ship(
-        self, stream: "grpclib.server.Stream[ShipRequest, ShipReply]"
-    ) -> None:
-        request = await stream.recv_message()
-        response = await self.ship(request)
-        await stream.send_message(response)
-
-    def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
-        return {
-            "/tuneplane.v1.Telemetry/Ping": grpclib.const.Handler(
-                self.__rpc_ping,
-                grpclib.const.Cardinality.UNARY_UNARY,
-                PingRequest,
-                PingReply,
-            ),
-            "/tuneplane.v1.Telemetry/Ship": grpclib.const.Handler(
-                self.__rpc_ship,
-                grpclib.const.Cardinality.UNARY_UNARY,
-                ShipRequest,
-                ShipReply,
             ),
         }

@@ -72,10 +72,13 @@ def write_new_style(logdir: Path, series: Series, *, encoding: str = "float_val"
     writer.close()
 
 
-def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float, float]]]:
-    """What TensorBoard itself reads: tag -> [(step, wall_time, value)] in file order."""
+def tensorboard_scalars(
+    logdir: Path, *, purge: bool = False
+) -> dict[str, list[tuple[int, float, float]]]:
+    """What TensorBoard itself reads: tag -> [(step, wall_time, value)] in file order. With
+    ``purge``, orphaned points of restarted writers are dropped, as TensorBoard's server does."""
     acc = plugin_event_accumulator.EventAccumulator(
-        str(logdir), size_guidance={"tensors": 0}, purge_orphaned_data=False
+        str(logdir), size_guidance={"tensors": 0}, purge_orphaned_data=purge
     )
     acc.Reload()
     out: dict[str, list[tuple[int, float, float]]] = {}
