@@ -24,6 +24,7 @@ import trio
 
 from tuneplane.agent import accounts, runner_pyz, sandbox, supervision
 from tuneplane.agent import messages as m
+from tuneplane.agent import rendezvous as rdv
 from tuneplane.agent.collectors import telemetry_dir
 from tuneplane.agent.config import DEFAULT_RUNTIME_PATH, Runtime, WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
@@ -69,6 +70,7 @@ from tuneplane.agent.prepare import (
     pick_port,
     read_capsule,
 )
+from tuneplane.agent.state_dir import write_atomic
 from tuneplane.agent.workload_checks import resolve_interpreter
 from tuneplane.coordinator import jobspec
 from tuneplane.runner.member_file import Account as RunAs
@@ -78,6 +80,9 @@ log = logging.getLogger(__name__)
 E = MemberEvent
 S = MemberState
 WATCH_INTERVAL_S = 0.25
+#: Member 0's copy of its attempt's rendezvous nonce (0600, in the root-only member directory),
+#: so a restarted agent can hold the rendezvous listener of a prepared member again.
+NONCE_FILE = "rendezvous.nonce"
 
 Publish = Callable[[m.Outgoing], Awaitable[None]]
 
@@ -171,6 +176,8 @@ class MemberManager:
         self._publish = publish
         self._nursery = nursery
         self._watched: set[MemberKey] = set()
+        # Member 0's rendezvous listeners, held from Prepare until just before launch or the end.
+        self._listeners: dict[MemberKey, rdv.Listener] = {}
 
     # --- commands ----------------------------------------------------------------------------
 
@@ -267,16 +274,17 @@ class MemberManager:
             launch = read_capsule(work)
             if launch.launcher not in LAUNCHERS:
                 raise PrepareRefused(str(UnknownLauncher(launch.launcher)))
+            checked = await self._check_rendezvous(cmd)
             if cmd.pick_rendezvous:
-                address = self._node_address()
-                rendezvous = m.Rendezvous(address, pick_port(address))
+                rendezvous = await self._hold_rendezvous(cmd, member_dir)
             await self.journal.transition(
                 key, E.PREPARE_SUCCEEDED, now_ms(),
                 rendezvous=(rendezvous.master_addr, rendezvous.master_port) if rendezvous else None,
                 details={"gpu_indexes": list(cmd.gpu_indexes), "gpu_uuids": list(uuids),
-                         "runner_sha256": runner_pyz.recorded(work / CAPSULE_DIR)},
+                         "runner_sha256": runner_pyz.recorded(work / CAPSULE_DIR), **checked},
             )  # fmt: skip
         except (PrepareRefused, GpuAlreadyOwned, accounts.AccountError, OSError) as exc:
+            await self._release_rendezvous(key)
             reason = str(exc)
             log.warning("prepare refused run_id=%s member=%s reason=%s", key.run_id, key, reason)
             _, report = await self.journal.transition(
@@ -289,6 +297,64 @@ class MemberManager:
                  list(cmd.gpu_indexes))  # fmt: skip
         crashpoint("after-prepare-journaled")
         await self._publish(m.PrepareReply(key, True, "", rendezvous))
+
+    async def _check_rendezvous(self, cmd: m.Prepare) -> dict[str, str]:
+        """Every member but 0: prove this Node reaches member 0's rendezvous listener, or refuse
+        the Prepare naming the address, the port and the interface tried from. Returns what the
+        journal records of the check ({} when there was nothing to check)."""
+        target = cmd.rendezvous
+        if cmd.pick_rendezvous or target is None or not cmd.rendezvous_nonce:
+            return {}
+        try:
+            route = await rdv.probe(target.master_addr, target.master_port, cmd.rendezvous_nonce)
+        except rdv.Unreachable as exc:
+            raise PrepareRefused(str(exc)) from None
+        where = f"{target.master_addr}:{target.master_port}"
+        log.info("rendezvous reached member=%s rendezvous=%s interface=%s local_address=%s",
+                 cmd.key, where, route.interface, route.local_address)  # fmt: skip
+        return {"rendezvous_checked": where, "rendezvous_interface": route.interface}
+
+    async def _hold_rendezvous(self, cmd: m.Prepare, member_dir: Path) -> m.Rendezvous:
+        """Member 0: hold a free port for the rendezvous (answering the other members' probes)
+        and say where it is. The nonce is kept first, so a restarted agent can hold it again."""
+        key = cmd.key
+        await self._release_rendezvous(key)  # a Prepare cut short before its journal entry
+        write_atomic(member_dir / NONCE_FILE, cmd.rendezvous_nonce.encode(), 0o600)
+        address = rdv.advertised_address(self._node_address())
+        try:
+            listener = await rdv.open_listener(self._nursery, address, cmd.rendezvous_nonce)
+        except rdv.ListenFailed as exc:
+            raise PrepareRefused(str(exc)) from None
+        self._listeners[key] = listener
+        log.info("rendezvous held member=%s address=%s port=%d", key, address, listener.port)
+        return m.Rendezvous(address, listener.port)
+
+    async def _release_rendezvous(self, key: MemberKey) -> None:
+        """Close member 0's rendezvous listener, if it holds one (idempotent)."""
+        listener = self._listeners.pop(key, None)
+        if listener is not None:
+            await listener.aclose()
+            log.info("rendezvous released member=%s port=%d", key, listener.port)
+
+    async def _hold_again(self, record: MemberRecord) -> None:
+        """After a restart: hold a prepared member 0's rendezvous port again, for the members
+        whose Prepare still has to reach it. A port taken meanwhile is logged; their probes then
+        fail and the attempt is aborted, never started to hang."""
+        try:
+            nonce = (Path(record.member_dir) / NONCE_FILE).read_text()
+        except OSError as exc:
+            log.warning("rendezvous nonce unreadable member=%s reason=%s", record.key, exc)
+            return
+        try:
+            listener = await rdv.open_listener(
+                self._nursery, record.master_addr, nonce, record.master_port
+            )
+        except rdv.ListenFailed as exc:
+            log.warning("rendezvous not held again member=%s reason=%s", record.key, exc)
+            return
+        self._listeners[record.key] = listener
+        log.info("rendezvous held again member=%s address=%s port=%d", record.key,
+                 record.master_addr, record.master_port)  # fmt: skip
 
     async def _pool_leases(self, key: MemberKey) -> tuple[set[str], dict[str, list[Path]]]:
         """Pool accounts held by members that have not ended, and the ended members' paths.
@@ -390,6 +456,7 @@ class MemberManager:
                 key, E.ABORT_RECEIVED, now_ms(), reason=cmd.reason or "the coordinator aborted"
             )
             log.info("member aborted member=%s reason=%s", key, cmd.reason)
+            await self._release_rendezvous(key)
             await self._report(report)
         elif record.state in COMMITTED_OR_LATER:
             log.error("abort after commit ignored member=%s state=%s", key, record.state.value)
@@ -410,6 +477,7 @@ class MemberManager:
             _, report = await self.journal.transition(
                 key, E.CANCEL_RECEIVED, now_ms(), reason=reason, details=lost or None
             )
+            await self._release_rendezvous(key)
             await self._report(report)
         elif record.state in (S.STARTING, S.RUNNING):
             record, report = await self.journal.transition(
@@ -495,6 +563,8 @@ class MemberManager:
                     if spec.init_from_source is not None
                     else {}
                 ),
+                # The interface that routes to the rendezvous, unless the Job's env names one.
+                **rdv.ifname_env(addr, spec.env),
             },
             runtime.path,
             str(lease.work_dir),
@@ -551,6 +621,8 @@ class MemberManager:
         """
         key = record.key
         member_dir = Path(record.member_dir)
+        # Rank 0 binds the rendezvous port itself: the listener that held it goes first.
+        await self._release_rendezvous(key)
         if record.state is S.COMMITTED:
             # Health and the index -> UUID mapping are checked again on a fresh probe: a card
             # lost or reordered since Prepare must not get the workload.
@@ -693,6 +765,8 @@ class MemberManager:
                     reason="the agent stopped while preparing this member; prepare it again",
                 )  # fmt: skip
                 await self._report(report)
+            elif record.state is S.PREPARED and key.member_index == 0 and record.master_port:
+                await self._hold_again(record)
             elif record.state in (S.COMMITTED, S.STARTING):
                 log.info("replay resumes launch member=%s state=%s", key, record.state.value)
                 await self.launch(record, after_restart=True)

@@ -59,6 +59,11 @@ class Prepare:
     owner: str = ""
     # The UUID of each of gpu_indexes as the coordinator last saw it (() from an older one).
     gpu_uuids: tuple[str, ...] = ()
+    # Member 0 (pick_rendezvous): the secret its rendezvous listener proves itself with. Every
+    # other member: with ``rendezvous``, what it must reach before it may be prepared
+    # (agent/rendezvous.py). "" and None from an older coordinator: nothing is checked.
+    rendezvous_nonce: str = attrs.field(default="", repr=False)
+    rendezvous: Rendezvous | None = None
 
 
 @attrs.frozen

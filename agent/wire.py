@@ -296,6 +296,8 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
             capsule_files=dict(body.capsule_files),
             owner=body.owner,
             gpu_uuids=tuple(body.gpu_uuids),
+            rendezvous_nonce=body.rendezvous_nonce,
+            rendezvous=_rendezvous(body.rendezvous),
         )
     if isinstance(body, v1.Commit):
         return m.Commit(

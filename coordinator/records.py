@@ -102,6 +102,11 @@ class PrepareOrder:
     # The UUIDs of gpu_indexes as the Node's inventory named them at placement ("" where it
     # named none); the Node refuses the Prepare when its GPU at an index has another UUID now.
     gpu_uuids: tuple[str, ...] = ()
+    # The attempt's rendezvous nonce (member 0's listener proves itself with it), and for every
+    # other member the rendezvous it must reach before it is prepared (coordinator/launch.py).
+    rendezvous_nonce: str = attrs.field(default="", repr=False)
+    master_addr: str = ""
+    master_port: int = 0
 
 
 @attrs.frozen

@@ -247,6 +247,16 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
     (
+        13,
+        (
+            # The attempt's rendezvous nonce (hex): member 0's Prepare carries it to the listener
+            # its Node holds on the rendezvous port, every other member's Prepare carries it
+            # with the rendezvous, and a Node is prepared only once that listener proved it
+            # holds the nonce (agent/rendezvous.py). '' for attempts made before: not checked.
+            "ALTER TABLE attempts ADD COLUMN rendezvous_nonce TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
+    (
         12,
         (
             # A member's output manifest as its Node's exit report carried it (JSON: files,

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import aiosqlite
 import attrs
 
+from tuneplane.coordinator import launch
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.derivation import ManifestSummary, stored_manifest
 from tuneplane.coordinator.placement import NodeOffer, Placement
@@ -793,15 +794,17 @@ class Store(SqliteFile):
                 )
                 number = int(last) + 1
                 capsule_files = seal_capsule(number)
+                nonce = launch.new_nonce()
                 await db.execute(
                     "INSERT INTO attempts (run_id, number, prepare_deadline_ms, capsule_json, "
-                    "created_at_ms) VALUES (?, ?, ?, ?, ?)",
+                    "created_at_ms, rendezvous_nonce) VALUES (?, ?, ?, ?, ?, ?)",
                     (
                         job.run_id,
                         number,
                         prepare_deadline_ms,
                         json.dumps(capsule_files, sort_keys=True),
                         now,
+                        nonce,
                     ),
                 )
                 orders = []
@@ -834,19 +837,23 @@ class Store(SqliteFile):
                             "member_index, created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
                             (m.node_id, gpu, job.run_id, number, m.index, now),
                         )
-                    orders.append(
-                        PrepareOrder(
-                            node_id=m.node_id,
-                            member=key,
-                            jobspec_json=job.resolved_json,
-                            member_count=count,
-                            gpu_indexes=m.gpu_indexes,
-                            pick_rendezvous=m.index == 0,
-                            capsule_files=capsule_files,
-                            owner=job.owner,
-                            gpu_uuids=uuids,
+                    # Member 0 first (coordinator/launch.py): the others' Prepares carry the
+                    # rendezvous its Node picks, so they go out once it is prepared.
+                    if launch.prepare_due(launch.PrepareFacts(m.index, False, None, 0)):
+                        orders.append(
+                            PrepareOrder(
+                                node_id=m.node_id,
+                                member=key,
+                                jobspec_json=job.resolved_json,
+                                member_count=count,
+                                gpu_indexes=m.gpu_indexes,
+                                pick_rendezvous=m.index == 0,
+                                capsule_files=capsule_files,
+                                owner=job.owner,
+                                gpu_uuids=uuids,
+                                rendezvous_nonce=nonce,
+                            )
                         )
-                    )
                 await self._log(
                     db,
                     now,
@@ -861,9 +868,13 @@ class Store(SqliteFile):
                     run_id=job.run_id,
                 )
                 await self._refresh_job(db, job.run_id, now)
-                # The same decision issues every member's Prepare: it is in the store from now
-                # on, sent below, and sent again to a Node that (re)connects or asks.
+                # The same decision issues member 0's Prepare (the others follow its
+                # PrepareReply): it is in the store from now on, sent below, and sent again to a
+                # Node that (re)connects or asks.
+                issued = {o.member for o in orders}
                 for key in reserved:
+                    if key not in issued:
+                        continue
                     await self._set_member_state(
                         db, key, lc.M_PREPARING, now, "Prepare issued to its Node",
                         known=lc.M_PREPARING,
@@ -946,7 +957,9 @@ class Store(SqliteFile):
                     (member.run_id, member.attempt),
                 )
                 if waiting:
-                    return []
+                    if member.member_index != 0:
+                        return []
+                    return await self._issue_prepares(db, member.run_id, member.attempt, now)
                 return await self._commit_attempt(db, member.run_id, member.attempt, now)
 
         return await self._shielded(work())
@@ -1085,7 +1098,7 @@ class Store(SqliteFile):
                 "m.known_state, a.decision, a.decision_reason, a.master_addr, a.master_port, "
                 "a.capsule_json, p.resolved_json, "
                 "(SELECT COUNT(*) FROM members o WHERE o.run_id = m.run_id "
-                " AND o.attempt = m.attempt), j.owner, m.gpu_uuids_json "
+                " AND o.attempt = m.attempt), j.owner, m.gpu_uuids_json, a.rendezvous_nonce "
                 "FROM members m JOIN attempts a ON a.run_id = m.run_id AND a.number = m.attempt "
                 "JOIN jobs j ON j.run_id = m.run_id JOIN previews p ON p.id = j.preview_id "
                 "WHERE m.node_id = ? ORDER BY m.run_id, m.attempt, m.member_index",
@@ -1096,20 +1109,9 @@ class Store(SqliteFile):
         for r in rows:
             key = MemberKey(str(r[0]), int(r[1]), int(r[2]))
             prepared, known, decision = bool(r[4]), str(r[5]), r[6]
-            if decision is None and not prepared:
-                orders.append(
-                    PrepareOrder(
-                        node_id=node_id,
-                        member=key,
-                        jobspec_json=str(r[11]),
-                        member_count=int(r[12]),
-                        gpu_indexes=tuple(json.loads(r[3])),
-                        pick_rendezvous=key.member_index == 0,
-                        capsule_files=json.loads(r[10]),
-                        owner=str(r[13]),
-                        gpu_uuids=tuple(str(u) for u in json.loads(r[14])),
-                    )
-                )
+            due = launch.PrepareFacts(key.member_index, prepared, decision, int(r[9]))
+            if launch.prepare_due(due):
+                orders.append(_prepare_order(node_id, key, r))
             elif decision == lc.COMMIT and known in (lc.M_RESERVED, lc.M_PREPARING, lc.M_PREPARED):
                 orders.append(CommitOrder(node_id, key, str(r[8]), int(r[9])))
         return orders
@@ -1210,6 +1212,42 @@ class Store(SqliteFile):
         return await self._shielded(work())
 
     # ----- helpers inside a transaction --------------------------------------------------------
+
+    async def _issue_prepares(
+        self, db: aiosqlite.Connection, run_id: str, attempt: int, now: int
+    ) -> list[Order]:
+        """The Prepares of an undecided attempt that :func:`launch.prepare_due` says are due
+        (after member 0 is prepared: every other member's, carrying the rendezvous), recorded
+        as issued."""
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT m.run_id, m.attempt, m.member_index, m.gpu_indexes_json, m.prepared, "
+                "m.known_state, a.decision, a.decision_reason, a.master_addr, a.master_port, "
+                "a.capsule_json, p.resolved_json, "
+                "(SELECT COUNT(*) FROM members o WHERE o.run_id = m.run_id "
+                " AND o.attempt = m.attempt), j.owner, m.gpu_uuids_json, a.rendezvous_nonce, "
+                "m.node_id "
+                "FROM members m JOIN attempts a ON a.run_id = m.run_id AND a.number = m.attempt "
+                "JOIN jobs j ON j.run_id = m.run_id JOIN previews p ON p.id = j.preview_id "
+                "WHERE m.run_id = ? AND m.attempt = ? ORDER BY m.member_index",
+                (run_id, attempt),
+            )
+        )
+        orders: list[Order] = []
+        for r in rows:
+            key = MemberKey(str(r[0]), int(r[1]), int(r[2]))
+            due = launch.PrepareFacts(key.member_index, bool(r[4]), r[6], int(r[9]))
+            if not launch.prepare_due(due):
+                continue
+            orders.append(_prepare_order(str(r[16]), key, r))
+            if str(r[5]) == lc.M_RESERVED:
+                await self._set_member_state(
+                    db, key, lc.M_PREPARING, now,
+                    f"Prepare issued to its Node, to reach the rendezvous {r[8]}:{r[9]}",
+                    known=lc.M_PREPARING,
+                )  # fmt: skip
+        await self._refresh_job(db, run_id, now)
+        return orders
 
     async def _member_row(
         self, db: aiosqlite.Connection, member: MemberKey
@@ -1317,6 +1355,27 @@ class Store(SqliteFile):
 
 def db_path(state_dir: Path) -> Path:
     return state_dir / DB_NAME
+
+
+def _prepare_order(node_id: str, key: MemberKey, r: Any) -> PrepareOrder:
+    """A member's Prepare from a row of the members/attempts/jobs/previews join (columns as
+    ``_orders_to_resend`` selects them, the attempt's nonce 15th): member 0 picks the rendezvous,
+    every other member is told it, to prove it can reach it."""
+    first = key.member_index == 0
+    return PrepareOrder(
+        node_id=node_id,
+        member=key,
+        jobspec_json=str(r[11]),
+        member_count=int(r[12]),
+        gpu_indexes=tuple(json.loads(r[3])),
+        pick_rendezvous=first,
+        capsule_files=json.loads(r[10]),
+        owner=str(r[13]),
+        gpu_uuids=tuple(str(u) for u in json.loads(r[14])),
+        rendezvous_nonce=str(r[15]),
+        master_addr="" if first else str(r[8]),
+        master_port=0 if first else int(r[9]),
+    )
 
 
 async def free_node_name(db: aiosqlite.Connection, fleet: str, hostname: str, node_id: str) -> str:

@@ -134,7 +134,7 @@ def order_message(order: Order) -> v1.CoordinatorMessage:
     """The CoordinatorMessage that carries ``order`` to its Node."""
     ref = member_ref(order.member)
     if isinstance(order, PrepareOrder):
-        return v1.CoordinatorMessage(
+        prepare = v1.CoordinatorMessage(
             prepare=v1.Prepare(
                 member=ref,
                 jobspec_json=order.jobspec_json,
@@ -145,8 +145,14 @@ def order_message(order: Order) -> v1.CoordinatorMessage:
                 capsule_files={k: v.encode("utf-8") for k, v in order.capsule_files.items()},
                 owner=order.owner,
                 gpu_uuids=list(order.gpu_uuids),
+                rendezvous_nonce=order.rendezvous_nonce,
             )
         )
+        if order.master_port:
+            prepare.prepare.rendezvous = v1.Rendezvous(
+                master_addr=order.master_addr, master_port=order.master_port
+            )
+        return prepare
     if isinstance(order, CommitOrder):
         return v1.CoordinatorMessage(
             commit=v1.Commit(

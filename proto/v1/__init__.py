@@ -1076,6 +1076,20 @@ class Prepare(betterproto.Message):
      index has another UUID now. Empty from an older coordinator: the Node checks health only.
     """
 
+    rendezvous_nonce: str = betterproto.string_field(10)
+    """
+    The attempt's rendezvous nonce (hex). Member 0's Node answers probes of its rendezvous
+     listener with HMAC-SHA256(nonce, challenge); every other member's Node checks that answer.
+     Empty from an older coordinator: nothing is checked.
+    """
+
+    rendezvous: "Rendezvous" = betterproto.message_field(11)
+    """
+    Every member but 0: the rendezvous member 0's Node picked. The Node proves it can reach it
+     (and that the answer proves the nonce) before it is prepared, and refuses Prepare naming
+     the address, the port and its interface when it cannot. Unset for member 0.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class PrepareReply(betterproto.Message):
