@@ -247,16 +247,6 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        13,
-        (
-            # The attempt's rendezvous nonce (hex): member 0's Prepare carries it to the listener
-            # its Node holds on the rendezvous port, every other member's Prepare carries it
-            # with the rendezvous, and a Node is prepared only once that listener proved it
-            # holds the nonce (agent/rendezvous.py). '' for attempts made before: not checked.
-            "ALTER TABLE attempts ADD COLUMN rendezvous_nonce TEXT NOT NULL DEFAULT ''",
-        ),
-    ),
-    (
         12,
         (
             # A member's output manifest as its Node's exit report carried it (JSON: files,
@@ -264,6 +254,16 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             # written); '' until then, and from a Node older than manifests. A Derivation
             # (--init-from) begins from member 0's, checked against that digest.
             "ALTER TABLE members ADD COLUMN output_manifest_json TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
+    (
+        13,
+        (
+            # The attempt's rendezvous nonce (hex): member 0's Prepare carries it to the listener
+            # its Node holds on the rendezvous port, every other member's Prepare carries it
+            # with the rendezvous, and a Node is prepared only once that listener proved it
+            # holds the nonce (agent/rendezvous.py). '' for attempts made before: not checked.
+            "ALTER TABLE attempts ADD COLUMN rendezvous_nonce TEXT NOT NULL DEFAULT ''",
         ),
     ),
     (
