@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 SCRAPE_TIMEOUT_S = 10.0
-METRIC_NAME = re.compile(r"\btuneplane_[a-z0-9_]+\b")
+METRIC_NAME = re.compile(r"\btuneplane_(?:node|coordinator)_[a-z0-9_]*[a-z0-9]\b")
 
 
 @attrs.frozen
