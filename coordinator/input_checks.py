@@ -118,6 +118,17 @@ def is_loader_variable(name: str) -> bool:
     return name in LOADER_VARIABLES or name.startswith(LOADER_PREFIXES)
 
 
+#: Variables the Node sets for every member (agent/members.py), which a Job cannot set.
+SET_BY_TUNEPLANE = frozenset({"TENSORBOARD_LOGDIR", "AIP_TENSORBOARD_LOG_DIR"})
+#: What to do instead of setting a ``TUNEPLANE_*`` or :data:`SET_BY_TUNEPLANE` variable.
+SET_BY_TUNEPLANE_FIX = (
+    "TunePlane sets it for every member: read $TUNEPLANE_OUT_DIR, $TUNEPLANE_TELEMETRY_DIR or "
+    "$TENSORBOARD_LOGDIR in the script instead (TensorBoard and tuneplane.report files anywhere "
+    "under $TUNEPLANE_OUT_DIR are collected), and pass your own settings under another name "
+    "(docs/researcher.md, 'What a member gets')"
+)
+
+
 def check_env(name: str, value: str, field: str = "env") -> None:
     """The one rule for the form of an environment variable a JobSpec asks for.
 
@@ -133,7 +144,9 @@ def check_env(name: str, value: str, field: str = "env") -> None:
             "Rename the variable.",
         )
     if name.startswith("TUNEPLANE_"):
-        raise InputRefused(where, "uses the reserved TUNEPLANE_ prefix", "Rename the variable.")
+        raise InputRefused(where, "uses the reserved TUNEPLANE_ prefix", f"{SET_BY_TUNEPLANE_FIX}.")
+    if name in SET_BY_TUNEPLANE:
+        raise InputRefused(where, "cannot be set by a Job", f"{SET_BY_TUNEPLANE_FIX}.")
     check_text(value, where, MAX_ENV_VALUE_CHARS)
 
 

@@ -19,6 +19,7 @@ import yaml
 
 from tuneplane.coordinator import files
 from tuneplane.coordinator.catalogue import Catalogue, Recipe
+from tuneplane.coordinator.input_checks import SET_BY_TUNEPLANE_FIX
 
 PROJECT_FILE = "tuneplane.yaml"
 EXPERIMENTS_DIR = "experiments"
@@ -367,10 +368,15 @@ def read_config(project: Project, experiment: str) -> ExperimentConfig:
     for key, value in env.items():
         if not isinstance(key, str):
             raise ProjectError(f"{shown} key 'env' has a non-string name {key!r}; quote it.")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or key.startswith("TUNEPLANE_"):
+        if key.startswith("TUNEPLANE_"):
+            raise ProjectError(
+                f"{shown} key 'env.{key}' uses the reserved TUNEPLANE_ prefix. "
+                f"{SET_BY_TUNEPLANE_FIX}."
+            )
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ProjectError(
                 f"{shown} key 'env.{key}' is not a usable variable name: use letters, digits "
-                "and '_', not starting with a digit, and not the reserved TUNEPLANE_ prefix."
+                "and '_', not starting with a digit."
             )
         if not isinstance(value, str):
             raise ProjectError(

@@ -186,7 +186,7 @@ def test_upgrade_of_an_unknown_experiment(project: Project) -> None:
     [
         ("parameter:\n  steps: 1\n", r"unknown key 'parameter'"),
         ("env:\n  THREADS: 4\n", r"key 'env.THREADS' is 4 \(int\).*quote it"),
-        ("env:\n  TUNEPLANE_X: a\n", r"key 'env.TUNEPLANE_X' is not a usable variable name"),
+        ("env:\n  TUNEPLANE_X: a\n", r"'env.TUNEPLANE_X' uses the reserved TUNEPLANE_ prefix"),
         ("grace_period_s: 7200\n", r"key 'grace_period_s' is 7200"),
         ("grace_period_s: '30'\n", r"key 'grace_period_s' is '30'"),
         ("profile: 8\n", r"key 'profile' must be a Profile name"),
