@@ -11,6 +11,10 @@ Theory of operation:
   A new inode matching a *live* stream waits (it may be a copy about to be adopted); once the
   writers are done, a file whose full 1 KiB head matches is reported as a copy and not read, any
   other waiting file is read as a stream of its own.
+- At most ``max_live`` streams are followed at once: a file that would open one more is
+  reported as :class:`NotFollowed` (on every look, so the shell decides how often to say so)
+  and is not read. Files already followed keep their streams; a copy continuing an orphaned
+  stream is always adopted (it frees nothing and takes no new place).
 - ``observe`` takes what the shell saw and returns what changed, as data; it does no I/O.
 """
 
@@ -136,7 +140,15 @@ class SkippedCopy:
     path: str
 
 
-Change = Opened | Moved | Restarted | Adopted | Vanished | SkippedCopy
+@attrs.frozen
+class NotFollowed:
+    """``path`` would be a new stream, but ``limit`` streams are followed already."""
+
+    path: str
+    limit: int
+
+
+Change = Opened | Moved | Restarted | Adopted | Vanished | SkippedCopy | NotFollowed
 
 
 def _agrees(a: bytes, b: bytes) -> bool:
@@ -176,9 +188,12 @@ class Tracker:
         stream.position = position
         stream.seen = seen
 
-    def observe(self, stats: list[FileStat], *, final: bool = False) -> list[Change]:
+    def observe(
+        self, stats: list[FileStat], *, final: bool = False, max_live: int | None = None
+    ) -> list[Change]:
         """Match what the shell saw to streams. ``final``: the writers are done, so no file
-        waits any longer (see the module notes)."""
+        waits any longer; ``max_live``: the most streams followed at once (see the module
+        notes)."""
         changes: list[Change] = []
         by_inode = {(s.dev, s.ino): s for s in stats}
         claimed: set[tuple[int, int]] = set()
@@ -210,6 +225,7 @@ class Tracker:
                 stream.path = stat.path
             if len(stat.head) > len(stream.head):
                 stream.head = stat.head
+        live = len(self.live())
         for stat in stats:
             inode = (stat.dev, stat.ino)
             if inode in claimed or stat.size == 0:
@@ -217,12 +233,19 @@ class Tracker:
             kind = kind_of(stat.path)
             if kind is None:
                 continue
-            change = self._place(stat, kind, final=final)
+            full = max_live is not None and live >= max_live
+            change = self._place(stat, kind, final=final, limit=max_live if full else None)
+            if isinstance(change, Opened | Adopted):
+                live += 1
             if change is not None:
                 changes.append(change)
         return changes
 
-    def _place(self, stat: FileStat, kind: Kind, *, final: bool) -> Change | None:
+    def _place(
+        self, stat: FileStat, kind: Kind, *, final: bool, limit: int | None
+    ) -> Change | None:
+        """Adopt, hold back, skip or open ``stat``; ``limit``: no stream may be opened (that
+        many are followed)."""
         inode = (stat.dev, stat.ino)
         self.waiting.pop(inode, None)
         kin = [s for s in self.streams.values() if s.kind == kind and _agrees(s.head, stat.head)]
@@ -241,6 +264,8 @@ class Tracker:
         for stream in kin:
             if stream.inode is not None and len(stat.head) == len(stream.head) == HEAD_BYTES:
                 return SkippedCopy(stream.source_id, stat.path)
+        if limit is not None:
+            return NotFollowed(stat.path, limit)
         return Opened(self._open(stat, kind).source_id, stat.path)
 
     def _open(self, stat: FileStat, kind: Kind) -> Stream:

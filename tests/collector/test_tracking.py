@@ -7,6 +7,7 @@ from tuneplane.collector.tracking import (
     Adopted,
     FileStat,
     Moved,
+    NotFollowed,
     Opened,
     Restarted,
     SkippedCopy,
@@ -97,3 +98,32 @@ def test_vanished_streams_and_checkpoint_round_trip() -> None:
     stream = restored.streams["m.jsonl"]
     assert (stream.inode, stream.position, stream.head) == (None, 5, A)
     assert restored.generations == {"m.jsonl": 1}
+
+
+def test_a_full_tracker_reports_new_files_and_keeps_following_its_own() -> None:
+    tracker = Tracker()
+    assert tracker.observe([stat("a.jsonl", 10, A)], max_live=1) == [Opened("a.jsonl", "a.jsonl")]
+    tracker.advance("a.jsonl", len(A), len(A))
+    # A second file is reported on every look and never opened, the first keeps its stream.
+    for _ in range(2):
+        changes = tracker.observe([stat("a.jsonl", 10, A * 2), stat("b.jsonl", 11, B)], max_live=1)
+        assert changes == [NotFollowed("b.jsonl", 1)]
+    assert list(tracker.streams) == ["a.jsonl"]
+    # Once the first file is gone its place is free.
+    assert tracker.observe([stat("b.jsonl", 11, B)], max_live=1) == [
+        Vanished("a.jsonl", "a.jsonl"),
+        Opened("b.jsonl", "b.jsonl"),
+    ]
+
+
+def test_a_full_tracker_still_adopts_the_copy_of_a_rotated_stream() -> None:
+    tracker = Tracker()
+    tracker.observe([stat("m.jsonl", 10, A)], max_live=1)
+    tracker.advance("m.jsonl", len(A), len(A))
+    # copytruncate: the original is truncated (a new stream at the same path), then its copy
+    # appears; the copy continues the old stream although the tracker is full.
+    assert tracker.observe([stat("m.jsonl", 10, b"")], max_live=1) == [
+        Restarted("m.jsonl", "m.jsonl#1", "m.jsonl", "truncated", 0, len(A))
+    ]
+    changes = tracker.observe([stat("m.jsonl", 10, b""), stat("m.jsonl.1", 12, A * 2)], max_live=1)
+    assert changes == [Adopted("m.jsonl", "m.jsonl.1")]
