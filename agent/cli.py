@@ -251,7 +251,11 @@ def enroll_command(
         )
         return
     click.echo(f"enrolled as Node {enrolled.node_id} in Fleet {enrolled.fleet}")
-    click.echo(f"start it with: tuneplane-node run --state-dir {state.root}")
+    # The GPU source enrolled with is the one to run with: the coordinator placed on what the
+    # enrolment's inventory said.
+    same = f" --simulate-gpus {simulate_gpus}" if simulate_gpus else ""
+    same += f" --scripted-nvml {scripted_nvml}" if scripted_nvml else ""
+    click.echo(f"start it with: tuneplane-node run --state-dir {state.root}{same}")
 
 
 async def _enroll(
@@ -657,6 +661,14 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
     failures += _workload_lines(state.root)
     if node is not None:
         finding(doctor.probe_coordinator(node.coordinator, Path(node.ca)))
+        gateway = doctor.telemetry_address(state.root)
+        if gateway:
+            finding(doctor.probe_coordinator(gateway, Path(node.ca), listener="telemetry"))
+        else:
+            click.echo(
+                "      coordinator telemetry address: not known yet (the coordinator hands it "
+                "out with each Commit; this Node has had none)"
+            )
         skew = status.get("clock_skew_ms")
         at = status.get("clock_skew_at_ms")
         finding(

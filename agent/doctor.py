@@ -8,6 +8,7 @@ network or a full disk; the small measuring functions beside them do the I/O, ea
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import ssl
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tuneplane.agent.collectors import COLLECTORS_DIR, CONFIG_FILE
 from tuneplane.agent.wire import Endpoint, TlsVerificationFailed, client_tls
 from tuneplane.agent.workload_checks import Finding
 
@@ -67,30 +69,41 @@ def inventory_source_finding(
 
 
 def reach_finding(
-    address: str, error: str | None, handshake_s: float, protocol: str = "TLS"
+    address: str,
+    error: str | None,
+    handshake_s: float,
+    protocol: str = "TLS",
+    listener: str = "control",
 ) -> Finding:
-    """The control address's line from a measured TCP+TLS attempt (``error`` None: it worked)."""
+    """A listener's line from a measured TCP+TLS attempt (``error`` None: it worked)."""
     if error is None:
         return Finding(
             "ok",
-            f"coordinator control address {address} is reachable: {protocol} handshake verified "
-            f"with the Node's CA in {handshake_s * 1000:.0f} ms",
+            f"coordinator {listener} address {address} is reachable: {protocol} handshake "
+            f"verified with the Node's CA in {handshake_s * 1000:.0f} ms",
         )
+    fix = (
+        "or enroll again with the `control` address of its endpoints.json"
+        if listener == "control"
+        else 'or set the address the coordinator hands out (docs/operator.md, "Addresses")'
+    )
     return Finding(
         "FAIL",
-        f"coordinator control address {address} is not reachable: {error}. Check that the "
-        f"coordinator runs and that this host may reach {address} (firewall, routing), or "
-        f"enroll again with the `control` address of its endpoints.json.",
+        f"coordinator {listener} address {address} is not reachable: {error}. Check that the "
+        f"coordinator runs and that this host may reach {address} (firewall, routing), {fix}.",
     )
 
 
-def probe_coordinator(address: str, ca: Path, limit_s: float = REACH_LIMIT_S) -> Finding:
-    """Open TCP to the control address and complete a TLS handshake verified with ``ca``."""
+def probe_coordinator(
+    address: str, ca: Path, limit_s: float = REACH_LIMIT_S, listener: str = "control"
+) -> Finding:
+    """Open TCP to one of the coordinator's listeners (``control``, ``telemetry``) and complete
+    a TLS handshake verified with ``ca``; no credential is sent."""
     try:
         endpoint = Endpoint.parse(address)
         ctx = client_tls(ca)
     except (ValueError, TlsVerificationFailed) as exc:
-        return Finding("FAIL", f"coordinator control address cannot be checked: {exc}")
+        return Finding("FAIL", f"coordinator {listener} address cannot be checked: {exc}")
     started = time.monotonic()
     try:
         with (
@@ -99,14 +112,28 @@ def probe_coordinator(address: str, ca: Path, limit_s: float = REACH_LIMIT_S) ->
         ):
             protocol = tls.version() or "TLS"
     except ssl.SSLCertVerificationError as exc:
-        return reach_finding(
-            address, f"its certificate does not verify with {ca} ({exc.verify_message})", 0.0
-        )
+        why = f"its certificate does not verify with {ca} ({exc.verify_message})"
+        return reach_finding(address, why, 0.0, listener=listener)
     except TimeoutError:
-        return reach_finding(address, f"no answer within {limit_s:g} s", 0.0)
+        return reach_finding(address, f"no answer within {limit_s:g} s", 0.0, listener=listener)
     except (OSError, ssl.SSLError) as exc:
-        return reach_finding(address, exc.strerror or str(exc), 0.0)
-    return reach_finding(address, None, time.monotonic() - started, protocol)
+        return reach_finding(address, exc.strerror or str(exc), 0.0, listener=listener)
+    return reach_finding(address, None, time.monotonic() - started, protocol, listener)
+
+
+def telemetry_address(state_root: Path) -> str:
+    """The telemetry gateway address of the newest Commit (its collector.json), or "" when
+    this Node has had no Commit: the coordinator hands the address out with each one."""
+    newest = ("", -1)
+    for config in (state_root / COLLECTORS_DIR).glob(f"*/{CONFIG_FILE}"):
+        try:
+            mtime = config.stat().st_mtime_ns
+            gateway = json.loads(config.read_text()).get("gateway", "")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(gateway, str) and gateway and mtime > newest[1]:
+            newest = (gateway, mtime)
+    return newest[0]
 
 
 def skew_finding(skew_ms: int | None, measured_at_ms: int | None, now_ms: int) -> Finding:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent.jobs import wait_job
+from tests.faults.jobs import project, submit
 from tests.support.agent import AgentProcess, node_cli, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 
@@ -34,7 +36,8 @@ def lines(done: subprocess.CompletedProcess[str]) -> dict[str, str]:
     """doctor's lines by what they are about: ``{"coordinator control address": "ok    ..."}``."""
     found: dict[str, str] = {}
     for line in done.stdout.splitlines():
-        for about in ("inventory source", "coordinator control address", "clock skew",
+        for about in ("inventory source", "coordinator control address",
+                      "coordinator telemetry address", "clock skew",
                       "disk space under the output root", "disk space under the work root",
                       "disk space under the state dir", "runtime host:python3"):  # fmt: skip
             if line[6:].startswith(about):
@@ -51,6 +54,11 @@ def test_a_healthy_node(cluster: tuple[CoordinatorProcess, AgentProcess]) -> Non
     assert done.returncode == 0, done.stdout
     assert got["coordinator control address"].startswith(
         f"ok    coordinator control address {node['coordinator']} is reachable: TLSv1."
+    )
+    # No Commit yet: the telemetry address is not known, and doctor says so without failing.
+    assert got["coordinator telemetry address"] == (
+        "      coordinator telemetry address: not known yet (the coordinator hands it out with "
+        "each Commit; this Node has had none)"
     )
     assert got["clock skew"].startswith("ok    clock skew to the coordinator: its clock is 0.")
     assert "measured by the agent at its last Welcome" in got["clock skew"]
@@ -102,6 +110,18 @@ def test_a_missing_interpreter_fails_with_its_name_and_the_fix(
     assert "/opt/missing/bash is not an executable file, set interpreter in [runtimes.bash]" in line
 
 
+def test_the_telemetry_listener_is_probed_once_a_commit_named_it(
+    cluster: tuple[CoordinatorProcess, AgentProcess], tmp_path: Path
+) -> None:
+    coordinator, agent = cluster
+    root = project(coordinator, tmp_path / "proj", "custom/custom", {"train.sh": "true\n"})
+    assert wait_job(coordinator, submit(coordinator, root, "h200:1"))["state"] == "succeeded"
+    line = lines(agent.cli("doctor"))["coordinator telemetry address"]
+    assert line.startswith(
+        f"ok    coordinator telemetry address {coordinator.telemetry} is reachable: TLSv1."
+    ), line
+
+
 def test_a_stopped_coordinator_fails_reachability_with_the_address(
     cluster: tuple[CoordinatorProcess, AgentProcess],
 ) -> None:
@@ -113,6 +133,9 @@ def test_a_stopped_coordinator_fails_reachability_with_the_address(
         assert done.returncode == 1
         assert lines(done)["coordinator control address"].startswith(
             f"FAIL  coordinator control address {address} is not reachable: "
+        ), done.stdout
+        assert lines(done)["coordinator telemetry address"].startswith(
+            "FAIL  coordinator telemetry address "
         ), done.stdout
         assert "Check that the coordinator runs" in done.stdout
     finally:

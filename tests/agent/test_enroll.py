@@ -38,6 +38,10 @@ def test_enroll_writes_private_identity(coordinator: CoordinatorProcess, tmp_pat
     assert done.returncode == 0, done.stderr
     node = json.loads((state / "node.json").read_text())
     assert node["node_id"] in done.stdout and node["fleet"] == "default"
+    # The hint runs the Node with the GPU source it enrolled with.
+    assert f"start it with: tuneplane-node run --state-dir {state} --simulate-gpus h200:2" in (
+        done.stdout
+    )
     assert (state / "ca.pem").read_bytes() == coordinator.ca_path.read_bytes()
     assert stat.S_IMODE((state / "credentials").stat().st_mode) == 0o700
     assert stat.S_IMODE((state / "credentials" / "control.token").stat().st_mode) == 0o600
