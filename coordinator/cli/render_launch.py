@@ -66,10 +66,31 @@ def launch_rows(resolved_jobspec_json: str) -> list[tuple[str, str]]:
     lines = [f"{name}={shlex.quote(value)}" for name, value in launch.env.items()]
     rows.append(("Environment", lines[0] if lines else "(none from the Job)"))
     rows += [("", line) for line in lines[1:]]
+    begins = begins_from(resolved_jobspec_json)
+    if begins is not None:
+        wrapped = textwrap.wrap(begins, _WRAP)
+        rows.append(("Begins from", wrapped[0]))
+        rows += [("", line) for line in wrapped[1:]]
     wrapped = textwrap.wrap(AT_LAUNCH, _WRAP)
     rows.append(("Set at launch", wrapped[0]))
     rows += [("", line) for line in wrapped[1:]]
     return rows
+
+
+def begins_from(resolved_jobspec_json: str) -> str | None:
+    """The Derivation's source as Preview resolved it (``init_from_source``), in words; None
+    without one or when it cannot be read."""
+    try:
+        src: Any = json.loads(resolved_jobspec_json).get("init_from_source")
+        if not isinstance(src, dict):
+            return None
+        return (
+            f"run {src['run_id']} (attempt {src['attempt']}, member {src['member_index']}): "
+            f"{src['files']} files, {src['bytes']} bytes, manifest sha256 "
+            f"{src['manifest_sha256']}; each rank finds them at $TUNEPLANE_INIT_FROM_DIR"
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def launch_json(resolved_jobspec_json: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent.jobs import job, journal, wait_job
+from tests.agent.jobs import job, journal, tp, wait_job
 from tests.faults.jobs import project, submit
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
@@ -99,6 +99,13 @@ def test_a_run_begins_from_the_checkpoint_of_another(
     assert exits and exits[0]["details"]["output_manifest"] == summary, exits
 
     proj_b = project(coord, tmp_path / "b", "custom/custom", {"train.sh": READ})
+    # The preview names the source and its manifest digest before anything is admitted.
+    preview = " ".join(
+        tp(coord, "submit", "job", "--profile", "h200:1", "--init-from", run_a, "--preview",
+           cwd=proj_b).split()
+    )  # fmt: skip
+    assert f"Begins from run {run_a} (attempt 1, member 0): {summary['files']} files" in preview
+    assert f"manifest sha256 {summary['sha256']}" in preview
     run_b = submit(coord, proj_b, "h200:1", "--init-from", run_a)
     view = wait_job(coord, run_b, 120)
     assert view["state"] == "succeeded", view
