@@ -79,7 +79,7 @@ def system(files: list[list[Ev]]) -> list[tuple[str, int, float]]:
     snapshots: list[tuple[str, dict[str, object]]] = []
     for number, file in enumerate(files):
         source = f"tb/run/events.out.tfevents.{number:03d}"
-        state = RunState.from_json(opening_state(source, snapshots).get("run"))  # type: ignore[arg-type]
+        state = RunState.from_json(opening_state(source, snapshots).get("run"))
         for offset, ev in enumerate(file):
             tags = None if ev.values is None else tuple(t for t, _ in ev.values)
             orphans = state.event(
