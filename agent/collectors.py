@@ -12,6 +12,9 @@ Rules:
   until it wrote ``drained``. A collector that stops early is restarted with backoff; it runs in
   its own process, so its crash never touches the member. The loop's nursery owns every one;
   cancelling it sends each collector SIGTERM (it resumes from its spool next time).
+- Each collector follows its member's whole ``$TUNEPLANE_OUT_DIR`` (``--out-dir``): the
+  telemetry directory, the TensorBoard directory (``$TENSORBOARD_LOGDIR``) and event and
+  ``tuneplane.report`` files anywhere else under it, at most ``max_files`` at once.
 - Each collector also samples its member's GPUs (by UUID, in the member's order) and process
   tree every ``system_interval_s`` (0: never), through the NVML the agent reads: the scripted
   double when the agent has ``--scripted-nvml``, none when its GPUs are simulated.
@@ -33,6 +36,7 @@ from tuneplane.agent import messages as m
 from tuneplane.agent.journal import Journal, MemberKey, MemberRecord
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.state_dir import write_atomic, write_json_atomic
+from tuneplane.collector.files import DEFAULT_MAX_FILES, TENSORBOARD_SUBDIR
 from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,11 @@ def telemetry_dir(out_dir: Path) -> Path:
     return out_dir / TELEMETRY_SUBDIR
 
 
+def tensorboard_dir(out_dir: Path) -> Path:
+    """``$TENSORBOARD_LOGDIR`` of a member: ``$TUNEPLANE_OUT_DIR/tensorboard``."""
+    return out_dir / TENSORBOARD_SUBDIR
+
+
 @attrs.define(eq=False)
 class CollectorSupervisor:
     """Owns the collectors of one Node. ``python`` runs ``tuneplane.collector.cli``."""
@@ -72,6 +81,8 @@ class CollectorSupervisor:
     sample_gpus: bool = True
     scripted_nvml: Path | None = None
     gpu_release_file: Path | None = None
+    # The most telemetry files one member's collector follows at once.
+    max_files: int = DEFAULT_MAX_FILES
     _running: set[MemberKey] = attrs.field(factory=set, alias="running")
 
     @classmethod
@@ -150,6 +161,8 @@ class CollectorSupervisor:
         return [
             self.python, "-m", "tuneplane.collector.cli", "run",
             "--telemetry-dir", str(telemetry_dir(Path(record.out_dir))),
+            "--out-dir", record.out_dir,
+            "--max-files", str(self.max_files),
             "--state-dir", str(folder),
             "--gateway", str(config["gateway"]),
             "--ca", str(config["ca"]),

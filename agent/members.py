@@ -25,7 +25,7 @@ import trio
 from tuneplane.agent import accounts, runner_pyz, sandbox, supervision
 from tuneplane.agent import messages as m
 from tuneplane.agent import rendezvous as rdv
-from tuneplane.agent.collectors import telemetry_dir
+from tuneplane.agent.collectors import telemetry_dir, tensorboard_dir
 from tuneplane.agent.config import DEFAULT_RUNTIME_PATH, Runtime, WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.init_from import ENV_NAME as INIT_FROM_ENV
@@ -537,6 +537,8 @@ class MemberManager:
         # The collector follows this directory; the SDK and TensorBoard writers log into it.
         telemetry = telemetry_dir(out_dir)
         telemetry.mkdir(exist_ok=True)
+        tensorboard = tensorboard_dir(out_dir)
+        tensorboard.mkdir(exist_ok=True)
         if lease.switches_user:
             accounts.chown_tree(out_dir, lease.account)
             # <run id>/attempt-<n> above it: passable, never listable, so a member cannot see
@@ -557,6 +559,11 @@ class MemberManager:
                 "TUNEPLANE_MEMBER_COUNT": str(record.member_count),
                 "TUNEPLANE_OUT_DIR": str(out_dir),
                 "TUNEPLANE_TELEMETRY_DIR": str(telemetry),
+                # Where libraries look for a TensorBoard log directory (docs/telemetry.md,
+                # "Where to write"); the collector follows all of $TUNEPLANE_OUT_DIR anyway.
+                "TUNEPLANE_TENSORBOARD_DIR": str(tensorboard),
+                "TENSORBOARD_LOGDIR": str(tensorboard),
+                "AIP_TENSORBOARD_LOG_DIR": str(tensorboard),
                 # The Derivation's source, copied and verified at Prepare (agent/init_from.py).
                 **(
                     {INIT_FROM_ENV: str(lease.work_dir / INIT_FROM_DIR)}

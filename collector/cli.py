@@ -17,7 +17,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tuneplane.collector.files import kind_of, read_file, telemetry_files
+from tuneplane.collector.files import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_MAX_FILES,
+    TelemetryPathError,
+    kind_of,
+    read_file,
+    telemetry_files,
+)
 from tuneplane.collector.point_rules import PointScreen
 from tuneplane.collector.points import ReadWarning, ScalarPoint
 from tuneplane.collector.spool import DEFAULT_MAX_POINTS
@@ -131,6 +139,34 @@ def inspect(path: Path, as_json: bool) -> None:
     help="The member's telemetry directory ($TUNEPLANE_TELEMETRY_DIR); followed recursively.",
 )
 @click.option(
+    "--out-dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The member's output directory ($TUNEPLANE_OUT_DIR), holding --telemetry-dir: also "
+    "follow TensorBoard event files and tuneplane.report files anywhere under it.",
+)
+@click.option(
+    "--max-files",
+    default=DEFAULT_MAX_FILES,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The most telemetry files followed at once; more are reported, not read.",
+)
+@click.option(
+    "--max-depth",
+    default=DEFAULT_MAX_DEPTH,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="How many directories deep the search for telemetry files goes.",
+)
+@click.option(
+    "--max-entries",
+    default=DEFAULT_MAX_ENTRIES,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The most directory entries one search for telemetry files looks at.",
+)
+@click.option(
     "--state-dir",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
@@ -209,6 +245,10 @@ def inspect(path: Path, as_json: bool) -> None:
 )
 def run(
     telemetry_dir: Path,
+    out_dir: Path | None,
+    max_files: int,
+    max_depth: int,
+    max_entries: int,
     state_dir: Path,
     gateway: str,
     ca: Path,
@@ -236,7 +276,8 @@ def run(
 
     # A long-running service: what it does (spooled, shipped, retried) belongs in its log.
     logging.getLogger().setLevel(logging.INFO)
-    from tuneplane.collector.service import CollectorOptions, run_collector
+    from tuneplane.collector.files import ScanLimits
+    from tuneplane.collector.service import CollectorOptions, followed_root, run_collector
     from tuneplane.collector.ship_wire import CollectorConfigError, Gateway
     from tuneplane.collector.spool import SpoolError
     from tuneplane.collector.system_sampler import SystemOptions
@@ -261,9 +302,12 @@ def run(
                 scripted_nvml=scripted_nvml.absolute() if scripted_nvml else None,
                 gpu_release_file=gpu_release_file,
             ),
+            out_dir=out_dir.absolute() if out_dir else None,
+            limits=ScanLimits(max_files, max_depth, max_entries),
         )
+        followed_root(opts)  # a telemetry directory outside --out-dir is refused here
         sys.exit(trio.run(run_collector, opts))
-    except (CollectorConfigError, CheckpointError, SpoolError) as exc:
+    except (CollectorConfigError, CheckpointError, SpoolError, TelemetryPathError) as exc:
         raise click.UsageError(str(exc)) from None
 
 

@@ -267,7 +267,7 @@ def read_chunks(
         decoded = decoder.feed(data, position, final=final and at_end)
         position += decoded.consumed
         pending = data[decoded.consumed :]
-        yield Decoded(decoded.points, decoded.warnings, position)
+        yield Decoded(decoded.points, decoded.warnings, position, decoded.marks)
         if at_end:
             return
 

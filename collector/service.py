@@ -11,6 +11,10 @@ Rules:
   whatever the reason, and logged with the gateway's own sentence. Points the gateway refused one
   by one (the reply names them) are never sent again: they leave the spool with the batch and
   stay recorded as data-loss warnings with their file and offset.
+- What is followed: with ``out_dir``, the member's whole ``$TUNEPLANE_OUT_DIR`` (its telemetry
+  directory inside it), else the telemetry directory alone; a checkpoint written by a collector
+  that followed the telemetry directory alone keeps it so (its stream names are relative to
+  it). See :mod:`tuneplane.collector.files` for which files count and the bounds.
 - The member's end is a file the Node writes (``member-exited`` in the state directory). Then
   the tailer drains every file, the spool is shipped to empty, a last call says ``drained``,
   ``drained`` is written beside it, and the process exits 0. SIGTERM/SIGINT stop it early
@@ -32,6 +36,8 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from tuneplane.collector.checkpoint import load_checkpoint
+from tuneplane.collector.files import Layout, ScanLimits, TelemetryPathError
 from tuneplane.collector.point_rules import REFUSED_KIND, PointScreen, storable
 from tuneplane.collector.points import ReadWarning, ScalarPoint
 from tuneplane.collector.ship_wire import (
@@ -53,6 +59,7 @@ CHECKPOINT_FILE = "checkpoint.json"
 EXITED_MARKER = "member-exited"
 DRAINED_MARKER = "drained"
 BATCH_POINTS = 2000
+BATCH_MARKS = 100
 PROGRESS_INTERVAL_S = 5.0
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -77,10 +84,37 @@ class CollectorOptions:
     agent_pid: int | None = None
     # The member's GPU and process samples (docs/telemetry.md, "System series").
     system: SystemOptions = attrs.field(factory=lambda: SystemOptions(interval_s=0))
+    # The member's $TUNEPLANE_OUT_DIR, followed as a whole; None: the telemetry directory only.
+    out_dir: Path | None = None
+    limits: ScanLimits = attrs.field(factory=ScanLimits)
 
     @property
     def member(self) -> tuple[str, int, int]:
         return (self.run_id, self.attempt, self.member_index)
+
+
+def followed_root(opts: CollectorOptions) -> tuple[Path, Layout]:
+    """The directory the tailer follows and its layout (see the module notes)."""
+    if opts.out_dir is None:
+        return opts.telemetry_dir, Layout()
+    try:
+        inner = opts.telemetry_dir.relative_to(opts.out_dir).as_posix()
+    except ValueError:
+        raise TelemetryPathError(
+            f"the telemetry directory {opts.telemetry_dir} is not inside the output directory "
+            f"{opts.out_dir}; give --telemetry-dir under --out-dir, or leave --out-dir out"
+        ) from None
+    if inner == ".":
+        raise TelemetryPathError(
+            f"the telemetry directory {opts.telemetry_dir} is the output directory itself; "
+            "give its telemetry sub-directory as --telemetry-dir"
+        )
+    body = load_checkpoint(opts.state_dir / CHECKPOINT_FILE)
+    if body is not None and body.get("root") == str(opts.telemetry_dir):
+        log.info("the checkpoint follows the telemetry directory only; kept so root=%s",
+                 opts.telemetry_dir)  # fmt: skip
+        return opts.telemetry_dir, Layout()
+    return opts.out_dir, Layout.output_dir(inner)
 
 
 def drained(state_dir: Path) -> bool:
@@ -151,10 +185,13 @@ class Collector:
 
     async def run(self) -> None:
         """Collect until the member's telemetry is delivered (or until cancelled)."""
+        root, layout = followed_root(self.opts)
         tailer = Tailer(
-            self.opts.telemetry_dir,
+            root,
             self.opts.state_dir / CHECKPOINT_FILE,
             poll_interval=self.opts.poll_interval_s,
+            layout=layout,
+            limits=self.opts.limits,
         )
         async with (
             open_telemetry_client(
@@ -211,8 +248,10 @@ class Collector:
                 if shared.backpressure:
                     shared.backpressure = False
                     log.info("spool has room again; reading resumed points=%d", self.spool.depth)
-                if batch.points or batch.warnings:
-                    await self._spool_call(self.spool.append, batch.points, batch.warnings)
+                if batch.points or batch.warnings or batch.marks:
+                    await self._spool_call(
+                        self.spool.append, batch.points, batch.warnings, batch.marks
+                    )
                     shared.wrote.set()
                 await tailer.commit(batch)
         shared.tail_done.set()
@@ -237,9 +276,15 @@ class Collector:
         while True:
             shared.wrote = trio.Event()
             batch = await self._spool_call(self.spool.peek, BATCH_POINTS)
-            finished = shared.tail_done.is_set() and shared.sampling_done.is_set() and not batch
+            marks = await self._spool_call(self.spool.peek_marks, BATCH_MARKS)
+            finished = (
+                shared.tail_done.is_set()
+                and shared.sampling_done.is_set()
+                and not batch
+                and not marks
+            )
             quiet = trio.current_time() - last_call < self.opts.progress_interval_s
-            if not batch and not finished and quiet:
+            if not batch and not marks and not finished and quiet:
                 # Nothing to send: wait for new points, or send progress when it is due.
                 with trio.move_on_at(last_call + self.opts.progress_interval_s):
                     await shared.wrote.wait()
@@ -249,7 +294,9 @@ class Collector:
             # points the gateway would refuse: they go as data loss, never on the wire.
             sendable, unsendable = screen_spooled(self._screen, batch, time.time())
             try:
-                reply = await client.ship(self.opts.member, sendable, progress)
+                reply = await client.ship(
+                    self.opts.member, sendable, progress, [m.mark for m in marks]
+                )
             except ShipFailed as exc:
                 failures += 1
                 delay = backoff_s(failures, random.random())
@@ -265,7 +312,7 @@ class Collector:
                 continue
             failures = 0
             last_call = trio.current_time()
-            if batch:
+            if batch or marks:
                 refused = unsendable + refusals(reply)
                 for warning in refused:
                     log.warning(
@@ -275,7 +322,12 @@ class Collector:
                         warning.kind,
                         warning.message,
                     )
-                await self._spool_call(self.spool.acknowledge, batch[-1].id, refused)
+                await self._spool_call(
+                    self.spool.acknowledge,
+                    batch[-1].id if batch else 0,
+                    refused,
+                    marks[-1].id if marks else 0,
+                )
                 shared.room.set()
                 log.debug("points delivered count=%d stored=%d duplicates=%d spool=%d",
                           len(batch), reply.stored, reply.duplicates,

@@ -1,4 +1,4 @@
-"""The tailer: follows one member's telemetry directory and hands out batches of points.
+"""The tailer: follows one member's telemetry files and hands out batches of points.
 
 Rules:
 - Hand-off: every :class:`Batch` carries the decoded position of every stream *after* it. The
@@ -10,6 +10,13 @@ Rules:
   a new stream is handed out, so identities are stable across restarts.
 - While the writers run, each poll decodes a bounded amount per stream; once ``writers_done``
   is set, the tailer drains every stream to its end, reports incomplete tails, and finishes.
+- What is followed: the files :func:`~tuneplane.collector.files.discover` finds under the root
+  with its :class:`Layout`, new files and directories included, within :class:`ScanLimits`.
+  A file's tags (and the tags its marks name) get its run in front (``tb/run1`` + ``loss`` is
+  ``tb/run1/loss``), so two writers' ``loss`` never merge into one Series name.
+- A bound that leaves telemetry unread (the file cap, the walk's depth or entries) is said
+  once per member: a log line, and a data-loss warning in the spool, which ``tp job show``
+  counts. The checkpoint remembers it was said once that warning is durable.
 """
 
 from __future__ import annotations
@@ -25,15 +32,31 @@ import attrs
 import trio
 
 from tuneplane.collector.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from tuneplane.collector.files import make_decoder, read_chunks, telemetry_files
+from tuneplane.collector.files import (
+    Layout,
+    ScanLimits,
+    discover,
+    make_decoder,
+    open_under,
+    read_chunks,
+)
 from tuneplane.collector.point_rules import PointScreen, storable
-from tuneplane.collector.points import Decoder, ReadWarning, ScalarPoint
+from tuneplane.collector.points import (
+    Decoder,
+    HParamsMark,
+    Mark,
+    ReadWarning,
+    RestartMark,
+    ScalarPoint,
+)
+from tuneplane.collector.tfevent import opening_state
 from tuneplane.collector.tracking import (
     HEAD_BYTES,
     Adopted,
     Change,
     FileStat,
     Moved,
+    NotFollowed,
     Opened,
     Restarted,
     SkippedCopy,
@@ -45,6 +68,11 @@ from tuneplane.collector.tracking import (
 log = logging.getLogger(__name__)
 
 POLL_BYTES = 8 * 1024 * 1024
+#: Warning kinds of the bounds (see the module notes), each said once per member.
+NOT_FOLLOWED = "not-followed"
+WALK_LIMITED = "walk-limited"
+# One decoded chunk: points, warnings, position, decoder state there, bytes read, marks.
+_Chunk = tuple[list[ScalarPoint], list[ReadWarning], int, dict[str, Any], int, list[Mark]]
 
 
 @attrs.frozen
@@ -63,6 +91,7 @@ class Batch:
     points: list[ScalarPoint]
     warnings: list[ReadWarning]
     positions: Mapping[str, Position]
+    marks: list[Mark] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -79,6 +108,10 @@ class TailerStatistics:
     skipped_copies: int
     batches_sent: int
     batches_committed: int
+    # Files the last scan found that are not followed (the file cap), and whether it stopped
+    # at the depth or entries bound.
+    files_not_followed: int = 0
+    walk_limited: bool = False
 
 
 @attrs.define
@@ -91,10 +124,13 @@ class _Counters:
     replacements: int = 0
     adoptions: int = 0
     skipped_copies: int = 0
+    not_followed: int = 0
+    walk_limited: bool = False
 
 
 class Tailer:
-    """Follows ``root`` (a member's telemetry directory), checkpointing into ``checkpoint``.
+    """Follows ``root`` (a member's output or telemetry directory, as ``layout`` says),
+    checkpointing into ``checkpoint``.
 
     Use::
 
@@ -112,8 +148,12 @@ class Tailer:
         *,
         poll_interval: float = 0.5,
         poll_bytes: int = POLL_BYTES,
+        layout: Layout | None = None,
+        limits: ScanLimits | None = None,
     ) -> None:
         self._root = root
+        self._layout = layout or Layout()
+        self._limits = limits or ScanLimits()
         self._checkpoint = checkpoint
         self._poll_interval = poll_interval
         self._poll_bytes = poll_bytes
@@ -124,6 +164,9 @@ class Tailer:
                 f"not {str(root)!r}; give each member its own checkpoint file"
             )
         self._tracker = Tracker.from_json(body["tracker"]) if body else Tracker()
+        # Bound warnings that are durable (said for good), and those said by this process.
+        self._noted: set[str] = set(body.get("noted", ())) if body else set()
+        self._logged: set[str] = set(self._noted)
         self._decoders: dict[str, Decoder] = {}
         self._positions: dict[str, Position] = {
             s.source_id: Position(s.committed, s.committed_state)
@@ -146,6 +189,8 @@ class Tailer:
             points=c.points,
             warnings=c.warnings,
             data_loss_warnings=c.data_loss,
+            files_not_followed=c.not_followed,
+            walk_limited=c.walk_limited,
             truncations=c.truncations,
             replacements=c.replacements,
             adoptions=c.adoptions,
@@ -185,11 +230,16 @@ class Tailer:
             if stream is not None:
                 stream.committed = position.offset
                 stream.committed_state = dict(position.state)
+        self._noted.update(w.kind for w in batch.warnings if w.kind in (NOT_FOLLOWED, WALK_LIMITED))
         self._committed_seq = batch.seq
         await self._persist()
 
     async def _persist(self) -> None:
-        body = {"root": str(self._root), "tracker": self._tracker.to_json()}
+        body = {
+            "root": str(self._root),
+            "tracker": self._tracker.to_json(),
+            "noted": sorted(self._noted),
+        }
         async with self._persist_lock:
             await trio.to_thread.run_sync(save_checkpoint, self._checkpoint, body)
 
@@ -198,6 +248,7 @@ class Tailer:
         send: trio.MemorySendChannel[Batch],
         points: list[ScalarPoint],
         warnings: list[ReadWarning],
+        marks: list[Mark] | None = None,
     ) -> None:
         # A point the gateway would refuse (a step beyond int64, an absurd wall time, a name
         # that cannot travel) becomes a data-loss warning here, before it can reach the spool.
@@ -217,14 +268,15 @@ class Tailer:
                     warning.line,
                 )
         self._sent_positions = dict(self._positions)
-        await send.send(Batch(self._seq, points, warnings, self._sent_positions))
+        await send.send(Batch(self._seq, points, warnings, self._sent_positions, list(marks or ())))
 
     async def _poll(self, send: trio.MemorySendChannel[Batch], *, final: bool) -> bool:
         """One pass: scan, update identities, decode new bytes. True when anything advanced."""
-        stats = await trio.to_thread.run_sync(self._scan)
-        changes = self._tracker.observe(stats, final=final)
+        stats, walk_limited = await trio.to_thread.run_sync(self._scan)
+        changes = self._tracker.observe(stats, final=final, max_live=self._limits.max_files)
         notices = self._apply(changes)
-        if any(not isinstance(c, Vanished | SkippedCopy) for c in changes):
+        notices += self._bounds(changes, walk_limited)
+        if any(not isinstance(c, Vanished | SkippedCopy | NotFollowed) for c in changes):
             await self._persist()
         if notices:
             await self._send(send, [], notices)
@@ -232,12 +284,16 @@ class Tailer:
         for stream in self._tracker.live():
             decoder = self._decoder(stream)
             chunks = await trio.to_thread.run_sync(self._read, stream, decoder, final)
-            for points, warnings, position, state, seen in chunks:
+            run = self._layout.run(stream.source_id)
+            for points, warnings, position, state, seen, marks in chunks:
+                if run:
+                    points = [attrs.evolve(p, tag=f"{run}/{p.tag}") for p in points]
+                    marks = [_in_run(run, mark) for mark in marks]
                 advanced = advanced or position != stream.position
                 self._tracker.advance(stream.source_id, position, seen)
                 self._positions[stream.source_id] = Position(position, state)
-                if points or warnings:
-                    await self._send(send, points, warnings)
+                if points or warnings or marks:
+                    await self._send(send, points, warnings, marks)
         self._counters.polls += 1
         return advanced
 
@@ -246,10 +302,21 @@ class Tailer:
         if decoder is None:
             position = self._positions.get(stream.source_id)
             state = dict(position.state) if position else None
+            if not state and stream.kind == "tfevents":
+                # TensorBoard reads a run directory's event files one after the other: a new
+                # file starts from the restart rule's state where the file before it stands.
+                state = opening_state(stream.path, self._decoder_states())
             decoder = make_decoder(stream.kind, stream.path, stream.source_id, state)
             self._decoders[stream.source_id] = decoder
         decoder.source = stream.path
         return decoder
+
+    def _decoder_states(self) -> list[tuple[str, Mapping[str, Any]]]:
+        return [
+            (self._tracker.streams[source_id].path, decoder.snapshot())
+            for source_id, decoder in self._decoders.items()
+            if source_id in self._tracker.streams
+        ]
 
     def _apply(self, changes: list[Change]) -> list[ReadWarning]:
         notices: list[ReadWarning] = []
@@ -298,6 +365,8 @@ class Tailer:
                 log.info(
                     "telemetry file vanished source_id=%s path=%s", change.source_id, change.path
                 )
+            elif isinstance(change, NotFollowed):
+                continue  # see _bounds
             elif change.path not in self._skipped_copies:
                 self._skipped_copies.add(change.path)
                 self._counters.skipped_copies += 1
@@ -314,28 +383,81 @@ class Tailer:
                 )
         return notices
 
-    def _scan(self) -> list[FileStat]:
+    def _bounds(self, changes: list[Change], walk_limited: bool) -> list[ReadWarning]:
+        """The once-per-member warnings of a bound that leaves telemetry unread."""
+        skipped = [c for c in changes if isinstance(c, NotFollowed)]
+        self._counters.not_followed = len(skipped)
+        self._counters.walk_limited = walk_limited
+        notices: list[ReadWarning] = []
+        if skipped and NOT_FOLLOWED not in self._logged:
+            self._logged.add(NOT_FOLLOWED)
+            first = skipped[0]
+            log.warning(
+                "telemetry files not followed: the limit of files per member is reached "
+                "limit=%d not_followed=%d first=%s",
+                first.limit,
+                len(skipped),
+                storable(first.path),
+            )
+            if NOT_FOLLOWED not in self._noted:
+                notices.append(
+                    ReadWarning(
+                        first.path,
+                        0,
+                        NOT_FOLLOWED,
+                        f"{len(skipped)} telemetry file(s) are not followed, this one first: "
+                        f"this member already has {first.limit} files followed, the most a "
+                        "collector follows (tuneplane-collector run --max-files). Write fewer "
+                        "event or report files (one SummaryWriter per run, not per step)",
+                    )
+                )
+        if walk_limited and WALK_LIMITED not in self._logged:
+            self._logged.add(WALK_LIMITED)
+            limits = self._limits
+            log.warning(
+                "telemetry search stopped at a bound; files beyond it are not seen "
+                "root=%s max_depth=%d max_entries=%d",
+                self._root,
+                limits.max_depth,
+                limits.max_entries,
+            )
+            if WALK_LIMITED not in self._noted:
+                notices.append(
+                    ReadWarning(
+                        ".",
+                        0,
+                        WALK_LIMITED,
+                        f"the search for telemetry files stopped at a bound (directories at "
+                        f"most {limits.max_depth} deep, {limits.max_entries} entries per look); "
+                        "files beyond it are not read. Write event and report files near the "
+                        "top of $TUNEPLANE_OUT_DIR, e.g. under $TENSORBOARD_LOGDIR",
+                    )
+                )
+        return notices
+
+    def _scan(self) -> tuple[list[FileStat], bool]:
+        """The telemetry files as they are now, and whether the walk stopped at a bound."""
+        found = discover(self._root, self._layout, self._limits)
         stats: list[FileStat] = []
-        for path in telemetry_files(self._root):
-            try:
-                with path.open("rb") as handle:
+        for rel, _ in found.files:
+            handle = open_under(self._root, rel)
+            if handle is None:
+                continue
+            with handle:
+                try:
                     info = os.fstat(handle.fileno())
                     head = handle.read(HEAD_BYTES)
-            except (FileNotFoundError, IsADirectoryError):
-                continue
-            rel = path.relative_to(self._root).as_posix()
+                except OSError:
+                    continue
             stats.append(FileStat(rel, info.st_dev, info.st_ino, info.st_size, head))
-        return stats
+        return stats, found.depth_limited or found.entries_limited
 
-    def _read(
-        self, stream: Stream, decoder: Decoder, final: bool
-    ) -> list[tuple[list[ScalarPoint], list[ReadWarning], int, dict[str, Any], int]]:
+    def _read(self, stream: Stream, decoder: Decoder, final: bool) -> list[_Chunk]:
         """Decode new bytes of ``stream`` (in a worker thread): per chunk, its points,
-        warnings, position, decoder state there, and how far the file was read."""
-        out: list[tuple[list[ScalarPoint], list[ReadWarning], int, dict[str, Any], int]] = []
-        try:
-            handle = (self._root / stream.path).open("rb")
-        except FileNotFoundError:
+        warnings, position, decoder state there, how far the file was read, and its marks."""
+        out: list[_Chunk] = []
+        handle = open_under(self._root, stream.path)
+        if handle is None:
             return out
         with handle:
             info = os.fstat(handle.fileno())
@@ -352,6 +474,16 @@ class Tailer:
                         decoded.consumed,
                         decoder.snapshot(),
                         handle.tell(),
+                        decoded.marks,
                     )
                 )
         return out
+
+
+def _in_run(run: str, mark: Mark) -> Mark:
+    """``mark`` with the tags it names in ``run`` (as its file's points are)."""
+    if isinstance(mark, RestartMark) and mark.tags is not None:
+        return attrs.evolve(mark, tags=tuple(f"{run}/{t}" for t in mark.tags))
+    if isinstance(mark, HParamsMark) and mark.metrics:
+        return attrs.evolve(mark, metrics=tuple(f"{run}/{t}" for t in mark.metrics))
+    return mark

@@ -18,8 +18,9 @@ from tensorboardX.proto import event_pb2, summary_pb2
 
 from tests.collector.tb_writers import tensorboard_scalars
 from tuneplane.collector.checkpoint import CheckpointError
+from tuneplane.collector.files import Layout, ScanLimits
 from tuneplane.collector.points import ReadWarning, ScalarPoint
-from tuneplane.collector.tailer import Batch, Tailer
+from tuneplane.collector.tailer import NOT_FOLLOWED, Batch, Tailer
 from tuneplane.collector.tfrecord import frame
 
 DEADLINE = 20.0
@@ -63,9 +64,11 @@ async def tail(
     during: Callable[[Tailer, Sink], Awaitable[None]],
     *,
     commit: bool = True,
+    layout: Layout | None = None,
+    limits: ScanLimits | None = None,
 ) -> tuple[Tailer, Sink]:
     """Run a tailer on ``root`` while ``during`` acts, then signal writers done and drain."""
-    tailer = Tailer(root, checkpoint, poll_interval=0.01)
+    tailer = Tailer(root, checkpoint, poll_interval=0.01, layout=layout, limits=limits)
     sink = Sink(commit=commit)
     done = trio.Event()
     send, receive = trio.open_memory_channel[Batch](0)
@@ -138,7 +141,8 @@ async def test_follows_a_writer_process_to_the_end(tmp_path: Path) -> None:
         if p.source.startswith("tb/"):
             assert p.wall_time is not None
             got.setdefault(p.tag, []).append((p.step, p.wall_time, p.value))
-    assert got == expected
+    # The event file's directory is its run, as TensorBoard names it, in front of its tags.
+    assert got == {f"tb/{tag}": values for tag, values in expected.items()}
     acc = [p for p in sink.points if p.tag == "eval/acc"]
     assert [p.step for p in acc] == list(range(200))
     assert acc[0].source == "report.rank0.jsonl"
@@ -340,3 +344,91 @@ async def test_checkpoint_reaches_the_end_even_without_points(tmp_path: Path) ->
     assert sink.batches[-1].points == [] and sink.batches[-1].warnings == []
     (stream,) = json.loads(checkpoint.read_text())["tracker"]["streams"]
     assert stream["committed"] == path.stat().st_size
+
+
+OUT_WRITER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from tensorboardX import SummaryWriter
+    from tuneplane.report import finish, init, log
+
+    out = sys.argv[1]
+    # The script's own log directory and TENSORBOARD_LOGDIR's run sub-directory, both made
+    # after the tailer started, and a data file of the researcher's own that is not metrics.
+    mine = SummaryWriter(out + "/tb/run1", flush_secs=3600)
+    logdir = SummaryWriter(out + "/tensorboard/run2", flush_secs=3600)
+    init(dir=out + "/eval")
+    os.makedirs(out + "/data", exist_ok=True)
+    with open(out + "/data/train.jsonl", "w") as data:
+        data.write(json.dumps({"step": 1, "loss": 5.0}) + "\\n")
+    for step in range(100):
+        mine.add_scalar("loss", 1.0 / (step + 1), step)
+        logdir.add_scalar("loss", 2.0 / (step + 1), step)
+        log({"acc": step / 100}, step=step)
+        if step % 20 == 19:
+            mine.flush()
+            logdir.flush()
+            time.sleep(0.02)
+    mine.close()
+    logdir.close()
+    finish()
+    """
+)
+
+
+async def test_an_output_directory_is_followed_in_its_runs(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "telemetry").mkdir(parents=True)
+
+    async def run_writer(tailer: Tailer, sink: Sink) -> None:
+        await polls(tailer, 2)
+        await trio.run_process([sys.executable, "-c", OUT_WRITER, str(out)])
+
+    layout = Layout.output_dir("telemetry")
+    _, sink = await tail(out, tmp_path / "ckpt.json", run_writer, layout=layout)
+    assert sink.warnings == []
+    got: dict[str, list[tuple[int, float]]] = {}
+    for p in sink.points:
+        got.setdefault(p.tag, []).append((p.step, p.value))
+    # Two writers' "loss" stay apart, each under its run, as TensorBoard shows them.
+    assert sorted(got) == ["eval/acc", "run2/loss", "tb/run1/loss"]
+    for tag, logdir in (
+        ("tb/run1/loss", out / "tb" / "run1"),
+        ("run2/loss", out / "tensorboard" / "run2"),
+    ):
+        (values,) = tensorboard_scalars(logdir).values()
+        assert got[tag] == [(step, value) for step, _, value in values]
+    assert [p.step for p in sink.points if p.tag == "eval/acc"] == list(range(100))
+    assert {p.source for p in sink.points if p.tag == "eval/acc"} == {"eval/report.rank0.jsonl"}
+
+
+async def test_the_file_cap_is_said_once_and_survives_a_restart(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    for name in ("a", "b", "c"):
+        (out / "telemetry" / name).mkdir(parents=True)
+        (out / "telemetry" / name / "m.jsonl").write_bytes(line(1))
+    checkpoint = tmp_path / "ckpt.json"
+    layout = Layout.output_dir("telemetry")
+    limits = ScanLimits(max_files=2)
+
+    async def more(tailer: Tailer, sink: Sink) -> None:
+        await polls(tailer, 3)
+        append(out / "telemetry" / "a" / "m.jsonl", line(2))
+        await polls(tailer, 2)
+
+    tailer, sink = await tail(out, checkpoint, more, layout=layout, limits=limits)
+    (notice,) = sink.warnings
+    assert notice.kind == NOT_FOLLOWED and notice.data_loss
+    assert notice.source == "telemetry/c/m.jsonl"
+    assert "1 telemetry file(s) are not followed" in notice.message
+    assert tailer.statistics().files_not_followed == 1
+    assert sorted((p.tag, p.step) for p in sink.points) == [("a/loss", 1), ("a/loss", 2),
+                                                            ("b/loss", 1)]  # fmt: skip
+    # A restarted tailer (same checkpoint) follows the same files and does not say it again.
+    append(out / "telemetry" / "b" / "m.jsonl", line(2))
+    again, sink = await tail(
+        out, checkpoint, lambda t, s: polls(t, 2), layout=layout, limits=limits
+    )
+    assert sink.warnings == []
+    assert [(p.tag, p.step) for p in sink.points] == [("b/loss", 2)]
+    assert again.statistics().files_not_followed == 1
