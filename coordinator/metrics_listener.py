@@ -71,6 +71,8 @@ def metrics_listener(table: Any, default_port: int) -> MetricsListener:
         )
     host = table.get("host", "127.0.0.1")
     try:
+        if not isinstance(host, str):  # ip_address() would take 127 as 0.0.0.127
+            raise TypeError(host)
         ipaddress.ip_address(host)
     except (ValueError, TypeError):
         raise MetricsConfigError(
