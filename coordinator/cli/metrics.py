@@ -146,7 +146,9 @@ def delivery_table(now_ms: int, members: list[DeliveryView]) -> Table:
         else:
             state = f"shipping (last call {_age(now_ms, d.last_contact_ms)})"
         if d.data_loss_warnings:
-            state += f"; {d.data_loss_warnings} values unreadable"
+            # Values the collector could not read or ship, and files it did not follow (its
+            # file cap, its search bounds): docs/telemetry.md, "Warnings".
+            state += f"; {d.data_loss_warnings} data-loss warnings (values or files not read)"
         if d.orphaned_points:
             state += f"; {d.orphaned_points} points orphaned by a restarted TensorBoard writer"
         table.add_row(

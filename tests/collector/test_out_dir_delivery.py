@@ -4,6 +4,7 @@ writers making new directories while it runs, SIGKILL, and the file cap."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,7 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.processes import track, untrack, wait_until
 
 STEPS = 300
+TP = [sys.executable, "-m", "tuneplane.coordinator.cli.tp"]
 
 # TensorBoard runs appear one after the other (a new directory every 100 steps) in the script's
 # own log directory and under TENSORBOARD_LOGDIR; tuneplane.report writes beside them.
@@ -148,5 +150,12 @@ def test_the_file_cap_is_said_once_in_the_log_and_in_the_delivery_status(
     assert collector.read_log().count("telemetry files not followed") == 1
     row = delivery_row(coord, run_id)
     assert row is not None
-    # What `tp job show` reads: one data-loss warning for the files that are not read.
+    # One data-loss warning for the files that are not read, and `tp job show` says it.
     assert (row["data_loss_warnings"], row["drained"]) == (1, 1)
+    shown = subprocess.run(
+        [*TP, "--context", str(coord.context_path), "job", "show", run_id],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "1 data-loss warnings (values or files not read)" in shown.stdout, shown.stdout
