@@ -9,7 +9,9 @@ a file the test writes, so the scrape sees a member running.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -236,3 +238,75 @@ def _family(name: str) -> str:
         if name.endswith(suffix):
             return name.removesuffix(suffix)
     return name
+
+
+@pytest.mark.timeout(240)
+def test_a_silent_node_shows_as_disconnected_with_its_job_unknown_then_recovers(
+    tmp_path: Path,
+) -> None:
+    """What the example alerts read: the Node's disconnection, its Job ``unknown``, and the
+    agent's reconnect, through a real cut (the agent stopped with SIGSTOP past the timeout)."""
+    with start_coordinator(tmp_path, config=METRICS) as coord:
+        agent = start_agent(tmp_path, coord, "node-a", node_toml=METRICS)
+        release = tmp_path / "release"
+        try:
+            node = str(agent.wait_connected()["metrics_address"])
+            coordinator = str(
+                json.loads((coord.state_dir / "endpoints.json").read_text())["metrics"]
+            )
+            run_id = submit(
+                coord, tmp_path / "project", f'while [ ! -e "{release}" ]; do sleep 0.1; done\n'
+            )
+            _until(
+                node,
+                "the member to run",
+                lambda s: s.value("tuneplane_node_members", state="running") == 1,
+            )
+            os.kill(agent.pid, signal.SIGSTOP)
+            try:
+                cut = _until(
+                    coordinator,
+                    "the Job to be unknown and its Node disconnected",
+                    lambda s: (
+                        s.value("tuneplane_coordinator_jobs", state="unknown") == 1
+                        and s.value("tuneplane_coordinator_nodes", connectivity="disconnected") == 1
+                        and (
+                            s.value("tuneplane_coordinator_node_disconnected_longest_seconds") or 0
+                        )
+                        > 0
+                    ),
+                )
+            finally:
+                os.kill(agent.pid, signal.SIGCONT)
+            assert cut.value("tuneplane_coordinator_jobs", state="running") == 0
+            back = _until(
+                node,
+                "the agent to reconnect",
+                lambda s: (
+                    (s.value("tuneplane_node_reconnects_total") or 0) >= 1
+                    and s.value("tuneplane_node_connected") == 1
+                ),
+            )
+            assert back.value("tuneplane_node_members", state="running") == 1
+            release.write_text("go")
+            assert wait_job(coord, run_id)["state"] == "succeeded"
+            healed = _until(
+                coordinator,
+                "the Node connected again and nothing unknown",
+                lambda s: (
+                    s.value("tuneplane_coordinator_jobs", state="unknown") == 0
+                    and s.value("tuneplane_coordinator_nodes", connectivity="connected") == 1
+                    and s.value("tuneplane_coordinator_node_disconnected_longest_seconds") == 0
+                ),
+            )
+            # The cut control stream ended, and was observed when it did.
+            ended = [
+                s
+                for s in healed.samples
+                if s.name == "tuneplane_coordinator_rpc_duration_seconds_count"
+                and s.labels["method"] == "Control/Connect"
+            ]
+            assert sum(s.value for s in ended) >= 1
+        finally:
+            release.write_text("go")
+            agent.stop()
