@@ -70,6 +70,12 @@ DEFAULT_CONFIG = """\
 # [metrics]           optional: serve Prometheus metrics over plain HTTP (off without the table;
 #   port = 7446       docs/operator.md, "Metrics", lists them)
 #   host = "127.0.0.1"        the address to listen on (default: this machine only)
+# [addresses]         optional: the addresses serve hands out (endpoints.json, tp-context.json,
+#                     the telemetry address in every Commit); docs/operator.md, "Addresses"
+#   host = "coordinator.example.org"   every listener at this name or address (serve
+#                     --advertise wins); needed when serve listens on 0.0.0.0 or ::
+#   control = "lb.example.org:7444"    one listener at a whole HOST:PORT (a NAT or a load
+#                     balancer in front); also api = ... and telemetry = ...
 
 [series.h200]
 cards = 0
@@ -170,6 +176,20 @@ class FleetSettings:
 
 
 @attrs.frozen
+class AddressSettings:
+    """``[addresses]``: what serve advertises (``coordinator/advertise.py``); "" when unset."""
+
+    host: str = ""
+    api: str = ""
+    control: str = ""
+    telemetry: str = ""
+
+    def with_host(self, host: str | None) -> AddressSettings:
+        """These settings with ``serve --advertise`` (when given) as ``host``."""
+        return self if not host else attrs.evolve(self, host=host)
+
+
+@attrs.frozen
 class CoordinatorConfig:
     series: Mapping[str, Series]
     profiles: Mapping[str, Profile]
@@ -182,6 +202,7 @@ class CoordinatorConfig:
     fleets: Mapping[str, FleetSettings] = attrs.field(factory=dict)
     # [metrics]: where the Prometheus listener binds; None: off (the default).
     metrics: MetricsListener | None = None
+    addresses: AddressSettings = attrs.field(factory=AddressSettings)
     # Sentences about keys that are still accepted but no longer do anything; `serve` logs them.
     warnings: tuple[str, ...] = ()
 
@@ -230,7 +251,17 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         raise ConfigError(f"{path} is not valid TOML ({exc}). Fix the syntax.") from None
     _check_keys(
         raw,
-        {"series", "profiles", "quota", "credentials", "limits", "runtimes", "fleet", "metrics"},
+        {
+            "series",
+            "profiles",
+            "quota",
+            "credentials",
+            "limits",
+            "runtimes",
+            "fleet",
+            "metrics",
+            "addresses",
+        },
         "<top level>",
         path,
     )
@@ -286,8 +317,24 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         runtimes=_runtimes(raw.get("runtimes", {}), path),
         fleets=_fleets(raw.get("fleet", {}), path),
         metrics=_metrics(raw, path),
+        addresses=_addresses(raw.get("addresses", {}), path),
         warnings=tuple(warnings),
     )
+
+
+def _addresses(table: Any, path: Path) -> AddressSettings:
+    """``[addresses]``: strings only; serve checks what they say (coordinator/advertise.py)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [addresses] must be a table. Write it as [addresses].")
+    keys = {"host", "api", "control", "telemetry"}
+    _check_keys(table, keys, "addresses", path)
+    for key, value in table.items():
+        if type(value) is not str or not value.strip() or value != value.strip():
+            raise ConfigError(
+                f"{path}: [addresses] {key} = {value!r} must be a non-empty string without "
+                'surrounding spaces, e.g. host = "coordinator.example.org". Fix the value.'
+            )
+    return AddressSettings(**table)
 
 
 def _metrics(raw: Mapping[str, Any], path: Path) -> MetricsListener | None:

@@ -9,7 +9,6 @@ Rules:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -24,6 +23,15 @@ from anyio.abc import TaskStatus
 from grpclib.server import Server
 
 from tuneplane.agent.sd_notify import ServiceNotifier
+from tuneplane.coordinator.advertise import (
+    Advertised,
+    AdvertiseError,
+    hosts,
+    join,
+    judge,
+    look_up_all,
+    plan,
+)
 from tuneplane.coordinator.api_service import ApiService
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
@@ -52,7 +60,7 @@ from tuneplane.coordinator.store import Store, db_path
 from tuneplane.coordinator.store_logs import LogStore, logs_db_path
 from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
 from tuneplane.coordinator.telemetry_gateway import TelemetryGateway
-from tuneplane.coordinator.tls import TlsPaths, server_context
+from tuneplane.coordinator.tls import TlsError, TlsPaths, cover_names, server_context
 from tuneplane.coordinator.wire import grpc_errors
 
 log = logging.getLogger(__name__)
@@ -78,6 +86,8 @@ class ServeOptions:
     heartbeat_interval_s: float = 5.0
     heartbeat_timeout_s: float = 15.0
     prepare_timeout_s: float = 120.0
+    # ``--advertise``: the host every listener is advertised at, over [addresses] host ("").
+    advertise: str = ""
 
 
 class ServeError(RuntimeError):
@@ -104,20 +114,6 @@ def _listen(name: str, host: str, port: int) -> socket.socket:
         ) from None
     sock.setblocking(False)
     return sock
-
-
-def _address(host: str, port: int) -> str:
-    """The address clients dial: a wildcard bind is advertised as loopback."""
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    try:
-        if ipaddress.ip_address(host).version == 6:
-            return f"[{host}]:{port}"
-    except ValueError:
-        pass
-    return f"{host}:{port}"
 
 
 def _bounded(listener: str, services: list[Any], limits: Limits) -> list[Any]:
@@ -162,6 +158,36 @@ def _listen_all(opts: ServeOptions) -> dict[str, socket.socket]:
     return socks
 
 
+async def _advertise(
+    opts: ServeOptions,
+    config: CoordinatorConfig,
+    socks: dict[str, socket.socket],
+    tls_paths: TlsPaths,
+) -> Advertised:
+    """The addresses serve hands out, checked against what this machine holds and covered by
+    the server certificate (coordinator/advertise.py); :class:`ServeError` when they cannot be."""
+    ports = {name: sock.getsockname()[1] for name, sock in socks.items()}
+    try:
+        advertised = plan(opts.host, config.addresses.with_host(opts.advertise), ports)
+    except AdvertiseError as exc:
+        raise ServeError(str(exc)) from None
+    # getaddrinfo blocks (DNS): off the event loop.
+    facts = await anyio.to_thread.run_sync(look_up_all, hosts(advertised))
+    verdict = judge(socks["api"].getsockname()[0], advertised, facts)
+    for warning in verdict.warnings:
+        log.warning("advertised address doubtful message=%r", warning)
+    if verdict.refusals:
+        raise ServeError(" ".join(verdict.refusals))
+    try:
+        added = cover_names(tls_paths, hosts(advertised))
+    except TlsError as exc:
+        told = str(exc)
+        raise ServeError(told[:1].upper() + told[1:]) from None
+    if added:
+        log.info("server certificate reissued by the dev CA added_names=%s", ",".join(added))
+    return advertised
+
+
 async def _run_listener(
     name: str,
     handlers: list[Any],
@@ -173,8 +199,8 @@ async def _run_listener(
 ) -> None:
     server = Server(handlers)
     await server.start(sock=sock, ssl=ctx)
-    address = _address(host, sock.getsockname()[1])
-    log.info("listener started name=%s address=%s", name, address)
+    address = join(host, sock.getsockname()[1])
+    log.info("listener started name=%s listening=%s", name, address)
     try:
         task_status.started(address)
         await anyio.sleep_forever()
@@ -204,11 +230,13 @@ async def serve(opts: ServeOptions) -> None:
     for warning in config.warnings:
         log.warning("config key ignored message=%r", warning)
     tls_paths = TlsPaths.under(state_dir)
-    ctx = server_context(tls_paths)
     catalogue = Catalogue.bundled()
     socks = _listen_all(opts)
     exporter: RunningListener | None = None
     try:
+        # Before the TLS context is loaded: a dev certificate may be reissued to cover them.
+        advertised = await _advertise(opts, config, socks, tls_paths)
+        ctx = server_context(tls_paths)
         exporter = _start_metrics(config)
         store = await Store.open(db_path(state_dir))
     except BaseException:
@@ -264,7 +292,7 @@ async def serve(opts: ServeOptions) -> None:
             tg.start_soon(_watch_signals, tg.cancel_scope, notifier)
             tg.start_soon(notifier.keep_watchdog)
             try:
-                api_addr = await tg.start(
+                await tg.start(
                     _run_listener,
                     "api",
                     _bounded(
@@ -276,8 +304,9 @@ async def serve(opts: ServeOptions) -> None:
                     socks["api"],
                     ctx,
                 )
-                # Telemetry before control: every Commit a Node receives names the gateway.
-                telemetry_addr = await tg.start(
+                # Telemetry before control: every Commit a Node receives names the gateway,
+                # at its advertised address (never the bind address: 0.0.0.0 reaches nobody).
+                await tg.start(
                     _run_listener,
                     "telemetry",
                     _bounded("telemetry", [telemetry], config.limits),
@@ -285,8 +314,8 @@ async def serve(opts: ServeOptions) -> None:
                     socks["telemetry"],
                     ctx,
                 )
-                collectors.telemetry_address = telemetry_addr
-                control_addr = await tg.start(
+                collectors.telemetry_address = advertised.telemetry
+                await tg.start(
                     _run_listener,
                     "control",
                     _bounded("control", [control], config.limits),
@@ -294,6 +323,8 @@ async def serve(opts: ServeOptions) -> None:
                     socks["control"],
                     ctx,
                 )
+                api_addr, control_addr = advertised.api, advertised.control
+                telemetry_addr = advertised.telemetry
                 tg.start_soon(scheduler.run)
                 if exporter is not None:
                     tg.start_soon(refresh_gauges, store)

@@ -4,6 +4,9 @@ Rules:
 - Server verification is always on: clients verify the server against ``tls/ca.pem``; there is no
   switch that turns it off. ALPN offers only ``h2`` (gRPC is HTTP/2).
 - Private keys are written 0600 in a 0700 directory, atomically.
+- The server certificate covers every name serve advertises (``cover_names``): one issued by
+  this state directory's dev CA is reissued with the missing names, over the same key; any other
+  is never touched, and a missing name stops serve with a sentence.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import attrs
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -70,6 +74,33 @@ def default_sans(extra: Iterable[str] = ()) -> list[str]:
     return ["localhost", "127.0.0.1", "::1", socket.gethostname(), *extra]
 
 
+def _server_cert(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_name: x509.Name,
+    server_key: ec.EllipticCurvePrivateKey,
+    sans: Iterable[str],
+    not_before: datetime.datetime,
+    not_after: datetime.datetime,
+) -> x509.Certificate:
+    """A server certificate for ``sans`` over ``server_key``, signed by the dev CA."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tuneplane-coordinator")]))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.SubjectAlternativeName(_san_entries(sans)), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+
 def create_dev_ca(state_dir: Path, sans: Iterable[str], valid_days: int = 825) -> TlsPaths:
     """Generate a dev CA and a server certificate signed by it under ``<state_dir>/tls``."""
     paths = TlsPaths.under(state_dir)
@@ -108,28 +139,99 @@ def create_dev_ca(state_dir: Path, sans: Iterable[str], valid_days: int = 825) -
     )
 
     server_key = ec.generate_private_key(ec.SECP256R1())
-    server_cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tuneplane-coordinator")]))
-        .issuer_name(ca_name)
-        .public_key(server_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.SubjectAlternativeName(_san_entries(sans)), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    server_cert = _server_cert(ca_key, ca_name, server_key, sans, not_before, not_after)
 
     write_atomic(paths.ca_key, _key_pem(ca_key), 0o600)
     write_atomic(paths.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     write_atomic(paths.server_key, _key_pem(server_key), 0o600)
     write_atomic(paths.server_cert, server_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return paths
+
+
+def _normal(host: str) -> str:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.lower().rstrip(".")
+
+
+def _covers(cert: x509.Certificate, host: str) -> bool:
+    """Whether a client verifying ``cert`` for ``host`` would accept it (subjectAltName only,
+    as TLS clients match: an IP address exactly, a name exactly or by a ``*.`` first label)."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    wanted = _normal(host)
+    if wanted in {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}:
+        return True
+    for name in (n.lower().rstrip(".") for n in san.get_values_for_type(x509.DNSName)):
+        if name == wanted:
+            return True
+        if name.startswith("*.") and "." in wanted and wanted.split(".", 1)[1] == name[2:]:
+            return True
+    return False
+
+
+def cover_names(paths: TlsPaths, hosts: Iterable[str]) -> list[str]:
+    """Make the server certificate cover every one of ``hosts``; returns the names it added.
+
+    A certificate issued by this state directory's dev CA (``tls/ca.key`` present and the
+    issuer) is reissued with the missing names added, over the same key, to the same expiry,
+    written atomically (one file changes: a crash leaves the old or the new certificate). Any
+    other certificate is left alone and a missing name raises :class:`TlsError`.
+    """
+    try:
+        cert = x509.load_pem_x509_certificate(paths.server_cert.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise TlsError(
+            f"cannot read the server certificate {paths.server_cert} ({exc}). Run "
+            "`tuneplane-coordinator init` or put a certificate and key there."
+        ) from None
+    missing = [h for h in dict.fromkeys(hosts) if not _covers(cert, h)]
+    if not missing:
+        return []
+    ca_key = _dev_ca_key(paths, cert)
+    if ca_key is None:
+        raise TlsError(
+            f"the server certificate {paths.server_cert} does not cover "
+            f"{', '.join(missing)}, which serve advertises, so every Node and collector would "
+            "refuse it. Issue a certificate whose subjectAltName names it, or advertise a "
+            "name the certificate covers."
+        )
+    server_key = serialization.load_pem_private_key(paths.server_key.read_bytes(), None)
+    if not isinstance(server_key, ec.EllipticCurvePrivateKey):
+        raise TlsError(f"{paths.server_key} is not the EC key the dev CA issued with.")
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = [*san.get_values_for_type(x509.DNSName)]
+    names += [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
+    now = datetime.datetime.now(datetime.UTC)
+    fresh = _server_cert(
+        ca_key,
+        cert.issuer,
+        server_key,
+        [*names, *missing],
+        now - datetime.timedelta(minutes=5),
+        cert.not_valid_after_utc,
+    )
+    write_atomic(paths.server_cert, fresh.public_bytes(serialization.Encoding.PEM), 0o644)
+    return missing
+
+
+def _dev_ca_key(paths: TlsPaths, cert: x509.Certificate) -> ec.EllipticCurvePrivateKey | None:
+    """The dev CA's key when it exists here and issued ``cert``; None otherwise."""
+    try:
+        ca_cert = x509.load_pem_x509_certificate(paths.ca_cert.read_bytes())
+        ca_key = serialization.load_pem_private_key(paths.ca_key.read_bytes(), None)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey) or cert.issuer != ca_cert.subject:
+        return None
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
+        return None
+    return ca_key
 
 
 def server_context(paths: TlsPaths) -> ssl.SSLContext:

@@ -131,7 +131,19 @@ def init(state_dir: Path, san: tuple[str, ...]) -> None:
 
 @main.command(name="serve")
 @state_dir_option
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0 or :: for every address; then set --advertise).",
+)
+@click.option(
+    "--advertise",
+    default="",
+    help="Name or address other machines dial to reach every listener; it is what serve hands "
+    "out (endpoints.json, tp-context.json, the telemetry address Nodes get). Overrides "
+    "[addresses] host in coordinator.toml; default: the --host address.",
+)
 @click.option(
     "--api-port",
     default=DEFAULT_API_PORT,
@@ -177,6 +189,7 @@ def init(state_dir: Path, san: tuple[str, ...]) -> None:
 def serve_command(
     state_dir: Path,
     host: str,
+    advertise: str,
     api_port: int,
     control_port: int,
     telemetry_port: int,
@@ -196,6 +209,7 @@ def serve_command(
         ServeOptions(
             state_dir=state_dir,
             host=host,
+            advertise=advertise,
             api_port=api_port,
             control_port=control_port,
             telemetry_port=telemetry_port,
