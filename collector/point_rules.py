@@ -21,7 +21,9 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
-from tuneplane.collector.points import ReadWarning, ScalarPoint
+import attrs
+
+from tuneplane.collector.points import HParamsMark, Mark, ReadWarning, RestartMark, ScalarPoint
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -208,6 +210,64 @@ def mark_problem(
         if why is not None:
             return why
     return None
+
+
+def screen_marks(marks: Iterable[Mark]) -> tuple[list[Mark], list[ReadWarning]]:
+    """The marks that may be spooled and shipped, and a warning for what was left out.
+
+    A name that cannot travel (a NUL, a lone surrogate, too long) is dropped from its mark:
+    no stored point can carry such a tag, so a restart loses nothing by it; an hparam or metric
+    name is lost and said so. A mark that is still refused becomes a warning. The gateway
+    refuses a whole call holding a NUL, so none may reach the spool.
+    """
+    good: list[Mark] = []
+    warnings: list[ReadWarning] = []
+
+    def bad_name(name: str) -> bool:
+        return text_problem("tag", name, MAX_TAG_CHARS) is not None
+
+    for mark in marks:
+        if isinstance(mark, RestartMark) and mark.tags is not None:
+            tags = tuple(t for t in mark.tags if not bad_name(t))
+            if not tags:
+                continue
+            mark = attrs.evolve(mark, tags=tags)
+        elif isinstance(mark, HParamsMark):
+            kept = tuple(
+                (n, v) for n, v in mark.hparams if not bad_name(n) and not encoding_problem("", v)
+            )
+            metrics = tuple(m for m in mark.metrics if not bad_name(m))
+            if len(kept) < len(mark.hparams) or len(metrics) < len(mark.metrics):
+                warnings.append(
+                    ReadWarning(
+                        mark.source,
+                        mark.offset,
+                        "hparam-skipped",
+                        "an hparam or metric name (or value) holds a NUL, a lone surrogate or "
+                        f"more than {MAX_TAG_CHARS} characters; it is not shipped",
+                        data_loss=False,
+                    )
+                )
+            if not kept and not metrics:
+                continue
+            mark = attrs.evolve(mark, hparams=kept, metrics=metrics)
+        names: list[str] = []
+        values: list[str] = []
+        if isinstance(mark, RestartMark):
+            names = list(mark.tags or ())
+        else:
+            names = [n for n, _ in mark.hparams] + list(mark.metrics)
+            values = [v for _, v in mark.hparams]
+        why = mark_problem(mark.source_id or mark.source, mark.offset, names, values)
+        if why is None:
+            good.append(mark)
+        else:
+            warnings.append(
+                ReadWarning(
+                    mark.source, mark.offset, REFUSED_KIND, f"{why}; the mark is not shipped"
+                )
+            )
+    return good, warnings
 
 
 def storable(text: str) -> str:

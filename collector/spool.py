@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from tuneplane.collector.point_rules import PointScreen, storable
+from tuneplane.collector.point_rules import PointScreen, screen_marks, storable
 from tuneplane.collector.points import HParamsMark, Mark, ReadWarning, RestartMark, ScalarPoint
 
 SPOOL_FILE = "spool.db"
@@ -182,6 +182,8 @@ class Spool:
         # The tailer screened these already; screening again costs little and means no caller
         # can put a point into the spool that the gateway would refuse or SQLite cannot hold.
         good, refused = self._screen.screen(points, time.time())
+        marks, unshippable = screen_marks(marks)
+        refused += unshippable
         rows = [
             (
                 p.source_id or p.source,

@@ -9,16 +9,21 @@ member whose credential shipped it.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
+from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+from tensorboardX.proto import event_pb2, summary_pb2
+from tensorboardX.record_writer import RecordWriter
 
-from tests.collector.delivery import Launched, launch_member
+from tests.collector.delivery import CollectorProcess, Launched, launch_member
 from tests.coordinator.grpc_client import bearer, open_channel
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.proto import v1
@@ -186,3 +191,82 @@ def test_a_mark_touches_only_the_shipping_members_points(coord: CoordinatorProce
         )
     assert caught.value.status is Status.PERMISSION_DENIED
     assert _state(coord, victim.run_id) == before
+
+
+def _summary_event(step: int, values: list[summary_pb2.Summary.Value]) -> bytes:
+    event = event_pb2.Event(step=step, wall_time=WALL + step)
+    event.summary.value.extend(values)
+    return bytes(event.SerializeToString())
+
+
+def _hparams_value(metric_tags: list[str], hparams: dict[str, str]) -> summary_pb2.Summary.Value:
+    if metric_tags:
+        data = plugin_data_pb2.HParamsPluginData(
+            version=0,
+            experiment=api_pb2.Experiment(
+                metric_infos=[
+                    api_pb2.MetricInfo(name=api_pb2.MetricName(tag=t)) for t in metric_tags
+                ]
+            ),
+        )
+        tag = "_hparams_/experiment"
+    else:
+        info = plugin_data_pb2.SessionStartInfo()
+        for name, value in hparams.items():
+            info.hparams[name].string_value = value
+        data = plugin_data_pb2.HParamsPluginData(version=0, session_start_info=info)
+        tag = "_hparams_/session_start_info"
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(
+            plugin_name="hparams", content=data.SerializeToString()
+        )
+    )
+    return summary_pb2.Summary.Value(tag=tag, metadata=metadata)
+
+
+def test_a_file_with_unshippable_names_in_its_marks_still_drains(
+    coord: CoordinatorProcess, tmp_path: Path
+) -> None:
+    """A NUL in a tag or an hparam name would make the gateway refuse the whole call, so the
+    collector drops such names from its marks before spooling: the member's telemetry still
+    drains, the restart still applies to the good tag, and the rest of the hparams arrive."""
+    who = launch_member(coord, "nul-marks")
+    telemetry = tmp_path / "telemetry"
+    run = telemetry / "old"
+    run.mkdir(parents=True)
+    writer = RecordWriter(str(run / "events.out.tfevents.1000.host"))
+    for step in range(6):
+        value = summary_pb2.Summary.Value(tag="loss", simple_value=float(step))
+        writer.write(_summary_event(step, [value]))
+    # A step going back (no file_version), naming a good tag and one holding a NUL.
+    back = [
+        summary_pb2.Summary.Value(tag="loss", simple_value=100.0),
+        summary_pb2.Summary.Value(tag="lo\x00ss", simple_value=1.0),
+    ]
+    writer.write(_summary_event(2, back))
+    writer.write(_summary_event(3, [_hparams_value(["acc", "ac\x00c"], {})]))
+    writer.write(_summary_event(3, [_hparams_value([], {"opt": "adam", "b\x00ad": "x"})]))
+    writer.close()
+
+    collector = CollectorProcess(coord, who, telemetry, tmp_path / "collector")
+    collector.start()
+    collector.member_exited()
+    assert collector.wait() == 0, collector.read_log()
+    state = _state(coord, who.run_id)
+    visible = sorted(step for step, orphaned in state["points"] if not orphaned)
+    assert visible == [0, 1, 2]  # 2..5 of the first writing orphaned; the new 2 kept
+    restarts = [(r[5], json.loads(r[6])) for r in state["restarts"]]
+    assert [(step, [t.rsplit("/", 1)[-1] for t in tags]) for step, tags in restarts] == [
+        (2, ["loss"])
+    ]
+    assert [(r[4], r[5]) for r in state["hparams"]] == [("opt", '"adam"')]
+    assert [r[4].rsplit("/", 1)[-1] for r in state["metrics"]] == ["acc"]
+    warnings = _store_spool_warnings(tmp_path / "collector")
+    assert "hparam-skipped" in {kind for _, kind in warnings}
+
+
+def _store_spool_warnings(state_dir: Path) -> list[tuple[int, str]]:
+    path = state_dir / "spool.db"
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+        rows = db.execute("SELECT byte_offset, kind FROM warnings").fetchall()
+    return [(int(r[0]), str(r[1])) for r in rows]
