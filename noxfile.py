@@ -24,12 +24,12 @@ PROTO_TOOLS = [
 def tests(session: nox.Session) -> None:
     """Install TunePlane with its test extras and run the whole suite.
 
-    As root (CI), bubblewrap and faketime are installed from the distribution when missing, so
-    the sandbox tests and the skewed-clock telemetry test run instead of skipping (under CI=true
-    a missing prerequisite fails them).
+    As root (CI), bubblewrap, faketime and prometheus (for promtool) are installed from the
+    distribution when missing, so the sandbox tests, the skewed-clock telemetry test and the
+    alert-rule tests run instead of skipping (under CI=true a missing prerequisite fails them).
     """
     session.install("-e", ".[test]")
-    wanted = {"bubblewrap": "bwrap", "faketime": "faketime"}
+    wanted = {"bubblewrap": "bwrap", "faketime": "faketime", "prometheus": "promtool"}
     missing = [package for package, tool in wanted.items() if shutil.which(tool) is None]
     if os.geteuid() == 0 and missing:
         quiet = {"DEBIAN_FRONTEND": "noninteractive"}
