@@ -19,6 +19,7 @@ import attrs
 import pytest
 
 from tests.agent.jobs import TERMINAL, journal
+from tests.faults.jobs import runner_alive
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.netns import Network, open_network, require_netns
@@ -212,6 +213,11 @@ class Site:
         (loss,) = [t for t in tags if t["tag"] == "train/loss"]
         return int(loss["points"]), int(loss["last_step"])
 
+    def loss_points_or_zero(self, run_id: str, member: int) -> int:
+        """How many train/loss points of member ``member`` the coordinator holds (0: none)."""
+        tags = self.tp_json("metrics", run_id, "--raw", "--member", str(member))["tags"]
+        return sum(int(t["points"]) for t in tags if t["tag"] == "train/loss")
+
     def stdout(self, run_id: str, member: int) -> list[str]:
         return self.tp("logs", run_id, "--member", str(member)).splitlines()
 
@@ -286,3 +292,58 @@ def test_a_process_group_job_across_hosts_ships_logs_and_metrics_from_both(
         lines = site.stdout(run_id, member)
         assert lines[0] == f"rank {member} met [0, 1] at {rendezvous}", lines[:3]
         assert lines[1:] == [f"rank {member} step {s}" for s in range(40)]
+
+
+def test_a_cut_link_makes_the_job_unknown_and_the_heal_loses_nothing(
+    site: Site, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    run_id = site.submit(tmp_path / "proj", f"hold:{release}")
+    try:
+        site.wait_state(run_id, {"running"}, 120)
+        agent1, member1 = site.member(run_id, 1)
+        host1 = next(n for n, a in site.agents.items() if a is agent1)
+        member_dir = Path(member1["member_dir"])
+        # Let both members ship some points before the cut.
+        wait_until("member 1's first points", lambda: site.loss_points_or_zero(run_id, 1) > 5)
+
+        site.net.host(host1).cut()
+        try:
+            shown = site.wait_state(run_id, {"unknown"}, 30)
+            assert "disconnected" in shown["state_reason"], shown
+            assert not site.tp_json("node", "show", agent1.node_id)["connected"]
+            # The member runs on, and goes on writing points its collector cannot ship yet.
+            assert runner_alive(member_dir), "a cut link must not touch the member"
+            out = Path(member1["out_dir"])
+            steps_at_cut = site.loss_points_or_zero(run_id, 1)
+            wait_until(
+                "member 1 to log steps the coordinator cannot have",
+                lambda: _logged_steps(out) > steps_at_cut + 20,
+            )
+            assert site.loss_points_or_zero(run_id, 1) == steps_at_cut
+        finally:
+            site.net.host(host1).heal()
+        agent1.wait_connected(60)
+        site.wait_state(run_id, {"running"}, 30)
+        assert runner_alive(member_dir)
+    finally:
+        release.write_text("go\n")
+    done = site.wait_state(run_id, TERMINAL, 60)
+    assert done["state"] == "succeeded", done
+    assert "failed" not in [change["state"] for change in done["history"]]
+    site.wait_delivered(run_id)
+    for member in (0, 1):
+        _, row = site.member(run_id, member)
+        steps = int((Path(row["out_dir"]) / f"steps-{member}.txt").read_text())
+        # Every step exactly once, and the whole log, the cut notwithstanding.
+        assert site.loss_points(run_id, member) == (steps, steps - 1)
+        lines = site.stdout(run_id, member)
+        assert lines[1:] == [f"rank {member} step {s}" for s in range(steps)]
+
+
+def _logged_steps(out: Path) -> int:
+    """How many train/loss points the SDK wrote under ``out`` (its JSONL files)."""
+    count = 0
+    for path in out.rglob("*.jsonl"):
+        count += path.read_text(errors="replace").count('"train/loss"')
+    return count
