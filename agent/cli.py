@@ -55,6 +55,7 @@ from tuneplane.agent.state_dir import (
 )
 from tuneplane.agent.wire import Endpoint, Enrolled, enroll
 from tuneplane.agent.xid_book import CLEAR_KINDS, XidRecord
+from tuneplane.collector.files import DEFAULT_MAX_FILES
 from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
 from tuneplane.coordinator.metrics_listener import MetricsListener
 
@@ -324,6 +325,15 @@ async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int, again: b
     help="Seconds between samples of each member's GPUs and processes (system/... series); "
     "0 turns them off. node.toml: [telemetry] system_interval_s.",
 )
+@click.option(
+    "--telemetry-max-files",
+    "telemetry_max_files",
+    type=click.IntRange(min=1, max=node_config.MAX_TELEMETRY_FILES),
+    default=DEFAULT_MAX_FILES,
+    show_default=True,
+    help="The most telemetry files one member's collector follows at once; more are reported "
+    "(tp job show), not read. node.toml: [telemetry] max_files.",
+)
 def run_command(
     state_dir: Path,
     simulate_gpus: str | None,
@@ -334,6 +344,7 @@ def run_command(
     inventory_interval_s: float,
     probe_limit_s: float,
     system_interval_s: float,
+    telemetry_max_files: int,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (which stop it and leave every member running)."""
     _setup_logging(log_level)
@@ -371,6 +382,7 @@ def run_command(
         daemon = Daemon(
             state, node, credential, source, outputs, work_root=works, policy=policy,
             inventory_interval_s=inventory_interval_s, system_interval_s=system_interval_s,
+            telemetry_max_files=telemetry_max_files,
         )  # fmt: skip
         logging.getLogger(__name__).info(
             "agent starting node_id=%s coordinator=%s gpus=%d gpu_source=%s pid=%d",

@@ -96,11 +96,13 @@ class CollectorSupervisor:
         sample_gpus: bool = True,
         scripted_nvml: Path | None = None,
         gpu_release_file: Path | None = None,
+        max_files: int = DEFAULT_MAX_FILES,
     ) -> CollectorSupervisor:
         return cls(
             state_root / COLLECTORS_DIR, journal, ca_path,
             system_interval_s=system_interval_s, sample_gpus=sample_gpus,
             scripted_nvml=scripted_nvml, gpu_release_file=gpu_release_file,
+            max_files=max_files,
         )  # fmt: skip
 
     def directory(self, key: MemberKey) -> Path:

@@ -47,7 +47,8 @@ _KEYS: Mapping[str, tuple[type, tuple[str, ...]]] = {
     "isolation": (str, ()),
     "accounts": (dict, ()),
     "runtimes": (dict, ()),
-    # [telemetry] system_interval_s sets `run --system-interval` (see default_map).
+    # [telemetry] system_interval_s and max_files set `run --system-interval` and
+    # `run --telemetry-max-files` (see default_map).
     "telemetry": (dict, ()),
     # [metrics]: the Prometheus listener of `run` (off without the table); read by run.
     "metrics": (dict, ()),
@@ -55,7 +56,9 @@ _KEYS: Mapping[str, tuple[type, tuple[str, ...]]] = {
 _JOURNAL_COMMANDS = ("members", "show", "events", "reservations", "export")
 _ACCOUNT_KEYS: Mapping[str, type] = {"mode": str, "pool": list, "prefix": str, "count": int}
 _RUNTIME_KEYS: Mapping[str, type] = {"path": str, "interpreter": str, "allow_loader_env": bool}
-_TELEMETRY_KEYS: Mapping[str, type] = {"system_interval_s": float}
+_TELEMETRY_KEYS: Mapping[str, type] = {"system_interval_s": float, "max_files": int}
+# The most telemetry files one member's collector may be told to follow at once.
+MAX_TELEMETRY_FILES = 100_000
 # The most seconds between system samples (an hour), as `run --system-interval` accepts.
 MAX_SYSTEM_INTERVAL_S = 3600.0
 _ACCOUNT_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
@@ -250,13 +253,21 @@ def _runtimes(path: Path, raw: Mapping[str, Any]) -> dict[str, Runtime]:
 
 def _telemetry(path: Path, raw: Mapping[str, Any]) -> dict[str, Any]:
     """[telemetry], checked; an integer interval (``system_interval_s = 5``) is accepted."""
-    table = {k: float(v) if type(v) is int else v for k, v in raw.items()}
+    table = dict(raw)
+    if type(table.get("system_interval_s")) is int:
+        table["system_interval_s"] = float(table["system_interval_s"])
     _check_table(path, "telemetry", table, _TELEMETRY_KEYS)
     interval = table.get("system_interval_s")
     if interval is not None and not 0 <= interval <= MAX_SYSTEM_INTERVAL_S:
         raise NodeConfigError(
             f"{path}: 'telemetry.system_interval_s' is {interval}; give 0 (no GPU and process "
             f"samples) to {MAX_SYSTEM_INTERVAL_S:g} seconds."
+        )
+    files = table.get("max_files")
+    if files is not None and not 1 <= files <= MAX_TELEMETRY_FILES:
+        raise NodeConfigError(
+            f"{path}: 'telemetry.max_files' is {files}; give 1 to {MAX_TELEMETRY_FILES} (the "
+            "most telemetry files one member's collector follows at once; 256 when unset)."
         )
     return table
 
@@ -335,6 +346,8 @@ def default_map(settings: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in settings.items():
         if key == "telemetry" and "system_interval_s" in value:
             defaults.setdefault("run", {})["system_interval_s"] = value["system_interval_s"]
+        if key == "telemetry" and "max_files" in value:
+            defaults.setdefault("run", {})["telemetry_max_files"] = value["max_files"]
         for command in _KEYS[key][1]:
             if command == "journal":
                 group = defaults.setdefault("journal", {})

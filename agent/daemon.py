@@ -96,6 +96,7 @@ from tuneplane.agent.wire import (
     open_control_stream,
 )
 from tuneplane.agent.xid_book import judge
+from tuneplane.collector.files import DEFAULT_MAX_FILES
 from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ class Daemon:
         policy: WorkloadPolicy,
         inventory_interval_s: float = INVENTORY_INTERVAL_S,
         system_interval_s: float = SYSTEM_INTERVAL_S,
+        telemetry_max_files: int = DEFAULT_MAX_FILES,
     ) -> None:
         self.state = state
         self.node = node
@@ -182,6 +184,8 @@ class Daemon:
         self.inventory_interval_s = inventory_interval_s
         # Seconds between each member's GPU and process samples (node.toml [telemetry]).
         self.system_interval_s = system_interval_s
+        # The most telemetry files one member's collector follows (node.toml [telemetry]).
+        self.telemetry_max_files = telemetry_max_files
         self._inventory_lock = trio.Lock()
         self.endpoint = Endpoint.parse(node.coordinator)
         self.ca_path = Path(node.ca)
@@ -264,6 +268,7 @@ class Daemon:
                             sample_gpus=self.source.gpu_source != "simulated",
                             scripted_nvml=self.source.scripted_nvml,
                             gpu_release_file=self.source.release_request,
+                            max_files=self.telemetry_max_files,
                         )  # fmt: skip
                         nursery.start_soon(self.collectors.run)
                     nursery.start_soon(self._command_worker)
