@@ -85,6 +85,12 @@ def plan(bind_host: str, settings: AddressSettings, ports: Mapping[str, int]) ->
                 ) from None
             chosen[name] = override
             continue
+        if settings.host and is_wildcard(settings.host):
+            raise AdvertiseError(
+                f"The advertised host {settings.host} (--advertise or host under [addresses] in "
+                "coordinator.toml) is a wildcard, which no client can dial. Give the name or "
+                'address the other machines dial, e.g. host = "coordinator.example.org".'
+            )
         host = settings.host or bind_host
         if is_wildcard(host):
             raise AdvertiseError(

@@ -148,23 +148,63 @@ def test_addresses_in_coordinator_toml() -> None:
         parse_config("[addresses]\nhost = 5\n", Path("c.toml"))
 
 
-def test_serve_on_every_address_with_nothing_advertised_refuses_and_publishes_nothing(
-    tmp_path: Path,
-) -> None:
-    state = tmp_path / "coord"
-    admin = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
-    subprocess.run([*admin, "init", "--state-dir", str(state)], check=True, capture_output=True)
-    cert = (state / "tls" / "server.pem").read_bytes()
-    for extra, said in (
+def _serve(state: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuneplane.coordinator.cli.admin", "serve", "--state-dir",
+         str(state), "--api-port", "0", "--control-port", "0", "--telemetry-port", "0", *extra],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def _snapshot(state: Path) -> dict[str, bytes]:
+    """Every file of the state directory (what a refused serve must leave alone)."""
+    return {str(p.relative_to(state)): p.read_bytes() for p in state.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    folder = tmp_path / "coord"
+    subprocess.run(
+        [sys.executable, "-m", "tuneplane.coordinator.cli.admin", "init", "--state-dir",
+         str(folder)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
         ((), "Set host under [addresses] in coordinator.toml (or pass --advertise HOST)"),
         (("--advertise", "127.0.0.1"), "resolves to loopback (127.0.0.1) while serve listens"),
+        (("--advertise", "0.0.0.0"), "is a wildcard, which no client can dial"),
+    ],
+)
+def test_serve_on_every_address_refuses_what_no_other_machine_can_dial(
+    state: Path, extra: tuple[str, ...], said: str
+) -> None:
+    before = _snapshot(state)
+    done = _serve(state, "--host", "0.0.0.0", *extra)
+    assert done.returncode == 1
+    assert said in " ".join(done.stderr.split()), done.stderr
+    # Nothing published, no certificate reissued, no store opened.
+    assert _snapshot(state) == before
+
+
+def test_serve_refuses_a_name_a_certificate_of_another_ca_does_not_cover(
+    state: Path, tmp_path: Path
+) -> None:
+    # A production certificate (another CA, no key of it here) for localhost only.
+    other = create_dev_ca(tmp_path / "other-ca", ["localhost", "127.0.0.1"])
+    tls = TlsPaths.under(state)
+    for source, target in (
+        (other.server_cert, tls.server_cert),
+        (other.server_key, tls.server_key),
     ):
-        done = subprocess.run(
-            [*admin, "serve", "--state-dir", str(state), "--host", "0.0.0.0", "--api-port", "0",
-             "--control-port", "0", "--telemetry-port", "0", *extra],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert done.returncode == 1
-        assert said in " ".join(done.stderr.split()), done.stderr
-        assert not (state / "endpoints.json").exists()
-        assert (state / "tls" / "server.pem").read_bytes() == cert
+        target.write_bytes(source.read_bytes())
+    before = _snapshot(state)
+    done = _serve(state, "--host", "127.0.0.1", "--advertise", "localhost.localdomain")
+    assert done.returncode == 1
+    told = " ".join(done.stderr.split())
+    assert f"The server certificate {tls.server_cert} does not cover localhost.localdomain" in told
+    assert _snapshot(state) == before
