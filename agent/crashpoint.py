@@ -26,6 +26,9 @@ POINTS = frozenset(
         "after-credential-confirmed",
         # XIDs committed to the journal, the inventory that shows them not yet current or sent.
         "after-xid-journaled",
+        # Output manifests (agent/outputs_manifest.py) and a Derivation's copy (agent/init_from.py).
+        "after-manifest-written",
+        "during-init-from-copy",
     }
 )
 

@@ -21,6 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
+from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.outputs_manifest import (
     CHUNK_BYTES,
     MAX_MANIFEST_BYTES,
@@ -92,6 +93,7 @@ def materialise_init_from(source: InitFromSource, out_root: Path, dest: Path) ->
     copied = 0
     for entry in manifest.files:
         copied += _copy_checked(src, entry.path, entry.size, entry.sha256, partial, run)
+        crashpoint("during-init-from-copy")
     _fsync_dir(partial)
     shutil.rmtree(dest, ignore_errors=True)
     os.rename(partial, dest)

@@ -27,6 +27,7 @@ from typing import Any
 
 import attrs
 
+from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.state_dir import write_atomic
 from tuneplane.coordinator.derivation import ManifestSummary, manifest_path
 from tuneplane.coordinator.input_checks import InputRefused, check_file_name
@@ -165,6 +166,7 @@ def write_manifest(
         )
     data = manifest.encode()
     write_atomic(target, data, 0o644)
+    crashpoint("after-manifest-written")
     return ManifestSummary(
         len(manifest.files), manifest.total_bytes, hashlib.sha256(data).hexdigest()
     )
