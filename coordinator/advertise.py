@@ -136,7 +136,7 @@ def judge_one(bind_host: str, listeners: Sequence[str], facts: HostFacts) -> Ver
     listener = "listener" if len(listeners) == 1 else "listeners"
     said = f"The advertised address {host} (of the {', '.join(listeners)} {listener})"
     fix = (
-        f"Set host (or {' and '.join(listeners)}) under [addresses] in coordinator.toml, or "
+        f"Set host (or {', '.join(listeners)}) under [addresses] in coordinator.toml, or "
         "--advertise, to a name or address the other machines reach this one at."
     )
     if is_wildcard(host):
