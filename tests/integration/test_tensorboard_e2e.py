@@ -113,3 +113,109 @@ def test_tensorboard_files_under_the_output_dir_reach_tp_metrics(
     assert env["TENSORBOARD_LOGDIR"] == tensorboard
     assert env["AIP_TENSORBOARD_LOG_DIR"] == tensorboard
     assert env["TUNEPLANE_TENSORBOARD_DIR"] == tensorboard
+
+
+PHASES = 3
+
+# Three phases, each with new run directories (a tensorboardX event file unpacked, and a
+# tuneplane.report file), the later ones waiting for the test's go-ahead so the agent can be
+# killed between them.
+PHASED = """set -e
+python3 - <<'PY'
+import base64, os, sys, time
+from tuneplane.report import finish, init, log
+out = os.environ["TUNEPLANE_OUT_DIR"]
+blobs = {blobs!r}
+for phase, blob in enumerate(blobs):
+    if phase:
+        while not os.path.exists(f"{{out}}/go{{phase}}"):
+            time.sleep(0.05)
+    os.makedirs(f"{{out}}/tb/run{{phase}}")
+    with open(f"{{out}}/tb/run{{phase}}/events.out.tfevents.1700000000.host", "wb") as f:
+        f.write(base64.b64decode(blob))
+    init(dir=f"{{out}}/eval/run{{phase}}")
+    for step in range({steps}):
+        log({{"acc": phase + step / {steps}}}, step=step)
+    finish()
+    open(f"{{out}}/phase{{phase}}-done", "w").close()
+PY
+"""
+
+
+def _restart_agent(cluster: LocalCluster) -> None:
+    agent = cluster.agents[0]
+    agent.process.popen.kill()
+    agent.process.popen.wait()
+    argv = [str(a) for a in agent.process.popen.args]  # type: ignore[union-attr]
+    agent.process = cluster._spawn(agent.name, argv)
+    cluster.wait_connected()
+
+
+def test_new_runs_arrive_once_through_an_agent_kill_9(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    blobs, expected = [], {}
+    for phase in range(PHASES):
+        logdir = tmp_path / "written" / f"run{phase}"
+        write_simple(logdir, {"loss": [(s, (phase + 1.0) / (s + 1)) for s in range(STEPS)]})
+        (event_file,) = logdir.iterdir()
+        blobs.append(base64.b64encode(event_file.read_bytes()).decode())
+        expected[f"tb/run{phase}/loss"] = [
+            (s, v) for s, _, v in tensorboard_scalars(logdir)["loss"]
+        ]
+        expected[f"eval/run{phase}/acc"] = [(s, phase + s / STEPS) for s in range(STEPS)]
+    project = tmp_path / "proj"
+    project.mkdir()
+    for args in (
+        ("init", str(project), "--name", "tbkill"),
+        ("new", "job", "--method", "custom/custom"),
+    ):
+        assert cluster.tp(*args, cwd=project).returncode == 0
+    script = PHASED.format(blobs=blobs, steps=STEPS)
+    (project / "experiments" / "job" / "train.sh").write_text(script)
+    done = cluster.tp("submit", "job", "--profile", "h200:1", "--yes", "--json", cwd=project)
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout.strip().splitlines()[-1])["run_id"]
+
+    def out_dir() -> Path | None:
+        job = _json(cluster, "job", "show", run_id)
+        members = job["attempts"][0]["members"] if job["attempts"] else []
+        return Path(members[0]["out_dir"]) if members and members[0]["out_dir"] else None
+
+    out = wait_until("the member's output directory", out_dir, timeout=60)
+
+    def stored() -> int:
+        members = _json(cluster, "metrics", run_id, "--delivery")["members"]
+        return int(members[0]["points_stored"]) if members else 0
+
+    # Phase 0 delivered in part or whole, then the agent dies; phase 1 is written while no agent
+    # runs (its collector stopped with it), and phase 2 after the new agent took over.
+    wait_until("phase 0's first points stored", lambda: stored() > 0, timeout=60)
+    cluster.agents[0].process.popen.kill()
+    cluster.agents[0].process.popen.wait()
+    (out / "go1").touch()
+    wait_until("phase 1 written", lambda: (out / "phase1-done").exists(), timeout=60)
+    _restart_agent(cluster)
+    (out / "go2").touch()
+    job = wait_until(
+        "the Job to end",
+        lambda: (
+            (j := _json(cluster, "job", "show", run_id))["state"] in ("succeeded", "failed") and j
+        ),
+        timeout=90,
+    )
+    assert job["state"] == "succeeded", job
+
+    def drained() -> Any:
+        members = _json(cluster, "metrics", run_id, "--delivery")["members"]
+        return members if members and all(m["drained"] for m in members) else None
+
+    (delivery,) = wait_until("the collector to deliver everything", drained, timeout=90)
+    assert delivery["data_loss_warnings"] == 0
+    tags = {t["tag"]: t["points"] for t in _json(cluster, "metrics", run_id)["tags"]}
+    files = {tag: n for tag, n in tags.items() if not tag.startswith("system/")}
+    # Nothing lost, nothing twice: every run's series has exactly its points.
+    assert files == {tag: STEPS for tag in expected}
+    for tag, values in expected.items():
+        series = _json(cluster, "metrics", run_id, "--tag", tag, "--max-points", "1000")
+        assert [(b["first_step"], b["last"]) for b in series["buckets"]] == values, tag
