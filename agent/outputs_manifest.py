@@ -165,7 +165,13 @@ def write_manifest(
             problem=f"the output directory {out_dir} could not be read ({exc.strerror or exc})."
         )
     data = manifest.encode()
-    write_atomic(target, data, 0o644)
+    try:
+        write_atomic(target, data, 0o644)
+    except OSError as exc:
+        # A full disk, an out root gone: the exit must still be journaled and reported.
+        return ManifestSummary(
+            problem=f"the manifest {target} could not be written ({exc.strerror or exc})."
+        )
     crashpoint("after-manifest-written")
     return ManifestSummary(
         len(manifest.files), manifest.total_bytes, hashlib.sha256(data).hexdigest()

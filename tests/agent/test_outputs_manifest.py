@@ -117,3 +117,10 @@ def test_a_changed_manifest_or_a_source_outside_the_out_root_is_refused(tmp_path
     with pytest.raises(PrepareRefused, match="is missing on this Node"):
         materialise_init_from(_source(out, summary.sha256), out_root, dest)
     assert not dest.exists()
+
+
+def test_an_unwritable_manifest_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    # The out dir's parent is a file: the manifest beside it cannot be written.
+    (tmp_path / "attempt-1").write_text("not a directory")
+    summary = write_manifest(tmp_path / "attempt-1" / "member-0", "run-a", 1, 0)
+    assert summary.sha256 == "" and "could not be written" in summary.problem
