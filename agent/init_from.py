@@ -26,6 +26,8 @@ from tuneplane.agent.outputs_manifest import (
     CHUNK_BYTES,
     MAX_MANIFEST_BYTES,
     ManifestProblem,
+    NotRegular,
+    open_regular,
     read_manifest,
 )
 from tuneplane.agent.prepare import PrepareRefused
@@ -45,7 +47,7 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def _read_bounded(path: Path, limit: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = open_regular(path)
     with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
@@ -113,7 +115,11 @@ def _copy_checked(src: Path, rel: str, size: int, sha256: str, partial: Path, ru
     digest = hashlib.sha256()
     copied = 0
     try:
-        fd = os.open(origin, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_regular(origin)
+    except NotRegular:
+        raise PrepareRefused(
+            f"The file {rel} of {run}'s outputs is not a regular file any more; refused."
+        ) from None
     except FileNotFoundError:
         raise PrepareRefused(
             f"The file {rel} of {run}'s outputs is missing from {src}; the manifest lists it."

@@ -76,11 +76,26 @@ class Manifest:
         return (json.dumps(data, sort_keys=True, indent=1) + "\n").encode()
 
 
+class NotRegular(OSError):
+    """The path names something other than a regular file (a link, a FIFO, a device)."""
+
+
+def open_regular(path: Path) -> int:
+    """A read-only descriptor of the regular file at ``path``: a final link is not followed and
+    a FIFO or device never blocks the open (it is refused with :class:`NotRegular`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegular(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def sha256_file(path: Path) -> tuple[int, str]:
     """Size and sha256 of the regular file at ``path``, read without following a final link."""
     digest = hashlib.sha256()
     size = 0
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = open_regular(path)
     with os.fdopen(fd, "rb") as f:
         while chunk := f.read(CHUNK_BYTES):
             digest.update(chunk)

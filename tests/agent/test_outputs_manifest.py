@@ -80,7 +80,7 @@ def test_init_from_copies_and_verifies_every_file(tmp_path: Path) -> None:
     assert sorted(p.name for p in dest.iterdir()) == ["ckpt", "notes.txt"]
 
 
-@pytest.mark.parametrize("tamper", ["changed", "missing", "longer", "link"])
+@pytest.mark.parametrize("tamper", ["changed", "missing", "longer", "link", "fifo"])
 def test_a_tampered_source_file_is_refused_naming_it(tmp_path: Path, tamper: str) -> None:
     out_root = tmp_path / "out"
     out = _outputs(out_root)
@@ -92,10 +92,14 @@ def test_a_tampered_source_file_is_refused_naming_it(tmp_path: Path, tamper: str
         model.unlink()
     elif tamper == "longer":
         model.write_bytes(CKPT + b"!")
-    else:
+    elif tamper == "link":
         model.unlink()
         model.symlink_to(tmp_path / "elsewhere")
         (tmp_path / "elsewhere").write_bytes(CKPT)
+    else:
+        # A FIFO with no writer would block a plain open forever.
+        model.unlink()
+        os.mkfifo(model)
     dest = tmp_path / "work" / INIT_FROM_DIR
     with pytest.raises(PrepareRefused, match=r"The file ckpt/model\.bin of run run-a's outputs"):
         materialise_init_from(_source(out, summary.sha256), out_root, dest)
