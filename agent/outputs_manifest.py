@@ -11,8 +11,9 @@ Rules:
 - It is bounded: at most :data:`MAX_FILES` files and :data:`MAX_BYTES` bytes. Past either bound
   no manifest is written and the summary carries the sentence saying why (such a run cannot
   seed a Derivation).
-- It lives beside the output directory, at ``<out_dir>.manifest.json``, in the root-owned
-  attempt directory a workload cannot write; its own sha256 is reported to the coordinator.
+- It lives beside the output directory, at ``<out_dir>.manifest.json`` (0600, root's), in the
+  root-owned attempt directory a workload cannot write; its own sha256 is reported to the
+  coordinator.
 - Pure of the event loop: :func:`write_manifest` does blocking I/O and runs in a worker thread.
 """
 
@@ -181,7 +182,9 @@ def write_manifest(
         )
     data = manifest.encode()
     try:
-        write_atomic(target, data, 0o644)
+        # 0600 root: the attempt folder is passable (0711), and a manifest names another
+        # member's files.
+        write_atomic(target, data, 0o600)
     except OSError as exc:
         # A full disk, an out root gone: the exit must still be journaled and reported.
         return ManifestSummary(

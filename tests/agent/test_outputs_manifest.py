@@ -39,6 +39,7 @@ def test_manifest_lists_regular_files_with_sizes_and_digests(tmp_path: Path) -> 
     os.link(out / "notes.txt", out / "notes-again.txt")
     summary = write_manifest(out, "run-a", 1, 0)
     data = Path(manifest_path(str(out))).read_bytes()
+    assert Path(manifest_path(str(out))).stat().st_mode & 0o777 == 0o600
     assert summary.problem == ""
     assert summary.sha256 == hashlib.sha256(data).hexdigest()
     manifest = read_manifest(data, "test")
