@@ -210,7 +210,10 @@ class MemberManager:
             m.Rendezvous(record.master_addr, record.master_port) if record.master_port else None
         )
         if record.state is S.PREPARED or record.state in COMMITTED_OR_LATER:
-            return m.PrepareReply(record.key, True, "", rendezvous)
+            # This agent holds the port of every member 0 it prepared (again after a restart).
+            return m.PrepareReply(
+                record.key, True, "", rendezvous, rendezvous_held=rendezvous is not None
+            )
         reason = record.reason or f"the member is {record.state.value} on this Node"
         return m.PrepareReply(record.key, False, reason, None)
 
@@ -296,7 +299,9 @@ class MemberManager:
         log.info("member prepared run_id=%s member=%s gpus=%s", key.run_id, key,
                  list(cmd.gpu_indexes))  # fmt: skip
         crashpoint("after-prepare-journaled")
-        await self._publish(m.PrepareReply(key, True, "", rendezvous))
+        await self._publish(
+            m.PrepareReply(key, True, "", rendezvous, rendezvous_held=rendezvous is not None)
+        )
 
     async def _check_rendezvous(self, cmd: m.Prepare) -> dict[str, str]:
         """Every member but 0: prove this Node reaches member 0's rendezvous listener, or refuse

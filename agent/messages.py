@@ -164,6 +164,8 @@ class PrepareReply:
     ok: bool
     reason: str
     rendezvous: Rendezvous | None
+    # Member 0: a listener on the rendezvous port answers the other members' probes.
+    rendezvous_held: bool = False
 
 
 @attrs.frozen

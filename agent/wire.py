@@ -221,7 +221,9 @@ def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
             )
         )
     if isinstance(msg, m.PrepareReply):
-        reply = v1.PrepareReply(member=_ref(msg.key), ok=msg.ok, reason=msg.reason)
+        reply = v1.PrepareReply(
+            member=_ref(msg.key), ok=msg.ok, reason=msg.reason, rendezvous_held=msg.rendezvous_held
+        )
         if msg.rendezvous is not None:
             reply.rendezvous = v1.Rendezvous(
                 master_addr=msg.rendezvous.master_addr, master_port=msg.rendezvous.master_port

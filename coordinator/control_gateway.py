@@ -447,6 +447,7 @@ class ControlGateway:
                 rendezvous.master_addr,
                 rendezvous.master_port,
                 now,
+                rendezvous_held=body.rendezvous_held,
             )
             self._registry.dispatch(await self._with_credentials(orders))
             if any(isinstance(o, AbortOrder) for o in orders):

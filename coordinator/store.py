@@ -897,10 +897,14 @@ class Store(SqliteFile):
         master_addr: str,
         master_port: int,
         now: int,
+        rendezvous_held: bool = False,
     ) -> list[Order]:
         """Apply a PrepareReply; returns the Commit or Abort orders it caused (maybe none).
 
         A repeated reply for a decided attempt gets that decision again, for this member only.
+        Member 0's reply says whether its Node holds the rendezvous listener; when it does not
+        (an older agent) the attempt's nonce is dropped, so the other members' Prepares ask for
+        no check they could never pass.
         """
 
         async def work() -> list[Order]:
@@ -950,6 +954,16 @@ class Store(SqliteFile):
                         "WHERE run_id = ? AND number = ?",
                         (addr, master_port, member.run_id, member.attempt),
                     )
+                    if not rendezvous_held:
+                        log.info(
+                            "rendezvous not held by member 0's Node; not checked run_id=%s "
+                            "attempt=%d node=%s", member.run_id, member.attempt, node_id,
+                        )  # fmt: skip
+                        await db.execute(
+                            "UPDATE attempts SET rendezvous_nonce = '' "
+                            "WHERE run_id = ? AND number = ?",
+                            (member.run_id, member.attempt),
+                        )
                 (waiting,) = await _first(
                     db,
                     "SELECT COUNT(*) FROM members WHERE run_id = ? AND attempt = ? "

@@ -1101,6 +1101,12 @@ class PrepareReply(betterproto.Message):
     """
 
     rendezvous: "Rendezvous" = betterproto.message_field(4)
+    rendezvous_held: bool = betterproto.bool_field(5)
+    """
+    Member 0: its Node holds a listener on the rendezvous port that answers probes for the
+     attempt's nonce. False from an older agent: the coordinator then sends the other members no
+     nonce, and they are prepared without the check (they could never pass it).
+    """
 
 
 @dataclass(eq=False, repr=False)

@@ -38,7 +38,7 @@ def _member_0(gpus: tuple[int, ...] = (0,), script: str = "exit 0\n") -> m.Prepa
 
 async def _held_port(h_replies: list[m.PrepareReply]) -> int:
     (reply,) = h_replies
-    assert reply.ok and reply.rendezvous is not None, reply
+    assert reply.ok and reply.rendezvous is not None and reply.rendezvous_held, reply
     return reply.rendezvous.master_port
 
 

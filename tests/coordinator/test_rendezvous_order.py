@@ -68,7 +68,7 @@ def test_prepares_follow_member_0_and_survive_coordinator_crashes(tmp_path: Path
                 assert again.member == prepare0.member and again.rendezvous_nonce == nonce
                 await a.send(
                     prepare_reply=v1.PrepareReply(
-                        member=again.member, ok=True, rendezvous=RENDEZVOUS
+                        member=again.member, ok=True, rendezvous=RENDEZVOUS, rendezvous_held=True
                     )
                 )
                 prepare1: v1.Prepare = await b.expect("prepare")
@@ -96,3 +96,45 @@ def test_prepares_follow_member_0_and_survive_coordinator_crashes(tmp_path: Path
                     await api.wait_for_state(run_id, "starting")
 
         asyncio.run(member_1_prepares())
+
+
+def test_an_older_member_0_node_gets_the_others_prepared_unchecked(tmp_path: Path) -> None:
+    """A member 0 Node that holds no listener (an agent older than the check) says so by
+    leaving rendezvous_held unset: the other members are told the rendezvous without a nonce,
+    so they prepare as before instead of failing a check they could never pass."""
+    with start_coordinator(tmp_path, heartbeat_timeout=60) as coord:
+
+        async def scenario() -> v1.Prepare:
+            enrolled = sorted(
+                [
+                    await enroll(coord.control, coord.ca_path, coord.create_join_token(), n, 1)
+                    for n in ("old-a", "old-b")
+                ],
+                key=lambda e: e.node_id,
+            )
+            first, second = (
+                node_stream(
+                    coord.control, coord.ca_path, e.node_credential, e.node_id,
+                    hostname=e.node_id, gpus=1,
+                )
+                for e in enrolled
+            )  # fmt: skip
+            async with first as a, second as b:
+                async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+                    await api.submit(jobspec(gpus=2, members=2), "key-old")
+                prepare0: v1.Prepare = await a.expect("prepare")
+                assert prepare0.rendezvous_nonce  # a newer Node would hold a listener for it
+                await a.send(
+                    prepare_reply=v1.PrepareReply(
+                        member=prepare0.member, ok=True, rendezvous=RENDEZVOUS
+                    )
+                )
+                prepare1: v1.Prepare = await b.expect("prepare")
+                await b.send(prepare_reply=v1.PrepareReply(member=prepare1.member, ok=True))
+                for node in (a, b):
+                    commit: v1.Commit = await node.expect("commit")
+                    assert commit.rendezvous == RENDEZVOUS
+                return prepare1
+
+        prepare1 = asyncio.run(scenario())
+        assert prepare1.rendezvous == RENDEZVOUS and prepare1.rendezvous_nonce == ""

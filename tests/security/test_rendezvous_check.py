@@ -151,6 +151,7 @@ async def _impostor_as_member_0(
                 member=prepare.member,
                 ok=True,
                 rendezvous=v1.Rendezvous(master_addr="127.0.0.1", master_port=port),
+                rendezvous_held=True,  # it says so: what it says proves nothing
             )
         )
         abort: v1.Abort = await node.expect("abort", timeout=60)
