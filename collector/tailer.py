@@ -14,6 +14,11 @@ Rules:
   with its :class:`Layout`, new files and directories included, within :class:`ScanLimits`.
   A file's tags (and the tags its marks name) get its run in front (``tb/run1`` + ``loss`` is
   ``tb/run1/loss``), so two writers' ``loss`` never merge into one Series name.
+- The directory walk costs CPU in proportion to the tree (a checkpoint directory of 10 000
+  files takes tens of milliseconds): while the writers run it is repeated only once
+  :data:`WALK_COST_FACTOR` times its last cost has passed (at most every poll), so it never
+  takes more than about 2 % of a core; the files already found are looked at every poll, and
+  draining always walks again.
 - A bound that leaves telemetry unread (the file cap, the walk's depth or entries) is said
   once per member: a log line, and a data-loss warning in the spool, which ``tp job show``
   counts. The checkpoint remembers it was said once that warning is durable.
@@ -33,6 +38,7 @@ import trio
 
 from tuneplane.collector.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tuneplane.collector.files import (
+    Discovery,
     Layout,
     ScanLimits,
     discover,
@@ -71,6 +77,8 @@ POLL_BYTES = 8 * 1024 * 1024
 #: Warning kinds of the bounds (see the module notes), each said once per member.
 NOT_FOLLOWED = "not-followed"
 WALK_LIMITED = "walk-limited"
+#: A walk that took ``t`` seconds is repeated after ``WALK_COST_FACTOR * t`` at the soonest.
+WALK_COST_FACTOR = 50.0
 # One decoded chunk: points, warnings, position, decoder state there, bytes read, marks.
 _Chunk = tuple[list[ScalarPoint], list[ReadWarning], int, dict[str, Any], int, list[Mark]]
 
@@ -167,6 +175,9 @@ class Tailer:
         # Bound warnings that are durable (said for good), and those said by this process.
         self._noted: set[str] = set(body.get("noted", ())) if body else set()
         self._logged: set[str] = set(self._noted)
+        # The last directory walk, and when the next one is due (time.monotonic()).
+        self._found: Discovery | None = None
+        self._next_walk = 0.0
         self._decoders: dict[str, Decoder] = {}
         self._positions: dict[str, Position] = {
             s.source_id: Position(s.committed, s.committed_state)
@@ -272,7 +283,7 @@ class Tailer:
 
     async def _poll(self, send: trio.MemorySendChannel[Batch], *, final: bool) -> bool:
         """One pass: scan, update identities, decode new bytes. True when anything advanced."""
-        stats, walk_limited = await trio.to_thread.run_sync(self._scan)
+        stats, walk_limited = await trio.to_thread.run_sync(self._scan, final)
         changes = self._tracker.observe(stats, final=final, max_live=self._limits.max_files)
         notices = self._apply(changes)
         notices += self._bounds(changes, walk_limited)
@@ -435,9 +446,15 @@ class Tailer:
                 )
         return notices
 
-    def _scan(self) -> tuple[list[FileStat], bool]:
-        """The telemetry files as they are now, and whether the walk stopped at a bound."""
-        found = discover(self._root, self._layout, self._limits)
+    def _scan(self, final: bool) -> tuple[list[FileStat], bool]:
+        """The telemetry files as they are now, and whether the walk stopped at a bound (see
+        the module notes for how often the directories are walked)."""
+        started = time.monotonic()
+        found = self._found
+        if final or found is None or started >= self._next_walk:
+            found = discover(self._root, self._layout, self._limits)
+            self._found = found
+            self._next_walk = started + WALK_COST_FACTOR * (time.monotonic() - started)
         stats: list[FileStat] = []
         for rel, _ in found.files:
             handle = open_under(self._root, rel)
