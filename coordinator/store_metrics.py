@@ -126,6 +126,11 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             # Orphaned by a restarted TensorBoard writer: kept, never read (docs/telemetry.md).
             "ALTER TABLE metric_points ADD COLUMN orphaned INTEGER NOT NULL DEFAULT 0",
             "ALTER TABLE metric_series ADD COLUMN orphaned BIGINT NOT NULL DEFAULT 0",
+            # Every read, the newest visible point and a restart's sweep look only at visible
+            # points: an index of those alone keeps them from walking an orphaned stretch.
+            "DROP INDEX metric_points_by_step",
+            "CREATE INDEX metric_points_visible ON metric_points (series_id, step) "
+            "WHERE orphaned = 0",
             """CREATE TABLE metric_restarts (
                 run_id TEXT NOT NULL,
                 attempt INTEGER NOT NULL,
@@ -338,9 +343,9 @@ class TelemetryStore(SqliteFile):
         async def work() -> ShipResult:
             try:
                 async with self._txn() as db:
-                    touched = await self._store_restarts(db, member, restarts)
+                    await self._store_restarts(db, member, restarts)
                     await self._store_hparams(db, member, hparams)
-                    return await self._ship(db, member, batches, len(points), report, now, touched)
+                    return await self._ship(db, member, batches, len(points), report, now)
             except BaseException:
                 # A rolled-back transaction may have made series rows that no longer exist.
                 self._series_ids.clear()
@@ -356,7 +361,6 @@ class TelemetryStore(SqliteFile):
         shipped: int,
         report: CollectorReport,
         now: int,
-        touched: set[int],
     ) -> ShipResult:
         stored = 0
         newest_wall: float | None = None
@@ -364,34 +368,32 @@ class TelemetryStore(SqliteFile):
         for batch in batches:
             series_id = await self._series_id(db, member, batch.source, batch.tag)
             rule = SeriesRule.build(batch.source, batch.tag, known) if known else None
-            if rule is None or rule.empty:
-                # A generator: sqlite3 reads it in the connection's thread, off the event loop.
-                cursor = await db.executemany(
-                    "INSERT INTO metric_points (series_id, source_offset, value_index, step, "
-                    "wall_time, value) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    ((series_id, *row) for row in batch.rows),
-                )
-            else:
+            visible = batch.rows
+            orphans: list[PointRow] = []
+            if rule is not None and not rule.empty:
                 # Stored after the restart that orphans them: marked as they go in.
+                visible = [r for r in batch.rows if not rule.orphaned(r[0], r[2])]
+                orphans = [r for r in batch.rows if rule.orphaned(r[0], r[2])]
+            # A generator: sqlite3 reads it in the connection's thread, off the event loop.
+            cursor = await db.executemany(
+                "INSERT INTO metric_points (series_id, source_offset, value_index, step, "
+                "wall_time, value) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                ((series_id, *row) for row in visible),
+            )
+            added = max(int(cursor.rowcount), 0)
+            hidden = 0
+            if orphans:
                 cursor = await db.executemany(
                     "INSERT INTO metric_points (series_id, source_offset, value_index, step, "
-                    "wall_time, value, orphaned) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                    "wall_time, value, orphaned) VALUES (?, ?, ?, ?, ?, ?, 1) "
                     "ON CONFLICT DO NOTHING",
-                    ((series_id, *row, int(rule.orphaned(row[0], row[2]))) for row in batch.rows),
+                    ((series_id, *row) for row in orphans),
                 )
-                touched.add(series_id)
-            added = max(int(cursor.rowcount), 0)
-            if not added:
+                hidden = max(int(cursor.rowcount), 0)
+            if not added and not hidden:
                 continue
-            stored += added
-            if series_id not in touched:
-                await db.execute(
-                    "UPDATE metric_series SET points = points + ?, "
-                    "(last_step, last_value, last_wall_time) = (SELECT step, value, wall_time "
-                    "FROM metric_points WHERE series_id = ? AND orphaned = 0 "
-                    "ORDER BY step DESC, id DESC LIMIT 1) WHERE id = ?",
-                    (added, series_id, series_id),
-                )
+            stored += added + hidden
+            await _count(db, series_id, added, hidden)
             if batch.newest_wall is not None:
                 newest = batch.newest_wall
                 newest_wall = newest if newest_wall is None else max(newest_wall, newest)
@@ -426,18 +428,6 @@ class TelemetryStore(SqliteFile):
                 report.data_loss_warnings,
             ),
         )
-        for series_id in sorted(touched):
-            await db.execute(
-                "UPDATE metric_series SET "
-                "points = (SELECT COUNT(*) FROM metric_points WHERE series_id = ? "
-                "AND orphaned = 0), "
-                "orphaned = (SELECT COUNT(*) FROM metric_points WHERE series_id = ? "
-                "AND orphaned = 1), "
-                "(last_step, last_value, last_wall_time) = (SELECT step, value, wall_time "
-                "FROM metric_points WHERE series_id = ? AND orphaned = 0 "
-                "ORDER BY step DESC, id DESC LIMIT 1) WHERE id = ?",
-                (series_id, series_id, series_id, series_id),
-            )
         return ShipResult(stored, shipped - stored)
 
     async def _restarts(self, db: aiosqlite.Connection, member: MemberKey) -> list[Restart]:
@@ -458,12 +448,10 @@ class TelemetryStore(SqliteFile):
 
     async def _store_restarts(
         self, db: aiosqlite.Connection, member: MemberKey, restarts: Sequence[ShippedRestart]
-    ) -> set[int]:
-        """Store new restart marks and mark the points they orphan; returns the series whose
-        counters must be counted again."""
-        touched: set[int] = set()
+    ) -> None:
+        """Store new restart marks, mark the points they orphan and count them out."""
         if not restarts:
-            return touched
+            return
         key = (member.run_id, member.attempt, member.member_index)
         fresh: list[Restart] = []
         for r in restarts:
@@ -487,7 +475,7 @@ class TelemetryStore(SqliteFile):
                     )
                 )
         if not fresh:
-            return touched
+            return
         series = await db.execute_fetchall(
             "SELECT id, source, tag FROM metric_series "
             "WHERE run_id = ? AND attempt = ? AND member_index = ?",
@@ -514,8 +502,7 @@ class TelemetryStore(SqliteFile):
                         (series_id, mark.step),
                     )
                 if cursor.rowcount > 0:
-                    touched.add(series_id)
-        return touched
+                    await _count(db, series_id, -int(cursor.rowcount), int(cursor.rowcount))
 
     async def _store_hparams(
         self, db: aiosqlite.Connection, member: MemberKey, hparams: Sequence[ShippedHParams]
@@ -715,6 +702,18 @@ class TelemetryStore(SqliteFile):
         if selector.source:
             parts.append(f"source {selector.source!r}")
         return f" ({', '.join(parts)})" if parts else ""
+
+
+async def _count(db: aiosqlite.Connection, series_id: int, visible: int, orphaned: int) -> None:
+    """Move a series' counters by ``visible`` and ``orphaned`` points and read its newest
+    visible point again (one probe of the visible-points index)."""
+    await db.execute(
+        "UPDATE metric_series SET points = points + ?, orphaned = orphaned + ?, "
+        "(last_step, last_value, last_wall_time) = (SELECT step, value, wall_time "
+        "FROM metric_points WHERE series_id = ? AND orphaned = 0 "
+        "ORDER BY step DESC, id DESC LIMIT 1) WHERE id = ?",
+        (visible, orphaned, series_id, series_id),
+    )
 
 
 def _rows(db: sqlite3.Connection, series_ids: list[int]) -> Iterator[Row]:
