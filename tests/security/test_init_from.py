@@ -1,22 +1,25 @@
 """``--init-from`` tried as an attacker would, against a real coordinator with a real Node whose
 output root is the Fleet's shared output root: another user's run, a failed run, a run that does
 not exist and a source sent with the intent are each refused at Preview with a sentence naming
-the run, and nothing is stored (no preview, no Job)."""
+the run, and nothing is stored (no preview, no Job). A workload cannot read another run's
+output manifest or outputs."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 from grpclib.exceptions import GRPCError
 
-from tests.agent.jobs import wait_job
+from tests.agent.jobs import job, wait_job
 from tests.coordinator.grpc_client import api_client, job_ids, jobspec
 from tests.faults.jobs import project, submit
+from tests.support.accounts import require_root
 from tests.support.agent import start_agent
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 
@@ -117,3 +120,29 @@ def test_a_source_sent_with_the_intent_is_refused(world: World) -> None:
         said = _refused(world, token, spec)
         assert "init_from_source" in said
         assert "is computed by the coordinator at Preview, not sent with the intent" in said
+
+
+# Reads what it is pointed at and records what the kernel said.
+PEEK = """log="$TUNEPLANE_OUT_DIR/peek.txt"
+for f in "$PEEK_MANIFEST" "$PEEK_FILE"; do
+  if cat "$f" > /dev/null 2>> "$log"; then echo "READ $f" >> "$log"; fi
+done
+"""
+
+
+def test_a_workload_cannot_read_another_runs_manifest_or_outputs(
+    world: World, tmp_path: Path
+) -> None:
+    require_root()
+    coord = world.coord
+    out_dir = job(coord, world.succeeded)["attempts"][-1]["members"][0]["out_dir"]
+    proj = project(coord, tmp_path / "peek", "custom/custom", {"train.sh": PEEK})
+    run_id = submit(
+        coord, proj, "h200:1", "--env", f"PEEK_MANIFEST={out_dir}.manifest.json",
+        "--env", f"PEEK_FILE={out_dir}/w.bin",
+    )  # fmt: skip
+    view = wait_job(coord, run_id, 120)
+    assert view["state"] == "succeeded", view
+    peek = (Path(view["attempts"][-1]["members"][0]["out_dir"]) / "peek.txt").read_text()
+    assert "READ" not in peek, peek
+    assert peek.count("Permission denied") == 2, peek
