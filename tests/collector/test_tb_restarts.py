@@ -145,8 +145,13 @@ def test_tp_metrics_gives_the_series_tensorboards_reader_gives(
     # The canonical (merged) view and its summary honour the same purge.
     merged = tp_json(coord, "metrics", launched.run_id)
     loss = [t for t in merged["tags"] if t["tag"].endswith("restarted/loss")]
-    if loss:
-        assert (loss[0]["points"], loss[0]["last_step"], loss[0]["last_value"]) == (8, 7, 107.0)
+    assert len(loss) == 1, merged["tags"]
+    assert (loss[0]["points"], loss[0]["last_step"], loss[0]["last_value"]) == (8, 7, 107.0)
+    whole = tp_json(coord, "metrics", launched.run_id, "--tag", loss[0]["tag"])
+    assert (
+        sorted((b["first_step"], b["last"]) for b in whole["buckets"])
+        == expected[("tb/restarted", "loss")]
+    )
 
     # A bounded, downsampled read skips orphaned points too: counts, minima and maxima are
     # those of the points TensorBoard keeps.
