@@ -464,6 +464,8 @@ def status_command(state_dir: Path, as_json: bool) -> None:
         conn = "connected" if data["connected"] else "DISCONNECTED"
         click.echo(f"agent: running (pid {status.get('pid')}), {conn}")
         click.echo(f"last heartbeat ack: {_ago(status.get('last_heartbeat_ack_ms'))}")
+        if status.get("metrics_address"):
+            click.echo(f"metrics: http://{status['metrics_address']}/metrics")
         if data["last_error"]:
             click.echo(f"last error: {data['last_error']}")
     if data["safe_mode"]:

@@ -62,6 +62,7 @@ def test_neither_process_listens_for_metrics_by_default(
     try:
         status = agent.wait_connected()
         assert status["metrics_address"] == ""
+        assert "metrics:" not in agent.cli("status").stdout
         # The agent only dials out: it listens on nothing at all.
         assert _listening(agent.pid) == set()
         with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
@@ -84,6 +85,7 @@ def test_an_enabled_agent_listener_without_host_binds_loopback_only(
         assert host == "127.0.0.1"
         assert _listening(agent.pid) == {("127.0.0.1", int(port))}
         assert scrape(address).value("tuneplane_node_connected") is not None
+        assert f"metrics: http://{address}/metrics\n" in agent.cli("status").stdout
     finally:
         agent.stop()
 
