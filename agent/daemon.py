@@ -57,10 +57,7 @@ from tuneplane.agent.metrics import (
     JOURNAL_COMMIT,
     RECONNECTS,
     SNAPSHOT_INTERVAL_S,
-    NodeSnapshot,
-    gpu_counts,
-    publish_snapshot,
-    read_spools,
+    refresh_snapshot,
 )
 from tuneplane.agent.prepare import node_address
 from tuneplane.agent.sd_notify import ServiceNotifier
@@ -393,25 +390,7 @@ class Daemon:
     async def _metrics_loop(self) -> None:
         """Refresh what the metrics listener serves, while it is on (agent/metrics.py)."""
         while True:
-            members: dict[str, int] = {}
-            pending = 0
-            uuids: dict[str, MemberKey] = {}
-            indexes: dict[int, MemberKey] = {}
-            if self.journal is not None:
-                members, pending = await self.journal.counts()
-                uuids, indexes = await self.journal.gpu_owners_by_uuid()
-            spools = await trio.to_thread.run_sync(read_spools, self.state.root / COLLECTORS_DIR)
-            publish_snapshot(
-                NodeSnapshot(
-                    read_at_s=now_ms() / 1000,
-                    members=members,
-                    reports_pending=pending,
-                    gpus=gpu_counts(self.inventory, set(uuids), set(indexes)),
-                    spools=spools.spools,
-                    spool_points=spools.points,
-                    data_loss_warnings=spools.data_loss_warnings,
-                )
-            )
+            await refresh_snapshot(self.journal, self.inventory, self.state.root / COLLECTORS_DIR)
             await trio.sleep(SNAPSHOT_INTERVAL_S)
 
     # --- connection --------------------------------------------------------------------------

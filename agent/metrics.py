@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
+import trio
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tuneplane.agent.inventory import Inventory
+from tuneplane.agent.journal import Journal
 from tuneplane.agent.member_state import MemberState
 from tuneplane.collector.spool import SPOOL_FILE
 from tuneplane.coordinator.metrics_listener import MetricsListener, new_registry, start_listener
@@ -219,3 +222,35 @@ def serving(listener: MetricsListener | None) -> Iterator[str]:
         yield running.address
     finally:
         running.close()
+
+
+async def refresh_snapshot(
+    journal: Journal | None, inventory: Inventory, collectors_root: Path
+) -> bool:
+    """Read what the gauges show (the journal's counts, the spools in a worker thread) and
+    publish it. A read that fails is logged and leaves the last snapshot in place: metrics never
+    stop the agent. Returns whether a new snapshot was published."""
+    members: dict[str, int] = {}
+    pending = 0
+    uuids: Mapping[str, object] = {}
+    indexes: Mapping[int, object] = {}
+    try:
+        if journal is not None:
+            members, pending = await journal.counts()
+            uuids, indexes = await journal.gpu_owners_by_uuid()
+        spools = await trio.to_thread.run_sync(read_spools, collectors_root)
+    except Exception as exc:  # a journal or disk error is the journal's to report, not ours
+        log.warning("metrics snapshot not refreshed reason=%s", exc)
+        return False
+    publish_snapshot(
+        NodeSnapshot(
+            read_at_s=time.time(),
+            members=members,
+            reports_pending=pending,
+            gpus=gpu_counts(inventory, set(uuids), set(indexes)),
+            spools=spools.spools,
+            spool_points=spools.points,
+            data_loss_warnings=spools.data_loss_warnings,
+        )
+    )
+    return True

@@ -15,7 +15,7 @@ from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
 from tuneplane.agent.journal import Journal
-from tuneplane.agent.metrics import gpu_counts, read_spools
+from tuneplane.agent.metrics import SNAPSHOT, gpu_counts, read_spools, refresh_snapshot
 from tuneplane.agent.session import ControlSession, HeartbeatAcked, Send
 from tuneplane.collector.points import ReadWarning, ScalarPoint
 from tuneplane.collector.spool import SPOOL_FILE, Spool
@@ -130,3 +130,18 @@ def test_wrong_metrics_settings_are_refused_naming_the_file_and_key(
         node_config.load(path)
     assert str(refused.value).startswith(f"{path}: ")
     assert expected in str(refused.value)
+
+
+async def test_a_snapshot_read_that_fails_keeps_the_last_one_and_never_raises(
+    tmp_path: Path,
+) -> None:
+    async with open_aio_host():
+        journal = await Journal.open(tmp_path / "journal.db")
+        await journal.node_event(0, "probe")
+        assert await refresh_snapshot(journal, INV, tmp_path / "collectors")
+        good = SNAPSHOT.latest
+        assert good is not None and good.gpus[("free", "healthy")] == 3
+        await journal.close()
+        # The journal is gone (a disk error would look the same): the agent carries on.
+        assert not await refresh_snapshot(journal, INV, tmp_path / "collectors")
+        assert SNAPSHOT.latest is good
