@@ -66,6 +66,8 @@ MAX_INVENTORY_GPUS = 256
 MAX_HELD_MEMBERS = 4096
 MAX_SHIP_POINTS = 5000
 MAX_SHIP_STRINGS = 20_000
+# Restart marks, and hparams records, in one Ship (the gateway also bounds the two together).
+MAX_SHIP_MARKS = 1000
 # The longest string or bytes field outside LARGE_FIELDS. A log chunk is 64 KiB (logship), a
 # Ship batch's widest column 5,000 x 8 bytes; nothing else comes close.
 MAX_FIELD_BYTES = 256 * 1024
@@ -167,7 +169,11 @@ COUNT_RULES: Mapping[type[betterproto.Message], tuple[tuple[str, tuple[int, ...]
         ("heartbeat.inventory.gpus", MAX_INVENTORY_GPUS),
     ),
     v1.ShipRequest: _rules(
-        v1.ShipRequest, ("points", MAX_SHIP_POINTS), ("columns.strings", MAX_SHIP_STRINGS)
+        v1.ShipRequest,
+        ("points", MAX_SHIP_POINTS),
+        ("columns.strings", MAX_SHIP_STRINGS),
+        ("restarts", MAX_SHIP_MARKS),
+        ("hparams", MAX_SHIP_MARKS),
     ),
 }
 

@@ -33,7 +33,7 @@ from tuneplane.coordinator.collector_credentials import (
     CollectorCredentials,
     is_collector_credential,
 )
-from tuneplane.coordinator.message_limits import in_thread
+from tuneplane.coordinator.message_limits import MAX_SHIP_MARKS, in_thread
 from tuneplane.coordinator.metrics_export import observe_ship
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.telemetry_records import (
@@ -48,7 +48,7 @@ from tuneplane.proto import v1
 log = logging.getLogger(__name__)
 
 MAX_POINTS_PER_SHIP = 5000
-MAX_MARKS_PER_SHIP = 1000
+MAX_MARKS_PER_SHIP = MAX_SHIP_MARKS
 # Points read and screened on the event loop; a larger batch is read in a worker thread.
 INLINE_POINTS = 50
 

@@ -147,12 +147,25 @@ def test_bad_marks_are_refused_one_by_one_and_change_nothing(coord: CoordinatorP
     assert "more than 1024" in refused[(SOURCE, 7)]
     assert _state(coord, who.run_id) == before
 
-    # Too many marks in one call is refused whole, and stores nothing either.
+    # Too many marks in one call is refused whole, before decoding when one field holds too
+    # many, after when the two together do; either way it stores nothing.
     flood = v1.ShipRequest(member=who.member, restarts=[_restart(0, offset=n) for n in range(1001)])
     with pytest.raises(GRPCError) as caught:
         _ship(coord, who, flood)
+    assert caught.value.status is Status.RESOURCE_EXHAUSTED
+    assert "ShipRequest.restarts holds more than 1000" in (caught.value.message or "")
+    both = v1.ShipRequest(
+        member=who.member,
+        restarts=[_restart(0, offset=n) for n in range(600)],
+        hparams=[
+            v1.HParamsMark(source_id=SOURCE, offset=n, hparams=[v1.HParam("lr", "1")])
+            for n in range(600)
+        ],
+    )
+    with pytest.raises(GRPCError) as caught:
+        _ship(coord, who, both)
     assert caught.value.status is Status.INVALID_ARGUMENT
-    assert "more than 1000" in (caught.value.message or "")
+    assert "1200 restart and hparams marks, more than 1000" in (caught.value.message or "")
     assert _state(coord, who.run_id) == before
 
     # The positive control: a good mark does orphan (so the checks above could have failed).
