@@ -20,7 +20,7 @@ from tests.collector.tb_writers import tensorboard_scalars
 from tuneplane.collector.checkpoint import CheckpointError
 from tuneplane.collector.files import Layout, ScanLimits
 from tuneplane.collector.points import ReadWarning, ScalarPoint
-from tuneplane.collector.tailer import NOT_FOLLOWED, Batch, Tailer
+from tuneplane.collector.tailer import NOT_FOLLOWED, WALK_LIMITED, Batch, Tailer
 from tuneplane.collector.tfrecord import frame
 
 DEADLINE = 20.0
@@ -432,3 +432,22 @@ async def test_the_file_cap_is_said_once_and_survives_a_restart(tmp_path: Path) 
     assert sink.warnings == []
     assert [(p.tag, p.step) for p in sink.points] == [("b/loss", 2)]
     assert again.statistics().files_not_followed == 1
+
+
+async def test_a_walk_cut_short_is_said_once(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "telemetry").mkdir(parents=True)
+    (out / "telemetry" / "m.jsonl").write_bytes(line(1))
+    deep = out / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    (deep / "events.out.tfevents.1.host").write_bytes(event(1, 0.5))
+    layout = Layout.output_dir("telemetry")
+    limits = ScanLimits(max_depth=2)
+    tailer, sink = await tail(
+        out, tmp_path / "ckpt.json", lambda t, s: polls(t, 3), layout=layout, limits=limits
+    )
+    (notice,) = sink.warnings
+    assert notice.kind == WALK_LIMITED and notice.data_loss
+    assert "directories at most 2 deep" in notice.message
+    assert [(p.tag, p.step) for p in sink.points] == [("loss", 1)]
+    assert tailer.statistics().walk_limited
