@@ -9,6 +9,8 @@ Theory of operation:
   file name (a file read again after truncation, ``path#N``, comes after ``path``), then the
   byte offset. A mark orphans a point of the same member and run directory that lies strictly
   before it, whose step is at least the mark's step and whose tag the mark names (or any tag).
+  Only TensorBoard event files (``tfevents`` in the name, TensorBoard's own test) belong to a
+  run: a JSONL file or the system samples beside them are never orphaned.
 - Pure: the store feeds sources, marks and points; nothing here reads a database or a clock.
 """
 
@@ -30,6 +32,11 @@ def place(source_id: str) -> tuple[str, FileKey]:
     if not sep or not generation.isdigit() or not path:
         path, generation = source_id, "0"
     return posixpath.dirname(path), (posixpath.basename(path), int(generation))
+
+
+def is_event_file(source_id: str) -> bool:
+    """Whether a source is a TensorBoard event file, as TensorBoard tells them apart."""
+    return "tfevents" in posixpath.basename(source_id)
 
 
 @attrs.frozen
@@ -69,6 +76,8 @@ class SeriesRule:
         scope, key = place(source_id)
         later: int | None = None
         same: list[tuple[int, int]] = []
+        if not is_event_file(source_id):
+            restarts = ()
         for r in restarts:
             if r.tags is not None and tag not in r.tags:
                 continue

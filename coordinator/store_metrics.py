@@ -39,7 +39,7 @@ import attrs
 
 from tuneplane.coordinator.downsample import Row, downsample, every_point
 from tuneplane.coordinator.message_limits import in_thread
-from tuneplane.coordinator.orphans import Restart, SeriesRule, place
+from tuneplane.coordinator.orphans import Restart, SeriesRule, is_event_file, place
 from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.sqlite_db import SqliteFile
 from tuneplane.coordinator.store import NotFound
@@ -483,6 +483,8 @@ class TelemetryStore(SqliteFile):
         )
         for row in series:
             series_id, source, tag = int(row[0]), str(row[1]), str(row[2])
+            if not is_event_file(source):
+                continue
             scope, file_key = place(source)
             for mark in fresh:
                 if mark.scope != scope or mark.file_key < file_key:

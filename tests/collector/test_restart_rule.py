@@ -124,6 +124,14 @@ def test_series_rule_agrees_with_the_plain_definition(
             assert rule.orphaned(offset, step) == plain
 
 
+def test_only_event_files_belong_to_a_run() -> None:
+    """A START orphans nothing in a JSONL file or the system samples, wherever they sort."""
+    start = [Restart("tb/events.out.tfevents.9", 50, 0, None)]
+    assert orphaned(start, "tb/events.out.tfevents.1", "loss", 10, 5)
+    assert not orphaned(start, "tb/a.jsonl", "loss", 10, 5)
+    assert not orphaned(start, "system", "system/gpu0/util", 10, 5)
+
+
 def test_a_file_read_again_after_truncation_comes_after_its_first_reading() -> None:
     assert place("tb/run/events.out.tfevents.1") == ("tb/run", ("events.out.tfevents.1", 0))
     assert place("tb/run/events.out.tfevents.1#2") == ("tb/run", ("events.out.tfevents.1", 2))

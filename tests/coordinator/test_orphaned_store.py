@@ -24,7 +24,12 @@ from tuneplane.coordinator.telemetry_records import (
     ShippedRestart,
 )
 
-FILES = ("tb/run/events.out.tfevents.1", "tb/run/events.out.tfevents.2", "tb/other/events.x")
+FILES = (
+    "tb/run/events.out.tfevents.1",
+    "tb/run/events.out.tfevents.2",
+    "tb/run/a.jsonl",
+    "tb/other/events.out.tfevents.1",
+)
 TAGS = ("loss", "acc")
 MEMBER = MemberKey("run-orphans", 1, 0)
 
