@@ -53,6 +53,7 @@ class Seen:
     node_id: str
     coordinator_before: Scrape
     coordinator_running: Scrape
+    coordinator_queued: Scrape
     coordinator_after: Scrape
     node_running: Scrape
     node_after: Scrape
@@ -100,9 +101,21 @@ def _scenario(root: Path, coord: CoordinatorProcess, agent: AgentProcess) -> See
         "the coordinator's metrics to show the Job running",
         lambda s: s.value("tuneplane_coordinator_jobs", state="running") == 1,
     )
-    out_dir = Path(job(coord, run_id)["attempts"][0]["members"][0]["out_dir"])
-    (out_dir / "go").write_text("")
-    assert wait_job(coord, run_id)["state"] == "succeeded"
+    # A second Job wants both GPUs while the first holds one: it waits in the queue.
+    second = _submit_more(coord, root / "project", "h200:2")
+    queued = _until(
+        coordinator,
+        "the coordinator's metrics to show the second Job queued",
+        lambda s: (
+            s.value("tuneplane_coordinator_queue_length") == 1
+            and (s.value("tuneplane_coordinator_queue_oldest_age_seconds") or 0) > 0
+        ),
+    )
+    for each in (run_id, second):
+        wait_until(f"{each} to run", lambda e=each: job(coord, e)["state"] == "running", 60)
+        out_dir = Path(job(coord, each)["attempts"][0]["members"][0]["out_dir"])
+        (out_dir / "go").write_text("")
+        assert wait_job(coord, each)["state"] == "succeeded"
     # A refused call, to see a code other than OK.
     missing = subprocess.run(
         [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
@@ -114,7 +127,7 @@ def _scenario(root: Path, coord: CoordinatorProcess, agent: AgentProcess) -> See
         coordinator,
         "the coordinator to count the Job's points and see it end",
         lambda s: (
-            (s.value("tuneplane_coordinator_points_ingested_total") or 0) >= POINTS
+            (s.value("tuneplane_coordinator_points_ingested_total") or 0) >= 2 * POINTS
             and s.value("tuneplane_coordinator_jobs", state="running") == 0
         ),
     )
@@ -122,15 +135,26 @@ def _scenario(root: Path, coord: CoordinatorProcess, agent: AgentProcess) -> See
         node,
         "the Node's metrics to show its member exited and its GPUs free",
         lambda s: (
-            s.value("tuneplane_node_members", state="exited") == 1
+            s.value("tuneplane_node_members", state="exited") == 2
             and s.value("tuneplane_node_gpus", state="free", health="healthy") == 2
             and s.value("tuneplane_node_reports_pending") == 0
         ),
     )
     secrets = (coord.admin_token, agent.control_token())
     return Seen(
-        run_id, agent.node_id, before, coordinator_running, after, node_running, node_after, secrets
-    )
+        run_id, agent.node_id, before, coordinator_running, queued, after, node_running,
+        node_after, secrets,
+    )  # fmt: skip
+
+
+def _submit_more(coord: CoordinatorProcess, project: Path, profile: str) -> str:
+    """Submit the project's experiment again, with ``profile``; returns the new run id."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
+         str(coord.context_path), "submit", "job", "--profile", profile, "--yes", "--json"],
+        cwd=project, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return str(json.loads(done.stdout.strip().splitlines()[-1])["run_id"])
 
 
 @pytest.mark.timeout(240)
@@ -142,9 +166,13 @@ def test_coordinator_metrics_move_with_a_real_job(seen: Seen) -> None:
     )
     admitted = "tuneplane_coordinator_admissions_total"
     assert before.value(admitted, outcome="admitted") == 0
-    assert after.value(admitted, outcome="admitted") == 1
+    assert after.value(admitted, outcome="admitted") == 2
     assert after.value(admitted, outcome="refused") == 0
     assert running.value("tuneplane_coordinator_jobs", state="running") == 1
+    queued = seen.coordinator_queued
+    assert queued.value("tuneplane_coordinator_jobs", state="queued") == 1
+    assert queued.value("tuneplane_coordinator_queue_length") == 1
+    assert 0 < (queued.value("tuneplane_coordinator_queue_oldest_age_seconds") or 0) < 120
     assert after.value("tuneplane_coordinator_jobs", state="unknown") == 0
     assert after.value("tuneplane_coordinator_queue_length") == 0
     assert after.value("tuneplane_coordinator_queue_oldest_age_seconds") == 0
@@ -155,7 +183,7 @@ def test_coordinator_metrics_move_with_a_real_job(seen: Seen) -> None:
         before.value("tuneplane_coordinator_scheduling_pass_seconds_count") or 0
     )
     rpc = "tuneplane_coordinator_rpc_duration_seconds_count"
-    assert after.value(rpc, method="Api/Commit", code="OK") == 1
+    assert after.value(rpc, method="Api/Commit", code="OK") == 2
     assert (after.value(rpc, method="Api/GetJob", code="OK") or 0) >= 1
     assert (after.value(rpc, method="Api/GetJob", code="NOT_FOUND") or 0) >= 1
     assert (after.value(rpc, method="Telemetry/Ship", code="OK") or 0) >= 1
