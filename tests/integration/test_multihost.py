@@ -20,6 +20,7 @@ import pytest
 
 from tests.agent.jobs import TERMINAL, journal
 from tests.faults.jobs import runner_alive
+from tests.support import accounts
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.netns import Network, open_network, require_netns
@@ -218,6 +219,15 @@ class Site:
         tags = self.tp_json("metrics", run_id, "--raw", "--member", str(member))["tags"]
         return sum(int(t["points"]) for t in tags if t["tag"] == "train/loss")
 
+    def explain(self, run_id: str, agent: AgentProcess) -> str:
+        """What the coordinator and ``agent`` say, for a failed wait's message."""
+        return (
+            f"job: {self.job(run_id)}\n"
+            f"node: {self.tp_json('node', 'show', agent.node_id)}\n"
+            f"coordinator log (end):\n{self.coord.read_log()[-4000:]}\n"
+            f"agent log (end):\n{agent.read_log()[-4000:]}"
+        )
+
     def stdout(self, run_id: str, member: int) -> list[str]:
         return self.tp("logs", run_id, "--member", str(member)).splitlines()
 
@@ -297,7 +307,8 @@ def test_a_process_group_job_across_hosts_ships_logs_and_metrics_from_both(
 def test_a_cut_link_makes_the_job_unknown_and_the_heal_loses_nothing(
     site: Site, tmp_path: Path
 ) -> None:
-    release = tmp_path / "release"
+    # Where the member accounts can look (pytest's own folders are not theirs to pass through).
+    release = accounts.traversable_root("multihost") / "release"
     run_id = site.submit(tmp_path / "proj", f"hold:{release}")
     try:
         site.wait_state(run_id, {"running"}, 120)
@@ -309,7 +320,10 @@ def test_a_cut_link_makes_the_job_unknown_and_the_heal_loses_nothing(
 
         site.net.host(host1).cut()
         try:
-            shown = site.wait_state(run_id, {"unknown"}, 30)
+            try:
+                shown = site.wait_state(run_id, {"unknown"}, 30)
+            except AssertionError:
+                raise AssertionError(site.explain(run_id, agent1)) from None
             assert "disconnected" in shown["state_reason"], shown
             assert not site.tp_json("node", "show", agent1.node_id)["connected"]
             # The member runs on, and goes on writing points its collector cannot ship yet.
