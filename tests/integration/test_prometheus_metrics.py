@@ -112,7 +112,7 @@ def _scenario(root: Path, coord: CoordinatorProcess, agent: AgentProcess) -> See
         ),
     )
     for each in (run_id, second):
-        wait_until(f"{each} to run", lambda e=each: job(coord, e)["state"] == "running", 60)
+        _wait_running(coord, each)
         out_dir = Path(job(coord, each)["attempts"][0]["members"][0]["out_dir"])
         (out_dir / "go").write_text("")
         assert wait_job(coord, each)["state"] == "succeeded"
@@ -145,6 +145,10 @@ def _scenario(root: Path, coord: CoordinatorProcess, agent: AgentProcess) -> See
         run_id, agent.node_id, before, coordinator_running, queued, after, node_running,
         node_after, secrets,
     )  # fmt: skip
+
+
+def _wait_running(coord: CoordinatorProcess, run_id: str) -> None:
+    wait_until(f"{run_id} to run", lambda: job(coord, run_id)["state"] == "running", 60)
 
 
 def _submit_more(coord: CoordinatorProcess, project: Path, profile: str) -> str:
