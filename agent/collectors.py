@@ -36,7 +36,7 @@ from tuneplane.agent import messages as m
 from tuneplane.agent.journal import Journal, MemberKey, MemberRecord
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.state_dir import write_atomic, write_json_atomic
-from tuneplane.collector.files import DEFAULT_MAX_FILES, TENSORBOARD_SUBDIR
+from tuneplane.collector.files import DEFAULT_MAX_FILES, TELEMETRY_SUBDIR, TENSORBOARD_SUBDIR
 from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,6 @@ CREDENTIAL_FILE = "credential"
 CONFIG_FILE = "collector.json"
 EXITED_MARKER = "member-exited"
 DRAINED_MARKER = "drained"
-TELEMETRY_SUBDIR = "telemetry"
 RECONCILE_INTERVAL_S = 1.0
 RESTART_FIRST_S = 1.0
 RESTART_MAX_S = 30.0

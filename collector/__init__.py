@@ -5,7 +5,10 @@ over them (see docs/telemetry.md).
 """
 
 from tuneplane.collector.checkpoint import CheckpointError as CheckpointError
+from tuneplane.collector.files import Layout as Layout
+from tuneplane.collector.files import ScanLimits as ScanLimits
 from tuneplane.collector.files import TelemetryPathError as TelemetryPathError
+from tuneplane.collector.files import discover as discover
 from tuneplane.collector.files import read_file as read_file
 from tuneplane.collector.files import telemetry_files as telemetry_files
 from tuneplane.collector.jsonl import JsonlDecoder as JsonlDecoder

@@ -21,8 +21,12 @@ from tuneplane.collector.files import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_FILES,
+    Layout,
+    ScanLimits,
     TelemetryPathError,
+    discover,
     kind_of,
+    points_in_run,
     read_file,
     telemetry_files,
 )
@@ -42,8 +46,18 @@ def main(verbose: bool) -> None:
     )
 
 
-def _collect(path: Path) -> tuple[list[ScalarPoint], list[ReadWarning]]:
-    if path.is_dir():
+def _collect(path: Path, output_dir: bool) -> tuple[list[ScalarPoint], list[ReadWarning]]:
+    layout = Layout()
+    if output_dir:
+        if not path.is_dir():
+            raise click.BadParameter(
+                f"{path} is not a directory; --output-dir takes a member's $TUNEPLANE_OUT_DIR",
+                param_hint="PATH",
+            )
+        root = path
+        layout = Layout.output_dir()
+        files = [path / rel for rel, _ in discover(path, layout, ScanLimits()).files]
+    elif path.is_dir():
         root = path
         files = list(telemetry_files(path))
     else:
@@ -63,7 +77,8 @@ def _collect(path: Path) -> tuple[list[ScalarPoint], list[ReadWarning]]:
             found, problems = read_file(file, source)
         except OSError as exc:
             raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
-        points += found
+        # As the collector names them: a file's run (its directory) in front of its tags.
+        points += points_in_run(layout.run(source), found)
         warnings += problems
     # As the tailer does: a point the gateway would refuse is shown as the warning it becomes.
     points, refused = PointScreen().screen(points, time.time())
@@ -82,11 +97,17 @@ def _when(wall_time: float | None) -> str:
 @click.option(
     "--json", "as_json", is_flag=True, help="One JSON object per line instead of a table."
 )
-def inspect(path: Path, as_json: bool) -> None:
+@click.option(
+    "--output-dir",
+    is_flag=True,
+    help="PATH is a member's $TUNEPLANE_OUT_DIR: read the files the collector follows there "
+    "(its telemetry directory, event and tuneplane.report files anywhere), tags under their run.",
+)
+def inspect(path: Path, as_json: bool, output_dir: bool) -> None:
     """Decode PATH (a telemetry file, or a directory searched recursively) as the collector
     would: every scalar point (source file and byte offset, tag, step, wall time, value) and
     every warning about data that will not be shipped."""
-    points, warnings = _collect(path)
+    points, warnings = _collect(path, output_dir)
     if as_json:
         out = sys.stdout
         for p in points:

@@ -29,7 +29,15 @@ from typing import IO, Any, Literal
 import attrs
 
 from tuneplane.collector.jsonl import JsonlDecoder
-from tuneplane.collector.points import Decoded, Decoder, ReadWarning, ScalarPoint
+from tuneplane.collector.points import (
+    Decoded,
+    Decoder,
+    HParamsMark,
+    Mark,
+    ReadWarning,
+    RestartMark,
+    ScalarPoint,
+)
 from tuneplane.collector.tfevent import TFEventDecoder
 
 Kind = Literal["tfevents", "jsonl"]
@@ -37,7 +45,9 @@ CHUNK_BYTES = 4 * 1024 * 1024
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 # What tuneplane.report writes (runner/report): report.rank<RANK>.jsonl, and its rotations.
 _REPORT_NAME = re.compile(r"report\.rank[0-9]+\.jsonl(\.[0-9]+)?")
-#: ``$TENSORBOARD_LOGDIR`` of a member: this directory under ``$TUNEPLANE_OUT_DIR``.
+#: ``$TUNEPLANE_TELEMETRY_DIR`` and ``$TENSORBOARD_LOGDIR`` of a member: these directories
+#: under ``$TUNEPLANE_OUT_DIR``.
+TELEMETRY_SUBDIR = "telemetry"
 TENSORBOARD_SUBDIR = "tensorboard"
 #: Defaults of the bounds on one member's discovery (``tuneplane-collector run`` options).
 DEFAULT_MAX_FILES = 256
@@ -91,7 +101,9 @@ class Layout:
     tensorboard: str | None = None
 
     @classmethod
-    def output_dir(cls, telemetry: str, tensorboard: str = TENSORBOARD_SUBDIR) -> Layout:
+    def output_dir(
+        cls, telemetry: str = TELEMETRY_SUBDIR, tensorboard: str = TENSORBOARD_SUBDIR
+    ) -> Layout:
         """A member's ``$TUNEPLANE_OUT_DIR`` with its telemetry and TensorBoard directories."""
         return cls(telemetry, tensorboard)
 
@@ -117,6 +129,22 @@ class Layout:
             if _inside(path, base):
                 return directory[len(base) :].lstrip("/") if base else directory
         return directory
+
+
+def points_in_run(run: str, points: list[ScalarPoint]) -> list[ScalarPoint]:
+    """``points`` with ``run`` in front of their tags (unchanged when ``run`` is "")."""
+    if not run:
+        return points
+    return [attrs.evolve(p, tag=f"{run}/{p.tag}") for p in points]
+
+
+def mark_in_run(run: str, mark: Mark) -> Mark:
+    """``mark`` with the tags it names in ``run``, as its file's points are."""
+    if run and isinstance(mark, RestartMark) and mark.tags is not None:
+        return attrs.evolve(mark, tags=tuple(f"{run}/{t}" for t in mark.tags))
+    if run and isinstance(mark, HParamsMark) and mark.metrics:
+        return attrs.evolve(mark, metrics=tuple(f"{run}/{t}" for t in mark.metrics))
+    return mark
 
 
 def _inside(path: str, base: str) -> bool:

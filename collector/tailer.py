@@ -43,16 +43,16 @@ from tuneplane.collector.files import (
     ScanLimits,
     discover,
     make_decoder,
+    mark_in_run,
     open_under,
+    points_in_run,
     read_chunks,
 )
 from tuneplane.collector.point_rules import PointScreen, storable
 from tuneplane.collector.points import (
     Decoder,
-    HParamsMark,
     Mark,
     ReadWarning,
-    RestartMark,
     ScalarPoint,
 )
 from tuneplane.collector.tfevent import opening_state
@@ -298,8 +298,8 @@ class Tailer:
             run = self._layout.run(stream.source_id)
             for points, warnings, position, state, seen, marks in chunks:
                 if run:
-                    points = [attrs.evolve(p, tag=f"{run}/{p.tag}") for p in points]
-                    marks = [_in_run(run, mark) for mark in marks]
+                    points = points_in_run(run, points)
+                    marks = [mark_in_run(run, mark) for mark in marks]
                 advanced = advanced or position != stream.position
                 self._tracker.advance(stream.source_id, position, seen)
                 self._positions[stream.source_id] = Position(position, state)
@@ -495,12 +495,3 @@ class Tailer:
                     )
                 )
         return out
-
-
-def _in_run(run: str, mark: Mark) -> Mark:
-    """``mark`` with the tags it names in ``run`` (as its file's points are)."""
-    if isinstance(mark, RestartMark) and mark.tags is not None:
-        return attrs.evolve(mark, tags=tuple(f"{run}/{t}" for t in mark.tags))
-    if isinstance(mark, HParamsMark) and mark.metrics:
-        return attrs.evolve(mark, metrics=tuple(f"{run}/{t}" for t in mark.metrics))
-    return mark

@@ -40,8 +40,9 @@ def test_inspect_json_lines_cover_points_and_warnings(tmp_path: Path) -> None:
     warnings = [r for r in records if r["type"] == "warning"]
     assert [(p["source"], p["tag"], p["step"], p["value"]) for p in points] == [
         ("metrics.jsonl", "acc", 0, 0.25),
-        (points[1]["source"], "loss", 0, 1.0),
-        (points[1]["source"], "loss", 1, 0.5),
+        # The event file's directory is its run, in front of its tags, as the collector ships.
+        (points[1]["source"], "tb/loss", 0, 1.0),
+        (points[1]["source"], "tb/loss", 1, 0.5),
     ]
     assert points[1]["source"].startswith("tb/events.out.tfevents.")
     assert points[0]["wall_time"] == 1700000000.5 and points[0]["offset"] == 0
@@ -70,3 +71,23 @@ def test_inspect_refuses_what_is_not_telemetry(tmp_path: Path) -> None:
     missing = collector("inspect", str(tmp_path / "nope"))
     assert missing.returncode == 2
     assert "does not exist" in missing.stderr
+
+
+def test_inspect_an_output_dir_reads_what_the_collector_follows(tmp_path: Path) -> None:
+    write_simple(tmp_path / "tb" / "run1", {"loss": [(0, 1.0)]})
+    write_simple(tmp_path / "tensorboard", {"lr": [(0, 0.25)]})
+    (tmp_path / "telemetry").mkdir()
+    (tmp_path / "telemetry" / "metrics.jsonl").write_bytes(b'{"step": 0, "acc": 0.5}\n')
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_bytes(b'{"step": 0, "loss": 9.0}\n')
+    done = collector("inspect", str(tmp_path), "--output-dir", "--json")
+    assert done.returncode == 0, done.stderr
+    points = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted((p["tag"], p["value"]) for p in points) == [
+        ("acc", 0.5),
+        ("lr", 0.25),
+        ("tb/run1/loss", 1.0),
+    ]
+    done = collector("inspect", str(tmp_path / "data" / "train.jsonl"), "--output-dir")
+    assert done.returncode == 2
+    assert "is not a directory; --output-dir takes a member's $TUNEPLANE_OUT_DIR" in done.stderr
