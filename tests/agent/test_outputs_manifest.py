@@ -7,9 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tuneplane.agent.init_from import INIT_FROM_DIR, materialise_init_from
 from tuneplane.agent.outputs_manifest import read_manifest, write_manifest
@@ -129,3 +132,43 @@ def test_an_unwritable_manifest_is_a_problem_not_a_crash(tmp_path: Path) -> None
     (tmp_path / "attempt-1").write_text("not a directory")
     summary = write_manifest(tmp_path / "attempt-1" / "member-0", "run-a", 1, 0)
     assert summary.sha256 == "" and "could not be written" in summary.problem
+
+
+_NAMES = st.text(alphabet="abcxyz019._-", min_size=1, max_size=8).filter(
+    lambda n: n not in (".", "..")
+)
+_TREES = st.dictionaries(
+    st.lists(_NAMES, min_size=1, max_size=3).map("/".join),
+    st.binary(max_size=3000),
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tree=_TREES)
+def test_any_tree_is_listed_exactly_and_copied_byte_for_byte(tree: dict[str, bytes]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        out_root = Path(tmp) / "out"
+        out = out_root / "run-a" / "attempt-1" / "member-0"
+        out.mkdir(parents=True)
+        written: dict[str, bytes] = {}
+        for rel, data in tree.items():
+            path = out / rel
+            # A name that is already a file (or a folder) cannot also be the other.
+            if any(p.is_file() for p in path.parents) or path.is_dir():
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            written[rel] = data
+        summary = write_manifest(out, "run-a", 1, 0)
+        manifest = read_manifest(Path(manifest_path(str(out))).read_bytes(), "test")
+        assert [e.path for e in manifest.files] == sorted(written)
+        assert all(e.sha256 == hashlib.sha256(written[e.path]).hexdigest() for e in manifest.files)
+        assert (summary.files, summary.bytes) == (len(written), sum(map(len, written.values())))
+        assert write_manifest(out, "run-a", 1, 0) == summary
+        dest = Path(tmp) / "work" / INIT_FROM_DIR
+        materialise_init_from(_source(out, summary.sha256), out_root, dest)
+        copied = {
+            p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()
+        }
+        assert copied == written
