@@ -159,3 +159,31 @@ def test_the_file_cap_is_said_once_in_the_log_and_in_the_delivery_status(
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert "1 data-loss warnings (values or files not read)" in shown.stdout, shown.stdout
+
+
+def test_a_checkpoint_of_the_telemetry_dir_alone_is_kept_after_an_upgrade(
+    coord: CoordinatorProcess, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    run_id, collector = collector_for(coord, "upgrade", out, tmp_path / "collector")
+    telemetry = out / "telemetry"
+    # A collector from before --out-dir followed the telemetry directory alone, then stopped.
+    upgraded_argv = collector.argv
+    collector.argv = [a for a in upgraded_argv if a not in ("--out-dir", str(out))]
+    write_jsonl(telemetry / "report.rank0.jsonl", 0, 100)
+    collector.start()
+    wait_until("the first points", lambda: len(stored_points(coord, run_id)) == 100)
+    collector.kill()
+    collector.argv = upgraded_argv
+    # The upgraded one resumes its checkpoint: same stream names, nothing read twice. For this
+    # member it keeps following the telemetry directory alone, so a report file elsewhere in
+    # the output directory is not read (the next member's collector follows all of it).
+    write_jsonl(telemetry / "report.rank0.jsonl", 100, 50)
+    write_jsonl(out / "eval" / "report.rank0.jsonl", 0, 10, tag="eval/acc")
+    collector.start()
+    collector.member_exited()
+    assert collector.wait() == 0, collector.read_log()
+    points = stored_points(coord, run_id)
+    assert sorted(step for _, _, step, _ in points) == list(range(150))
+    assert {(source, tag) for source, tag, _, _ in points} == {("report.rank0.jsonl", "train/loss")}
+    assert "the checkpoint follows the telemetry directory only" in collector.read_log()
