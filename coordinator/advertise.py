@@ -219,7 +219,9 @@ def look_up(host: str) -> HostFacts:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as exc:
         return HostFacts(host, error=str(exc))
-    resolved = tuple(dict.fromkeys(str(ipaddress.ip_address(i[4][0])) for i in infos))
+    # A link-local IPv6 answer carries its zone ("fe80::1%eth0"): the address is what counts.
+    found = (str(info[4][0]).split("%", 1)[0] for info in infos)
+    resolved = tuple(dict.fromkeys(str(ipaddress.ip_address(a)) for a in found))
     return HostFacts(host, resolved, tuple(a for a in resolved if _holds(a)))
 
 
