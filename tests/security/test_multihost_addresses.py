@@ -1,10 +1,11 @@
 """Across hosts, a Node trusts the coordinator only at a name its certificate covers.
 
 The coordinator runs on a host of its own (tests/support/netns.py), bound to 0.0.0.0 and
-advertised as ``coord``; its dev certificate is reissued for that name and nothing more. A Node
-that dials the same listener by a raw address the certificate does not name (what a redirected
-or spoofed address looks like to it) refuses the coordinator before it sends its join token:
-nothing is enrolled and the token still works, by the advertised name.
+advertised as ``coord`` (``[addresses] host`` in its coordinator.toml); its dev certificate is
+reissued for that name and nothing more. A Node that dials the same listener by a raw address
+the certificate does not name (what a redirected or spoofed address looks like to it) refuses
+the coordinator before it sends its join token: nothing is enrolled and the token still works,
+by the advertised name.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ def test_a_node_dialing_an_address_the_certificate_does_not_name_sends_nothing(
     require_netns("to put the coordinator and a Node on hosts of their own")
     with open_network(["coord", "node-a"]) as net:
         coord_host, node_host = net.host("coord"), net.host("node-a")
+        # Advertised by coordinator.toml this time (test_multihost uses serve --advertise).
         with start_coordinator(
-            tmp_path, prefix_argv=coord_host.prefix(), host="0.0.0.0", advertise="coord"
+            tmp_path,
+            config='\n[addresses]\nhost = "coord"\n',
+            prefix_argv=coord_host.prefix(),
+            host="0.0.0.0",
         ) as coord:
             port = coord.control.rsplit(":", 1)[1]
             assert coord.control == f"coord:{port}"
