@@ -240,6 +240,8 @@ def report_json(report: PendingReport) -> dict[str, Any]:
         "reason": report.reason,
         "exit_code": report.exit.exit_code if report.exit else None,
         "signal": report.exit.signal if report.exit else None,
+        # An exit report's output manifest summary (files, bytes, sha256 or problem); else null.
+        "output_manifest": json.loads(report.manifest) if report.manifest else None,
     }
 
 

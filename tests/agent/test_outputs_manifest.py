@@ -10,14 +10,20 @@ import os
 import tempfile
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tuneplane.agent import journal_read, wire
+from tuneplane.agent import messages as m
+from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.init_from import INIT_FROM_DIR, materialise_init_from
+from tuneplane.agent.journal import Exit, Journal, MemberKey, NewMember
+from tuneplane.agent.member_state import MemberEvent as E
 from tuneplane.agent.outputs_manifest import read_manifest, write_manifest
 from tuneplane.agent.prepare import PrepareRefused
-from tuneplane.coordinator.derivation import InitFromSource, manifest_path
+from tuneplane.coordinator.derivation import InitFromSource, ManifestSummary, manifest_path
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -172,3 +178,34 @@ def test_any_tree_is_listed_exactly_and_copied_byte_for_byte(tree: dict[str, byt
             p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()
         }
         assert copied == written
+
+
+async def test_the_exit_report_keeps_its_manifest_in_the_journal_and_on_the_wire(
+    tmp_path: Path,
+) -> None:
+    key = MemberKey("run-a", 1, 0)
+    summary = ManifestSummary(2, 1234, "ab" * 32)
+    async with open_aio_host():
+        journal = await Journal.open(tmp_path / "journal.db")
+        try:
+            await journal.create_member(NewMember(key, 1, (0,), "/m", "/o/member-0", 5), 1)
+            for step, event in enumerate((E.PREPARE_SUCCEEDED, E.COMMIT_RECEIVED,
+                                          E.SPAWN_REQUESTED, E.RUNNER_STARTED)):  # fmt: skip
+                await journal.transition(key, event, 2 + step)
+            _, report = await journal.transition(
+                key, E.EXIT_OBSERVED, 9, exit=Exit(0, None), manifest=summary.to_json()
+            )
+            assert report is not None and report.manifest == summary.to_json()
+            # Unacknowledged, it is what a resend (after a restart) carries.
+            pending = (await journal.pending_reports())[-1]
+            assert pending == report
+        finally:
+            await journal.close()
+    sent = wire.to_wire(m.Report(pending)).report.output_manifest
+    assert (sent.files, sent.bytes, sent.sha256, sent.problem) == (2, 1234, "ab" * 32, "")
+    with journal_read.open_readonly(tmp_path / "journal.db") as db:
+        (row,) = [r for r in map(journal_read.report_json, journal_read.pending_reports(db))
+                  if r["state"] == "exited"]  # fmt: skip
+        exited = journal_read.events(db, kinds=("exit-observed",))
+    assert row["output_manifest"] == attrs.asdict(summary)
+    assert exited[0]["details"]["output_manifest"] == attrs.asdict(summary)
