@@ -148,7 +148,10 @@ def delivery_table(now_ms: int, members: list[DeliveryView]) -> Table:
         if d.data_loss_warnings:
             # Values the collector could not read or ship, and files it did not follow (its
             # file cap, its search bounds): docs/telemetry.md, "Warnings".
-            state += f"; {d.data_loss_warnings} data-loss warnings (values or files not read)"
+            lost = d.data_loss_warnings
+            state += (
+                f"; {lost} data-loss warning{'' if lost == 1 else 's'} (values or files not read)"
+            )
         if d.orphaned_points:
             state += f"; {d.orphaned_points} points orphaned by a restarted TensorBoard writer"
         table.add_row(

@@ -158,7 +158,7 @@ def test_the_file_cap_is_said_once_in_the_log_and_in_the_delivery_status(
         env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
-    assert "1 data-loss warnings (values or files not read)" in shown.stdout, shown.stdout
+    assert "1 data-loss warning (values or files not read)" in shown.stdout, shown.stdout
 
 
 def test_a_checkpoint_of_the_telemetry_dir_alone_is_kept_after_an_upgrade(
