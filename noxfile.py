@@ -18,6 +18,10 @@ PROTO_TOOLS = [
     "black==26.10.1",
     "isort==5.13.2",
 ]
+# The PyTorch DDP example (examples/pytorch-ddp) is tested for real, so the tests need torch: the
+# CPU build from PyTorch's own index, which pulls no CUDA libraries (PyPI's torch would). Not in
+# pyproject's test extra for that reason.
+TORCH_CPU = ["torch==2.13.0+cpu", "--extra-index-url", "https://download.pytorch.org/whl/cpu"]
 
 
 @nox.session
@@ -27,8 +31,10 @@ def tests(session: nox.Session) -> None:
     As root (CI), bubblewrap, faketime and prometheus (for promtool) are installed from the
     distribution when missing, so the sandbox tests, the skewed-clock telemetry test and the
     alert-rule tests run instead of skipping (under CI=true a missing prerequisite fails them).
+    torch (CPU build) is installed for the PyTorch DDP example's test.
     """
     session.install("-e", ".[test]")
+    session.install(*TORCH_CPU)
     wanted = {"bubblewrap": "bwrap", "faketime": "faketime", "prometheus": "promtool"}
     missing = [package for package, tool in wanted.items() if shutil.which(tool) is None]
     if os.geteuid() == 0 and missing:
