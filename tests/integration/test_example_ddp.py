@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.agent.jobs import tp, wait_job
+from tests.collector.tb_writers import tensorboard_scalars
 from tests.support import accounts
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
@@ -176,12 +177,16 @@ def test_the_ddp_example_shows_its_summarywriter_curves_in_tp_metrics(
         "tb/train/samples_per_s": STEPS,
         "tb/hparams/hparam/final_loss": 1,
     }
-    # Exactly once: one point per optimizer step, steps 1..STEPS, each in its own bucket.
+    # Exactly once: one point per optimizer step, steps 1..STEPS, each in its own bucket, and
+    # the curve TensorBoard's own reader reads from the event files rank 0 wrote.
     series = _tp_json(coord, "metrics", run_id, "--tag", LOSS, "--max-points", "1000")
     buckets = series["buckets"]
     assert [(bk["first_step"], bk["count"]) for bk in buckets] == [
         (step, 1) for step in range(1, STEPS + 1)
     ]
+    (member0,) = (m for m in members if m["index"] == 0)
+    read = tensorboard_scalars(Path(member0["out_dir"]) / "tb")["train/loss"]
+    assert [(bk["first_step"], bk["last"]) for bk in buckets] == [(s, v) for s, _, v in read]
     assert buckets[-1]["last"] < buckets[0]["last"], "the loss must go down"
 
     # The hparams the script gave add_hparams reach `tp job show`.

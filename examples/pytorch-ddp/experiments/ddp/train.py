@@ -14,6 +14,7 @@ Run it without TunePlane too, on one machine:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from datetime import timedelta
@@ -150,8 +151,14 @@ def main() -> None:
         out_dir = os.environ.get("TUNEPLANE_OUT_DIR")
         if out_dir:  # only $TUNEPLANE_OUT_DIR survives the Job (and can start another)
             torch.save(model.module.state_dict(), Path(out_dir) / "model.pt")
-    # No rank tears its connections down while another (rank 0, still writing) may use them.
+    # Tear down in order while Python is fully alive. No rank closes its connections while
+    # another (rank 0, still writing) may use them; then DDP, which holds the process group, is
+    # freed before the group is destroyed. A group left to interpreter shutdown can take the
+    # process down with SIGABRT ("terminate called without an active exception") after a
+    # successful run.
     dist.barrier()
+    del model, optimizer, schedule
+    gc.collect()
     dist.destroy_process_group()
 
 
