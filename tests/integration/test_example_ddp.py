@@ -41,8 +41,8 @@ def _torch_site_packages() -> Path:
     spec = importlib.util.find_spec("torch")
     accounts.require(
         spec is not None and spec.origin is not None,
-        "torch (the noxfile's tests session installs the CPU wheel from the PyTorch index: "
-        "`nox -s tests`)",
+        "torch: run the tests with `nox -s tests`, which installs its CPU wheel from the "
+        "PyTorch index",
     )
     assert spec is not None and spec.origin is not None
     return Path(spec.origin).parent.parent
