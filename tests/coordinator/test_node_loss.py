@@ -199,7 +199,10 @@ async def _job(store: Store, run_id: str, members: int, gpu: int, now: int) -> l
     placement = Placement(tuple(MemberPlacement(i, n, (gpu,)) for i, n in enumerate(nodes)))
     orders = await store.reserve_launch(job, placement, lambda _: {}, now + 60_000, now)
     assert orders is not None
-    return [o.member for o in orders]
+    # Only member 0's Prepare goes out at placement (the rendezvous is checked first); every
+    # member is reserved all the same.
+    first = orders[0].member
+    return [MemberKey(run_id, first.attempt, i) for i in range(members)]
 
 
 async def _world(store: Store, *, runs: int = 1, committed: bool = True) -> list[MemberKey]:

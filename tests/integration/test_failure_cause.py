@@ -95,7 +95,7 @@ def test_job_show_names_the_member_that_failed_first(
     text = tp(coord, "job", "show", run_id)
     assert "\nMember  1 of attempt 1 (it failed first)\n" in text
     assert "\nExit    3 (exited)\nWhy     member 1 exited with code 3\n" in text
-    assert f"\nNode    {failure['node_id']}\n" in text
+    assert f"\nNode    {failure['node_id']} ({member1['node_name']})\n" in text
     assert f"all of it: tp logs {run_id} --member 1 --stderr" in text
     assert "warning 11\n" not in text and "warning 12\n" in text
     assert "warning 30\nFileNotFoundError: data.csv\n" in text

@@ -35,6 +35,8 @@ CANARY_VALUE = "the-agent-environment-must-not-leak"
 ALLOWED_ENV = {
     "HOME", "LANG", "PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT",
     "NNODES", "NODE_RANK", "NPROC_PER_NODE", "JOB_SETTING", "PWD", "SHLVL", "_",
+    # The interface that routes to the rendezvous, and where TensorBoard files are collected.
+    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TENSORBOARD_LOGDIR", "AIP_TENSORBOARD_LOG_DIR",
 }  # fmt: skip
 
 # The victim writes secrets into its work and output directories, then waits to be released.
