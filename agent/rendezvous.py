@@ -220,8 +220,9 @@ class Listener:
         stream = trio.SocketStream(conn)
         try:
             await _answer_one(stream, self._nonce)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass  # the prober went away: nothing to answer
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            # The prober went away mid-handshake: nothing to answer, and the listener goes on.
+            log.debug("rendezvous probe ended early reason=%s", exc)
         finally:
             await trio.aclose_forcefully(stream)
             slots.release()
