@@ -22,6 +22,8 @@ Rules:
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import posixpath
 import re
@@ -99,6 +101,54 @@ class InitFromSource:
     manifest_sha256: str
     files: int
     bytes: int
+    # The Node that holds ``out_dir`` on its own disk, for a source that is not on the Fleet's
+    # shared output root: the target Node fetches it from there (agent/outputs_fetch.py). ""
+    # when every Node of the Fleet reads ``out_dir`` itself (absent from the canonical JSON then,
+    # so a JobSpec resolved before the field existed keeps its digest).
+    node_id: str = ""
+
+
+# --- fetch grants: what lets one Node fetch another's outputs --------------------------------
+
+#: How long a grant made when a Prepare is sent stays good. A Prepare resent later carries a
+#: fresh one, so this only has to cover one Prepare's copy.
+GRANT_TTL_MS = 30 * 60 * 1000
+GRANT_KEY_BYTES = 32
+_GRANT_CONTEXT = b"tuneplane outputs grant v1\x00"
+
+
+def grant_message(run_id: str, attempt: int, member_index: int, expires_at_ms: int) -> bytes:
+    """The bytes a grant signs: the source member and the expiry, unambiguously separated."""
+    return _GRANT_CONTEXT + "\x00".join(
+        (run_id, str(int(attempt)), str(int(member_index)), str(int(expires_at_ms)))
+    ).encode("utf-8")
+
+
+def make_grant(key: bytes, run_id: str, attempt: int, member_index: int, expires_at_ms: int) -> str:
+    """The grant (hex) that lets its bearer fetch the outputs of one source member from the
+    Node whose grant key is ``key``, until ``expires_at_ms``."""
+    if len(key) != GRANT_KEY_BYTES:
+        raise ValueError(f"a grant key is {GRANT_KEY_BYTES} bytes, not {len(key)}")
+    return hmac.new(
+        key, grant_message(run_id, attempt, member_index, expires_at_ms), hashlib.sha256
+    ).hexdigest()
+
+
+def grant_valid(
+    key: bytes,
+    grant: str,
+    run_id: str,
+    attempt: int,
+    member_index: int,
+    expires_at_ms: int,
+    now_ms: int,
+) -> bool:
+    """Whether ``grant`` is the holder's own for that member and has not expired at ``now_ms``
+    (compared in constant time)."""
+    if now_ms >= expires_at_ms or len(key) != GRANT_KEY_BYTES:
+        return False
+    expected = make_grant(key, run_id, attempt, member_index, expires_at_ms)
+    return hmac.compare_digest(expected, grant)
 
 
 @attrs.frozen

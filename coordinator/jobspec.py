@@ -417,6 +417,8 @@ def to_json_obj(spec: JobSpec) -> dict[str, Any]:
         del data["parameter_env"]
     if spec.init_from_source is None:
         del data["init_from_source"]
+    elif not spec.init_from_source.node_id:
+        del data["init_from_source"]["node_id"]
     return json.loads(json.dumps(data))  # type: ignore[no-any-return]
 
 

@@ -247,7 +247,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        12,
+        11,
         (
             # A member's output manifest as its Node's exit report carried it (JSON: files,
             # bytes, sha256 of the manifest file, or the problem that kept it from being
@@ -257,7 +257,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        13,
+        12,
         (
             # The attempt's rendezvous nonce (hex): member 0's Prepare carries it to the listener
             # its Node holds on the rendezvous port, every other member's Prepare carries it
@@ -267,7 +267,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        15,
+        13,
         (
             # A Node's display name, chosen once at enrollment (store_fleet.free_node_name): the
             # host name it reported, numbered within its Fleet in enrollment order when taken
@@ -285,7 +285,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        16,
+        14,
         (
             # The control address Nodes are told to dial (`tuneplane-coordinator
             # control-address`); at most one row, none when unset. Each change is a decision.

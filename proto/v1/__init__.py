@@ -941,6 +941,31 @@ class Hello(betterproto.Message):
      `tp node show` shows it so an operator moving the coordinator sees who has followed.
     """
 
+    outputs: "OutputsService" = betterproto.message_field(6)
+    """
+    Where this Node serves the outputs of its ended members to other Nodes (an `--init-from`
+     whose source ran here), unset when its node.toml turns the listener off ([outputs] listen).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class OutputsService(betterproto.Message):
+    """
+    A Node's outputs listener: TLS with a self-signed certificate the fetching Node pins by its
+     sha256, and a key the coordinator signs fetch grants with (HMAC-SHA256, one grant per source
+     member and expiry; see coordinator/derivation.py). The key is a secret shared with the
+     coordinator only: it travels in Hello, over the control stream's TLS.
+    """
+
+    address: str = betterproto.string_field(1)
+    """HOST:PORT other Nodes dial."""
+
+    cert_sha256: str = betterproto.string_field(2)
+    """sha256 (hex) of the listener's certificate, DER encoded."""
+
+    grant_key: bytes = betterproto.bytes_field(3)
+    """32 random bytes, made once and kept in the Node's state directory."""
+
 
 @dataclass(eq=False, repr=False)
 class HeldMember(betterproto.Message):
@@ -1089,6 +1114,31 @@ class Prepare(betterproto.Message):
      (and that the answer proves the nonce) before it is prepared, and refuses Prepare naming
      the address, the port and its interface when it cannot. Unset for member 0.
     """
+
+    init_from_fetch: "InitFromFetch" = betterproto.message_field(12)
+    """
+    A Derivation whose source outputs are on another Node's disk (`init_from_source.node_id`):
+     where that Node serves them and the grant that lets this Node fetch them. Made when the
+     Prepare is sent, so a resent Prepare carries a fresh grant and the holder's current address.
+     Unset when the source is on a shared output root, or when the holder serves no outputs (the
+     Node then refuses Prepare, saying so).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class InitFromFetch(betterproto.Message):
+    address: str = betterproto.string_field(1)
+    """
+    The holder's OutputsService address and certificate digest, as its last Hello said.
+    """
+
+    cert_sha256: str = betterproto.string_field(2)
+    grant: str = betterproto.string_field(3)
+    """
+    HMAC-SHA256 (hex) by the holder's grant key over the source member and the expiry.
+    """
+
+    grant_expires_at_ms: int = betterproto.int64_field(4)
 
 
 @dataclass(eq=False, repr=False)
