@@ -14,7 +14,6 @@ Rules (docs/operator.md, "Moving the coordinator"):
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from cryptography import x509
 from grpclib.const import Cardinality, Handler
 
+from tuneplane.coordinator import tls
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.fleet_service import admin_caller
 from tuneplane.coordinator.input_checks import InputRefused
@@ -53,28 +53,14 @@ def split(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def certificate_names(pem: bytes) -> set[str]:
-    """The DNS names and IP addresses (as text) a certificate's subjectAltName covers."""
-    cert = x509.load_pem_x509_certificate(pem)
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return set()
-    names = {n.lower() for n in san.get_values_for_type(x509.DNSName)}
-    return names | {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
-
-
 def check(address: str, server_cert: Path) -> str:
     """``address`` when Nodes could use it (empty: clear); else :class:`BadAddress`."""
     if not address:
         return ""
     host, _ = split(address)
-    try:
-        shown = str(ipaddress.ip_address(host))
-    except ValueError:
-        shown = host.lower().rstrip(".")
-    covered = certificate_names(server_cert.read_bytes())
-    if shown not in covered:
+    cert = x509.load_pem_x509_certificate(server_cert.read_bytes())
+    if not tls.covers(cert, host):
+        covered = tls.certificate_names(cert)
         raise BadAddress(
             f"The control address {address!r}",
             f"names {host!r}, which the coordinator's server certificate {server_cert} does not "

@@ -155,17 +155,22 @@ def _normal(host: str) -> str:
         return host.lower().rstrip(".")
 
 
-def _covers(cert: x509.Certificate, host: str) -> bool:
-    """Whether a client verifying ``cert`` for ``host`` would accept it (subjectAltName only,
-    as TLS clients match: an IP address exactly, a name exactly or by a ``*.`` first label)."""
+def certificate_names(cert: x509.Certificate) -> list[str]:
+    """The DNS names (lower case) and IP addresses (as text) ``cert``'s subjectAltName lists."""
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
-        return False
+        return []
+    names = [n.lower().rstrip(".") for n in san.get_values_for_type(x509.DNSName)]
+    return names + [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
+
+
+def covers(cert: x509.Certificate, host: str) -> bool:
+    """Whether a client verifying ``cert`` for ``host`` would accept it (subjectAltName only,
+    as TLS clients match: an IP address exactly, a name exactly or by a ``*.`` first label).
+    The one place that decides it: the advertised addresses and ``control-address`` both ask."""
     wanted = _normal(host)
-    if wanted in {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}:
-        return True
-    for name in (n.lower().rstrip(".") for n in san.get_values_for_type(x509.DNSName)):
+    for name in certificate_names(cert):
         if name == wanted:
             return True
         if name.startswith("*.") and "." in wanted and wanted.split(".", 1)[1] == name[2:]:
@@ -188,7 +193,7 @@ def cover_names(paths: TlsPaths, hosts: Iterable[str]) -> list[str]:
             f"cannot read the server certificate {paths.server_cert} ({exc}). Run "
             "`tuneplane-coordinator init` or put a certificate and key there."
         ) from None
-    missing = [h for h in dict.fromkeys(hosts) if not _covers(cert, h)]
+    missing = [h for h in dict.fromkeys(hosts) if not covers(cert, h)]
     if not missing:
         return []
     ca_key = _dev_ca_key(paths, cert)
