@@ -170,8 +170,9 @@ class ApiService:
         source = resolve_source(
             spec.init_from, found, fleet, settings.shared_output_root if settings else ""
         )
-        log.info("derivation resolved run_id=%s out_dir=%s manifest_sha256=%s files=%d",
-                 source.run_id, source.out_dir, source.manifest_sha256, source.files)  # fmt: skip
+        log.info("derivation resolved run_id=%s out_dir=%s manifest_sha256=%s files=%d holder=%s",
+                 source.run_id, source.out_dir, source.manifest_sha256, source.files,
+                 source.node_id or "-")  # fmt: skip
         canonical = jobspec.canonical_json(attrs.evolve(spec, init_from_source=source)).encode()
         return attrs.evolve(admitted, resolved_json=canonical, digest=jobspec.digest_of(canonical))
 
@@ -294,6 +295,7 @@ async def _source_run(store: Store, run_id: str, user: UserView) -> SourceRun | 
     return SourceRun(
         run_id, job.state, True, job.owner, attempt.number, first.out_dir,
         first.node_name or first.node_id, first.output_manifest,
+        await store_fleet.holder(store, first.node_id) if first.node_id else None,
     )  # fmt: skip
 
 

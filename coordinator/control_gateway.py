@@ -38,7 +38,7 @@ from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import StreamTerminatedError
 
-from tuneplane.coordinator import store_identity, wire
+from tuneplane.coordinator import outputs_grants, store_identity, wire
 from tuneplane.coordinator.auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
     NODE_PREFIX,
@@ -199,7 +199,9 @@ class ControlGateway:
             )
 
     async def _with_credentials(self, orders: list[Order]) -> list[Order]:
-        """Commit orders carry a fresh collector credential, recorded before they are sent."""
+        """Commit orders carry a fresh collector credential, recorded before they are sent;
+        Prepare orders whose source is on another Node carry a fresh fetch grant."""
+        orders = await outputs_grants.attach(self._store, orders, now_ms())
         if self._collectors is None:
             return orders
         return await self._collectors.attach(orders, now_ms())
@@ -312,6 +314,7 @@ class ControlGateway:
             held,
             connected_at,
             hello.dialed_address,
+            outputs_grants.accepted_service(node.id, wire.outputs_service(hello)),
         )
         self._heartbeats.record(node.id, connected_at)
         # Stops decided while the Node was away go now (members declared lost among them); a

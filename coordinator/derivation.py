@@ -12,11 +12,14 @@ Rules:
   :mod:`tuneplane.agent.outputs_manifest`).
   Member 0's outputs are the artifact: with data-parallel training every rank saves the same
   weights and rank 0 writes the checkpoint.
-- The artifact must lie under the target Fleet's ``shared_output_root`` (a directory every Node
-  of the Fleet mounts at that path and uses as its output root). Fetching it from the Node that
-  holds it is not built: a run whose outputs are only on one Node's disk is refused, saying so.
-- The Node copies ``out_dir`` at Prepare and verifies every file against the manifest at
-  ``out_dir + MANIFEST_SUFFIX``, whose sha256 must be ``manifest_sha256``
+- Where the Nodes get it from is fixed at Preview too. An artifact under the target Fleet's
+  ``shared_output_root`` (a directory every Node of the Fleet mounts at that path and uses as its
+  output root) is copied from there (``node_id`` ""). Any other is fetched from the Node that
+  holds it (``node_id`` is that Node): refused, saying so, when that Node serves no outputs
+  (its ``[outputs] listen`` is off, or its agent predates it), was declared lost, or is revoked.
+- The Node copies ``out_dir`` at Prepare, locally or over the holder's outputs listener with
+  the grant its Prepare carries (:mod:`.outputs_grants`), and verifies every file against the
+  manifest at ``out_dir + MANIFEST_SUFFIX``, whose sha256 must be ``manifest_sha256``
   (:mod:`tuneplane.agent.init_from`).
 """
 
@@ -152,6 +155,19 @@ def grant_valid(
 
 
 @attrs.frozen
+class Holder:
+    """What the store knows of the Node that ran a source's member 0 (and holds its outputs)."""
+
+    node_id: str
+    name: str
+    # Where it serves outputs to other Nodes, as its last Hello said; "" when it serves none.
+    outputs_address: str = ""
+    # Declared lost (and not connected since), or revoked (its credential retired for good).
+    lost: bool = False
+    retired: bool = False
+
+
+@attrs.frozen
 class SourceRun:
     """What the store knows of the run an ``--init-from`` names."""
 
@@ -164,6 +180,8 @@ class SourceRun:
     out_dir: str = ""
     node: str = ""
     manifest: ManifestSummary | None = None
+    # The Node member 0 ran on; None when the store has no such Node.
+    holder: Holder | None = None
 
 
 def _refuse(run_id: str, why: str, fix: str) -> Exception:
@@ -220,24 +238,10 @@ def resolve_source(
             "Keep the outputs within the manifest's bounds (docs/researcher.md, \"Starting from "
             'another run") and run it again.',
         )
-    if not shared_output_root:
-        raise _refuse(
-            run_id,
-            f"the run {run_id}'s outputs are on Node {source.node} only ({source.out_dir}); the "
-            f"Fleet {fleet} declares no shared_output_root, and fetching outputs from the Node "
-            "that holds them is not built",
-            f"Ask the coordinator's operator to declare [fleet.{fleet}] shared_output_root "
-            "(a directory every Node mounts as its output root) and run the source again there.",
-        )
-    if not _under(source.out_dir, shared_output_root):
-        raise _refuse(
-            run_id,
-            f"the run {run_id}'s outputs ({source.out_dir}, on Node {source.node}) are not "
-            f"under the Fleet {fleet}'s shared output root {shared_output_root}, so no other "
-            "Node can read them",
-            f"Run the source on Nodes whose out_root is {shared_output_root}, or ask the "
-            "operator which directory the Nodes share.",
-        )
+    if shared_output_root and _under(source.out_dir, shared_output_root):
+        node_id = ""
+    else:
+        node_id = _fetch_holder(run_id, source, fleet, shared_output_root).node_id
     return InitFromSource(
         run_id=run_id,
         attempt=source.attempt,
@@ -246,7 +250,61 @@ def resolve_source(
         manifest_sha256=summary.sha256,
         files=summary.files,
         bytes=summary.bytes,
+        node_id=node_id,
     )
+
+
+def _fetch_holder(run_id: str, source: SourceRun, fleet: str, shared_output_root: str) -> Holder:
+    """The Node a source that is not on ``fleet``'s shared output root is fetched from, or the
+    refusal saying why it cannot be."""
+    where = (
+        f"not under the Fleet {fleet}'s shared output root {shared_output_root}"
+        if shared_output_root
+        else f"on one Node's disk (the Fleet {fleet} declares no shared_output_root)"
+    )
+    if not source.out_dir.startswith("/") or posixpath.normpath(source.out_dir) != source.out_dir:
+        raise _refuse(
+            run_id,
+            f"the run {run_id}'s member 0 reported the output directory {source.out_dir!r}, "
+            "which is not an absolute, normalised path, so no Node can fetch it",
+            "Run the source again on a Node with a current agent.",
+        )
+    holder = source.holder
+    if holder is None:
+        raise _refuse(
+            run_id,
+            f"the run {run_id}'s outputs ({source.out_dir}) are {where}, and the Node "
+            f"{source.node} that holds them is no longer enrolled, so nothing can fetch them",
+            "Run the source again, then begin from that run.",
+        )
+    named = f"Node {holder.name} ({holder.node_id})"
+    if holder.retired:
+        raise _refuse(
+            run_id,
+            f"the run {run_id}'s outputs ({source.out_dir}) are {where}, held by {named}, "
+            "whose credential was revoked, so it no longer connects and cannot serve them",
+            f"Re-enroll {named} (docs/operator.md) and preview again, or run the source again "
+            "on another Node.",
+        )
+    if holder.lost:
+        raise _refuse(
+            run_id,
+            f"the run {run_id}'s outputs ({source.out_dir}) are {where}, held by {named}, "
+            "which was declared lost, so nothing can fetch them",
+            f"Bring {named} back (it serves them again once it reconnects) and preview again, "
+            "or run the source again on another Node.",
+        )
+    if not holder.outputs_address:
+        raise _refuse(
+            run_id,
+            f"the run {run_id}'s outputs ({source.out_dir}) are {where}, held by {named}, "
+            'which serves no outputs to other Nodes (its node.toml sets [outputs] listen = "", '
+            "or its agent is older than outputs listeners)",
+            f"Ask the operator of {named} to turn its outputs listener on ([outputs] listen in "
+            f"node.toml) and restart tuneplane-node, or to declare [fleet.{fleet}] "
+            "shared_output_root, then preview again.",
+        )
+    return holder
 
 
 def stored_manifest(summary: ManifestSummary) -> ManifestSummary:

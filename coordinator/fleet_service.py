@@ -109,6 +109,7 @@ def node_message(node: NodeView) -> v1.Node:
         hostname=node.hostname,
         name=node.name,
         dialed_address=node.dialed_address,
+        outputs_address=node.outputs_address,
         scheduling=node.scheduling,
         scheduling_reason=node.scheduling_reason,
         scheduling_changed_at_ms=node.scheduling_changed_at_ms,

@@ -83,3 +83,5 @@ class Node:
     name: str = ""
     # The control address the Node dialed for its current or last stream; "" when not known.
     dialed_address: str = ""
+    # Where the Node serves its ended members' outputs to other Nodes; "" when it serves none.
+    outputs_address: str = ""

@@ -70,6 +70,9 @@ class NodeView:
     name: str = ""
     # The control address the Node dialed for its current or last stream; "" before it said.
     dialed_address: str = ""
+    # Where the Node serves its ended members' outputs to other Nodes (its last Hello); "" when
+    # it serves none.
+    outputs_address: str = ""
 
 
 @attrs.frozen

@@ -50,6 +50,7 @@ def node_from_wire(msg: v1.Node) -> Node:
         hostname=msg.hostname,
         name=msg.name or msg.id,
         dialed_address=msg.dialed_address,
+        outputs_address=msg.outputs_address,
         scheduling=msg.scheduling,
         scheduling_reason=msg.scheduling_reason,
         scheduling_changed_at_ms=msg.scheduling_changed_at_ms,

@@ -90,6 +90,27 @@ class Report:
 
 
 @attrs.frozen
+class OutputsService:
+    """Where a Node serves its ended members' outputs to other Nodes, as its Hello said
+    (checked by :func:`tuneplane.coordinator.outputs_grants.check_service` before it is stored)."""
+
+    address: str
+    cert_sha256: str
+    grant_key: bytes = attrs.field(repr=False)
+
+
+@attrs.frozen
+class InitFromFetch:
+    """Where a Prepare's Derivation source is fetched from and the grant that lets the Node
+    fetch it (made just before the Prepare is sent, :mod:`.outputs_grants`; never stored)."""
+
+    address: str
+    cert_sha256: str
+    grant: str = attrs.field(repr=False)
+    grant_expires_at_ms: int = 0
+
+
+@attrs.frozen
 class PrepareOrder:
     node_id: str
     member: MemberKey
@@ -107,6 +128,10 @@ class PrepareOrder:
     rendezvous_nonce: str = attrs.field(default="", repr=False)
     master_addr: str = ""
     master_port: int = 0
+    # Filled in just before sending (outputs_grants.py) when the JobSpec's Derivation source is
+    # on another Node's disk (init_from_source.node_id); None otherwise or when that Node
+    # serves no outputs now.
+    init_from_fetch: InitFromFetch | None = None
 
 
 @attrs.frozen

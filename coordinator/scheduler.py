@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import anyio
 
-from tuneplane.coordinator import capsule, jobspec, store_fleet
+from tuneplane.coordinator import capsule, jobspec, outputs_grants, store_fleet
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.message_limits import PROCESS_TEXT_CHARS, in_process
@@ -134,4 +134,5 @@ class Scheduler:
             placement.gpus_per_member,
             ",".join(m.node_id for m in placement.members),
         )
-        self._registry.dispatch(list(orders))
+        # A Derivation fetched from another Node: each Prepare gets its grant as it leaves.
+        self._registry.dispatch(await outputs_grants.attach(self._store, orders, now_ms()))

@@ -300,6 +300,18 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE nodes ADD COLUMN dialed_address TEXT NOT NULL DEFAULT ''",
         ),
     ),
+    (
+        15,
+        (
+            # Where the Node serves its ended members' outputs to other Nodes, as its last Hello
+            # said (Hello.outputs): HOST:PORT, the sha256 (hex) of its listener's certificate,
+            # and the key (hex of 32 bytes) the coordinator signs fetch grants with. All three
+            # '' when it serves none (listener off, an older agent, or a malformed report).
+            "ALTER TABLE nodes ADD COLUMN outputs_address TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE nodes ADD COLUMN outputs_cert_sha256 TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE nodes ADD COLUMN outputs_grant_key TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

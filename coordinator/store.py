@@ -36,6 +36,7 @@ from tuneplane.coordinator.records import (
     MemberView,
     NodeRecord,
     Order,
+    OutputsService,
     PrepareOrder,
     PreviewRecord,
     QueuedJob,
@@ -324,9 +325,11 @@ class Store(SqliteFile):
         held: Sequence[HeldMember],
         now: int,
         dialed_address: str = "",
+        outputs: OutputsService | None = None,
     ) -> list[Order]:
         """Record a Hello: the Node is connected (at ``dialed_address``, the control address it
-        dialed); unknown members get their real state back.
+        dialed, serving outputs at ``outputs``, checked by the caller; None clears what an
+        earlier Hello said); unknown members get their real state back.
 
         Returns the orders to (re)send: Prepare for members still waiting for one, and the
         decision for members whose attempt is already decided.
@@ -337,10 +340,22 @@ class Store(SqliteFile):
                 await db.execute(
                     "UPDATE nodes SET connected = 1, disconnected_since_ms = NULL, "
                     "last_heartbeat_ms = ?, inventory_json = ?, hostname = ?, "
-                    "dialed_address = ? WHERE id = ?",
-                    (now, inventory.to_json(), inventory.hostname, dialed_address, node_id),
+                    "dialed_address = ?, outputs_address = ?, outputs_cert_sha256 = ?, "
+                    "outputs_grant_key = ? WHERE id = ?",
+                    (
+                        now,
+                        inventory.to_json(),
+                        inventory.hostname,
+                        dialed_address,
+                        outputs.address if outputs else "",
+                        outputs.cert_sha256 if outputs else "",
+                        outputs.grant_key.hex() if outputs else "",
+                        node_id,
+                    ),
                 )
                 detail = {"dialed": dialed_address} if dialed_address else {}
+                if outputs:
+                    detail["outputs"] = outputs.address
                 await self._log(db, now, "node connected", detail, node_id=node_id)
                 held_states = {h.member: h.state for h in held}
                 rows = list(

@@ -16,10 +16,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from tuneplane.coordinator import lifecycle as lc
+from tuneplane.coordinator.derivation import Holder
 from tuneplane.coordinator.fleetviews import (
     FleetView,
     NodeMemberView,
@@ -29,7 +30,7 @@ from tuneplane.coordinator.fleetviews import (
 )
 from tuneplane.coordinator.placement import CORDONED, DRAINED, DRAINING, SCHEDULABLE, Request
 from tuneplane.coordinator.queue_plan import NodeState, PoolKey, QueuedRequest
-from tuneplane.coordinator.records import InventoryInfo, MemberKey
+from tuneplane.coordinator.records import InventoryInfo, MemberKey, OutputsService
 from tuneplane.coordinator.store import Conflict, NotFound, Store
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ async def _node_rows(store: Store, fleet: str, node_id: str) -> list[Any]:
         store,
         "SELECT id, fleet, hostname, inventory_json, scheduling, connected, last_heartbeat_ms, "
         "disconnected_since_ms, enrolled_at_ms, credential_issued_at_ms, "
-        f"credential_expires_at_ms, revoked_at_ms, name, dialed_address FROM nodes {where} "
+        "credential_expires_at_ms, revoked_at_ms, name, dialed_address, outputs_address "
+        f"FROM nodes {where} "
         "ORDER BY fleet, id",
         args,
     )
@@ -149,6 +151,7 @@ async def node_views(store: Store, fleet: str = "", node_id: str = "") -> list[N
                 revoked_at_ms=int(r[11] or 0),
                 name=str(r[12]) or nid,
                 dialed_address=str(r[13]),
+                outputs_address=str(r[14]),
             )
         )
     return views
@@ -244,6 +247,52 @@ async def fleet_views(
             )
         )
     return views
+
+
+async def outputs_services(store: Store, node_ids: Collection[str]) -> dict[str, OutputsService]:
+    """node id -> where it serves outputs, for those of ``node_ids`` that serve any now (as
+    their last Hello said) and are not revoked; one read for all of them."""
+    if not node_ids:
+        return {}
+    marks = ", ".join("?" for _ in node_ids)
+    found: dict[str, OutputsService] = {}
+    for nid, address, digest, key in await _rows(
+        store,
+        "SELECT id, outputs_address, outputs_cert_sha256, outputs_grant_key FROM nodes "
+        f"WHERE id IN ({marks}) AND revoked_at_ms IS NULL AND outputs_address <> ''",
+        sorted(node_ids),
+    ):
+        try:
+            found[str(nid)] = OutputsService(str(address), str(digest), bytes.fromhex(str(key)))
+        except ValueError:
+            log.warning("stored outputs grant key unreadable node=%s; no grant made", nid)
+    return found
+
+
+async def holder(store: Store, node_id: str) -> Holder | None:
+    """What a Derivation's Preview needs to know of the Node that holds a source's outputs:
+    its name, whether it serves outputs, was declared lost (and has not connected since) or is
+    revoked; None when there is no such Node."""
+    rows = await _rows(
+        store,
+        "SELECT name, outputs_address, revoked_at_ms FROM nodes WHERE id = ?",
+        (node_id,),
+    )
+    if not rows:
+        return None
+    name, address, revoked = rows[0]
+    last = await _rows(
+        store,
+        "SELECT kind FROM decisions WHERE node_id = ? AND kind IN (?, ?) ORDER BY id DESC LIMIT 1",
+        (node_id, "node declared lost", "node connected"),
+    )
+    return Holder(
+        node_id=node_id,
+        name=str(name) or node_id,
+        outputs_address=str(address),
+        lost=bool(last) and last[0][0] == "node declared lost",
+        retired=revoked is not None,
+    )
 
 
 async def healthy_gpus_per_node(store: Store, fleet: str, series: str) -> list[int]:

@@ -12,6 +12,7 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import betterproto
 from grpclib import GRPCError
 from grpclib.const import Status
 from grpclib.exceptions import ProtocolError, StreamTerminatedError
@@ -33,6 +34,7 @@ from tuneplane.coordinator.records import (
     JobView,
     MemberKey,
     Order,
+    OutputsService,
     PrepareOrder,
     Report,
     StateChangeRecord,
@@ -114,6 +116,15 @@ def held_members(hello: v1.Hello) -> list[HeldMember]:
     return held
 
 
+def outputs_service(hello: v1.Hello) -> OutputsService | None:
+    """What Hello.outputs says, unchecked (:func:`.outputs_grants.check_service` judges it);
+    None when the Node serves no outputs (unset, or an empty address)."""
+    msg = hello.outputs
+    if not betterproto.serialized_on_wire(msg) or not msg.address:
+        return None
+    return OutputsService(msg.address, msg.cert_sha256, bytes(msg.grant_key))
+
+
 def report(msg: v1.MemberReport) -> Report:
     return Report(
         report_seq=msg.report_seq,
@@ -151,6 +162,14 @@ def order_message(order: Order) -> v1.CoordinatorMessage:
         if order.master_port:
             prepare.prepare.rendezvous = v1.Rendezvous(
                 master_addr=order.master_addr, master_port=order.master_port
+            )
+        fetch = order.init_from_fetch
+        if fetch is not None:
+            prepare.prepare.init_from_fetch = v1.InitFromFetch(
+                address=fetch.address,
+                cert_sha256=fetch.cert_sha256,
+                grant=fetch.grant,
+                grant_expires_at_ms=fetch.grant_expires_at_ms,
             )
         return prepare
     if isinstance(order, CommitOrder):

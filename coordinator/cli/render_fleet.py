@@ -173,6 +173,7 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
                 ("Scheduling", scheduling),
                 ("Control", control(node, now_ms)),
                 ("Dialed", node.dialed_address or "-"),
+                ("Outputs", node.outputs_address or "- (serves no outputs to other Nodes)"),
                 ("Last heartbeat", ago(node.last_heartbeat_ms, now_ms)),
                 ("Enrolled", when(node.enrolled_at_ms)),
                 ("Credential", credential(node, now_ms)),

@@ -55,9 +55,12 @@ def launch_of(resolved_jobspec_json: str) -> Launch | None:
     return Launch(tuple(command), dict(sorted(env.items())), str(runtime))
 
 
-def launch_rows(resolved_jobspec_json: str) -> list[tuple[str, str]]:
-    """``(key, value)`` lines for the preview: Command, Environment (one variable a line), and
-    what the Node adds per rank."""
+def launch_rows(
+    resolved_jobspec_json: str, node_names: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """``(key, value)`` lines for the preview: Command, Environment (one variable a line), what
+    the run begins from (``node_names`` as for :func:`begins_from`), and what the Node adds per
+    rank."""
     launch = launch_of(resolved_jobspec_json)
     if launch is None:
         return [("Command", "?"), ("Environment", "?")]
@@ -68,7 +71,7 @@ def launch_rows(resolved_jobspec_json: str) -> list[tuple[str, str]]:
     lines = [f"{name}={shlex.quote(value)}" for name, value in launch.env.items()]
     rows.append(("Environment", lines[0] if lines else "(none from the Job)"))
     rows += [("", line) for line in lines[1:]]
-    begins = begins_from(resolved_jobspec_json)
+    begins = begins_from(resolved_jobspec_json, node_names)
     if begins is not None:
         wrapped = textwrap.wrap(begins, _WRAP)
         rows.append(("Begins from", wrapped[0]))
@@ -79,17 +82,31 @@ def launch_rows(resolved_jobspec_json: str) -> list[tuple[str, str]]:
     return rows
 
 
-def begins_from(resolved_jobspec_json: str) -> str | None:
-    """The Derivation's source as Preview resolved it (``init_from_source``), in words; None
-    without one or when it cannot be read."""
+def begins_from(
+    resolved_jobspec_json: str, node_names: Mapping[str, str] | None = None
+) -> str | None:
+    """The Derivation's source as Preview resolved it (``init_from_source``), in words, with
+    where each Node gets it: copied from the Fleet's shared output root, or fetched at Prepare
+    from the Node that holds it (named from ``node_names``, node id -> display name, when it
+    is there); None without one or when it cannot be read."""
     try:
         src: Any = json.loads(resolved_jobspec_json).get("init_from_source")
         if not isinstance(src, dict):
             return None
+        holder = src.get("node_id") or ""
+        if not isinstance(holder, str):
+            return None
+        name = (node_names or {}).get(holder, "")
+        node = f"{name} ({holder})" if name and name != holder else holder
+        how = (
+            f"fetched from Node {node} at Prepare"
+            if holder
+            else "copied from the shared output root at Prepare"
+        )
         return (
             f"run {src['run_id']} (attempt {src['attempt']}, member {src['member_index']}): "
             f"{src['files']} files, {src['bytes']} bytes, manifest sha256 "
-            f"{src['manifest_sha256']}; each rank finds them at $TUNEPLANE_INIT_FROM_DIR"
+            f"{src['manifest_sha256']}, {how}; each rank finds them at $TUNEPLANE_INIT_FROM_DIR"
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

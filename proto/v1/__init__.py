@@ -597,6 +597,12 @@ class Node(betterproto.Message):
     The control address the Node dialed for its current or last stream (Hello.dialed_address).
     """
 
+    outputs_address: str = betterproto.string_field(20)
+    """
+    Where the Node serves its ended members' outputs to other Nodes (Hello.outputs.address);
+     empty when it serves none.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class RevokeNodeRequest(betterproto.Message):

@@ -1,5 +1,7 @@
-"""The Derivation's rules, pure: which run may seed a new one, and the sentence when it may not;
-the resolved JobSpec carries the source (its digest covers it) and an intent may not set it."""
+"""The Derivation's rules, pure: which run may seed a new one, where the Nodes get it (the
+Fleet's shared output root, or fetched from the Node that holds it), and the sentence when it may
+not; the resolved JobSpec carries the source (its digest covers it) and an intent may not set
+it."""
 
 from __future__ import annotations
 
@@ -8,9 +10,12 @@ from pathlib import Path
 
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, load_config
 from tuneplane.coordinator.derivation import (
+    Holder,
     InitFromSource,
     ManifestSummary,
     SourceRun,
@@ -23,15 +28,29 @@ pytestmark = pytest.mark.timeout(30)
 
 SHA = "ab" * 32
 ROOT = "/mnt/tp-out"
+HOLDER = Holder("node-1", "gpu-a", "10.0.0.1:7463")
 GOOD = SourceRun(
     "run-a", "succeeded", True, "alice", 1, f"{ROOT}/run-a/attempt-1/member-0", "gpu-a",
-    ManifestSummary(2, 1234, SHA),
+    ManifestSummary(2, 1234, SHA), HOLDER,
 )  # fmt: skip
 
 
 def test_a_succeeded_readable_run_under_the_shared_root_is_the_source() -> None:
     source = resolve_source("run-a", GOOD, "default", ROOT)
     assert source == InitFromSource("run-a", 1, 0, GOOD.out_dir, SHA, 2, 1234)
+    # On the shared root the holder is not asked: every Node reads it there, serving or not.
+    quiet = attrs.evolve(GOOD, holder=attrs.evolve(HOLDER, outputs_address="", lost=True))
+    assert resolve_source("run-a", quiet, "default", ROOT).node_id == ""
+
+
+@pytest.mark.parametrize("root", ["", "/mnt/other"])
+def test_a_source_off_the_shared_root_is_fetched_from_its_holder(root: str) -> None:
+    source = resolve_source("run-a", GOOD, "default", root)
+    assert source == InitFromSource("run-a", 1, 0, GOOD.out_dir, SHA, 2, 1234, node_id="node-1")
+    # The holder travels in the resolved JobSpec, so the preview digest covers it.
+    assert '"node_id":"node-1"' in canonical_json(
+        loads(_spec_json(init_from="run-a", init_from_source=attrs.asdict(source)))
+    )
 
 
 @pytest.mark.parametrize(
@@ -46,15 +65,72 @@ def test_a_succeeded_readable_run_under_the_shared_root_is_the_source() -> None:
             ROOT,
             "has no output manifest: it holds more than 10 files",
         ),
-        (GOOD, "", "declares no shared_output_root, and fetching outputs from the Node"),
-        (GOOD, "/mnt/other", "are not under the Fleet default's shared output root /mnt/other"),
-        (attrs.evolve(GOOD, out_dir=f"{ROOT}/../etc"), ROOT, "are not under the Fleet"),
+        (
+            attrs.evolve(GOOD, holder=attrs.evolve(HOLDER, outputs_address="")),
+            "",
+            "are on one Node's disk (the Fleet default declares no shared_output_root), held by "
+            "Node gpu-a (node-1), which serves no outputs to other Nodes",
+        ),
+        (
+            attrs.evolve(GOOD, holder=attrs.evolve(HOLDER, outputs_address="")),
+            "/mnt/other",
+            "are not under the Fleet default's shared output root /mnt/other, held by Node gpu-a "
+            "(node-1), which serves no outputs",
+        ),
+        (
+            attrs.evolve(GOOD, holder=attrs.evolve(HOLDER, lost=True)),
+            "",
+            "held by Node gpu-a (node-1), which was declared lost, so nothing can fetch them",
+        ),
+        (
+            attrs.evolve(GOOD, holder=attrs.evolve(HOLDER, retired=True)),
+            "",
+            "held by Node gpu-a (node-1), whose credential was revoked",
+        ),
+        (attrs.evolve(GOOD, holder=None), "", "the Node gpu-a that holds them is no longer"),
+        (
+            attrs.evolve(GOOD, out_dir=f"{ROOT}/../etc"),
+            ROOT,
+            "reported the output directory '/mnt/tp-out/../etc', which is not an absolute, "
+            "normalised path",
+        ),
+        (attrs.evolve(GOOD, out_dir="tp-out/run-a"), "", "is not an absolute, normalised path"),
     ],
 )
 def test_every_refusal_names_the_run_and_why(found: SourceRun | None, root: str, said: str) -> None:
     with pytest.raises(JobSpecError, match="JobSpec field 'init_from' = 'run-a'") as caught:
         resolve_source("run-a", found, "default", root)
     assert said in str(caught.value)
+
+
+@given(
+    root=st.sampled_from(["", ROOT, "/mnt/other", "/"]),
+    holder=st.none()
+    | st.builds(
+        Holder,
+        node_id=st.just("node-1"),
+        name=st.sampled_from(["gpu-a", "node-1"]),
+        outputs_address=st.sampled_from(["", "10.0.0.1:7463"]),
+        lost=st.booleans(),
+        retired=st.booleans(),
+    ),
+)
+def test_the_holder_decides_only_off_the_shared_root(root: str, holder: Holder | None) -> None:
+    found = attrs.evolve(GOOD, holder=holder)
+    shared = root in (ROOT, "/")
+    fetchable = (
+        holder is not None and holder.outputs_address and not holder.lost and not holder.retired
+    )
+    if shared or fetchable:
+        source = resolve_source("run-a", found, "default", root)
+        assert source.node_id == ("" if shared else "node-1")
+        assert (source.out_dir, source.manifest_sha256) == (GOOD.out_dir, SHA)
+        return
+    with pytest.raises(JobSpecError) as caught:
+        resolve_source("run-a", found, "default", root)
+    said = str(caught.value)
+    assert "the run run-a's outputs" in said and GOOD.out_dir in said
+    assert holder is None or f"Node {holder.name} (node-1)" in said
 
 
 def test_a_malformed_reported_summary_is_stored_as_a_problem() -> None:
