@@ -12,6 +12,9 @@ Rules:
   until it wrote ``drained``. A collector that stops early is restarted with backoff; it runs in
   its own process, so its crash never touches the member. The loop's nursery owns every one;
   cancelling it sends each collector SIGTERM (it resumes from its spool next time).
+- A collector logs to ``collector.log`` in its directory, or, when the agent logs to journald
+  (agent/daemon_log.py), to the agent's own stderr, so it logs to journald too, each entry
+  naming its member (``journalctl -t tuneplane-collector TUNEPLANE_MEMBER=…``).
 - Each collector follows its member's whole ``$TUNEPLANE_OUT_DIR`` (``--out-dir``): the
   telemetry directory, the TensorBoard directory (``$TENSORBOARD_LOGDIR``) and event and
   ``tuneplane.report`` files anywhere else under it, at most ``max_files`` at once.
@@ -32,6 +35,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from tuneplane.agent import daemon_log
 from tuneplane.agent import messages as m
 from tuneplane.agent.journal import Journal, MemberKey, MemberRecord
 from tuneplane.agent.member_state import MemberState
@@ -64,6 +68,13 @@ def telemetry_dir(out_dir: Path) -> Path:
 def tensorboard_dir(out_dir: Path) -> Path:
     """``$TENSORBOARD_LOGDIR`` of a member: ``$TUNEPLANE_OUT_DIR/tensorboard``."""
     return out_dir / TENSORBOARD_SUBDIR
+
+
+def _log_of(folder: Path, key: MemberKey) -> str:
+    """Where a member's collector logs, as a log line names it."""
+    if daemon_log.journald_in_use():
+        return f"journalctl -t tuneplane-collector TUNEPLANE_MEMBER={key}"
+    return str(folder / "collector.log")
 
 
 @attrs.define(eq=False)
@@ -203,12 +214,16 @@ class CollectorSupervisor:
                 started = trio.current_time()
                 try:
                     argv = self._argv(record)
-                    out = await trio.to_thread.run_sync(open, folder / "collector.log", "ab")
-                    with out:
-                        log.info("collector started member=%s", key)
-                        done = await trio.run_process(
-                            argv, check=False, stdout=out, stderr=subprocess.STDOUT
-                        )
+                    if daemon_log.journald_in_use():
+                        log.info("collector started member=%s log=journald", key)
+                        done = await trio.run_process(argv, check=False)
+                    else:
+                        out = await trio.to_thread.run_sync(open, folder / "collector.log", "ab")
+                        with out:
+                            log.info("collector started member=%s", key)
+                            done = await trio.run_process(
+                                argv, check=False, stdout=out, stderr=subprocess.STDOUT
+                            )
                     status = f"exit status {done.returncode}"
                 except (OSError, ValueError, KeyError) as exc:
                     status = f"it could not start ({exc})"
@@ -220,7 +235,7 @@ class CollectorSupervisor:
                 delay = min(RESTART_MAX_S, RESTART_FIRST_S * 2.0 ** (failures - 1))
                 log.warning("collector stopped before delivering; restarting member=%s "
                             "status=%s in_s=%.0f log=%s", key, status, delay,
-                            folder / "collector.log")  # fmt: skip
+                            _log_of(folder, key))  # fmt: skip
                 await trio.sleep(delay)
         finally:
             self._running.discard(key)

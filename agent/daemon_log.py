@@ -9,6 +9,11 @@ Rules:
   ``key=value`` of our log lines as ``TUNEPLANE_KEY=value`` (``journalctl -o verbose`` shows
   them; ``journalctl TUNEPLANE_MEMBER=…`` filters on them). A unit that sends stderr elsewhere
   (``StandardError=file:…``) gets the plain stderr format there, as it asked.
+- A process that works for one thing names it on every entry: ``configure(fields=…)`` adds
+  those ``TUNEPLANE_KEY`` fields to each (the collector: its member's run, attempt and index,
+  and ``TUNEPLANE_MEMBER`` as the agent writes it, so one filter shows both daemons' lines).
+- A child that logs for the daemon (the agent's collectors) is handed the daemon's own stderr
+  when :func:`journald_in_use`, so the same rule sends its entries to journald too.
 - A record journald refuses (its socket gone, say) is written to stderr instead, never lost
   silently and never raised into the daemon.
 - ``TUNEPLANE_TEST_JOURNAL_SOCKET`` replaces journald's socket path, for tests only.
@@ -47,6 +52,11 @@ def priority(levelno: int) -> int:
     return 7
 
 
+def field_name(key: str) -> str:
+    """The journal field a ``key=value`` key becomes: ``member`` is ``TUNEPLANE_MEMBER``."""
+    return (FIELD_PREFIX + key.upper())[:_FIELD_NAME_MAX]
+
+
 def fields_of(message: str) -> dict[str, str]:
     """The ``key=value`` pairs of one log line (pure): each value runs to the next key, so
     ``reason=the journal was closed cleanly`` keeps its spaces. Keys become journal field names
@@ -55,8 +65,7 @@ def fields_of(message: str) -> dict[str, str]:
     matches = list(_KEY.finditer(message))
     for i, here in enumerate(matches):
         end = matches[i + 1].start() if i + 1 < len(matches) else len(message)
-        name = (FIELD_PREFIX + here.group(1).upper())[:_FIELD_NAME_MAX]
-        found.setdefault(name, message[here.end() : end].strip())
+        found.setdefault(field_name(here.group(1)), message[here.end() : end].strip())
     return found
 
 
@@ -75,11 +84,20 @@ def journal_stream_is_stderr(env: Mapping[str, str], stderr_fd: int) -> bool:
 class _JournalHandler(logging.Handler):
     """One datagram per record to journald; stderr when journald cannot take it."""
 
-    def __init__(self, identifier: str, socket_path: Path, fallback: logging.Handler) -> None:
+    def __init__(
+        self,
+        identifier: str,
+        socket_path: Path,
+        fallback: logging.Handler,
+        fields: Mapping[str, str],
+    ) -> None:
         super().__init__()
         self.identifier = identifier
         self.socket_path = socket_path
         self.fallback = fallback
+        # The process's own fields, named once; a line's key=value of the same name yields to
+        # them, so a filter on them finds every line.
+        self.fields = {field_name(key): value for key, value in fields.items()}
         self._transport: Any = None
 
     def record_fields(self, record: logging.LogRecord) -> list[tuple[str, Any]]:
@@ -96,7 +114,7 @@ class _JournalHandler(logging.Handler):
             ("CODE_LINE", record.lineno),
             ("CODE_FUNC", record.funcName),
         ]
-        pairs += fields_of(message).items()
+        pairs += ({**fields_of(message), **self.fields}).items()
         return pairs
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -108,9 +126,15 @@ class _JournalHandler(logging.Handler):
             self.fallback.handle(record)
 
 
-def configure(level: int, identifier: str, stderr_format: str) -> None:
+def configure(
+    level: int,
+    identifier: str,
+    stderr_format: str,
+    fields: Mapping[str, str] | None = None,
+) -> None:
     """Send this process's logs to journald (under systemd, see the module rules) or to stderr
-    in ``stderr_format``; ``identifier`` is the SYSLOG_IDENTIFIER journald files them under."""
+    in ``stderr_format``; ``identifier`` is the SYSLOG_IDENTIFIER journald files them under;
+    every journal entry also carries ``fields`` (``{"run_id": …}``: ``TUNEPLANE_RUN_ID=…``)."""
     stderr = logging.StreamHandler(sys.stderr)
     stderr.setFormatter(logging.Formatter(stderr_format))
     handler: logging.Handler = stderr
@@ -120,8 +144,13 @@ def configure(level: int, identifier: str, stderr_format: str) -> None:
         stderr_fd = -1  # stderr replaced by an object without a file: never the journal
     if journal_stream_is_stderr(os.environ, stderr_fd):
         socket_path = Path(os.environ.get(TEST_SOCKET_VARIABLE) or JOURNAL_SOCKET)
-        handler = _JournalHandler(identifier, socket_path, stderr)
+        handler = _JournalHandler(identifier, socket_path, stderr, fields or {})
     logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def journald_in_use() -> bool:
+    """True when :func:`configure` sent this process's logs to journald."""
+    return any(isinstance(h, _JournalHandler) for h in logging.getLogger().handlers)
 
 
 __all__ = [
@@ -129,7 +158,9 @@ __all__ = [
     "JOURNAL_SOCKET",
     "TEST_SOCKET_VARIABLE",
     "configure",
+    "field_name",
     "fields_of",
     "journal_stream_is_stderr",
+    "journald_in_use",
     "priority",
 ]

@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from tuneplane.agent import daemon_log
 from tuneplane.collector.files import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_ENTRIES,
@@ -34,15 +35,15 @@ from tuneplane.collector.point_rules import PointScreen
 from tuneplane.collector.points import ReadWarning, ScalarPoint
 from tuneplane.collector.spool import DEFAULT_MAX_POINTS
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
 
 @click.group()
 @click.option("-v", "--verbose", is_flag=True, help="Log what the collector does to stderr.")
 def main(verbose: bool) -> None:
     """TunePlane's telemetry collector: TensorBoard event files and JSONL metrics."""
     logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
+        level=logging.INFO if verbose else logging.WARNING, format=LOG_FORMAT, stream=sys.stderr
     )
 
 
@@ -295,8 +296,20 @@ def run(
 
     from tuneplane.collector.checkpoint import CheckpointError
 
-    # A long-running service: what it does (spooled, shipped, retried) belongs in its log.
-    logging.getLogger().setLevel(logging.INFO)
+    # A long-running service: what it does (spooled, shipped, retried) belongs in its log,
+    # which is journald's under systemd (the agent hands it its own stderr then), every entry
+    # naming the member so `journalctl TUNEPLANE_MEMBER=…` shows its collector with its agent.
+    daemon_log.configure(
+        logging.INFO,
+        "tuneplane-collector",
+        LOG_FORMAT,
+        fields={
+            "run_id": run_id,
+            "attempt": str(attempt),
+            "member_index": str(member),
+            "member": f"{run_id}.{attempt}.{member}",
+        },
+    )
     from tuneplane.collector.files import ScanLimits
     from tuneplane.collector.service import CollectorOptions, followed_root, run_collector
     from tuneplane.collector.ship_wire import CollectorConfigError, Gateway

@@ -34,10 +34,25 @@ log.warning("big blob=%s", "x" * 300000)
 """
 
 
-def _run(tmp_path: Path, env: dict[str, str], stderr: Path) -> subprocess.CompletedProcess[str]:
+# A process that works for one member (the collector) names it on every entry.
+_MEMBER_LOGS = """
+import logging
+from tuneplane.agent import daemon_log
+fields = {"run_id": "r1", "attempt": "2", "member_index": "0", "member": "r1.2.0"}
+daemon_log.configure(logging.INFO, "tuneplane-test", "%(message)s", fields=fields)
+print(daemon_log.journald_in_use())
+log = logging.getLogger("tuneplane.test")
+log.info("member exited; draining run_id=%s member=%d", "r1", 0)
+log.info("plain words")
+"""
+
+
+def _run(
+    tmp_path: Path, env: dict[str, str], stderr: Path, script: str = _LOGS
+) -> subprocess.CompletedProcess[str]:
     with open(stderr, "w") as err:
         return subprocess.run(
-            [sys.executable, "-c", _LOGS],
+            [sys.executable, "-c", script],
             env={**os.environ, **env}, stderr=err, stdout=subprocess.PIPE,
             text=True, timeout=60, check=False, cwd=tmp_path,
         )  # fmt: skip
@@ -98,6 +113,35 @@ def test_under_systemd_each_record_is_one_native_journal_entry(tmp_path: Path) -
     assert failed["TUNEPLANE_MEMBER"] == "r1.1.0"
     # Past a datagram's size the entry travels as a sealed memfd, whole.
     assert big["TUNEPLANE_BLOB"] == "x" * 300000
+
+
+def test_a_process_s_own_fields_are_on_every_entry_and_win_over_the_line_s(
+    tmp_path: Path,
+) -> None:
+    sock, stderr = tmp_path / "journal.sock", tmp_path / "stderr"
+    stderr.touch()
+    with DatagramInbox(str(sock)) as inbox:
+        env = {"JOURNAL_STREAM": _stream_of(stderr), TEST_SOCKET_VARIABLE: str(sock)}
+        done = _run(tmp_path, env, stderr, _MEMBER_LOGS)
+        assert done.returncode == 0, stderr.read_text()
+        inbox.wait_for("two entries", lambda got: len(got) == 2)
+    assert done.stdout.strip() == "True"
+    draining, plain = (journal_fields(d.data) for d in inbox.received)
+    for entry in (draining, plain):
+        assert entry["TUNEPLANE_RUN_ID"] == "r1"
+        assert entry["TUNEPLANE_ATTEMPT"] == "2"
+        assert entry["TUNEPLANE_MEMBER_INDEX"] == "0"
+        assert entry["TUNEPLANE_MEMBER"] == "r1.2.0"
+    # The line's member=0 is its index; the field keeps the process's name for the member.
+    assert draining["MESSAGE"] == "member exited; draining run_id=r1 member=0"
+    assert plain["MESSAGE"] == "plain words"
+    # Outside systemd the fields are not written into the stderr format.
+    done = _run(tmp_path, {TEST_SOCKET_VARIABLE: str(sock)}, stderr, _MEMBER_LOGS)
+    assert done.stdout.strip() == "False"
+    assert stderr.read_text().splitlines() == [
+        "member exited; draining run_id=r1 member=0",
+        "plain words",
+    ]
 
 
 def test_outside_systemd_the_stderr_format_is_kept(tmp_path: Path) -> None:
