@@ -64,3 +64,33 @@ def test_the_schema_makes_gpu_over_commit_impossible(tmp_path: Path) -> None:
     with pytest.raises(sqlite3.IntegrityError):
         db.execute(row, ("run-2",))
     db.close()
+
+
+def test_migration_15_gives_existing_nodes_no_outputs_service(tmp_path: Path) -> None:
+    path = tmp_path / "coordinator.db"
+    _db_at_version(path, 14)
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO fleets (name, kind, created_at_ms) VALUES ('default', 'node', 1)")
+    db.execute(
+        "INSERT INTO nodes (id, fleet, hostname, inventory_json, credential_hash, "
+        "enrolled_at_ms, name, dialed_address) "
+        "VALUES ('node-old', 'default', 'h', '{}', 'c', 1, 'h', '10.0.0.1:7444')"
+    )
+    db.commit()
+    db.close()
+
+    async def go() -> int:
+        store = await Store.open(path)
+        try:
+            return await store.schema_version()
+        finally:
+            await store.close()
+
+    assert asyncio.run(go()) == LATEST_VERSION
+    db = sqlite3.connect(path)
+    row = db.execute(
+        "SELECT dialed_address, outputs_address, outputs_cert_sha256, outputs_grant_key "
+        "FROM nodes WHERE id = 'node-old'"
+    ).fetchone()
+    db.close()
+    assert row == ("10.0.0.1:7444", "", "", "")
