@@ -220,9 +220,10 @@ async def node_stream(
     gpus: int = 2,
     held: list[v1.HeldMember] | None = None,
     inventory: v1.Inventory | None = None,
+    outputs: v1.OutputsService | None = None,
 ) -> AsyncIterator[NodeStream]:
-    """Connect, send Hello with ``inventory`` (default: ``gpus`` simulated GPUs), and check the
-    Welcome."""
+    """Connect, send Hello with ``inventory`` (default: ``gpus`` simulated GPUs) and, when
+    given, the outputs listener it reports, and check the Welcome."""
     channel = open_channel(control, ca_path)
     try:
         async with channel.request(
@@ -234,14 +235,15 @@ async def node_stream(
         ) as stream:
             await stream.send_request()
             node = NodeStream(stream)
-            await node.send(
-                hello=v1.Hello(
-                    node_id=node_id,
-                    agent_version="test",
-                    inventory=inventory or simulated_inventory(hostname, gpus),
-                    held=held or [],
-                )
+            hello = v1.Hello(
+                node_id=node_id,
+                agent_version="test",
+                inventory=inventory or simulated_inventory(hostname, gpus),
+                held=held or [],
             )
+            if outputs is not None:
+                hello.outputs = outputs
+            await node.send(hello=hello)
             await node.expect("welcome")
             yield node
             # The coordinator may have closed the stream first; its status is raised on exit.
