@@ -21,7 +21,14 @@ import click
 import trio
 
 from tuneplane.agent import config as node_config
-from tuneplane.agent import daemon_log, doctor, journal_read, workload_checks
+from tuneplane.agent import (
+    daemon_log,
+    doctor,
+    journal_read,
+    outputs_identity,
+    outputs_server,
+    workload_checks,
+)
 from tuneplane.agent import metrics as node_metrics
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.cli_support import sentences as _sentences
@@ -74,6 +81,14 @@ def _metrics_listener() -> MetricsListener | None:
     if isinstance(found, _Settings) and found.values is not None:
         return node_config.metrics_settings(found.values, found.path)
     return None
+
+
+def _outputs_settings() -> tuple[node_config.OutputsSettings, Path | None]:
+    """node.toml's [outputs] (the default listener without the table or without a node.toml)."""
+    found = click.get_current_context().find_root().obj
+    if isinstance(found, _Settings) and found.values is not None:
+        return node_config.outputs_settings(found.values, found.path), found.path
+    return node_config.OutputsSettings(), None
 
 
 def _workload_policy() -> node_config.WorkloadPolicy:
@@ -379,10 +394,19 @@ def run_command(
         source = _gpu_source(
             node.name, simulate_gpus, scripted_nvml, state.root / RELEASE_REQUEST, probe_limit_s
         )
+        # Bound before the journal is opened: a taken port stops the agent with nothing changed.
+        served, toml = _outputs_settings()
+        bound = None
+        if served.on:
+            identity = outputs_identity.load_or_create(state.credentials_dir, node.node_id)
+            try:
+                bound = outputs_server.bind(served, identity, toml)
+            except outputs_server.OutputsListenFailed as exc:
+                raise click.ClickException(str(exc)) from None
         daemon = Daemon(
             state, node, credential, source, outputs, work_root=works, policy=policy,
             inventory_interval_s=inventory_interval_s, system_interval_s=system_interval_s,
-            telemetry_max_files=telemetry_max_files,
+            telemetry_max_files=telemetry_max_files, outputs=bound,
         )  # fmt: skip
         logging.getLogger(__name__).info(
             "agent starting node_id=%s coordinator=%s gpus=%d gpu_source=%s pid=%d",
@@ -466,6 +490,11 @@ def status_command(state_dir: Path, as_json: bool) -> None:
         click.echo(f"last heartbeat ack: {_ago(status.get('last_heartbeat_ack_ms'))}")
         if status.get("metrics_address"):
             click.echo(f"metrics: http://{status['metrics_address']}/metrics")
+        if status.get("outputs_listen"):
+            click.echo(
+                f"outputs listener: {status['outputs_listen']} (advertised as "
+                f"{status.get('outputs_address') or 'not yet said'})"
+            )
         if data["last_error"]:
             click.echo(f"last error: {data['last_error']}")
     if data["safe_mode"]:
@@ -698,6 +727,16 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
     outputs = Path(status.get("out_root") or outputs)
     for label, root in (("state dir", state.root), ("work root", works), ("output root", outputs)):
         finding(doctor.measure_disk(label, root))
+    served, _ = _outputs_settings()
+    pid = status.get("pid")
+    finding(
+        doctor.outputs_finding(
+            served.listen,
+            _pid_alive(pid),
+            str(status.get("outputs_listen") or ""),
+            str(status.get("outputs_address") or ""),
+        )
+    )
     if failures:
         raise SystemExit(1)
 

@@ -8,6 +8,7 @@ typo never silently falls back to a built-in default.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -52,11 +53,18 @@ _KEYS: Mapping[str, tuple[type, tuple[str, ...]]] = {
     "telemetry": (dict, ()),
     # [metrics]: the Prometheus listener of `run` (off without the table); read by run.
     "metrics": (dict, ()),
+    # [outputs]: where `run` serves its ended members' outputs to other Nodes; read by run and
+    # doctor (outputs_settings).
+    "outputs": (dict, ()),
 }
 _JOURNAL_COMMANDS = ("members", "show", "events", "reservations", "export")
 _ACCOUNT_KEYS: Mapping[str, type] = {"mode": str, "pool": list, "prefix": str, "count": int}
 _RUNTIME_KEYS: Mapping[str, type] = {"path": str, "interpreter": str, "allow_loader_env": bool}
 _TELEMETRY_KEYS: Mapping[str, type] = {"system_interval_s": float, "max_files": int}
+_OUTPUTS_KEYS: Mapping[str, type] = {"listen": str, "advertise": str}
+#: Where a Node serves its ended members' outputs unless [outputs] listen says otherwise.
+DEFAULT_OUTPUTS_LISTEN = "0.0.0.0:7463"
+_HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 # The most telemetry files one member's collector may be told to follow at once.
 MAX_TELEMETRY_FILES = 100_000
 # The most seconds between system samples (an hour), as `run --system-interval` accepts.
@@ -301,7 +309,67 @@ def load(path: Path) -> dict[str, Any]:
     if "telemetry" in raw:
         raw["telemetry"] = _telemetry(path, raw["telemetry"])
     metrics_settings(raw, path)
+    outputs_settings(raw, path)
     return dict(raw)
+
+
+@attrs.frozen
+class OutputsSettings:
+    """node.toml's [outputs]: ``listen`` (HOST:PORT, "" when the listener is off; port 0 picks
+    a free one) and ``advertise`` (the host other Nodes dial; "" for this Node's own address)."""
+
+    listen: str = DEFAULT_OUTPUTS_LISTEN
+    advertise: str = ""
+
+    @property
+    def on(self) -> bool:
+        return bool(self.listen)
+
+    def host_port(self) -> tuple[str, int]:
+        """``listen`` split (checked by :func:`outputs_settings`); only when :attr:`on`."""
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+def _is_ip_or_name(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return bool(_HOST_NAME.match(host))
+    return True
+
+
+def outputs_settings(settings: Mapping[str, Any], path: Path | None = None) -> OutputsSettings:
+    """The outputs listener node.toml asks for: on at 0.0.0.0:7463 unless [outputs] says
+    otherwise; ``listen = ""`` turns it off. A malformed value names the key and the fix."""
+    where = path or DEFAULT_PATH
+    raw = settings.get("outputs", {})
+    _check_table(where, "outputs", raw, _OUTPUTS_KEYS)
+    listen = raw.get("listen", DEFAULT_OUTPUTS_LISTEN).strip()
+    advertise = raw.get("advertise", "").strip()
+    if listen:
+        host, sep, port = listen.rpartition(":")
+        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if (
+            not sep
+            or not bare
+            or not port.isdigit()
+            or int(port) > 65535
+            or (":" in bare) != host.startswith("[")
+            or not _is_ip_or_name(bare)
+        ):
+            raise NodeConfigError(
+                f"{where}: 'outputs.listen' is {listen!r}, which is not HOST:PORT; give the "
+                f'address to listen on, e.g. listen = "{DEFAULT_OUTPUTS_LISTEN}" (IPv6: '
+                '"[::]:7463"), or listen = "" to serve no outputs.'
+            )
+    if advertise and not _is_ip_or_name(advertise.strip("[]")):
+        raise NodeConfigError(
+            f"{where}: 'outputs.advertise' is {advertise!r}, which is not a host name or an IP "
+            'address; give the host other Nodes dial (no port), e.g. advertise = "10.0.0.5", '
+            "or remove it to use this Node's own address."
+        )
+    return OutputsSettings(listen=listen, advertise=advertise.strip("[]"))
 
 
 def metrics_settings(

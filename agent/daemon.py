@@ -11,6 +11,8 @@ Rules:
   NVML are journaled before the inventory that reflects them is made current (so before it is
   sent), and every refresh reads the book back, so an operator's ``gpu clear`` takes effect at
   the next refresh. Launch asks for a refresh of its own (MemberManager re-checks on it).
+- The outputs listener (agent/outputs_server.py), bound before the run so a taken port stops
+  the agent at start, is served in the same nursery; every Hello says where it is.
 - The control credential is read from the state directory before every Connect (so a
   re-enrolment takes effect without a restart). A rotation stores the successor durably
   (``control.token.next``, then a rename) before saying CredentialStored; crash points
@@ -59,7 +61,10 @@ from tuneplane.agent.metrics import (
     SNAPSHOT_INTERVAL_S,
     refresh_snapshot,
 )
+from tuneplane.agent.outputs_server import Bound as OutputsBound
+from tuneplane.agent.outputs_server import OutputsServer
 from tuneplane.agent.prepare import node_address
+from tuneplane.agent.rendezvous import advertised_address
 from tuneplane.agent.sd_notify import ServiceNotifier
 from tuneplane.agent.session import (
     AdoptControlAddress,
@@ -138,6 +143,10 @@ class Status:
     out_root: str = ""
     # Where the Prometheus listener ([metrics] in node.toml) serves; "" when it is off.
     metrics_address: str = ""
+    # Where the outputs listener ([outputs] in node.toml) is bound and what Hello advertises;
+    # "" when it is off.
+    outputs_listen: str = ""
+    outputs_address: str = ""
 
 
 def _inventory_summary(inv: Inventory) -> dict[str, Any]:
@@ -170,6 +179,7 @@ class Daemon:
         inventory_interval_s: float = INVENTORY_INTERVAL_S,
         system_interval_s: float = SYSTEM_INTERVAL_S,
         telemetry_max_files: int = DEFAULT_MAX_FILES,
+        outputs: OutputsBound | None = None,
     ) -> None:
         self.state = state
         self.node = node
@@ -183,6 +193,8 @@ class Daemon:
         self.system_interval_s = system_interval_s
         # The most telemetry files one member's collector follows (node.toml [telemetry]).
         self.telemetry_max_files = telemetry_max_files
+        # The outputs listener's bound socket (None: node.toml turns it off).
+        self.outputs = outputs
         self._inventory_lock = trio.Lock()
         self.endpoint = Endpoint.parse(node.coordinator)
         self.ca_path = Path(node.ca)
@@ -191,6 +203,8 @@ class Daemon:
         self.status = Status(os.getpid(), node.node_id, node.coordinator, now_ms())
         self.status.inventory = _inventory_summary(self.inventory)
         self.status.work_root, self.status.out_root = str(work_root), str(out_root)
+        if outputs is not None:
+            self.status.outputs_listen = outputs.listen_address()
         # Read at scrape time, from the listener's thread: two plain attributes.
         METRIC_CONNECTED.set_function(lambda: float(self.status.connected))
         METRIC_CREDENTIAL_EXPIRY.set_function(lambda: self.status.credential_expires_at_ms / 1000)
@@ -232,6 +246,11 @@ class Daemon:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._status_loop)
+                    if self.outputs is not None:
+                        server = OutputsServer(
+                            self.outputs, self.journal.member if self.journal else None
+                        )
+                        await nursery.start(server.serve)
                     if self.journal is not None:
                         self.journal.on_commit = JOURNAL_COMMIT.observe
                     if self.status.metrics_address:
@@ -241,7 +260,7 @@ class Daemon:
                             self.journal, self.state.members_dir, self.out_root,
                             lambda: self.inventory, self._node_address, self.publish, nursery,
                             work_root=self.work_root, policy=self.policy,
-                            refresh=self.refresh_inventory,
+                            refresh=self.refresh_inventory, node_id=self.node.node_id,
                         )  # fmt: skip
                         previous = await self.journal.record_start(
                             now_ms(), version=AGENT_VERSION, pid=os.getpid(),
@@ -276,6 +295,8 @@ class Daemon:
                 ended_by = exc
                 raise
             finally:
+                if self.outputs is not None:
+                    self.outputs.sock.close()
                 with trio.CancelScope(shield=True):
                     self.status.connected = False
                     self._write_status()
@@ -296,6 +317,15 @@ class Daemon:
 
     def _node_address(self) -> str:
         return node_address(self.endpoint.host, self.endpoint.port)
+
+    def _outputs_service(self) -> m.OutputsService | None:
+        """What this session's Hello says of the outputs listener (None when it is off): the
+        advertised host, else this Node's own address as the rendezvous uses it."""
+        if self.outputs is None:
+            return None
+        service = self.outputs.service(advertised_address(self._node_address()))
+        self.status.outputs_address = service.address
+        return service
 
     # --- background loops --------------------------------------------------------------------
 
@@ -474,6 +504,7 @@ class Daemon:
             self.node.node_id,
             AGENT_VERSION,
             dialed_address=str(self.endpoint),
+            outputs=self._outputs_service(),
             renewal_jitter=self._renewal_jitter,
         )
         self._session, self._stream = session, stream

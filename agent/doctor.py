@@ -181,3 +181,32 @@ def measure_disk(label: str, path: Path) -> Finding:
     except OSError as exc:
         return Finding("FAIL", f"disk space under the {label} {path} cannot be read: {exc}")
     return disk_finding(label, path, usage.free, usage.total)
+
+
+def outputs_finding(listen: str, agent_running: bool, bound: str, advertised: str) -> Finding:
+    """The outputs listener's line: ``listen`` is node.toml's setting ("" turns it off);
+    ``bound`` and ``advertised`` are what the running agent's status file says."""
+    if not listen:
+        return Finding(
+            "ok",
+            'outputs listener: off ([outputs] listen = ""); this Node\'s runs cannot be the '
+            "source of an --init-from on another Node unless the Fleet shares its output root",
+        )
+    if not agent_running:
+        return Finding(
+            "ok",
+            f"outputs listener: the agent would listen at {listen} ([outputs] listen); no agent "
+            "is running",
+        )
+    if not bound:
+        return Finding(
+            "warn",
+            f"outputs listener: node.toml asks for {listen}, but the running agent serves no "
+            "outputs; restart it to apply node.toml",
+        )
+    said = advertised or "not yet said (the agent has not said Hello since it started)"
+    return Finding(
+        "ok",
+        f"outputs listener: listening at {bound}, advertised to other Nodes as {said}; they "
+        "must reach that port (TCP, TLS)",
+    )

@@ -161,8 +161,11 @@ class MemberManager:
         work_root: Path,
         policy: WorkloadPolicy,
         refresh: Callable[[], Awaitable[Inventory]] | None = None,
+        node_id: str = "",
     ) -> None:
         self.journal = journal
+        # This Node's id: a Derivation whose source it holds itself is copied, not fetched.
+        self.node_id = node_id
         self.members_dir = members_dir
         self.state_dir = members_dir.parent
         self.out_root = out_root
@@ -273,7 +276,9 @@ class MemberManager:
                 ended.get(lease.account.name, []),
             )  # fmt: skip
             if spec.init_from_source is not None:
-                await trio.to_thread.run_sync(self._init_from, key, spec, lease, work)
+                await trio.to_thread.run_sync(
+                    self._init_from, key, spec, lease, work, cmd.init_from_fetch
+                )
             launch = read_capsule(work)
             if launch.launcher not in LAUNCHERS:
                 raise PrepareRefused(str(UnknownLauncher(launch.launcher)))
@@ -414,14 +419,20 @@ class MemberManager:
         return work
 
     def _init_from(
-        self, key: MemberKey, spec: jobspec.JobSpec, lease: accounts.Lease, work: Path
+        self,
+        key: MemberKey,
+        spec: jobspec.JobSpec,
+        lease: accounts.Lease,
+        work: Path,
+        fetch: m.InitFromFetch | None,
     ) -> None:
-        """Copy and verify the Derivation's source into the work dir (agent/init_from.py),
-        then give it to the member's account like the rest of the work dir."""
+        """Copy (or fetch from the Node that holds it) and verify the Derivation's source into
+        the work dir (agent/init_from.py), then give it to the member's account like the rest
+        of the work dir."""
         source = spec.init_from_source
         assert source is not None
         dest = work / INIT_FROM_DIR
-        copied = materialise_init_from(source, self.out_root, dest)
+        copied = materialise_init_from(source, self.out_root, dest, self.node_id, fetch)
         if lease.switches_user:
             accounts.chown_tree(dest, lease.account)
         log.info("init-from materialised member=%s source_run=%s files=%d bytes=%d dir=%s",

@@ -47,6 +47,17 @@ class Rendezvous:
 
 
 @attrs.frozen
+class InitFromFetch:
+    """Where the Node holding a Derivation's source serves it, and the grant to fetch it with
+    (agent/outputs_fetch.py); made by the coordinator when it sent the Prepare."""
+
+    address: str
+    cert_sha256: str
+    grant: str = attrs.field(repr=False)
+    grant_expires_at_ms: int
+
+
+@attrs.frozen
 class Prepare:
     key: MemberKey
     jobspec_json: str
@@ -64,6 +75,9 @@ class Prepare:
     # (agent/rendezvous.py). "" and None from an older coordinator: nothing is checked.
     rendezvous_nonce: str = attrs.field(default="", repr=False)
     rendezvous: Rendezvous | None = None
+    # A Derivation whose source is on another Node's disk: how to fetch it. None when the
+    # source is on a shared output root, or when the coordinator knows no way to fetch it.
+    init_from_fetch: InitFromFetch | None = None
 
 
 @attrs.frozen
@@ -136,6 +150,16 @@ MemberCommand = Prepare | Commit | Abort | Cancel
 
 
 @attrs.frozen
+class OutputsService:
+    """Where this Node serves its ended members' outputs (agent/outputs_server.py)."""
+
+    address: str
+    cert_sha256: str
+    # Shared with the coordinator only, which signs fetch grants with it.
+    grant_key: bytes = attrs.field(repr=False)
+
+
+@attrs.frozen
 class Hello:
     node_id: str
     agent_version: str
@@ -143,6 +167,8 @@ class Hello:
     held: tuple[tuple[MemberKey, MemberState], ...]
     # The control address this stream was dialed at.
     dialed_address: str = ""
+    # None when node.toml turns the outputs listener off.
+    outputs: OutputsService | None = None
 
 
 @attrs.frozen

@@ -4,7 +4,8 @@ Rules:
 - Nothing here reads a clock, a socket or the journal: ``now`` (monotonic seconds) and
   ``wall_ms`` are passed in, journal facts are arguments, and every decision comes back as a list
   of effects that the daemon executes in order (journal first, then network, then processes).
-- Hello first; nothing but Welcome is accepted before it. After Welcome every unacknowledged
+- Hello first (with the outputs listener's address, certificate digest and grant key when it
+  is on); nothing but Welcome is accepted before it. After Welcome every unacknowledged
   report is replayed in sequence order and every prepared member without a decision is asked
   about with DecisionQuery.
 - Heartbeat every ``heartbeat_interval``; a peer silent for ``heartbeat_timeout`` closes the
@@ -157,6 +158,8 @@ class ControlSession:
     agent_version: str
     # The control address this session's stream was dialed at (said in Hello).
     dialed_address: str = ""
+    # Where this Node serves its ended members' outputs (said in Hello); None when it does not.
+    outputs: m.OutputsService | None = None
     phase: Phase = Phase.IDLE
     heartbeat_interval_s: float = 0.0
     heartbeat_timeout_s: float = WELCOME_TIMEOUT_S
@@ -191,7 +194,12 @@ class ControlSession:
         self.last_heard = now
         self.inventory_sent = inventory
         hello = m.Hello(
-            self.node_id, self.agent_version, inventory, tuple(held), self.dialed_address
+            self.node_id,
+            self.agent_version,
+            inventory,
+            tuple(held),
+            self.dialed_address,
+            self.outputs,
         )
         return [Send(hello)]
 

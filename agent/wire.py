@@ -184,11 +184,17 @@ def _rendezvous(r: v1.Rendezvous | None) -> m.Rendezvous | None:
     return m.Rendezvous(r.master_addr, r.master_port)
 
 
+def _init_from_fetch(f: v1.InitFromFetch | None) -> m.InitFromFetch | None:
+    if f is None or not f.address:
+        return None
+    return m.InitFromFetch(f.address, f.cert_sha256, f.grant, f.grant_expires_at_ms)
+
+
 def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
     """One outgoing domain message as the NodeMessage that carries it."""
     if isinstance(msg, m.Hello):
         held = [v1.HeldMember(member=_ref(k), state=_state(s)) for k, s in msg.held]
-        return v1.NodeMessage(
+        hello = v1.NodeMessage(
             hello=v1.Hello(
                 node_id=msg.node_id,
                 agent_version=msg.agent_version,
@@ -197,6 +203,13 @@ def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
                 dialed_address=msg.dialed_address,
             )
         )
+        if msg.outputs is not None:
+            hello.hello.outputs = v1.OutputsService(
+                address=msg.outputs.address,
+                cert_sha256=msg.outputs.cert_sha256,
+                grant_key=msg.outputs.grant_key,
+            )
+        return hello
     if isinstance(msg, m.Heartbeat):
         beat = v1.Heartbeat(seq=msg.seq, sent_at_ms=msg.sent_at_ms)
         if msg.inventory is not None:
@@ -300,6 +313,7 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
             gpu_uuids=tuple(body.gpu_uuids),
             rendezvous_nonce=body.rendezvous_nonce,
             rendezvous=_rendezvous(body.rendezvous),
+            init_from_fetch=_init_from_fetch(body.init_from_fetch),
         )
     if isinstance(body, v1.Commit):
         return m.Commit(

@@ -207,9 +207,15 @@ def enroll(
     )
 
 
+#: Test agents serve outputs on a free loopback port unless their node.toml says otherwise: the
+#: default (0.0.0.0:7463) would make two agents on one host, or two test runs, collide.
+TEST_OUTPUTS = '[outputs]\nlisten = "127.0.0.1:0"\n'
+
+
 def write_node_toml(path: Path, pool: tuple[str, ...], extra: str = "") -> None:
-    """node.toml for a test agent: its own account pool as root, nothing to switch to otherwise."""
-    text = ""
+    """node.toml for a test agent: its own account pool as root, nothing to switch to otherwise,
+    and its outputs listener on a free loopback port unless ``extra`` has an [outputs] table."""
+    text = "" if "[outputs]" in extra else TEST_OUTPUTS
     if pool:
         names = ", ".join(f'"{n}"' for n in pool)
         text += f'[accounts]\nmode = "pool"\npool = [{names}]\n'
