@@ -38,7 +38,7 @@ names = st.text(
 @given(
     op=st.sampled_from(ow.OPS),
     run_id=st.text(
-        alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+        alphabet=st.characters(categories=("L", "N", "P", "S", "Zs"), exclude_characters="\x00"),
         min_size=1,
         max_size=ow.MAX_RUN_ID_CHARS,
     ),
