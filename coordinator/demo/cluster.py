@@ -133,6 +133,8 @@ def _passable(folder: Path) -> None:
 def node_toml(out_root: Path, work_root: Path, pool: Sequence[str]) -> str:
     """The node.toml of one cluster agent: its roots and who its members run as."""
     lines = [f"out_root = {json.dumps(str(out_root))}", f"work_root = {json.dumps(str(work_root))}"]
+    # Several agents share this host: each serves its outputs on a port of its own.
+    lines += ["", "[outputs]", 'listen = "127.0.0.1:0"']
     lines.append("")
     lines.append("[accounts]")
     if pool:

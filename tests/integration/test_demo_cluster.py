@@ -95,6 +95,7 @@ def test_a_cluster_agent_that_is_not_root_runs_members_as_itself() -> None:
     assert tomllib.loads(text) == {
         "out_root": "/w/out",
         "work_root": "/w/work",
+        "outputs": {"listen": "127.0.0.1:0"},
         "accounts": {"mode": "agent"},
     }
 

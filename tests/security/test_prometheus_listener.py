@@ -63,8 +63,10 @@ def test_neither_process_listens_for_metrics_by_default(
         status = agent.wait_connected()
         assert status["metrics_address"] == ""
         assert "metrics:" not in agent.cli("status").stdout
-        # The agent only dials out: it listens on nothing at all.
-        assert _listening(agent.pid) == set()
+        # Besides dialing out, the agent listens only for its outputs (docs/operator.md).
+        outputs = agent.wait_connected()["outputs_address"]
+        out_port = outputs.rsplit(":", 1)[1]
+        assert _listening(agent.pid) == {("127.0.0.1", int(out_port))}
         with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
             probe.connect(("127.0.0.1", DEFAULT_NODE_PORT))
     finally:
@@ -83,7 +85,8 @@ def test_an_enabled_agent_listener_without_host_binds_loopback_only(
         address = agent.wait_connected()["metrics_address"]
         host, port = address.rsplit(":", 1)
         assert host == "127.0.0.1"
-        assert _listening(agent.pid) == {("127.0.0.1", int(port))}
+        outputs = int(agent.wait_connected()["outputs_address"].rsplit(":", 1)[1])
+        assert _listening(agent.pid) == {("127.0.0.1", int(port)), ("127.0.0.1", outputs)}
         assert scrape(address).value("tuneplane_node_connected") is not None
         assert f"metrics: http://{address}/metrics\n" in agent.cli("status").stdout
     finally:
