@@ -24,23 +24,13 @@ import pytest
 
 from tests.agent.jobs import job, journal, tp, wait_job
 from tests.faults.jobs import project, submit
+from tests.integration.test_init_from import READ, WRITE
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 LISTEN = '[outputs]\nlisten = "127.0.0.1:0"\n'
-
-WRITE = """set -eu
-mkdir -p "$TUNEPLANE_OUT_DIR/ckpt"
-head -c 2500000 /dev/urandom > "$TUNEPLANE_OUT_DIR/ckpt/model.bin"
-echo "step 7" > "$TUNEPLANE_OUT_DIR/ckpt/notes.txt"
-"""
-READ = """set -eu
-test -n "$TUNEPLANE_INIT_FROM_DIR"
-sha256sum "$TUNEPLANE_INIT_FROM_DIR/ckpt/model.bin" | cut -d' ' -f1 > "$TUNEPLANE_OUT_DIR/seen.txt"
-cat "$TUNEPLANE_INIT_FROM_DIR/ckpt/notes.txt" >> "$TUNEPLANE_OUT_DIR/seen.txt"
-"""
 
 Cluster = tuple[CoordinatorProcess, AgentProcess, AgentProcess]
 
@@ -120,7 +110,8 @@ def test_a_run_on_another_node_fetches_its_source(cluster: Cluster, tmp_path: Pa
     out_b = Path(_member0(view)["out_dir"])
     assert str(out_b).startswith(str(b.out_root))
     seen = (out_b / "seen.txt").read_text().splitlines()
-    assert seen == [hashlib.sha256(checkpoint).hexdigest(), "step 7"]
+    assert seen[:2] == [hashlib.sha256(checkpoint).hexdigest(), "step 7"]
+    assert seen[2].endswith("/.tuneplane/init-from")
     # The holder logged what it served, to whom it was granted: the manifest and both files.
     assert a.log_path.read_text().count(f"outputs served run_id={run_a}") >= 1
     # The source is untouched.
