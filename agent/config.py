@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from tuneplane.agent.host_port import split_host_port
 from tuneplane.coordinator.metrics_listener import (
     DEFAULT_NODE_PORT,
     MetricsConfigError,
@@ -327,8 +328,9 @@ class OutputsSettings:
 
     def host_port(self) -> tuple[str, int]:
         """``listen`` split (checked by :func:`outputs_settings`); only when :attr:`on`."""
-        host, _, port = self.listen.rpartition(":")
-        return host.strip("[]"), int(port)
+        found = split_host_port(self.listen, allow_zero=True)
+        assert found is not None, "outputs_settings checked listen"
+        return found
 
 
 def _is_ip_or_name(host: str) -> bool:
@@ -348,16 +350,8 @@ def outputs_settings(settings: Mapping[str, Any], path: Path | None = None) -> O
     listen = raw.get("listen", DEFAULT_OUTPUTS_LISTEN).strip()
     advertise = raw.get("advertise", "").strip()
     if listen:
-        host, sep, port = listen.rpartition(":")
-        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-        if (
-            not sep
-            or not bare
-            or not port.isdigit()
-            or int(port) > 65535
-            or (":" in bare) != host.startswith("[")
-            or not _is_ip_or_name(bare)
-        ):
+        found = split_host_port(listen, allow_zero=True)
+        if found is None or not _is_ip_or_name(found[0]):
             raise NodeConfigError(
                 f"{where}: 'outputs.listen' is {listen!r}, which is not HOST:PORT; give the "
                 f'address to listen on, e.g. listen = "{DEFAULT_OUTPUTS_LISTEN}" (IPv6: '

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tuneplane.agent import outputs_wire as ow
+from tuneplane.agent.host_port import split_host_port
 from tuneplane.agent.messages import InitFromFetch
 from tuneplane.agent.outputs_manifest import MAX_MANIFEST_BYTES, Entry
 from tuneplane.coordinator.derivation import InitFromSource
@@ -152,10 +153,13 @@ def connect(
     fetch: InitFromFetch, source: InitFromSource, timeout_s: float = IO_TIMEOUT_S
 ) -> Iterator[Connection]:
     """Dial the holder, pin its certificate, and yield the connection (closed on leaving)."""
-    try:
-        host, port = ow.parse_address(fetch.address)
-    except ValueError as exc:
-        raise FetchFailed(f"{exc}; the coordinator sent an address this Node cannot dial") from None
+    address = split_host_port(fetch.address)
+    if address is None:
+        raise FetchFailed(
+            f"the outputs address {fetch.address!r} is not HOST:PORT; the coordinator sent an "
+            "address this Node cannot dial"
+        )
+    host, port = address
     try:
         raw = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
     except TimeoutError:

@@ -33,6 +33,7 @@ import trio
 
 from tuneplane.agent import outputs_wire as ow
 from tuneplane.agent.config import OutputsSettings
+from tuneplane.agent.host_port import join_host_port
 from tuneplane.agent.init_from import SourceUnreadable, open_source_file, read_manifest_file
 from tuneplane.agent.journal import MemberKey, MemberRecord
 from tuneplane.agent.member_state import MemberState
@@ -72,13 +73,13 @@ class Bound:
         return int(self.sock.getsockname()[1])
 
     def listen_address(self) -> str:
-        return ow.join_address(str(self.sock.getsockname()[0]), self.port)
+        return join_host_port(str(self.sock.getsockname()[0]), self.port)
 
     def service(self, node_address: str) -> OutputsService:
         """What Hello says: ``advertise`` (else ``node_address``) and the bound port."""
         host = self.settings.advertise or node_address
         return OutputsService(
-            ow.join_address(host, self.port), self.identity.cert_sha256, self.identity.grant_key
+            join_host_port(host, self.port), self.identity.cert_sha256, self.identity.grant_key
         )
 
 
@@ -299,4 +300,4 @@ def _peer(stream: trio.SSLStream[trio.SocketStream]) -> str:
         name = stream.transport_stream.socket.getpeername()
     except OSError:
         return "unknown"
-    return ow.join_address(str(name[0]), int(name[1]))
+    return join_host_port(str(name[0]), int(name[1]))

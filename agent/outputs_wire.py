@@ -182,17 +182,3 @@ def decode_response(payload: bytes) -> Response:
     if ok is not False or not isinstance(error, str) or set(raw) != {"ok", "error"}:
         raise MalformedFrame("The response is neither ok with a size nor an error sentence.")
     return Response(False, error=error[:MAX_ERROR_CHARS])
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT``) as a pair; :class:`ValueError` with a sentence if not."""
-    host, sep, port = text.rpartition(":")
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not bare or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"the outputs address {text!r} is not HOST:PORT")
-    return bare, int(port)
-
-
-def join_address(host: str, port: int) -> str:
-    """``host`` and ``port`` as ``HOST:PORT``, an IPv6 host in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -25,6 +25,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import run_aio
+from tuneplane.agent.host_port import join_host_port, split_host_port
 from tuneplane.agent.inventory import Gpu, Inventory
 from tuneplane.agent.journal import MemberKey
 from tuneplane.agent.member_state import MemberState
@@ -70,17 +71,16 @@ class Endpoint:
     @classmethod
     def parse(cls, text: str) -> Endpoint:
         """Read ``HOST:PORT`` (``[::1]:PORT`` for IPv6). Raises :class:`ValueError` with the fix."""
-        host, sep, port = text.rpartition(":")
-        host = host.strip("[]")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        found = split_host_port(text)
+        if found is None:
             raise ValueError(
                 f"coordinator address {text!r} is not HOST:PORT; use the `control` address from "
                 "the coordinator's endpoints.json, for example 127.0.0.1:7444."
             )
-        return cls(host, int(port))
+        return cls(*found)
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return join_host_port(self.host, self.port)
 
 
 def client_tls(ca_path: Path) -> ssl.SSLContext:

@@ -15,8 +15,8 @@ import attrs
 import pytest
 
 from tests.support.outputs import Holder, holder
+from tuneplane.agent.host_port import join_host_port
 from tuneplane.agent.init_from import materialise_init_from
-from tuneplane.agent.outputs_wire import join_address
 from tuneplane.agent.prepare import PrepareRefused
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -103,7 +103,7 @@ def test_a_refused_grant_is_a_sentence_naming_the_holder(node: Holder, tmp_path:
 def test_a_holder_that_is_not_listening_is_a_sentence(node: Holder, tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        free = join_address("127.0.0.1", sock.getsockname()[1])
+        free = join_host_port("127.0.0.1", sock.getsockname()[1])
     with pytest.raises(PrepareRefused) as caught:
         _fetch(node, tmp_path / "dest", address=free)
     said = str(caught.value)

@@ -21,6 +21,7 @@ import pytest
 from tests.support.agent import wait_until
 from tests.support.outputs import Holder, Member, RawClient, holder, request_fields, snapshot
 from tuneplane.agent import outputs_wire as ow
+from tuneplane.agent.host_port import join_host_port, split_host_port
 from tuneplane.agent.messages import InitFromFetch
 from tuneplane.agent.outputs_fetch import FetchFailed, connect
 from tuneplane.agent.outputs_identity import make_tls_pem
@@ -178,7 +179,7 @@ def test_a_malformed_request_is_refused(node: Holder) -> None:
 
 
 def test_plain_tcp_gets_nothing_and_the_listener_keeps_serving(node: Holder) -> None:
-    host, port = ow.parse_address(node.address)
+    host, port = _split(node.address)
     with socket.create_connection((host, port), timeout=10) as raw:
         raw.sendall(b"GET / HTTP/1.0\r\n\r\n")
         raw.settimeout(10)
@@ -231,7 +232,7 @@ def test_a_wrong_certificate_never_receives_the_grant(node: Holder, tmp_path: Pa
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     grant, expires = node.grant(node.done)
-    address = ow.join_address("127.0.0.1", server.getsockname()[1])
+    address = join_host_port("127.0.0.1", server.getsockname()[1])
     try:
         order = InitFromFetch(address, node.cert_sha256, grant, expires)
         with (
@@ -247,3 +248,9 @@ def test_a_wrong_certificate_never_receives_the_grant(node: Holder, tmp_path: Pa
     assert b"".join(received) == b""
     assert grant.encode() not in b"".join(received)
     assert hashlib.sha256(pem.read_bytes()).hexdigest() != node.cert_sha256
+
+
+def _split(address: str) -> tuple[str, int]:
+    found = split_host_port(address)
+    assert found is not None, f"{address!r} is not HOST:PORT"
+    return found

@@ -27,6 +27,7 @@ from tests.faults.jobs import project, submit, wait_state
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.agent import outputs_wire as ow
+from tuneplane.agent.host_port import split_host_port
 from tuneplane.agent.messages import InitFromFetch
 from tuneplane.agent.outputs_fetch import client_context
 from tuneplane.agent.outputs_identity import GRANT_KEY_FILE, TLS_FILE
@@ -144,7 +145,7 @@ class RawClient:
     """One pinned TLS connection to a listener, sending whatever the test asks."""
 
     def __init__(self, address: str, timeout: float = 30.0) -> None:
-        host, port = ow.parse_address(address)
+        host, port = _split(address)
         raw = socket.create_connection((host, port), timeout=timeout)
         self.sock = client_context().wrap_socket(raw)
 
@@ -207,4 +208,10 @@ def snapshot(*roots: Path) -> dict[str, tuple[int, int, str]]:
                 info = path.stat()
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 found[str(path)] = (info.st_size, info.st_mtime_ns, digest)
+    return found
+
+
+def _split(address: str) -> tuple[str, int]:
+    found = split_host_port(address)
+    assert found is not None, f"{address!r} is not HOST:PORT"
     return found
