@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,8 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from tests.coordinator.grpc_client import api_client, enroll, jobspec, node_stream
-from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.coordinator import CoordinatorProcess, start_coordinator, stored_outputs_service
 from tuneplane.coordinator.derivation import GRANT_TTL_MS, grant_valid
-from tuneplane.coordinator.store import db_path
 from tuneplane.proto import v1
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,19 +36,6 @@ OUTPUTS = v1.OutputsService(address="127.0.0.1:7463", cert_sha256=DIGEST, grant_
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _stored(coord: CoordinatorProcess, node_id: str) -> tuple[str, str, str]:
-    db = sqlite3.connect(f"file:{db_path(coord.state_dir)}?mode=ro", uri=True)
-    try:
-        row = db.execute(
-            "SELECT outputs_address, outputs_cert_sha256, outputs_grant_key FROM nodes "
-            "WHERE id = ?",
-            (node_id,),
-        ).fetchone()
-    finally:
-        db.close()
-    return (str(row[0]), str(row[1]), str(row[2]))
 
 
 async def _outputs_address(coord: CoordinatorProcess, node_id: str) -> str:
@@ -150,9 +135,9 @@ def test_a_prepare_fetching_from_the_holder_carries_a_grant_its_key_accepts(
                 assert f"({holder.node_id})" in str(refused.value.message)
 
         asyncio.run(malformed_then_none(bad))
-        assert _stored(coord, holder.node_id) == ("", "", "")
+        assert stored_outputs_service(coord.state_dir, holder.node_id) == ("", "", "")
         assert f"outputs service refused node={holder.node_id}" in coord.read_log()
         asyncio.run(malformed_then_none(None))
-        assert _stored(coord, holder.node_id) == ("", "", "")
+        assert stored_outputs_service(coord.state_dir, holder.node_id) == ("", "", "")
         # The grant key is a secret shared with the coordinator only: it is never logged.
         assert KEY.hex() not in coord.read_log()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -17,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.coordinator import stored_outputs_service
 from tuneplane.coordinator import store_fleet, store_identity, store_lifecycle
 from tuneplane.coordinator.derivation import (
     GRANT_KEY_BYTES,
@@ -171,19 +171,6 @@ def _with_store(tmp_path: Path, work: Callable[[Store], Awaitable[T]]) -> T:
     return asyncio.run(go())
 
 
-def _columns(tmp_path: Path, node_id: str) -> tuple[str, str, str]:
-    db = sqlite3.connect(db_path(tmp_path))
-    try:
-        row = db.execute(
-            "SELECT outputs_address, outputs_cert_sha256, outputs_grant_key FROM nodes "
-            "WHERE id = ?",
-            (node_id,),
-        ).fetchone()
-    finally:
-        db.close()
-    return (str(row[0]), str(row[1]), str(row[2]))
-
-
 def test_each_prepare_naming_a_holder_gets_a_fresh_grant_as_it_leaves(tmp_path: Path) -> None:
     async def work(store: Store) -> tuple[list[Order], list[Order], list[Order]]:
         await store.node_connected("node-h", InventoryInfo("node-h"), [], NOW, "", SERVICE)
@@ -218,7 +205,7 @@ def test_each_prepare_naming_a_holder_gets_a_fresh_grant_as_it_leaves(tmp_path: 
     }
     assert len(grants) == 2  # fresh on resend
     assert all(isinstance(o, PrepareOrder) and o.init_from_fetch is None for o in after[:3])
-    assert _columns(tmp_path, "node-h") == ("", "", "")
+    assert stored_outputs_service(tmp_path, "node-h") == ("", "", "")
 
 
 def test_a_malformed_hello_never_overwrites_with_its_parts(tmp_path: Path) -> None:
@@ -231,7 +218,7 @@ def test_a_malformed_hello_never_overwrites_with_its_parts(tmp_path: Path) -> No
         )
 
     _with_store(tmp_path, work)
-    assert _columns(tmp_path, "node-h") == ("", "", "")
+    assert stored_outputs_service(tmp_path, "node-h") == ("", "", "")
 
 
 def test_a_stored_service_is_read_back_whole(tmp_path: Path) -> None:
@@ -240,7 +227,11 @@ def test_a_stored_service_is_read_back_whole(tmp_path: Path) -> None:
         return await store_fleet.outputs_services(store, {"node-h", "node-t", "node-x"})
 
     assert _with_store(tmp_path, work) == {"node-h": SERVICE}
-    assert _columns(tmp_path, "node-h") == (SERVICE.address, SERVICE.cert_sha256, KEY.hex())
+    assert stored_outputs_service(tmp_path, "node-h") == (
+        SERVICE.address,
+        SERVICE.cert_sha256,
+        KEY.hex(),
+    )
 
 
 def test_preview_learns_whether_the_holder_serves_is_lost_or_revoked(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ reaps it, so a failed test never leaves a stray coordinator behind.
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from types import TracebackType
 from typing import Any
 
 from tests.support.processes import stop_cleanly, track, untrack
+from tuneplane.coordinator.store import db_path
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -247,4 +249,19 @@ def start_coordinator(
     return proc
 
 
-__all__ = ["CoordinatorProcess", "start_coordinator"]
+__all__ = ["CoordinatorProcess", "start_coordinator", "stored_outputs_service"]
+
+
+def stored_outputs_service(state_dir: Path, node_id: str) -> tuple[str, str, str]:
+    """What the store at ``state_dir`` holds of a Node's outputs listener: address, certificate
+    digest and grant key (hex), read-only, as an operator's sqlite3 would see them."""
+    db = sqlite3.connect(f"file:{db_path(state_dir)}?mode=ro", uri=True)
+    try:
+        row = db.execute(
+            "SELECT outputs_address, outputs_cert_sha256, outputs_grant_key FROM nodes "
+            "WHERE id = ?",
+            (node_id,),
+        ).fetchone()
+    finally:
+        db.close()
+    return (str(row[0]), str(row[1]), str(row[2]))
