@@ -237,6 +237,10 @@ def test_cordon_drain_quota_mine_watch_and_decisions(coord: CoordinatorProcess) 
     assert human.returncode == 0 and "drained" in human.stdout and "connected" in human.stdout
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_watch(coord: CoordinatorProcess, run_id: str) -> subprocess.Popen[str]:
     import os
 
@@ -249,4 +253,8 @@ def _start_watch(coord: CoordinatorProcess, run_id: str) -> subprocess.Popen[str
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C at a terminal reaches a process whose SIGINT is at its default. A test run
+        # started in the background by a non-interactive shell inherits SIGINT ignored, and a
+        # Python child then never sees the test's SIGINT.
+        preexec_fn=_default_sigint,
     )
