@@ -46,7 +46,7 @@ from tuneplane.agent.outputs_manifest import (
 )
 from tuneplane.agent.prepare import PrepareRefused
 from tuneplane.agent.runner_pyz import CAPSULE_DIR
-from tuneplane.coordinator.derivation import InitFromSource, manifest_path
+from tuneplane.proto.contract.derivation_source import InitFromSource, manifest_path
 
 #: Where the source's files land, relative to the member's work directory; the workload finds
 #: them through ``$TUNEPLANE_INIT_FROM_DIR``.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import attrs
 
-from tuneplane.coordinator.input_checks import loader_refusal
+from tuneplane.proto.contract.input_checks import loader_refusal
 
 LAUNCHERS = ("member", "process-group")
 DEFAULT_LANG = "C.UTF-8"

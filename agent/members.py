@@ -72,7 +72,7 @@ from tuneplane.agent.prepare import (
 )
 from tuneplane.agent.state_dir import write_atomic
 from tuneplane.agent.workload_checks import resolve_interpreter
-from tuneplane.coordinator import jobspec
+from tuneplane.proto.contract import jobspec
 from tuneplane.runner.member_file import Account as RunAs
 
 log = logging.getLogger(__name__)

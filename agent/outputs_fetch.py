@@ -24,7 +24,7 @@ from tuneplane.agent import outputs_wire as ow
 from tuneplane.agent.host_port import split_host_port
 from tuneplane.agent.messages import InitFromFetch
 from tuneplane.agent.outputs_manifest import MAX_MANIFEST_BYTES, Entry
-from tuneplane.coordinator.derivation import InitFromSource
+from tuneplane.proto.contract.derivation_source import InitFromSource
 
 CONNECT_TIMEOUT_S = 10.0
 #: The longest any one read or write may wait (a holder that stops sending mid-file).

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tuneplane.agent.state_dir import write_atomic
-from tuneplane.coordinator.derivation import GRANT_KEY_BYTES
+from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ import attrs
 
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.state_dir import write_atomic
-from tuneplane.coordinator.derivation import ManifestSummary, manifest_path
-from tuneplane.coordinator.input_checks import InputRefused, check_file_name
+from tuneplane.proto.contract.derivation_source import ManifestSummary, manifest_path
+from tuneplane.proto.contract.input_checks import InputRefused, check_file_name
 
 FORMAT = "tuneplane/output-manifest-1"
 MAX_FILES = 10_000

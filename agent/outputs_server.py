@@ -40,7 +40,8 @@ from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.messages import OutputsService
 from tuneplane.agent.outputs_identity import OutputsIdentity
 from tuneplane.agent.outputs_manifest import CHUNK_BYTES, ManifestProblem, read_manifest
-from tuneplane.coordinator.derivation import grant_valid, manifest_path
+from tuneplane.proto.contract.derivation_source import manifest_path
+from tuneplane.proto.contract.outputs_grant import grant_valid
 
 log = logging.getLogger(__name__)
 

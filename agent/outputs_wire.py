@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from tuneplane.coordinator.input_checks import InputRefused, check_file_name
+from tuneplane.proto.contract.input_checks import InputRefused, check_file_name
 
 MAX_REQUEST_BYTES = 8 * 1024
 MAX_RESPONSE_BYTES = 8 * 1024

@@ -24,7 +24,7 @@ from tuneplane.agent.journal import MemberKey
 from tuneplane.agent.runner_pyz import CAPSULE_DIR as CAPSULE_DIR
 from tuneplane.agent.runner_pyz import WORK_DIR as WORK_DIR
 from tuneplane.agent.state_dir import write_atomic
-from tuneplane.coordinator.input_checks import InputRefused, check_file_name
+from tuneplane.proto.contract.input_checks import InputRefused, check_file_name
 
 CAPSULE_JSON = "capsule.json"
 JOBSPEC_FILE = "jobspec.json"

@@ -28,16 +28,16 @@ import attrs
 
 from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
 from tuneplane.coordinator.config import CoordinatorConfig, Profile
-from tuneplane.coordinator.jobspec import (
+from tuneplane.coordinator.jobspec import check_loader_policy
+from tuneplane.coordinator.parameters import ParameterError, workload_command
+from tuneplane.proto.contract.jobspec import (
     JobSpec,
     JobSpecError,
     canonical_json,
-    check_loader_policy,
     digest_of,
     loads,
     validate,
 )
-from tuneplane.coordinator.parameters import ParameterError, workload_command
 
 BACKEND = "node"
 

@@ -20,7 +20,7 @@ import attrs
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
-from tuneplane.coordinator import jobspec, store_access, store_fleet, store_identity
+from tuneplane.coordinator import store_access, store_fleet, store_identity
 from tuneplane.coordinator.admission import Admitted, admit
 from tuneplane.coordinator.apimodel import JOB_LIST_DEFAULT, JOB_LIST_MAX
 from tuneplane.coordinator.auth import Principal, bearer_token, hash_credential
@@ -48,6 +48,7 @@ from tuneplane.coordinator.store import NotFound, Store
 from tuneplane.coordinator.store_logs import LogStore
 from tuneplane.coordinator.wire import first_failure_message, grpc_errors, job_message
 from tuneplane.proto import v1
+from tuneplane.proto.contract import jobspec
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,6 @@ from tuneplane.coordinator.apimodel import (
     RequestRefused,
     StateChange,
 )
-from tuneplane.coordinator.derivation import ManifestSummary
 from tuneplane.coordinator.fleetmodel import Fleet, Node
 from tuneplane.coordinator.fleetwire import fleet_from_wire, node_from_wire
 from tuneplane.coordinator.lifecyclemodel import (
@@ -46,6 +45,7 @@ from tuneplane.coordinator.lifecyclemodel import (
     RetryOutcome,
 )
 from tuneplane.proto import v1
+from tuneplane.proto.contract.derivation_source import ManifestSummary
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0

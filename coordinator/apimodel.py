@@ -11,7 +11,7 @@ from pathlib import Path
 
 import attrs
 
-from tuneplane.coordinator.derivation import ManifestSummary
+from tuneplane.proto.contract.derivation_source import ManifestSummary
 
 # How many Jobs one ListJobs answers: the default when a request names none (0, the wire's
 # unset value) and the most it ever returns. ``tp job ls --limit`` accepts 1 to the most.

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tuneplane.coordinator.jobspec import JobSpecError
 from tuneplane.coordinator.placement import MAX_MEMBERS, NodeOffer, Request, candidate_shapes, place
+from tuneplane.proto.contract.jobspec import JobSpecError
 
 
 def never_fits(

@@ -13,8 +13,8 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from tuneplane.coordinator.jobspec import JobSpec, digest
 from tuneplane.coordinator.parameters import fill_entrypoint
+from tuneplane.proto.contract.jobspec import JobSpec, digest
 
 CAPSULE_JSON = "capsule.json"
 BOOTSTRAP_SH = "bootstrap.sh"

@@ -24,11 +24,11 @@ from grpclib.const import Cardinality, Handler
 from tuneplane.coordinator import tls
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.fleet_service import admin_caller
-from tuneplane.coordinator.input_checks import InputRefused
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import Store, _first
 from tuneplane.coordinator.wire import grpc_errors
 from tuneplane.proto import v1
+from tuneplane.proto.contract.input_checks import InputRefused
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ Rules:
 - Pure: :func:`resolve_source` takes what the store knows of the source run (:class:`SourceRun`)
   and the Fleet's ``shared_output_root`` and returns the :class:`InitFromSource` that goes into
   the resolved JobSpec (so the preview digest covers exactly which bytes the run starts from),
-  or raises :class:`~tuneplane.coordinator.jobspec.JobSpecError` on field ``init_from`` with a
-  sentence naming the run and why.
+  or raises :class:`~tuneplane.proto.contract.jobspec.JobSpecError` on field ``init_from`` with a
+  sentence naming the run and why. What the JobSpec carries, and what a Node reports of its
+  outputs, are the protocol's contract (:mod:`tuneplane.proto.contract.derivation_source`).
 - The source must exist, be readable by the caller (the rule of ``tp job show``,
   :mod:`.job_access`), have succeeded, and its member 0 of the attempt that succeeded must have
   an output manifest (its Node writes one when the member ends,
@@ -19,139 +20,27 @@ Rules:
   (its ``[outputs] listen`` is off, or its agent predates it), was declared lost, or is revoked.
 - The Node copies ``out_dir`` at Prepare, locally or over the holder's outputs listener with
   the grant its Prepare carries (:mod:`.outputs_grants`), and verifies every file against the
-  manifest at ``out_dir + MANIFEST_SUFFIX``, whose sha256 must be ``manifest_sha256``
+  manifest at ``manifest_path(out_dir)``, whose sha256 must be ``manifest_sha256``
   (:mod:`tuneplane.agent.init_from`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import posixpath
-import re
-from typing import Any
 
 import attrs
 
-#: The manifest of a member's output directory ``<out_dir>`` is the file ``<out_dir>`` + this,
-#: beside it in the root-owned attempt directory, where the workload cannot write.
-MANIFEST_SUFFIX = ".manifest.json"
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+from tuneplane.proto.contract.derivation_source import (
+    InitFromSource,
+    ManifestSummary,
+    check_summary,
+)
+from tuneplane.proto.contract.jobspec import JobSpecError
 
-
-def manifest_path(out_dir: str) -> str:
-    """Where the manifest of the output directory ``out_dir`` lies."""
-    return out_dir + MANIFEST_SUFFIX
-
-
-@attrs.frozen
-class ManifestSummary:
-    """What a Node reports about one member's output manifest when the member ends.
-
-    ``problem`` is a sentence when no manifest could be written (too many files, too many bytes,
-    an unreadable directory); ``files``, ``bytes`` and ``sha256`` are then 0 and "".
-    """
-
-    files: int = 0
-    bytes: int = 0
-    sha256: str = ""
-    problem: str = ""
-
-    def to_json(self) -> str:
-        return json.dumps(attrs.asdict(self), sort_keys=True, separators=(",", ":"))
-
-    @staticmethod
-    def from_json(text: str) -> ManifestSummary | None:
-        """The summary stored as ``text``; None for "" (none reported) or text it cannot read."""
-        if not text:
-            return None
-        try:
-            raw: Any = json.loads(text)
-            return ManifestSummary(
-                int(raw.get("files", 0)),
-                int(raw.get("bytes", 0)),
-                str(raw.get("sha256", "")),
-                str(raw.get("problem", "")),
-            )
-        except (ValueError, TypeError, AttributeError):
-            return None
-
-
-def check_summary(summary: ManifestSummary) -> str | None:
-    """Why a Node's reported summary cannot be stored as it is, or None when it is well formed."""
-    if summary.problem:
-        if summary.sha256 or summary.files or summary.bytes:
-            return "an output manifest with a problem must report no files, bytes or digest"
-        if len(summary.problem) > 1000:
-            return "an output manifest problem must be at most 1000 characters"
-        return None
-    if not _SHA256.fullmatch(summary.sha256):
-        return "an output manifest digest must be 64 lowercase hex digits (sha256)"
-    if summary.files < 0 or summary.bytes < 0:
-        return "an output manifest cannot count negative files or bytes"
-    return None
-
-
-@attrs.frozen
-class InitFromSource:
-    """The artifact a Derivation begins from, as the resolved JobSpec carries it to every Node."""
-
-    run_id: str
-    attempt: int
-    member_index: int
-    out_dir: str
-    manifest_sha256: str
-    files: int
-    bytes: int
-    # The Node that holds ``out_dir`` on its own disk, for a source that is not on the Fleet's
-    # shared output root: the target Node fetches it from there (agent/outputs_fetch.py). ""
-    # when every Node of the Fleet reads ``out_dir`` itself (absent from the canonical JSON then,
-    # so a JobSpec resolved before the field existed keeps its digest).
-    node_id: str = ""
-
-
-# --- fetch grants: what lets one Node fetch another's outputs --------------------------------
-
-#: How long a grant made when a Prepare is sent stays good. A Prepare resent later carries a
-#: fresh one, so this only has to cover one Prepare's copy.
+#: How long a grant made when a Prepare is sent stays good (the grant itself:
+#: :mod:`tuneplane.proto.contract.outputs_grant`). A Prepare resent later carries a fresh one, so
+#: this only has to cover one Prepare's copy.
 GRANT_TTL_MS = 30 * 60 * 1000
-GRANT_KEY_BYTES = 32
-_GRANT_CONTEXT = b"tuneplane outputs grant v1\x00"
-
-
-def grant_message(run_id: str, attempt: int, member_index: int, expires_at_ms: int) -> bytes:
-    """The bytes a grant signs: the source member and the expiry, unambiguously separated."""
-    return _GRANT_CONTEXT + "\x00".join(
-        (run_id, str(int(attempt)), str(int(member_index)), str(int(expires_at_ms)))
-    ).encode("utf-8")
-
-
-def make_grant(key: bytes, run_id: str, attempt: int, member_index: int, expires_at_ms: int) -> str:
-    """The grant (hex) that lets its bearer fetch the outputs of one source member from the
-    Node whose grant key is ``key``, until ``expires_at_ms``."""
-    if len(key) != GRANT_KEY_BYTES:
-        raise ValueError(f"a grant key is {GRANT_KEY_BYTES} bytes, not {len(key)}")
-    return hmac.new(
-        key, grant_message(run_id, attempt, member_index, expires_at_ms), hashlib.sha256
-    ).hexdigest()
-
-
-def grant_valid(
-    key: bytes,
-    grant: str,
-    run_id: str,
-    attempt: int,
-    member_index: int,
-    expires_at_ms: int,
-    now_ms: int,
-) -> bool:
-    """Whether ``grant`` is the holder's own for that member and has not expired at ``now_ms``
-    (compared in constant time)."""
-    if now_ms >= expires_at_ms or len(key) != GRANT_KEY_BYTES:
-        return False
-    expected = make_grant(key, run_id, attempt, member_index, expires_at_ms)
-    return hmac.compare_digest(expected, grant)
 
 
 @attrs.frozen
@@ -185,9 +74,6 @@ class SourceRun:
 
 
 def _refuse(run_id: str, why: str, fix: str) -> Exception:
-    # Imported here: jobspec imports this module for InitFromSource.
-    from tuneplane.coordinator.jobspec import JobSpecError
-
     return JobSpecError("init_from", run_id, why, fix)
 
 

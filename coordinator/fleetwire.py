@@ -2,7 +2,7 @@
 
 Rules: imported only by :mod:`tuneplane.coordinator.apiclient`, so betterproto stays out of the
 commands that never talk to the coordinator; missing sub-messages become empty values, never None.
-Every string is made printable first (:func:`~tuneplane.coordinator.input_checks.printable`): a
+Every string is made printable first (:func:`~tuneplane.proto.contract.input_checks.printable`): a
 Node's hostname or a GPU's health reason comes from that Node, and an escape sequence in it must
 not reach the terminal of whoever runs ``tp node ls``.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import betterproto
 
 from tuneplane.coordinator.fleetmodel import Fleet, Gpu, Node, NodeMember, SeriesCapacity
-from tuneplane.coordinator.input_checks import printable_message
 from tuneplane.proto import v1
+from tuneplane.proto.contract.input_checks import printable_message
 
 
 def fleet_from_wire(msg: v1.Fleet) -> Fleet:

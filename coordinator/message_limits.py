@@ -14,7 +14,7 @@ Rules:
   (:data:`COUNT_RULES`).
 - A body larger than :data:`INLINE_DECODE_BYTES` is decoded in a worker thread, so no request
   holds the event loop for more than a few milliseconds; every decoded string is then checked
-  (:func:`~tuneplane.coordinator.input_checks.check_message`). At most :data:`DECODE_THREADS`
+  (:func:`~tuneplane.proto.contract.input_checks.check_message`). At most :data:`DECODE_THREADS`
   threads work at once, whatever the number of callers (:func:`in_thread`).
 - Work on a large body that would hold the interpreter for long single calls (reading a JobSpec
   of megabytes: JSON, base64, canonical JSON) runs in at most :data:`HEAVY_PROCESSES` worker
@@ -46,8 +46,8 @@ from grpclib import GRPCError
 from grpclib.const import Handler, Status
 from grpclib.encoding.proto import ProtoCodec
 
-from tuneplane.coordinator.input_checks import InputRefused, check_message
 from tuneplane.proto import v1
+from tuneplane.proto.contract.input_checks import InputRefused, check_message
 
 M = TypeVar("M", bound=betterproto.Message)
 T = TypeVar("T")

@@ -27,7 +27,7 @@ import attrs
 
 from tuneplane.coordinator import store_fleet
 from tuneplane.coordinator.control_address import BadAddress, split
-from tuneplane.coordinator.derivation import GRANT_KEY_BYTES, GRANT_TTL_MS, make_grant
+from tuneplane.coordinator.derivation import GRANT_TTL_MS
 from tuneplane.coordinator.message_limits import INLINE_DECODE_BYTES, in_thread
 from tuneplane.coordinator.records import (
     InitFromFetch,
@@ -37,6 +37,7 @@ from tuneplane.coordinator.records import (
     PrepareOrder,
 )
 from tuneplane.coordinator.store import Store
+from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES, make_grant
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,9 @@ from typing import Any
 
 import attrs
 
-ENV_PREFIX = "TUNEPLANE_PARAM_"
-# What a TUNEPLANE_PARAM_* name may be after escaping; the JobSpec accepts nothing else there.
-ENV_NAME = re.compile(r"^TUNEPLANE_PARAM_[A-Z0-9_]{1,200}$")
-# Linux passes at most 128 KiB per argument; an environment value has the JobSpec's own limit.
-MAX_VALUE_CHARS = 32 * 1024
+# What a TUNEPLANE_PARAM_* name and value may be is the JobSpec's rule: the Node checks it too.
+from tuneplane.proto.contract.jobspec import MAX_PARAMETER_CHARS, PARAMETER_ENV_PREFIX
+
 _PARAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
 _FLAG = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _TYPES = ("str", "int", "float", "bool")
@@ -66,7 +64,7 @@ class Rendered:
 def env_name(parameter: str) -> str:
     """``learning_rate`` -> ``TUNEPLANE_PARAM_LEARNING_RATE``: upper case, and every character
     that is not a letter, digit or ``_`` (``.``, ``-``) written as ``_``."""
-    return ENV_PREFIX + re.sub(r"[^A-Z0-9_]", "_", parameter.upper())
+    return PARAMETER_ENV_PREFIX + re.sub(r"[^A-Z0-9_]", "_", parameter.upper())
 
 
 def value_text(kind: str, value: Any) -> str:
@@ -94,10 +92,10 @@ def render(passing: Passing, values: Mapping[str, Any]) -> Rendered:
             text = value_text(kind, value)
         except TypeError as exc:
             raise ParameterError(name, str(exc), f"Set {name} to a {kind}.") from None
-        if len(text) > MAX_VALUE_CHARS:
+        if len(text) > MAX_PARAMETER_CHARS:
             raise ParameterError(
                 name,
-                f"is {len(text)} characters long, over the {MAX_VALUE_CHARS} a workload can be "
+                f"is {len(text)} characters long, over the {MAX_PARAMETER_CHARS} a workload can be "
                 "passed",
                 "Put long values in a file in the experiment and pass its name.",
             )

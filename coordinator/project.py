@@ -19,7 +19,7 @@ import yaml
 
 from tuneplane.coordinator import files
 from tuneplane.coordinator.catalogue import Catalogue, Recipe
-from tuneplane.coordinator.input_checks import SET_BY_TUNEPLANE_FIX
+from tuneplane.proto.contract.input_checks import SET_BY_TUNEPLANE_FIX
 
 PROJECT_FILE = "tuneplane.yaml"
 EXPERIMENTS_DIR = "experiments"

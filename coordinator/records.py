@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from tuneplane.coordinator.derivation import ManifestSummary
+from tuneplane.proto.contract.derivation_source import ManifestSummary
 
 _CONVERTER = cattrs.Converter(forbid_extra_keys=False)
 

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 
 import anyio
 
-from tuneplane.coordinator import capsule, jobspec, outputs_grants, store_fleet
+from tuneplane.coordinator import capsule, outputs_grants, store_fleet
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
+from tuneplane.coordinator.jobspec import check_loader_policy
 from tuneplane.coordinator.message_limits import PROCESS_TEXT_CHARS, in_process
 from tuneplane.coordinator.metrics_export import SCHEDULING_PASS
 from tuneplane.coordinator.placement import Placement
@@ -27,6 +28,7 @@ from tuneplane.coordinator.queue_plan import PoolKey, plan_pass
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.store_lifecycle import cancel_job
+from tuneplane.proto.contract import jobspec
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,7 @@ class Scheduler:
                 spec = await in_process(jobspec.loads, job.resolved_json)
             else:
                 spec = jobspec.loads(job.resolved_json)
-            jobspec.check_loader_policy(spec, self._loader_env_runtimes)
+            check_loader_policy(spec, self._loader_env_runtimes)
         except jobspec.JobSpecError as exc:
             # Admitted under looser rules (an older coordinator, a coordinator.toml that allowed
             # more then) or edited in the store: the Job ends with the sentence, and the

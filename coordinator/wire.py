@@ -20,9 +20,6 @@ from grpclib.exceptions import ProtocolError, StreamTerminatedError
 from tuneplane.coordinator import capsule
 from tuneplane.coordinator.auth import AuthError, PermissionDenied
 from tuneplane.coordinator.config import ConfigError
-from tuneplane.coordinator.derivation import ManifestSummary
-from tuneplane.coordinator.input_checks import InputRefused
-from tuneplane.coordinator.jobspec import JobSpecError
 from tuneplane.coordinator.lifecycle_failure import FirstFailure
 from tuneplane.coordinator.records import (
     AbortOrder,
@@ -41,6 +38,9 @@ from tuneplane.coordinator.records import (
 )
 from tuneplane.coordinator.store import Conflict, EnrollRefused, NotFound
 from tuneplane.proto import v1
+from tuneplane.proto.contract.derivation_source import ManifestSummary
+from tuneplane.proto.contract.input_checks import InputRefused
+from tuneplane.proto.contract.jobspec import JobSpecError
 
 log = logging.getLogger(__name__)
 

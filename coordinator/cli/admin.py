@@ -43,7 +43,6 @@ from tuneplane.coordinator.decisions import (
     read_decisions,
 )
 from tuneplane.coordinator.fleetviews import FleetView, UserView
-from tuneplane.coordinator.input_checks import InputRefused
 from tuneplane.coordinator.server import (
     DEFAULT_API_PORT,
     DEFAULT_CONTROL_PORT,
@@ -62,6 +61,7 @@ from tuneplane.coordinator.state_dir import (
 from tuneplane.coordinator.store import NotFound, Store, StoreError, db_path
 from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
 from tuneplane.coordinator.tls import TlsError, TlsPaths
+from tuneplane.proto.contract.input_checks import InputRefused
 
 T = TypeVar("T")
 _FLEET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")

@@ -18,9 +18,7 @@ from typing import Any
 
 import attrs
 
-from tuneplane.coordinator import jobspec
 from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
-from tuneplane.coordinator.input_checks import InputRefused, check_env, check_file_name
 from tuneplane.coordinator.project import (
     CONFIG_FILE,
     DATA_DIR,
@@ -29,6 +27,8 @@ from tuneplane.coordinator.project import (
     check_lock_current,
     read_config,
 )
+from tuneplane.proto.contract import jobspec
+from tuneplane.proto.contract.input_checks import InputRefused, check_env, check_file_name
 
 # Directories that are never part of an experiment's intent: local records, VCS, caches.
 SKIPPED_DIRS = frozenset(
@@ -255,7 +255,7 @@ def collect_source_files(folder: Path, limit: int = jobspec.MAX_SOURCE_BYTES) ->
 
     Only what is inside the experiment is ever read: a symbolic link is refused with its path
     (one that leads outside says where it leads), and every name passes the one file-name rule
-    (:func:`~tuneplane.coordinator.input_checks.check_file_name`) that Preview and Prepare apply
+    (:func:`~tuneplane.proto.contract.input_checks.check_file_name`) that Preview and Prepare apply
     too. Refuses an experiment larger than ``limit`` bytes, naming its biggest files.
     """
     root = folder.resolve()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 import click
 
-from tuneplane.coordinator import jobspec, lifecycle
+from tuneplane.coordinator import lifecycle
 from tuneplane.coordinator.apimodel import (
     JOB_LIST_DEFAULT,
     JOB_LIST_MAX,
@@ -45,6 +45,7 @@ from tuneplane.coordinator.project import (
     init_project,
     upgrade_lock,
 )
+from tuneplane.proto.contract import jobspec
 
 if TYPE_CHECKING:
     from tuneplane.coordinator.apiclient import ApiClient

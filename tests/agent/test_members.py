@@ -20,7 +20,8 @@ from tuneplane.agent.inventory import Inventory, SimulatedGpus, simulated_invent
 from tuneplane.agent.journal import Journal, MemberKey, NewMember
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.members import MemberManager
-from tuneplane.coordinator import capsule, jobspec
+from tuneplane.coordinator import capsule
+from tuneplane.proto.contract import jobspec
 
 S = MemberState
 INV = simulated_inventory("node-a", SimulatedGpus("h200", 2))

@@ -14,7 +14,7 @@ import pytest
 from cryptography import x509
 
 from tuneplane.agent import outputs_identity as oi
-from tuneplane.coordinator.derivation import GRANT_KEY_BYTES
+from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES
 
 
 def _cert_digest(pem: bytes) -> str:

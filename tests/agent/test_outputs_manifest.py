@@ -23,7 +23,11 @@ from tuneplane.agent.journal import Exit, Journal, MemberKey, NewMember
 from tuneplane.agent.member_state import MemberEvent as E
 from tuneplane.agent.outputs_manifest import read_manifest, write_manifest
 from tuneplane.agent.prepare import PrepareRefused
-from tuneplane.coordinator.derivation import InitFromSource, ManifestSummary, manifest_path
+from tuneplane.proto.contract.derivation_source import (
+    InitFromSource,
+    ManifestSummary,
+    manifest_path,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

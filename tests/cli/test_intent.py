@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.coordinator import jobspec
 from tuneplane.coordinator.catalogue import Catalogue, Parameter
 from tuneplane.coordinator.cli.intent import (
     IntentError,
@@ -19,6 +18,7 @@ from tuneplane.coordinator.cli.intent import (
 )
 from tuneplane.coordinator.cli.scaffold import new_experiment
 from tuneplane.coordinator.project import LOCK_FILE, Project, ProjectError, init_project
+from tuneplane.proto.contract import jobspec
 
 CATALOGUE = Catalogue.bundled()
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tests.coordinator.grpc_client import jobspec
-from tuneplane.coordinator import jobspec as js
 from tuneplane.coordinator.admission import resolve
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, parse_config
+from tuneplane.proto.contract import jobspec as js
 
 CONFIG = parse_config(DEFAULT_CONFIG, Path("coordinator.toml"))
 CATALOGUE = Catalogue.bundled()

@@ -14,15 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, load_config
-from tuneplane.coordinator.derivation import (
-    Holder,
-    InitFromSource,
-    ManifestSummary,
-    SourceRun,
-    resolve_source,
-    stored_manifest,
-)
-from tuneplane.coordinator.jobspec import JobSpecError, canonical_json, loads
+from tuneplane.coordinator.derivation import Holder, SourceRun, resolve_source, stored_manifest
+from tuneplane.proto.contract.derivation_source import InitFromSource, ManifestSummary
+from tuneplane.proto.contract.jobspec import JobSpecError, canonical_json, loads
 
 pytestmark = pytest.mark.timeout(30)
 

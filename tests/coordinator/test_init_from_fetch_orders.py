@@ -23,8 +23,9 @@ from grpclib.const import Status
 
 from tests.coordinator.grpc_client import api_client, enroll, jobspec, node_stream
 from tests.support.coordinator import CoordinatorProcess, start_coordinator, stored_outputs_service
-from tuneplane.coordinator.derivation import GRANT_TTL_MS, grant_valid
+from tuneplane.coordinator.derivation import GRANT_TTL_MS
 from tuneplane.proto import v1
+from tuneplane.proto.contract.outputs_grant import grant_valid
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuneplane.coordinator import jobspec
+from tuneplane.proto.contract import jobspec
 
 BASE: dict[str, Any] = {
     "api_version": "tuneplane/v1",

@@ -10,11 +10,12 @@ import attrs
 import pytest
 
 from tests.coordinator.grpc_client import jobspec
-from tuneplane.coordinator import jobspec as js
 from tuneplane.coordinator.admission import resolve
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, parse_config
-from tuneplane.coordinator.input_checks import InputRefused, check_env, loader_refusal
+from tuneplane.coordinator.jobspec import check_loader_policy
+from tuneplane.proto.contract import jobspec as js
+from tuneplane.proto.contract.input_checks import InputRefused, check_env, loader_refusal
 
 PATH = Path("/etc/tuneplane/coordinator.toml")
 CATALOGUE = Catalogue.bundled()
@@ -61,7 +62,7 @@ def test_the_policy_passes_ordinary_variables_and_names_the_first_loader_by_name
 def test_check_loader_policy_names_the_variable_the_runtime_and_the_operators_fix() -> None:
     spec = _spec({"LD_PRELOAD": "/tmp/x.so"}, runtime_id="host:python3")
     with pytest.raises(js.JobSpecError) as caught:
-        js.check_loader_policy(spec, frozenset({"host:bash"}))
+        check_loader_policy(spec, frozenset({"host:bash"}))
     assert caught.value.field == "env.LD_PRELOAD"
     assert str(caught.value) == (
         "JobSpec field 'env.LD_PRELOAD' = '/tmp/x.so': is a loader variable: it changes which "
@@ -71,15 +72,15 @@ def test_check_loader_policy_names_the_variable_the_runtime_and_the_operators_fi
         "allow_loader_env = true in coordinator.toml (the Node's node.toml must allow them for "
         "that runtime too)."
     )
-    js.check_loader_policy(spec, frozenset({"host:python3"}))
-    js.check_loader_policy(_spec({"SEED": "1"}), frozenset())
+    check_loader_policy(spec, frozenset({"host:python3"}))
+    check_loader_policy(_spec({"SEED": "1"}), frozenset())
 
 
 def test_a_jobspec_that_names_no_runtime_matches_no_allowance() -> None:
     spec = _spec({"PYTHONPATH": "/a"})
     assert spec.runtime_id == ""
     with pytest.raises(js.JobSpecError, match=r"the runtime \(no runtime named\)"):
-        js.check_loader_policy(spec, frozenset({"host:bash", ""}))
+        check_loader_policy(spec, frozenset({"host:bash", ""}))
 
 
 def test_preview_judges_the_resolved_runtime_and_the_whole_env() -> None:

@@ -18,14 +18,7 @@ from hypothesis import strategies as st
 
 from tests.support.coordinator import stored_outputs_service
 from tuneplane.coordinator import store_fleet, store_identity, store_lifecycle
-from tuneplane.coordinator.derivation import (
-    GRANT_KEY_BYTES,
-    GRANT_TTL_MS,
-    Holder,
-    InitFromSource,
-    grant_valid,
-)
-from tuneplane.coordinator.jobspec import canonical_json, loads
+from tuneplane.coordinator.derivation import GRANT_TTL_MS, Holder
 from tuneplane.coordinator.outputs_grants import (
     FetchSource,
     accepted_service,
@@ -43,6 +36,9 @@ from tuneplane.coordinator.records import (
     PrepareOrder,
 )
 from tuneplane.coordinator.store import Store, db_path
+from tuneplane.proto.contract.derivation_source import InitFromSource
+from tuneplane.proto.contract.jobspec import canonical_json, loads
+from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES, grant_valid
 
 pytestmark = pytest.mark.timeout(60)
 

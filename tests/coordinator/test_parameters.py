@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from tests.coordinator.grpc_client import jobspec
 from tuneplane.coordinator import capsule
-from tuneplane.coordinator import jobspec as js
 from tuneplane.coordinator.admission import resolve
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.cli.render_launch import launch_json, launch_rows
@@ -29,6 +28,7 @@ from tuneplane.coordinator.parameters import (
     render,
     value_text,
 )
+from tuneplane.proto.contract import jobspec as js
 
 CONFIG = parse_config(DEFAULT_CONFIG, Path("coordinator.toml"))
 CATALOGUE = Catalogue.bundled()

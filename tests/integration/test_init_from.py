@@ -19,7 +19,7 @@ from tests.agent.jobs import job, journal, tp, wait_job
 from tests.faults.jobs import project, submit
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tuneplane.coordinator.derivation import manifest_path
+from tuneplane.proto.contract.derivation_source import manifest_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

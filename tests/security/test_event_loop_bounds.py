@@ -30,7 +30,6 @@ from grpclib.exceptions import GRPCError
 from tests.coordinator.grpc_client import api_client, enroll, jobspec, node_stream
 from tests.security.raw_calls import call, frame
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tuneplane.coordinator import jobspec as jobspec_module
 from tuneplane.coordinator.message_limits import (
     HEAVY_PROCESSES,
     HEAVY_SWITCH_INTERVAL_S,
@@ -45,6 +44,7 @@ from tuneplane.coordinator.message_limits import (
     pre_encoded,
 )
 from tuneplane.proto import v1
+from tuneplane.proto.contract import jobspec as jobspec_module
 
 TIMEOUT_S = 120
 

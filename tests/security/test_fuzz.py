@@ -30,9 +30,10 @@ from tuneplane.agent.wire import UnknownMessage, from_wire
 from tuneplane.collector.jsonl import JsonlDecoder
 from tuneplane.collector.tfevent import TFEventDecoder
 from tuneplane.collector.tfrecord import frame
-from tuneplane.coordinator import fleetwire, jobspec, wire
+from tuneplane.coordinator import fleetwire, wire
 from tuneplane.coordinator.message_limits import MAX_SHIP_POINTS, decode
 from tuneplane.proto import v1
+from tuneplane.proto.contract import jobspec
 
 EXAMPLES = int(os.environ.get("TUNEPLANE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(

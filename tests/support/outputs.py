@@ -31,12 +31,9 @@ from tuneplane.agent.host_port import split_host_port
 from tuneplane.agent.messages import InitFromFetch
 from tuneplane.agent.outputs_fetch import client_context
 from tuneplane.agent.outputs_identity import GRANT_KEY_FILE, TLS_FILE
-from tuneplane.coordinator.derivation import (
-    GRANT_TTL_MS,
-    InitFromSource,
-    make_grant,
-    manifest_path,
-)
+from tuneplane.coordinator.derivation import GRANT_TTL_MS
+from tuneplane.proto.contract.derivation_source import InitFromSource, manifest_path
+from tuneplane.proto.contract.outputs_grant import make_grant
 
 WRITE = """set -eu
 mkdir -p "$TUNEPLANE_OUT_DIR/ckpt"

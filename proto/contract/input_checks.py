@@ -9,6 +9,8 @@ Rules:
   policy, so it is kept out of parsing: the coordinator and the Node each apply their own).
 - Every refusal is an :class:`InputRefused` naming the field, what is wrong and how to fix it.
   Nothing here does I/O; callers wrap the refusal into their own error type.
+- Part of the protocol's contract (:mod:`tuneplane.proto.contract`): ``tp``, the coordinator and
+  the Node import it from here, and it imports nothing of theirs.
 """
 
 from __future__ import annotations
