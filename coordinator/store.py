@@ -23,7 +23,7 @@ import attrs
 
 from tuneplane.coordinator import launch
 from tuneplane.coordinator import lifecycle as lc
-from tuneplane.coordinator.derivation import ManifestSummary, stored_manifest
+from tuneplane.coordinator.derivation import stored_manifest
 from tuneplane.coordinator.placement import NodeOffer, Placement
 from tuneplane.coordinator.records import (
     AbortOrder,
@@ -48,6 +48,7 @@ from tuneplane.coordinator.schema import MIGRATIONS
 from tuneplane.coordinator.sqlite_db import SchemaTooNew as SchemaTooNew
 from tuneplane.coordinator.sqlite_db import SqliteFile
 from tuneplane.coordinator.sqlite_db import StoreError as StoreError
+from tuneplane.proto.contract.derivation_source import ManifestSummary
 
 log = logging.getLogger(__name__)
 
@@ -822,9 +823,6 @@ class Store(SqliteFile):
                         nonce,
                     ),
                 )
-                orders = []
-                reserved: list[MemberKey] = []
-                count = len(placement.members)
                 for m in placement.members:
                     key = MemberKey(job.run_id, number, m.index)
                     uuids = await _placed_uuids(db, m.node_id, m.gpu_indexes)
@@ -845,29 +843,11 @@ class Store(SqliteFile):
                         ),
                     )
                     await self._member_history(db, key, lc.M_RESERVED, "GPUs reserved", now)
-                    reserved.append(key)
                     for gpu in m.gpu_indexes:
                         await db.execute(
                             "INSERT INTO reservations (node_id, gpu_index, run_id, attempt, "
                             "member_index, created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
                             (m.node_id, gpu, job.run_id, number, m.index, now),
-                        )
-                    # Member 0 first (coordinator/launch.py): the others' Prepares carry the
-                    # rendezvous its Node picks, so they go out once it is prepared.
-                    if launch.prepare_due(launch.PrepareFacts(m.index, False, None, 0)):
-                        orders.append(
-                            PrepareOrder(
-                                node_id=m.node_id,
-                                member=key,
-                                jobspec_json=job.resolved_json,
-                                member_count=count,
-                                gpu_indexes=m.gpu_indexes,
-                                pick_rendezvous=m.index == 0,
-                                capsule_files=capsule_files,
-                                owner=job.owner,
-                                gpu_uuids=uuids,
-                                rendezvous_nonce=nonce,
-                            )
                         )
                 await self._log(
                     db,
@@ -886,16 +866,15 @@ class Store(SqliteFile):
                 # The same decision issues member 0's Prepare (the others follow its
                 # PrepareReply): it is in the store from now on, sent below, and sent again to a
                 # Node that (re)connects or asks.
-                issued = {o.member for o in orders}
-                for key in reserved:
-                    if key not in issued:
-                        continue
-                    await self._set_member_state(
-                        db, key, lc.M_PREPARING, now, "Prepare issued to its Node",
-                        known=lc.M_PREPARING,
-                    )  # fmt: skip
-                await self._refresh_job(db, job.run_id, now)
-                return orders
+                facts = launch.Attempt(
+                    tuple(launch.Member(m.index, m.node_id) for m in placement.members),
+                    nonce=nonce,
+                )
+                step = launch.step(facts, launch.Reserved())
+                orders = await self._apply_launch(db, job.run_id, number, facts, step, now)
+                prepares = [o for o in orders if isinstance(o, PrepareOrder)]
+                assert len(prepares) == len(orders), "a reservation sends only Prepares"
+                return prepares
 
         try:
             return await self._shielded(work())
@@ -924,8 +903,23 @@ class Store(SqliteFile):
 
         async def work() -> list[Order]:
             async with self._txn() as db:
-                row = await self._member_row(db, member)
-                if row is None or row["node_id"] != node_id:
+                facts = await self._attempt_facts(db, member.run_id, member.attempt)
+                event: launch.Event
+                if not ok:
+                    event = launch.PrepareFailed(node_id, member.member_index, reason)
+                else:
+                    hostname = ""
+                    if member.member_index == 0 and not master_addr:
+                        # The Node left the address to us: its reported host name is the best bet.
+                        (hostname,) = await _first(
+                            db, "SELECT hostname FROM nodes WHERE id = ?", (node_id,)
+                        )
+                    event = launch.Prepared(
+                        node_id, member.member_index, master_addr, master_port,
+                        rendezvous_held, str(hostname),
+                    )  # fmt: skip
+                step = launch.step(facts, event) if facts else None
+                if facts is None or step is None or step.ignored == launch.NO_RECORD:
                     log.warning(
                         "prepare reply for a member this Node does not hold node=%s run_id=%s "
                         "attempt=%d member=%d",
@@ -935,121 +929,136 @@ class Store(SqliteFile):
                         member.member_index,
                     )
                     return []
-                decision, decision_reason, addr, port = await self._decision(db, member)
-                if decision == lc.COMMIT:
-                    return [CommitOrder(node_id, member, addr, port)]
-                if decision == lc.ABORT:
-                    return [AbortOrder(node_id, member, decision_reason)]
-                if not ok:
-                    why = (
-                        f"member {member.member_index} on Node {node_id} refused Prepare: "
-                        f"{reason or 'no reason given'}"
-                    )
-                    return await self._abort_attempt(db, member.run_id, member.attempt, why, now)
-                await db.execute(
-                    "UPDATE members SET prepared = 1 WHERE run_id = ? AND attempt = ? "
-                    "AND member_index = ?",
-                    (member.run_id, member.attempt, member.member_index),
-                )
-                moved = lc.member_after_report(row["known_state"], lc.M_PREPARED)
-                if moved is not None:
-                    await self._set_member_state(
-                        db, member, moved, now, "prepared on its Node", known=moved
-                    )
-                if member.member_index == 0:
-                    addr = master_addr
-                    if not addr:
-                        # The Node left the address to us: its reported host name is the best bet.
-                        (hostname,) = await _first(
-                            db, "SELECT hostname FROM nodes WHERE id = ?", (node_id,)
-                        )
-                        addr = str(hostname)
-                    await db.execute(
-                        "UPDATE attempts SET master_addr = ?, master_port = ? "
-                        "WHERE run_id = ? AND number = ?",
-                        (addr, master_port, member.run_id, member.attempt),
-                    )
-                    if not rendezvous_held:
-                        log.info(
-                            "rendezvous not held by member 0's Node; not checked run_id=%s "
-                            "attempt=%d node=%s", member.run_id, member.attempt, node_id,
-                        )  # fmt: skip
-                        await db.execute(
-                            "UPDATE attempts SET rendezvous_nonce = '' "
-                            "WHERE run_id = ? AND number = ?",
-                            (member.run_id, member.attempt),
-                        )
-                (waiting,) = await _first(
-                    db,
-                    "SELECT COUNT(*) FROM members WHERE run_id = ? AND attempt = ? "
-                    "AND prepared = 0",
-                    (member.run_id, member.attempt),
-                )
-                if waiting:
-                    if member.member_index != 0:
-                        return []
-                    return await self._issue_prepares(db, member.run_id, member.attempt, now)
-                return await self._commit_attempt(db, member.run_id, member.attempt, now)
+                if ok and member.member_index == 0 and not rendezvous_held and not facts.decision:
+                    log.info(
+                        "rendezvous not held by member 0's Node; not checked run_id=%s "
+                        "attempt=%d node=%s", member.run_id, member.attempt, node_id,
+                    )  # fmt: skip
+                return await self._apply_launch(db, member.run_id, member.attempt, facts, step, now)
 
         return await self._shielded(work())
 
-    async def _commit_attempt(
-        self, db: aiosqlite.Connection, run_id: str, attempt: int, now: int
+    async def _launch_event(
+        self, db: aiosqlite.Connection, run_id: str, attempt: int, event: launch.Event, now: int
     ) -> list[Order]:
-        await db.execute(
-            "UPDATE attempts SET decision = ?, decision_reason = ?, decided_at_ms = ? "
-            "WHERE run_id = ? AND number = ?",
-            (lc.COMMIT, "every member is prepared", now, run_id, attempt),
-        )
-        rows = list(
-            await db.execute_fetchall(
-                "SELECT master_addr, master_port FROM attempts WHERE run_id = ? AND number = ?",
-                (run_id, attempt),
-            )
-        )
-        addr, port = str(rows[0][0]), int(rows[0][1])
-        await self._log(
+        """Inside a transaction: apply one launch event (coordinator/launch.py) to an attempt."""
+        facts = await self._attempt_facts(db, run_id, attempt)
+        if facts is None:
+            return []
+        return await self._apply_launch(db, run_id, attempt, facts, launch.step(facts, event), now)
+
+    async def _attempt_facts(
+        self, db: aiosqlite.Connection, run_id: str, attempt: int
+    ) -> launch.Attempt | None:
+        """What :func:`launch.step` reads about an attempt; None when there is no such attempt."""
+        row = await _first(
             db,
-            now,
-            "commit",
-            {"attempt": attempt, "master_addr": addr, "master_port": port},
-            run_id=run_id,
-        )
-        await self._refresh_job(db, run_id, now)
-        members = await db.execute_fetchall(
-            "SELECT member_index, node_id FROM members WHERE run_id = ? AND attempt = ? "
-            "ORDER BY member_index",
+            "SELECT decision, decision_reason, master_addr, master_port, rendezvous_nonce "
+            "FROM attempts WHERE run_id = ? AND number = ?",
             (run_id, attempt),
         )
-        return [
-            CommitOrder(str(node), MemberKey(run_id, attempt, int(idx)), addr, port)
-            for idx, node in members
-        ]
+        if row is None:
+            return None
+        members = await db.execute_fetchall(
+            "SELECT member_index, node_id, prepared, known_state FROM members "
+            "WHERE run_id = ? AND attempt = ? ORDER BY member_index",
+            (run_id, attempt),
+        )
+        return launch.Attempt(
+            members=tuple(
+                launch.Member(int(i), str(node), bool(prepared), str(known))
+                for i, node, prepared, known in members
+            ),
+            decision=None if row[0] is None else str(row[0]),
+            reason=str(row[1]),
+            master_addr=str(row[2]),
+            master_port=int(row[3]),
+            nonce=str(row[4]),
+        )
 
-    async def _abort_attempt(
-        self, db: aiosqlite.Connection, run_id: str, attempt: int, reason: str, now: int
+    async def _apply_launch(
+        self,
+        db: aiosqlite.Connection,
+        run_id: str,
+        attempt: int,
+        before: launch.Attempt,
+        step: launch.Step,
+        now: int,
     ) -> list[Order]:
+        """Inside a transaction: persist what :func:`launch.step` returned, log its decision and
+        build the orders it names. Nothing here decides anything."""
+        after = step.attempt
+        where = (run_id, attempt)
+        if (after.master_addr, after.master_port, after.nonce) != (
+            before.master_addr,
+            before.master_port,
+            before.nonce,
+        ):
+            await db.execute(
+                "UPDATE attempts SET master_addr = ?, master_port = ?, rendezvous_nonce = ? "
+                "WHERE run_id = ? AND number = ?",
+                (after.master_addr, after.master_port, after.nonce, *where),
+            )
+        for old, new in zip(before.members, after.members, strict=True):
+            if new.prepared != old.prepared:
+                await db.execute(
+                    "UPDATE members SET prepared = ? WHERE run_id = ? AND attempt = ? "
+                    "AND member_index = ?",
+                    (int(new.prepared), *where, new.index),
+                )
+        if step.decided == lc.ABORT:
+            await self._decide(db, run_id, attempt, after, now)
+        released = set(step.releases)
+        for change in step.changes:
+            key = MemberKey(run_id, attempt, change.member_index)
+            await self._set_member_state(
+                db, key, change.state, now, change.reason, known=change.state
+            )
+            if change.member_index in released:
+                await self._release(db, key, now, "the launch was aborted")
+        if step.decided == lc.COMMIT:
+            await self._decide(db, run_id, attempt, after, now)
+        if step.changes or step.decided:
+            await self._refresh_job(db, run_id, now)
+        prepares = {s.member_index for s in step.sends if s.kind == "prepare"}
+        rows = await self._prepare_rows(db, run_id, attempt, prepares) if prepares else {}
+        orders: list[Order] = []
+        for send in step.sends:
+            key = MemberKey(run_id, attempt, send.member_index)
+            if send.kind == "prepare":
+                orders.append(_prepare_order(send.node_id, key, rows[send.member_index]))
+            else:
+                orders.append(_order(key, send))
+        return orders
+
+    async def _decide(
+        self, db: aiosqlite.Connection, run_id: str, attempt: int, after: launch.Attempt, now: int
+    ) -> None:
+        """Record an attempt's decision and its ``decisions`` row."""
         await db.execute(
             "UPDATE attempts SET decision = ?, decision_reason = ?, decided_at_ms = ? "
             "WHERE run_id = ? AND number = ?",
-            (lc.ABORT, reason, now, run_id, attempt),
+            (after.decision, after.reason, now, run_id, attempt),
         )
-        await self._log(db, now, "abort", {"attempt": attempt, "reason": reason}, run_id=run_id)
-        members = list(
-            await db.execute_fetchall(
-                "SELECT member_index, node_id FROM members WHERE run_id = ? AND attempt = ? "
-                "ORDER BY member_index",
-                (run_id, attempt),
-            )
+        if after.decision == lc.COMMIT:
+            detail: dict[str, Any] = {
+                "attempt": attempt,
+                "master_addr": after.master_addr,
+                "master_port": after.master_port,
+            }
+        else:
+            detail = {"attempt": attempt, "reason": after.reason}
+        await self._log(db, now, str(after.decision), detail, run_id=run_id)
+
+    async def _prepare_rows(
+        self, db: aiosqlite.Connection, run_id: str, attempt: int, indexes: set[int]
+    ) -> dict[int, Any]:
+        """The rows :func:`_prepare_order` builds these members' Prepares from."""
+        rows = await db.execute_fetchall(
+            _PREPARE_ROWS + "WHERE m.run_id = ? AND m.attempt = ? ORDER BY m.member_index",
+            (run_id, attempt),
         )
-        orders: list[Order] = []
-        for idx, node in members:
-            key = MemberKey(run_id, attempt, int(idx))
-            await self._set_member_state(db, key, lc.M_ABORTED, now, reason, known=lc.M_ABORTED)
-            await self._release(db, key, now, "the launch was aborted")
-            orders.append(AbortOrder(str(node), key, reason))
-        await self._refresh_job(db, run_id, now)
-        return orders
+        return {int(r[2]): r for r in rows if int(r[2]) in indexes}
 
     async def abort_expired_prepares(self, now: int) -> list[Order]:
         """Abort every undecided attempt whose prepare deadline has passed."""
@@ -1072,19 +1081,9 @@ class Store(SqliteFile):
                 )
                 orders: list[Order] = []
                 for run_id, number in rows:
-                    missing = [
-                        str(r[0])
-                        for r in await db.execute_fetchall(
-                            "SELECT member_index FROM members WHERE run_id = ? AND attempt = ? "
-                            "AND prepared = 0 ORDER BY member_index",
-                            (run_id, number),
-                        )
-                    ]
-                    why = (
-                        f"member(s) {', '.join(missing)} were not prepared before the prepare "
-                        "deadline"
+                    orders += await self._launch_event(
+                        db, str(run_id), int(number), launch.PrepareTimedOut(), now
                     )
-                    orders += await self._abort_attempt(db, str(run_id), int(number), why, now)
                 return orders
 
         return await self._shielded(work())
@@ -1095,54 +1094,28 @@ class Store(SqliteFile):
         A member the coordinator has no record of (or that is another Node's) gets Abort, so the
         Node can release what it reserved.
         """
-        row = await self._member_row(self._db, member)
-        if row is None or row["node_id"] != node_id:
-            return AbortOrder(
-                node_id, member, "the coordinator holds no record of this member on this Node"
-            )
-        decision, reason, addr, port = await self._decision(self._db, member)
-        if decision == lc.COMMIT:
-            return CommitOrder(node_id, member, addr, port)
-        if decision == lc.ABORT:
-            return AbortOrder(node_id, member, reason)
-        return None
-
-    async def _decision(
-        self, db: aiosqlite.Connection, member: MemberKey
-    ) -> tuple[str | None, str, str, int]:
-        rows = list(
-            await db.execute_fetchall(
-                "SELECT decision, decision_reason, master_addr, master_port FROM attempts "
-                "WHERE run_id = ? AND number = ?",
-                (member.run_id, member.attempt),
-            )
-        )
-        d, reason, addr, port = rows[0]
-        return (None if d is None else str(d)), str(reason), str(addr), int(port)
+        facts = await self._attempt_facts(self._db, member.run_id, member.attempt)
+        query = launch.DecisionQueried(node_id, member.member_index)
+        if facts is None:
+            return AbortOrder(node_id, member, launch.NO_RECORD)
+        sends = launch.step(facts, query).sends
+        return _order(member, sends[0]) if sends else None
 
     async def _orders_to_resend(self, db: aiosqlite.Connection, node_id: str) -> list[Order]:
-        rows = list(
-            await db.execute_fetchall(
-                "SELECT m.run_id, m.attempt, m.member_index, m.gpu_indexes_json, m.prepared, "
-                "m.known_state, a.decision, a.decision_reason, a.master_addr, a.master_port, "
-                "a.capsule_json, p.resolved_json, "
-                "(SELECT COUNT(*) FROM members o WHERE o.run_id = m.run_id "
-                " AND o.attempt = m.attempt), j.owner, m.gpu_uuids_json, a.rendezvous_nonce "
-                "FROM members m JOIN attempts a ON a.run_id = m.run_id AND a.number = m.attempt "
-                "JOIN jobs j ON j.run_id = m.run_id JOIN previews p ON p.id = j.preview_id "
-                "WHERE m.node_id = ? ORDER BY m.run_id, m.attempt, m.member_index",
-                (node_id,),
-            )
+        """What :func:`launch.step` sends a reconnected Node, over the attempts it holds members
+        of that are undecided or committed and not yet past ``prepared`` there (the only ones the
+        table can still owe it anything)."""
+        attempts = await db.execute_fetchall(
+            "SELECT DISTINCT m.run_id, m.attempt FROM members m JOIN attempts a "
+            "ON a.run_id = m.run_id AND a.number = m.attempt WHERE m.node_id = ? "
+            "AND (a.decision IS NULL OR m.known_state IN (?, ?, ?)) ORDER BY m.run_id, m.attempt",
+            (node_id, *sorted(launch.BEFORE_COMMIT)),
         )
         orders: list[Order] = []
-        for r in rows:
-            key = MemberKey(str(r[0]), int(r[1]), int(r[2]))
-            prepared, known, decision = bool(r[4]), str(r[5]), r[6]
-            due = launch.PrepareFacts(key.member_index, prepared, decision, int(r[9]))
-            if launch.prepare_due(due):
-                orders.append(_prepare_order(node_id, key, r))
-            elif decision == lc.COMMIT and known in (lc.M_RESERVED, lc.M_PREPARING, lc.M_PREPARED):
-                orders.append(CommitOrder(node_id, key, str(r[8]), int(r[9])))
+        for run_id, number in attempts:
+            orders += await self._launch_event(
+                db, str(run_id), int(number), launch.NodeReconnected(node_id), 0
+            )
         return orders
 
     # ----- member reports ----------------------------------------------------------------------
@@ -1242,57 +1215,6 @@ class Store(SqliteFile):
 
     # ----- helpers inside a transaction --------------------------------------------------------
 
-    async def _issue_prepares(
-        self, db: aiosqlite.Connection, run_id: str, attempt: int, now: int
-    ) -> list[Order]:
-        """The Prepares of an undecided attempt that :func:`launch.prepare_due` says are due
-        (after member 0 is prepared: every other member's, carrying the rendezvous), recorded
-        as issued."""
-        rows = list(
-            await db.execute_fetchall(
-                "SELECT m.run_id, m.attempt, m.member_index, m.gpu_indexes_json, m.prepared, "
-                "m.known_state, a.decision, a.decision_reason, a.master_addr, a.master_port, "
-                "a.capsule_json, p.resolved_json, "
-                "(SELECT COUNT(*) FROM members o WHERE o.run_id = m.run_id "
-                " AND o.attempt = m.attempt), j.owner, m.gpu_uuids_json, a.rendezvous_nonce, "
-                "m.node_id "
-                "FROM members m JOIN attempts a ON a.run_id = m.run_id AND a.number = m.attempt "
-                "JOIN jobs j ON j.run_id = m.run_id JOIN previews p ON p.id = j.preview_id "
-                "WHERE m.run_id = ? AND m.attempt = ? ORDER BY m.member_index",
-                (run_id, attempt),
-            )
-        )
-        orders: list[Order] = []
-        for r in rows:
-            key = MemberKey(str(r[0]), int(r[1]), int(r[2]))
-            due = launch.PrepareFacts(key.member_index, bool(r[4]), r[6], int(r[9]))
-            if not launch.prepare_due(due):
-                continue
-            orders.append(_prepare_order(str(r[16]), key, r))
-            if str(r[5]) == lc.M_RESERVED:
-                await self._set_member_state(
-                    db, key, lc.M_PREPARING, now,
-                    f"Prepare issued to its Node, to reach the rendezvous {r[8]}:{r[9]}",
-                    known=lc.M_PREPARING,
-                )  # fmt: skip
-        await self._refresh_job(db, run_id, now)
-        return orders
-
-    async def _member_row(
-        self, db: aiosqlite.Connection, member: MemberKey
-    ) -> dict[str, str] | None:
-        rows = list(
-            await db.execute_fetchall(
-                "SELECT node_id, state, known_state FROM members WHERE run_id = ? AND attempt = ? "
-                "AND member_index = ?",
-                (member.run_id, member.attempt, member.member_index),
-            )
-        )
-        if not rows:
-            return None
-        node_id, state, known = rows[0]
-        return {"node_id": str(node_id), "state": str(state), "known_state": str(known)}
-
     async def _member_history(
         self, db: aiosqlite.Connection, key: MemberKey, state: str, reason: str, now: int
     ) -> None:
@@ -1386,10 +1308,28 @@ def db_path(state_dir: Path) -> Path:
     return state_dir / DB_NAME
 
 
+#: The members/attempts/jobs/previews join a Prepare is built from (:func:`_prepare_order`).
+_PREPARE_ROWS = (
+    "SELECT m.run_id, m.attempt, m.member_index, m.gpu_indexes_json, m.prepared, "
+    "m.known_state, a.decision, a.decision_reason, a.master_addr, a.master_port, "
+    "a.capsule_json, p.resolved_json, "
+    "(SELECT COUNT(*) FROM members o WHERE o.run_id = m.run_id AND o.attempt = m.attempt), "
+    "j.owner, m.gpu_uuids_json, a.rendezvous_nonce "
+    "FROM members m JOIN attempts a ON a.run_id = m.run_id AND a.number = m.attempt "
+    "JOIN jobs j ON j.run_id = m.run_id JOIN previews p ON p.id = j.preview_id "
+)
+
+
+def _order(key: MemberKey, send: launch.Send) -> Order:
+    """A decision :func:`launch.step` sends, as the order the gateway delivers."""
+    if send.kind == "commit":
+        return CommitOrder(send.node_id, key, send.master_addr, send.master_port)
+    return AbortOrder(send.node_id, key, send.reason)
+
+
 def _prepare_order(node_id: str, key: MemberKey, r: Any) -> PrepareOrder:
-    """A member's Prepare from a row of the members/attempts/jobs/previews join (columns as
-    ``_orders_to_resend`` selects them, the attempt's nonce 15th): member 0 picks the rendezvous,
-    every other member is told it, to prove it can reach it."""
+    """A member's Prepare from a row of :data:`_PREPARE_ROWS` (the attempt's nonce 15th):
+    member 0 picks the rendezvous, every other member is told it, to prove it can reach it."""
     first = key.member_index == 0
     return PrepareOrder(
         node_id=node_id,

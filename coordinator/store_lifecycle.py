@@ -25,8 +25,8 @@ from typing import Any
 import aiosqlite
 import attrs
 
+from tuneplane.coordinator import launch, node_loss, store_fleet
 from tuneplane.coordinator import lifecycle as lc
-from tuneplane.coordinator import node_loss, store_fleet
 from tuneplane.coordinator.auth import PermissionDenied
 from tuneplane.coordinator.records import CancelOrder, HeldMember, MemberKey, Order
 from tuneplane.coordinator.store import Conflict, NotFound, Store, _first
@@ -161,7 +161,7 @@ async def cancel_job(
             grace = await _grace_period_s(db, run_id)
             fresh = await _record_stop(store, db, run_id, number, CANCEL, why, grace, who, now)
             if decision is None:
-                aborts = await store._abort_attempt(db, run_id, number, why, now)
+                aborts = await store._launch_event(db, run_id, number, launch.Cancelled(why), now)
                 return CancelResult(CANCELLED, tuple(aborts))
             live = await _live_members(db, run_id, number)
             await store._refresh_job(db, run_id, now)
@@ -428,7 +428,7 @@ async def _end_member(
     fate = node_loss.member_fate(None if decision is None else str(decision))
     if fate == node_loss.ABORT_ATTEMPT:
         why = node_loss.abort_reason(key.member_index, node_id, declaration)
-        return await store._abort_attempt(db, key.run_id, key.attempt, why, now)
+        return await store._launch_event(db, key.run_id, key.attempt, launch.NodeLost(why), now)
     await store._set_member_state(db, key, lc.M_LOST, now, declaration, known=lc.M_LOST)
     await store._release(db, key, now, declaration)
     orders: list[Order] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 
 import attrs
 import pytest
@@ -25,6 +26,7 @@ from tuneplane.coordinator.lifecycle import (
     M_PREPARING,
     M_RESERVED,
     M_RUNNING,
+    MEMBER_RANK,
 )
 
 NODES = ("node-a", "node-b", "node-c")
@@ -158,7 +160,8 @@ def _attempts() -> Iterator[Attempt]:
         for prepared in itertools.product((False, True), repeat=count):
             for known in itertools.product(KNOWN, repeat=count):
                 members = tuple(
-                    Member(i, NODES[i], p, k) for i, (p, k) in enumerate(zip(prepared, known))
+                    Member(i, NODES[i], p, k)
+                    for i, (p, k) in enumerate(zip(prepared, known, strict=True))
                 )
                 for decision, port in itertools.product((None, COMMIT, ABORT), (0, 29500)):
                     yield Attempt(
@@ -221,8 +224,9 @@ def _check(before: Attempt, event: launch.Event, out: launch.Step) -> None:
         if member is None or member.node_id != event.node_id:
             assert after == before and out.changes == ()
     # A prepared flag is never taken back; known states only move forward.
-    for b, a in zip(before.members, after.members):
+    for b, a in zip(before.members, after.members, strict=True):
         assert a.prepared >= b.prepared
+        assert MEMBER_RANK[a.known] >= MEMBER_RANK[b.known]
     for change in out.changes:
         assert after.member(change.member_index) is not None
 
@@ -258,3 +262,9 @@ def test_every_order_of_replies_commits_exactly_once(count: int) -> None:
                 commits += out.decided == COMMIT
                 sent_prepare |= {s.member_index for s in out.sends if s.kind == "prepare"}
         assert commits == 1 and attempt.decision == COMMIT
+
+
+def test_docs_protocol_shows_the_table_as_the_code_has_it() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    for event, decision, result in launch.TABLE:
+        assert f"| {event} | {decision} | {result} |" in text, event
