@@ -49,6 +49,7 @@ from tuneplane.agent.inventory import (
 from tuneplane.agent.journal import Journal
 from tuneplane.agent.journal_cli import journal_group
 from tuneplane.agent.journal_owner import owner_problem, stamped_node_id
+from tuneplane.agent.metrics_listener import MetricsListener
 from tuneplane.agent.sd_notify import ServiceNotifier
 from tuneplane.agent.state_dir import (
     AlreadyEnrolled,
@@ -64,7 +65,6 @@ from tuneplane.agent.wire import Endpoint, Enrolled, enroll
 from tuneplane.agent.xid_book import CLEAR_KINDS, XidRecord
 from tuneplane.collector.files import DEFAULT_MAX_FILES
 from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
-from tuneplane.coordinator.metrics_listener import MetricsListener
 
 
 @attrs.frozen

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from tuneplane.agent.host_port import split_host_port
-from tuneplane.coordinator.metrics_listener import (
+from tuneplane.agent.metrics_listener import (
     DEFAULT_NODE_PORT,
     MetricsConfigError,
     MetricsListener,

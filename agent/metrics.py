@@ -2,7 +2,7 @@
 
 Rules:
 - A scrape reads memory only: prometheus_client's HTTP server answers it from its own thread
-  (:mod:`tuneplane.coordinator.metrics_listener`), never from the Trio loop, and never touches
+  (:mod:`tuneplane.agent.metrics_listener`), never from the Trio loop, and never touches
   the journal or a spool. Counters and histograms move where the agent observes something
   (a journal commit, a heartbeat acknowledged, a reconnect); the connection and the credential
   are read from the daemon's status at scrape time (plain attributes).
@@ -31,8 +31,8 @@ from prometheus_client.registry import Collector
 from tuneplane.agent.inventory import Inventory
 from tuneplane.agent.journal import Journal
 from tuneplane.agent.member_state import MemberState
+from tuneplane.agent.metrics_listener import MetricsListener, new_registry, start_listener
 from tuneplane.collector.spool import SPOOL_FILE
-from tuneplane.coordinator.metrics_listener import MetricsListener, new_registry, start_listener
 
 log = logging.getLogger(__name__)
 

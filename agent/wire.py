@@ -25,15 +25,11 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import run_aio
+from tuneplane.agent.grpc_limits import AGENT_RECEIVE_BYTES, ClientCodec, guard_client_reads
 from tuneplane.agent.host_port import join_host_port, split_host_port
 from tuneplane.agent.inventory import Gpu, Inventory
 from tuneplane.agent.journal import MemberKey
 from tuneplane.agent.member_state import MemberState
-from tuneplane.coordinator.message_limits import (
-    AGENT_RECEIVE_BYTES,
-    ClientCodec,
-    guard_client_reads,
-)
 from tuneplane.proto import v1
 from tuneplane.proto.contract.derivation_source import ManifestSummary
 from tuneplane.proto.contract.input_checks import InputRefused, check_message

@@ -17,15 +17,15 @@ from typing import Any
 
 import attrs
 
-from tuneplane.coordinator.auth import (
-    DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
-    DEFAULT_USER_TOKEN_LIFETIME_S,
-)
-from tuneplane.coordinator.metrics_listener import (
+from tuneplane.agent.metrics_listener import (
     DEFAULT_COORDINATOR_PORT,
     MetricsConfigError,
     MetricsListener,
     metrics_listener,
+)
+from tuneplane.coordinator.auth import (
+    DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
+    DEFAULT_USER_TOKEN_LIFETIME_S,
 )
 
 CONFIG_NAME = "coordinator.toml"

@@ -24,8 +24,10 @@ Rules:
 
 grpclib has no hook between the length prefix and the body, so :func:`bounded_handlers` wraps each
 handler and gives its stream a ``recv_message`` that reads through grpclib's transport stream
-(``stream._stream``, grpclib 0.4): the one place that knows grpclib's internals. grpclib's
-``RecvMessage`` event is not dispatched for these reads; nothing in TunePlane listens to it.
+(``stream._stream``, grpclib 0.4): with a client's reads (:mod:`tuneplane.agent.grpc_limits`,
+which also holds the size rule both apply), the one place that knows grpclib's internals.
+grpclib's ``RecvMessage`` event is not dispatched for these reads; nothing in TunePlane listens
+to it.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ import betterproto
 from anyio.lowlevel import RunVar
 from grpclib import GRPCError
 from grpclib.const import Handler, Status
-from grpclib.encoding.proto import ProtoCodec
 
+from tuneplane.agent.grpc_limits import refuse_size
 from tuneplane.proto import v1
 from tuneplane.proto.contract.input_checks import InputRefused, check_message
 
@@ -55,9 +57,6 @@ Args = TypeVarTuple("Args")
 
 # Decoding costs about 1.5 ms per KiB of small fields (measured): 2 KiB inline is ~3 ms.
 INLINE_DECODE_BYTES = 2 * 1024
-# What a Node accepts from the coordinator: a Prepare carries the JobSpec (experiment files up to
-# 8 MiB, about 11 MiB in base64) and the sealed capsule.
-AGENT_RECEIVE_BYTES = 32 * 1024 * 1024
 # The longest status message sent back; a longer one is cut (see shortened).
 MAX_STATUS_MESSAGE_CHARS = 1024
 # Fields looked at per message level while counting; more is refused outright.
@@ -337,16 +336,6 @@ def decode(data: bytes, message_type: type[M]) -> M:
     return message
 
 
-def refuse_size(length: int, limit: int, setting: str, what: str) -> None:
-    """RESOURCE_EXHAUSTED when a message announced as ``length`` bytes is over ``limit``."""
-    if length > limit:
-        raise GRPCError(
-            Status.RESOURCE_EXHAUSTED,
-            f"The {what} message is {length} bytes, over the limit of {limit} bytes "
-            f"({setting}). Send a smaller message.",
-        )
-
-
 async def read_bounded(stream: Any, message_type: type[M], limit: int, setting: str) -> M | None:
     """grpclib's ``recv_message`` with the size checked before the body is read.
 
@@ -470,37 +459,3 @@ def shortened(exc: GRPCError) -> GRPCError:
     return GRPCError(
         exc.status, f"{cut}... (the message is {len(message)} characters; shortened)", exc.details
     )
-
-
-class ClientCodec(ProtoCodec):
-    """grpclib's protobuf codec for a client (the agent), with bytes that are not the message
-    they claim to be refused as INVALID_ARGUMENT instead of an exception from inside betterproto.
-
-    Only parsing is checked here; what the message says is the receiver's to judge.
-    """
-
-    def decode(self, data: bytes, message_type: Any) -> Any:
-        try:
-            return super().decode(data, message_type)
-        except Exception as exc:  # betterproto raises many types on bad bytes
-            raise GRPCError(
-                Status.INVALID_ARGUMENT,
-                f"The {message_type.__name__} message cannot be decoded ({type(exc).__name__}).",
-            ) from None
-
-
-def guard_client_reads(stream: Any, limit: int, what: str) -> None:
-    """On a grpclib *client* stream (after ``send_request``): refuse replies over ``limit``.
-
-    grpclib reads a message as a 5-byte prefix, then one read of the announced length; a read
-    longer than ``limit`` is therefore exactly a message over the limit.
-    """
-    transport = stream._stream  # grpclib 0.4
-    read = transport.recv_data
-
-    async def recv_data(size: int) -> bytes:
-        refuse_size(size, limit, "the Node's receive limit", what)
-        data: bytes = await read(size)
-        return data
-
-    transport.recv_data = recv_data

@@ -1,4 +1,4 @@
-"""The coordinator's Prometheus metrics (served by :mod:`metrics_listener`).
+"""The coordinator's Prometheus metrics (served by :mod:`tuneplane.agent.metrics_listener`).
 
 Rules:
 - A scrape reads only memory (the listener serves it from its own threads). Counters
@@ -26,8 +26,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tuneplane.agent.metrics_listener import new_registry
 from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.metrics_listener import new_registry
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.store_gauges import (
     CONNECTIVITY,

@@ -22,6 +22,11 @@ import attrs
 from anyio.abc import TaskStatus
 from grpclib.server import Server
 
+from tuneplane.agent.metrics_listener import (
+    MetricsListenError,
+    RunningListener,
+    start_listener,
+)
 from tuneplane.agent.sd_notify import ServiceNotifier
 from tuneplane.coordinator.advertise import (
     Advertised,
@@ -46,11 +51,6 @@ from tuneplane.coordinator.lifecycle_api import LifecycleApi
 from tuneplane.coordinator.message_limits import bounded_handlers
 from tuneplane.coordinator.metrics_api import MetricsApi
 from tuneplane.coordinator.metrics_export import REGISTRY, refresh_gauges, timed_handlers
-from tuneplane.coordinator.metrics_listener import (
-    MetricsListenError,
-    RunningListener,
-    start_listener,
-)
 from tuneplane.coordinator.node_loss_service import MaxDisconnectWatch, NodeLossApi, NodeLossDesk
 from tuneplane.coordinator.rate_limit import PeerRateLimit
 from tuneplane.coordinator.scheduler import Scheduler

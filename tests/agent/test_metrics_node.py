@@ -16,10 +16,10 @@ from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
 from tuneplane.agent.journal import Journal
 from tuneplane.agent.metrics import SNAPSHOT, gpu_counts, read_spools, refresh_snapshot
+from tuneplane.agent.metrics_listener import MetricsListener
 from tuneplane.agent.session import ControlSession, HeartbeatAcked, Send
 from tuneplane.collector.points import ReadWarning, ScalarPoint
 from tuneplane.collector.spool import SPOOL_FILE, Spool
-from tuneplane.coordinator.metrics_listener import MetricsListener
 
 INV = simulated_inventory("node-a", SimulatedGpus("h200", 3))
 WELCOME = m.Welcome(heartbeat_interval_ms=500, heartbeat_timeout_ms=3000, server_time_ms=0)

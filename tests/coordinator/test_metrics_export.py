@@ -11,9 +11,9 @@ import pytest
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
+from tuneplane.agent.metrics_listener import MetricsListener
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, parse_config
 from tuneplane.coordinator.metrics_export import REGISTRY, method_label, timed_handlers
-from tuneplane.coordinator.metrics_listener import MetricsListener
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.store_gauges import LIVE_JOB_STATES, StoreGauges, read_gauges
 

@@ -19,7 +19,7 @@ import pytest
 from tests.support.agent import start_agent
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.prometheus import scrape
-from tuneplane.coordinator.metrics_listener import DEFAULT_NODE_PORT
+from tuneplane.agent.metrics_listener import DEFAULT_NODE_PORT
 
 
 def _listening(pid: int) -> set[tuple[str, int]]:

@@ -9,6 +9,8 @@ Rules:
   histograms, and collectors that turn a snapshot into gauges.
 - The port is bound before the process does anything else, so a taken port stops it with one
   sentence and nothing changed.
+- Shared runtime infrastructure: it lives in the agent, the lowest layer the coordinator also
+  imports, so a Node needs nothing of the coordinator to serve its metrics.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
+
+from tuneplane.agent.host_port import join_host_port
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +115,7 @@ def start_listener(
             f"({exc.strerror}). Change port in {setting} (0 picks a free port) or stop the "
             "process that holds it."
         ) from None
-    host, port = str(server.server_address[0]), int(server.server_address[1])
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    address = join_host_port(str(server.server_address[0]), int(server.server_address[1]))
     log.info("metrics listener started address=%s", address)
     return RunningListener(address, server=server)
 
