@@ -25,6 +25,7 @@ import trio
 from tuneplane.agent import accounts, runner_pyz, sandbox, supervision
 from tuneplane.agent import messages as m
 from tuneplane.agent import rendezvous as rdv
+from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.agent.collectors import telemetry_dir, tensorboard_dir
 from tuneplane.agent.config import DEFAULT_RUNTIME_PATH, Runtime, WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
@@ -52,6 +53,7 @@ from tuneplane.agent.launch_plan import (
     resolve_entrypoint,
     workload_env,
 )
+from tuneplane.agent.member_commands import Command, respond
 from tuneplane.agent.member_state import (
     COMMITTED_OR_LATER,
     TERMINAL,
@@ -70,7 +72,6 @@ from tuneplane.agent.prepare import (
     pick_port,
     read_capsule,
 )
-from tuneplane.agent.state_dir import write_atomic
 from tuneplane.agent.workload_checks import resolve_interpreter
 from tuneplane.proto.contract import jobspec
 from tuneplane.runner.member_file import Account as RunAs
@@ -439,69 +440,71 @@ class MemberManager:
                  key, source.run_id, source.files, copied, dest)  # fmt: skip
 
     async def commit(self, cmd: m.Commit) -> None:
-        key = cmd.key
-        record = await self.journal.member(key)
-        if record is None:
-            log.error("commit for a member this Node never prepared member=%s", key)
-            return
-        if record.state is S.PREPARED:
-            rendezvous = None
-            if cmd.rendezvous is not None:
-                rendezvous = (cmd.rendezvous.master_addr, cmd.rendezvous.master_port)
-            record, report = await self.journal.transition(
-                key, E.COMMIT_RECEIVED, now_ms(), rendezvous=rendezvous
-            )
-            await self._report(report)
-            crashpoint("after-commit-journaled")
-        if record.state in (S.COMMITTED, S.STARTING):
+        rendezvous = None
+        if cmd.rendezvous is not None:
+            rendezvous = (cmd.rendezvous.master_addr, cmd.rendezvous.master_port)
+        record = await self._respond(Command.COMMIT, cmd.key, rendezvous=rendezvous)
+        if record is not None and record.state in (S.COMMITTED, S.STARTING):
             await self.launch(record)
-        elif record.state is S.ABORTED:
-            log.error("commit for an aborted member ignored member=%s reason=%s", key,
-                      record.reason)  # fmt: skip
-        else:
-            log.info("commit repeated member=%s state=%s", key, record.state.value)
 
     async def abort(self, cmd: m.Abort) -> None:
-        key = cmd.key
-        record = await self.journal.member(key)
-        if record is None:
-            log.info("abort for a member this Node never prepared member=%s", key)
-            return
-        if record.state in (S.PREPARING, S.PREPARED):
-            _, report = await self.journal.transition(
-                key, E.ABORT_RECEIVED, now_ms(), reason=cmd.reason or "the coordinator aborted"
-            )
-            log.info("member aborted member=%s reason=%s", key, cmd.reason)
-            await self._release_rendezvous(key)
-            await self._report(report)
-        elif record.state in COMMITTED_OR_LATER:
-            log.error("abort after commit ignored member=%s state=%s", key, record.state.value)
+        await self._respond(Command.ABORT, cmd.key, reason=cmd.reason or "the coordinator aborted")
 
     async def cancel(self, cmd: m.Cancel) -> None:
-        key = cmd.key
-        record = await self.journal.member(key)
-        if record is None:
-            log.info("cancel for a member this Node never prepared member=%s", key)
-            return
-        reason = cmd.reason or "cancelled"
         # A member declared lost while this Node was away: the journal says so, for the on-call.
-        lost = {"declared_lost": True} if cmd.declared_lost else {}
         if cmd.declared_lost:
             log.warning("member declared lost by the coordinator; stopping it member=%s "
-                        "state=%s reason=%s", key, record.state.value, reason)  # fmt: skip
-        if record.state in (S.PREPARED, S.COMMITTED):
-            _, report = await self.journal.transition(
-                key, E.CANCEL_RECEIVED, now_ms(), reason=reason, details=lost or None
-            )
+                        "reason=%s", cmd.key, cmd.reason)  # fmt: skip
+        await self._respond(
+            Command.CANCEL,
+            cmd.key,
+            reason=cmd.reason or "cancelled",
+            grace_period_s=cmd.grace_period_s,
+            declared_lost=cmd.declared_lost,
+        )
+
+    async def _respond(
+        self,
+        command: Command,
+        key: MemberKey,
+        *,
+        reason: str = "",
+        rendezvous: tuple[str, int] | None = None,
+        grace_period_s: int = 0,
+        declared_lost: bool = False,
+    ) -> MemberRecord | None:
+        """Carry out what agent/member_commands.py says for this command: journal first, then
+        free the rendezvous and start or stop. Returns the member's record afterwards."""
+        record = await self.journal.member(key)
+        answer = respond(command, None if record is None else record.state)
+        if record is None or answer.event is None:
+            state = "none" if record is None else record.state.value
+            level = logging.ERROR if answer.error else logging.INFO
+            log.log(level, "%s member=%s state=%s reason=%s", answer.note, key, state,
+                    record.reason if record is not None else "")  # fmt: skip
+            return record
+        details: dict[str, object] = {}
+        if answer.stop:
+            grace_period_s = grace_period_s or record.grace_period_s
+            details["grace_period_s"] = grace_period_s
+        if declared_lost:
+            details["declared_lost"] = True
+        record, report = await self.journal.transition(
+            key, answer.event, now_ms(),
+            reason=reason,
+            rendezvous=rendezvous,
+            details=details or None,
+        )  # fmt: skip
+        if command is Command.ABORT:
+            log.info("member aborted member=%s reason=%s", key, reason)
+        if answer.release_rendezvous:
             await self._release_rendezvous(key)
-            await self._report(report)
-        elif record.state in (S.STARTING, S.RUNNING):
-            record, report = await self.journal.transition(
-                key, E.CANCEL_RECEIVED, now_ms(), reason=reason,
-                details={"grace_period_s": cmd.grace_period_s or record.grace_period_s, **lost},
-            )  # fmt: skip
-            await self._report(report)
-            self._stop(record, cmd.grace_period_s or record.grace_period_s)
+        await self._report(report)
+        if command is Command.COMMIT:
+            crashpoint("after-commit-journaled")
+        if answer.stop:
+            self._stop(record, grace_period_s)
+        return record
 
     def _stop(self, record: MemberRecord, grace_period_s: int) -> None:
         log.info("member cancelling member=%s grace_s=%d", record.key, grace_period_s)
