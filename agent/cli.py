@@ -31,6 +31,7 @@ from tuneplane.agent import (
 )
 from tuneplane.agent import metrics as node_metrics
 from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.atomic_file import write_atomic, write_json_atomic
 from tuneplane.agent.cli_support import sentences as _sentences
 from tuneplane.agent.cli_support import state_dir_option as _state_dir_option
 from tuneplane.agent.credential_renewal import credential_health, renewal_deadline_ms
@@ -58,8 +59,6 @@ from tuneplane.agent.state_dir import (
     StateDir,
     StateDirError,
     read_status,
-    write_atomic,
-    write_json_atomic,
 )
 from tuneplane.agent.wire import Endpoint, Enrolled, enroll
 from tuneplane.agent.xid_book import CLEAR_KINDS, XidRecord

@@ -37,9 +37,9 @@ import trio
 
 from tuneplane.agent import daemon_log
 from tuneplane.agent import messages as m
+from tuneplane.agent.atomic_file import write_atomic, write_json_atomic
 from tuneplane.agent.journal import Journal, MemberKey, MemberRecord
 from tuneplane.agent.member_state import MemberState
-from tuneplane.agent.state_dir import write_atomic, write_json_atomic
 from tuneplane.collector.files import DEFAULT_MAX_FILES, TELEMETRY_SUBDIR, TENSORBOARD_SUBDIR
 from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S
 

@@ -35,6 +35,7 @@ import trio
 from tuneplane.agent import control_address
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.atomic_file import write_json_atomic
 from tuneplane.agent.collectors import COLLECTORS_DIR, CollectorSupervisor
 from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.crashpoint import crashpoint
@@ -81,13 +82,7 @@ from tuneplane.agent.session import (
     StoreCredential,
     backoff_delay,
 )
-from tuneplane.agent.state_dir import (
-    CredentialLife,
-    NodeConfig,
-    StateDir,
-    StateDirError,
-    write_json_atomic,
-)
+from tuneplane.agent.state_dir import CredentialLife, NodeConfig, StateDir, StateDirError
 from tuneplane.agent.wire import (
     ControlStream,
     CoordinatorUnreachable,

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from tuneplane.agent import outputs_fetch
+from tuneplane.agent.atomic_file import fsync_dir
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.agent.messages import InitFromFetch
 from tuneplane.agent.outputs_manifest import (
@@ -221,13 +222,13 @@ def write_verified(
             with open_entry(entry) as reader:
                 copied += copy_checked(reader, entry, partial, run)
             crashpoint("during-init-from-copy")
-        _fsync_dir(partial)
+        fsync_dir(partial)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     shutil.rmtree(dest, ignore_errors=True)
     os.rename(partial, dest)
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
     return copied
 
 
@@ -259,11 +260,3 @@ def copy_checked(reader: Readable, entry: Entry, partial: Path, run: str) -> int
             "changed after the run ended, so this run cannot begin from it."
         )
     return copied
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

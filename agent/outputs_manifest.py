@@ -28,8 +28,8 @@ from typing import Any
 
 import attrs
 
+from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.agent.crashpoint import crashpoint
-from tuneplane.agent.state_dir import write_atomic
 from tuneplane.proto.contract.derivation_source import ManifestSummary, manifest_path
 from tuneplane.proto.contract.input_checks import InputRefused, check_file_name
 

@@ -64,8 +64,8 @@ from typing import Any
 import attrs
 import pynvml
 
+from .atomic_file import write_atomic
 from .inventory import InventoryError
-from .state_dir import write_atomic
 
 # Calls recorded in ``calls_log`` (what a test needs to see the agent let go of NVML).
 _LOGGED = frozenset(

@@ -1,8 +1,8 @@
 """The Node state directory: node.json, the control credential, the status file, the journal path.
 
 Rules: the directory is 0700 and the credential file 0600 in a 0700 ``credentials/``; every file
-here is written atomically (tmp, fsync, rename, fsync dir) so a crash leaves the old or the new
-version, never half of one. Errors name the file and say how to fix it.
+here is written atomically (:mod:`tuneplane.agent.atomic_file`) so a crash leaves the old or the
+new version, never half of one. Errors name the file and say how to fix it.
 
 Credential rotation (see docs/security.md): a successor is written whole to
 ``credentials/control.token.next`` (fsync), then renamed over ``control.token`` (fsync of the
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
+from tuneplane.agent.atomic_file import fsync_dir, write_atomic, write_json_atomic
 
 NODE_FILE = "node.json"
 CA_FILE = "ca.pem"
@@ -42,34 +44,6 @@ class NotEnrolled(StateDirError):
 
 class AlreadyEnrolled(StateDirError):
     """The state directory already belongs to a Node; a new Node needs an empty one."""
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves the old file or the new one, whole."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
-    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), mode)
 
 
 @attrs.frozen

@@ -21,9 +21,9 @@ import psutil
 import trio
 
 from tuneplane.agent import runner_pyz
+from tuneplane.agent.atomic_file import write_json_atomic
 from tuneplane.agent.launch_plan import ProcessSpec
 from tuneplane.runner import main as runner_main
-from tuneplane.runner.durable import write_json_atomic
 from tuneplane.runner.member_file import MEMBER_FILE, MemberFile, ProcessEntry, Sandbox
 from tuneplane.runner.member_file import Account as RunAs
 from tuneplane.runner.records import (

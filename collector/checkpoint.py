@@ -1,8 +1,9 @@
 """The tailer's checkpoint: one small JSON file, replaced atomically.
 
 Rules:
-- Written as tmp file, fsync, rename over the old one, fsync of the directory: a crash leaves
-  either the old or the new checkpoint, never a torn one.
+- Written atomically (:func:`tuneplane.agent.atomic_file.write_atomic`: tmp file, fsync, rename
+  over the old one, fsync of the directory): a crash leaves the old or the new checkpoint, never
+  a torn one.
 - It holds only *committed* positions (what a consumer made durable) plus the stream table, so
   a restart re-reads at most what was not yet durable and the dedup keys come out the same.
 """
@@ -10,9 +11,10 @@ Rules:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from tuneplane.agent.atomic_file import write_atomic
 
 FORMAT = "tuneplane.collector.checkpoint/1"
 
@@ -24,19 +26,7 @@ class CheckpointError(ValueError):
 def save_checkpoint(path: Path, body: dict[str, Any]) -> None:
     """Replace ``path`` with ``body`` atomically and durably."""
     text = json.dumps({"format": FORMAT, **body}, sort_keys=True, separators=(",", ":"))
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(path, text.encode(), 0o600)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.collector.checkpoint import load_checkpoint
 from tuneplane.collector.files import Layout, ScanLimits, TelemetryPathError
 from tuneplane.collector.point_rules import REFUSED_KIND, PointScreen, storable
@@ -134,20 +135,9 @@ def screen_spooled(
 
 
 def write_marker(path: Path) -> None:
-    """Create ``path`` durably (tmp, fsync, rename, fsync dir): it exists whole or not at all."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, f"{int(time.time() * 1000)}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Create ``path`` durably (:func:`~tuneplane.agent.atomic_file.write_atomic`): it exists
+    whole or not at all."""
+    write_atomic(path, f"{int(time.time() * 1000)}\n".encode(), 0o600)
 
 
 def backoff_s(failures: int, jitter: float) -> float:

@@ -38,8 +38,8 @@ import psutil
 import pynvml
 import trio
 
+from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.agent.inventory import load_nvml, nvml_error_text, read_release
-from tuneplane.agent.state_dir import write_atomic
 from tuneplane.collector.point_rules import SYSTEM_PREFIX, SYSTEM_SOURCE
 from tuneplane.collector.points import ScalarPoint
 from tuneplane.runner.records import RecordError, read_runner_record

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import yaml
 
-from tuneplane.coordinator import files
+from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.coordinator.catalogue import Catalogue, Recipe
 from tuneplane.proto.contract.input_checks import SET_BY_TUNEPLANE_FIX
 
@@ -38,18 +38,6 @@ class ProjectError(Exception):
 
 class StaleLockError(ProjectError):
     """``recipe.lock.json`` pins a recipe the Catalogue no longer publishes."""
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` atomically (:func:`tuneplane.coordinator.files.write_atomic`), creating
-    missing parent directories durably first (``experiments/<name>/``, ``.tuneplane-data/...``).
-    """
-    missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A new directory's entry lives in its parent: fsync those too, top-most first.
-    for created in reversed(missing):
-        files.fsync_dir(created.parent)
-    files.write_atomic(path, data, mode)
 
 
 def _load_yaml(path: Path, shown: str) -> Mapping[str, Any]:
@@ -194,7 +182,7 @@ def init_project(folder: Path, name: str | None = None) -> Project:
         "# Experiments live in experiments/<name>/: `tp new <name> --method <method id>`.\n"
         f"name: {chosen}\n"
     )
-    write_atomic(path, text.encode("utf-8"))
+    write_atomic(path, text.encode("utf-8"), parents=True)
     return Project(root=folder, name=chosen)
 
 
@@ -320,7 +308,7 @@ def upgrade_lock(
     recipe = _recipe_or_error(catalogue, wanted)
     new = RecipeLock.of(recipe)
     if old != new:
-        write_atomic(folder / LOCK_FILE, new.to_json().encode("utf-8"))
+        write_atomic(folder / LOCK_FILE, new.to_json().encode("utf-8"), parents=True)
     return old, new
 
 

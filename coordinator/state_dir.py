@@ -16,10 +16,10 @@ from pathlib import Path
 
 import attrs
 
+from tuneplane.agent.atomic_file import fsync_dir, write_atomic
 from tuneplane.coordinator.auth import USER_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import CONFIG_NAME, DEFAULT_CONFIG
-from tuneplane.coordinator.files import fsync_dir, write_atomic
 from tuneplane.coordinator.store import Store, db_path
 from tuneplane.coordinator.tls import TlsPaths, create_dev_ca, default_sans
 

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tuneplane.coordinator.files import write_atomic
+from tuneplane.agent.atomic_file import write_atomic
 
 TLS_DIR = "tls"
 

@@ -3,6 +3,11 @@
 Rules: a record is never seen half-written (write tmp, fsync, rename, fsync the directory); the
 launch claim is created with O_CREAT|O_EXCL so exactly one runner ever owns a member. Stdlib only:
 this module ships inside ``runner.pyz``.
+
+Why a copy of :mod:`tuneplane.agent.atomic_file` (the one atomic write every daemon uses): the
+runner is sealed into ``runner.pyz`` with only ``tuneplane.runner`` and ``tuneplane.report`` in it
+and runs on the workload's interpreter, so it cannot import the agent
+(tests/packaging/test_import_layers.py holds it to that). Keep the two to the same steps.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
 from tuneplane.coordinator.project import (
     CONFIG_FILE,
@@ -22,7 +23,6 @@ from tuneplane.coordinator.project import (
     ProjectError,
     RecipeLock,
     check_name,
-    write_atomic,
 )
 
 TRAIN_SH = """\
@@ -177,6 +177,6 @@ def new_experiment(
         files.append((name, template.format(experiment=experiment), mode))
     for name, text, mode in files:
         path = folder / name
-        write_atomic(path, text.encode("utf-8"), mode)
+        write_atomic(path, text.encode("utf-8"), mode, parents=True)
         written.append(path)
     return written

@@ -18,8 +18,9 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
+from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.coordinator.apimodel import Preview, Receipt
-from tuneplane.coordinator.project import Project, ProjectError, write_atomic
+from tuneplane.coordinator.project import Project, ProjectError
 
 SUBMISSIONS_DIR = "submissions"
 FORMAT = "tuneplane/submission-v1"
@@ -58,7 +59,7 @@ def path_for(project: Project, preview_id: str) -> Path:
 def save(path: Path, submission: Submission) -> None:
     data = _CONVERTER.unstructure(submission)
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    write_atomic(path, text.encode("utf-8"), 0o600)
+    write_atomic(path, text.encode("utf-8"), 0o600, parents=True)
 
 
 def load(path: Path) -> Submission:
