@@ -25,6 +25,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import run_aio
+from tuneplane.agent.client_tls import CaFileError, grpc_client_context
 from tuneplane.agent.grpc_limits import AGENT_RECEIVE_BYTES, ClientCodec, guard_client_reads
 from tuneplane.agent.host_port import join_host_port, split_host_port
 from tuneplane.agent.inventory import Gpu, Inventory
@@ -80,16 +81,12 @@ class Endpoint:
 
 
 def client_tls(ca_path: Path) -> ssl.SSLContext:
-    """Verify the coordinator against ``ca_path``; there is deliberately no way to turn it off."""
+    """The one client TLS (:mod:`tuneplane.agent.client_tls`), a CA file it cannot load being a
+    :class:`TlsVerificationFailed` (retrying won't help)."""
     try:
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca_path))
-    except (OSError, ssl.SSLError) as exc:
-        raise TlsVerificationFailed(
-            f"The CA file {ca_path} cannot be loaded ({exc}); pass the coordinator's tls/ca.pem."
-        ) from None
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["h2"])
-    return ctx
+        return grpc_client_context(ca_path)
+    except CaFileError as exc:
+        raise TlsVerificationFailed(str(exc)) from None
 
 
 @contextmanager

@@ -22,7 +22,7 @@ import betterproto
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
 
-from tuneplane.coordinator.tls import client_context
+from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.proto import v1
 
 NodeStream = Stream[v1.NodeMessage, v1.CoordinatorMessage]
@@ -69,7 +69,7 @@ async def drive(
     runs ``speak(node_id)`` on the stream until the measurement is over.
     """
     host, _, port = config["control"].rpartition(":")
-    ctx = client_context(Path(config["ca"]))
+    ctx = grpc_client_context(Path(config["ca"]))
     channels = [Channel(host, int(port), ssl=ctx) for _ in range(config["channels"])]
     welcomed: asyncio.Queue[int] = asyncio.Queue()
 

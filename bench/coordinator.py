@@ -34,12 +34,12 @@ from typing import Any
 import psutil
 from grpclib.client import Channel
 
+from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.queue_plan import NodeState, QueuedRequest, plan_pass
 from tuneplane.coordinator.store import Store, db_path
-from tuneplane.coordinator.tls import client_context
 from tuneplane.proto import v1
 
 ADMIN = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
@@ -146,7 +146,7 @@ class Coordinator:
 
     def channel(self, address: str) -> Channel:
         host, _, port = address.rpartition(":")
-        return Channel(host, int(port), ssl=client_context(self.ca))
+        return Channel(host, int(port), ssl=grpc_client_context(self.ca))
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

@@ -38,6 +38,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError
 
+from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.collector_credentials import COLLECTOR_PREFIX
@@ -45,7 +46,6 @@ from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.server import ServeOptions, serve
 from tuneplane.coordinator.store import Store, db_path
 from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
-from tuneplane.coordinator.tls import client_context
 from tuneplane.proto import v1
 
 ADMIN = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
@@ -178,7 +178,7 @@ async def _client(setup: dict[str, Any]) -> None:
 
     def channel(address: str) -> Channel:
         host, _, port = address.rpartition(":")
-        return Channel(host, int(port), ssl=client_context(ca))
+        return Channel(host, int(port), ssl=grpc_client_context(ca))
 
     runs = int(setup["runs"])
     api_channel, control_channel = channel(setup["api"]), channel(setup["control"])

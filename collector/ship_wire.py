@@ -25,6 +25,7 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from tuneplane.agent.client_tls import CaFileError, grpc_client_context
 from tuneplane.collector.point_rules import storable
 from tuneplane.collector.points import HParamsMark, Mark, ReadWarning, RestartMark
 from tuneplane.collector.spool import SpooledPoint
@@ -79,16 +80,12 @@ class Progress:
 
 
 def tls_context(ca_path: Path) -> ssl.SSLContext:
+    """The one client TLS (:mod:`tuneplane.agent.client_tls`); a CA file it cannot load is a
+    :class:`CollectorConfigError` naming ``--ca``."""
     try:
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca_path))
-    except (OSError, ssl.SSLError) as exc:
-        raise CollectorConfigError(
-            f"the CA file {ca_path} cannot be loaded ({exc}); pass the coordinator's tls/ca.pem "
-            "with --ca."
-        ) from None
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["h2"])
-    return ctx
+        return grpc_client_context(ca_path)
+    except CaFileError as exc:
+        raise CollectorConfigError(f"{exc} Pass it with --ca.") from None
 
 
 def read_credential(path: Path) -> str:

@@ -20,6 +20,7 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from tuneplane.agent.client_tls import CaFileError, grpc_client_context
 from tuneplane.coordinator.apimodel import (
     ApiError,
     Attempt,
@@ -150,16 +151,12 @@ def _first_failure(f: v1.FirstFailure) -> FirstFailure | None:
 
 
 def tls_context(ca_path: Path) -> ssl.SSLContext:
-    """Verify the server against ``ca_path`` only, and speak HTTP/2."""
+    """The one client TLS (:mod:`tuneplane.agent.client_tls`); a CA file it cannot load is a
+    :class:`ClientConfigError`."""
     try:
-        ctx = ssl.create_default_context(cafile=str(ca_path))
-    except (OSError, ssl.SSLError) as exc:
-        raise ClientConfigError(
-            f"The CA file {ca_path} cannot be loaded ({exc.__class__.__name__}: {exc}); it must "
-            "be a PEM certificate such as the coordinator's tls/ca.pem."
-        ) from None
-    ctx.set_alpn_protocols(["h2"])
-    return ctx
+        return grpc_client_context(ca_path)
+    except CaFileError as exc:
+        raise ClientConfigError(str(exc)) from None
 
 
 class ApiClient:

@@ -252,16 +252,3 @@ def server_context(paths: TlsPaths) -> ssl.SSLContext:
         ) from None
     ctx.set_alpn_protocols(["h2"])
     return ctx
-
-
-def client_context(ca_path: Path) -> ssl.SSLContext:
-    """A client context that verifies the coordinator against ``ca_path`` (always on)."""
-    try:
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca_path))
-    except (FileNotFoundError, ssl.SSLError) as exc:
-        raise TlsError(
-            f"cannot load the CA bundle {ca_path} ({exc}). Point at the coordinator's tls/ca.pem."
-        ) from None
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["h2"])
-    return ctx

@@ -21,8 +21,8 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grpclib.exceptions import StreamTerminatedError
 
+from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.coordinator.catalogue import Catalogue
-from tuneplane.coordinator.tls import client_context
 from tuneplane.proto import v1
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def open_channel(
     address: str, ca_path: Path | None = None, ctx: ssl.SSLContext | None = None
 ) -> Channel:
     host, _, port = address.rpartition(":")
-    return Channel(host, int(port), ssl=ctx or client_context(ca_path))  # type: ignore[arg-type]
+    return Channel(host, int(port), ssl=ctx or grpc_client_context(ca_path))  # type: ignore[arg-type]
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -25,7 +25,8 @@ from tests.coordinator.grpc_client import (
 )
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.processes import faketime_env
-from tuneplane.coordinator.tls import client_context, create_dev_ca
+from tuneplane.agent.client_tls import grpc_client_context
+from tuneplane.coordinator.tls import create_dev_ca
 from tuneplane.proto import v1
 
 
@@ -62,7 +63,7 @@ def test_a_client_with_the_wrong_ca_is_refused(coord: CoordinatorProcess, tmp_pa
     other = create_dev_ca(tmp_path, ["localhost", "127.0.0.1"])
 
     async def call() -> None:
-        channel = open_channel(coord.api, ctx=client_context(other.ca_cert))
+        channel = open_channel(coord.api, ctx=grpc_client_context(other.ca_cert))
         try:
             await v1.ApiStub(channel, metadata=bearer(coord.admin_token), timeout=5).list_jobs(
                 v1.ListJobsRequest()

@@ -20,7 +20,7 @@ from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import StreamTerminatedError
 
 from tests.coordinator.grpc_client import bearer
-from tuneplane.coordinator.tls import client_context
+from tuneplane.agent.client_tls import grpc_client_context
 
 CALL_TIMEOUT_S = 30.0
 
@@ -46,7 +46,7 @@ class Outcome:
 
 def raw_channel(address: str, ca_path: Path) -> Channel:
     host, _, port = address.rpartition(":")
-    return Channel(host, int(port), ssl=client_context(ca_path), codec=RawCodec())
+    return Channel(host, int(port), ssl=grpc_client_context(ca_path), codec=RawCodec())
 
 
 async def call(
