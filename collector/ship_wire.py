@@ -26,6 +26,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from tuneplane.agent.client_tls import CaFileError, grpc_client_context
+from tuneplane.agent.host_port import join_host_port, split_host_port
 from tuneplane.collector.point_rules import storable
 from tuneplane.collector.points import HParamsMark, Mark, ReadWarning, RestartMark
 from tuneplane.collector.spool import SpooledPoint
@@ -56,17 +57,18 @@ class Gateway:
 
     @classmethod
     def parse(cls, text: str) -> Gateway:
-        host, sep, port = text.rpartition(":")
-        host = host.strip("[]")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        """``HOST:PORT`` (``[v6]:PORT``), read by
+        :func:`tuneplane.agent.host_port.split_host_port`."""
+        found = split_host_port(text)
+        if found is None:
             raise CollectorConfigError(
                 f"--gateway {text!r} is not HOST:PORT; pass the `telemetry` address from the "
                 "coordinator's endpoints.json, for example 127.0.0.1:7445."
             )
-        return cls(host, int(port))
+        return cls(*found)
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return join_host_port(self.host, self.port)
 
 
 @attrs.frozen

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
+from tuneplane.agent.host_port import join_host_port
 from tuneplane.coordinator.config import AddressSettings
 from tuneplane.coordinator.control_address import BadAddress, split
 
@@ -45,16 +46,6 @@ class Advertised:
 
     def by_listener(self) -> dict[str, str]:
         return {name: getattr(self, name) for name in LISTENERS}
-
-
-def join(host: str, port: int) -> str:
-    """``HOST:PORT``, with an IPv6 address in brackets."""
-    try:
-        if ipaddress.ip_address(host).version == 6:
-            return f"[{host}]:{port}"
-    except ValueError:
-        pass
-    return f"{host}:{port}"
 
 
 def is_wildcard(host: str) -> bool:
@@ -100,7 +91,7 @@ def plan(bind_host: str, settings: AddressSettings, ports: Mapping[str, int]) ->
                 "--advertise HOST) to the name or address the other machines dial, e.g. "
                 'host = "coordinator.example.org".'
             )
-        chosen[name] = join(host, ports[name])
+        chosen[name] = join_host_port(host, ports[name])
     return Advertised(**chosen)
 
 
@@ -235,7 +226,6 @@ __all__ = [
     "HostFacts",
     "Verdict",
     "hosts",
-    "join",
     "judge",
     "judge_one",
     "look_up",

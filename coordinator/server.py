@@ -22,6 +22,7 @@ import attrs
 from anyio.abc import TaskStatus
 from grpclib.server import Server
 
+from tuneplane.agent.host_port import join_host_port
 from tuneplane.agent.metrics_listener import (
     MetricsListenError,
     RunningListener,
@@ -32,7 +33,6 @@ from tuneplane.coordinator.advertise import (
     Advertised,
     AdvertiseError,
     hosts,
-    join,
     judge,
     look_up_all,
     plan,
@@ -199,7 +199,7 @@ async def _run_listener(
 ) -> None:
     server = Server(handlers)
     await server.start(sock=sock, ssl=ctx)
-    address = join(host, sock.getsockname()[1])
+    address = join_host_port(host, sock.getsockname()[1])
     log.info("listener started name=%s listening=%s", name, address)
     try:
         task_status.started(address)

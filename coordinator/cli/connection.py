@@ -12,6 +12,7 @@ from pathlib import Path
 
 import attrs
 
+from tuneplane.agent.host_port import split_host_port
 from tuneplane.coordinator.apimodel import Endpoint
 
 
@@ -20,14 +21,14 @@ class ConnectionConfigError(Exception):
 
 
 def parse_address(text: str, source: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host, port)."""
-    host, sep, port_text = text.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    """``host:port`` or ``[v6]:port`` -> (host, port), read by
+    :func:`tuneplane.agent.host_port.split_host_port`."""
+    found = split_host_port(text)
+    if found is None:
         raise ConnectionConfigError(
             f"{source} {text!r} is not HOST:PORT; write e.g. 127.0.0.1:7443 or [::1]:7443."
         )
-    return host, int(port_text)
+    return found
 
 
 @attrs.frozen

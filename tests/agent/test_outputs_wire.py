@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuneplane.agent import outputs_wire as ow
-from tuneplane.agent.host_port import join_host_port, split_host_port
 
 GRANT = "ab" * 32
 
@@ -147,14 +146,3 @@ def test_any_bytes_decode_or_raise_a_frame_error(payload: bytes) -> None:
 def test_a_malformed_response_is_refused(data: object) -> None:
     with pytest.raises(ow.MalformedFrame):
         ow.decode_response(_payload(data))
-
-
-def test_addresses_split_and_join_with_ipv6_brackets() -> None:
-    assert split_host_port("10.0.0.5:7463") == ("10.0.0.5", 7463)
-    assert split_host_port("[::1]:7463") == ("::1", 7463)
-    assert join_host_port("::1", 7463) == "[::1]:7463"
-    assert join_host_port("node-a.example", 1) == "node-a.example:1"
-    assert split_host_port("0.0.0.0:0", allow_zero=True) == ("0.0.0.0", 0)
-    for bad in ("10.0.0.5", ":7463", "host:0", "host:70000", "host:x", "::1:7463",
-                "[10.0.0.5]:7463", "a b:1"):  # fmt: skip
-        assert split_host_port(bad) is None, bad
