@@ -1,10 +1,13 @@
 """The wire edge: TLS, grpclib and betterproto, translated to the agent's own messages and errors.
 
 Rules:
-- The only agent module that imports grpclib or betterproto. Server verification is always on
-  (the CA from the Node's state dir), ALPN offers only h2, and a unary call has a 10 s deadline.
-- Exceptions are translated once, here (:func:`_translated`), into :class:`WireError` subclasses
-  whose ``str()`` says what failed and how to fix it.
+- The only agent module that talks to the coordinator over grpclib; besides it only the shared
+  client helpers it uses (:mod:`.client_tls`, :mod:`.call_failure`, :mod:`.grpc_limits`) import
+  grpclib. Server verification is always on (the CA from the Node's state dir), ALPN offers
+  only h2, and a unary call has a 10 s deadline.
+- Exceptions are translated once, here (:func:`_translated`), by the one table every client
+  shares (:mod:`.call_failure`), into :class:`WireError` subclasses whose ``str()`` says what
+  failed and how to fix it.
 - grpclib is asyncio code: every call goes through :func:`tuneplane.agent.adapter.run_aio`.
 """
 
@@ -20,11 +23,11 @@ import attrs
 import betterproto
 import trio
 from grpclib.client import Channel
-from grpclib.const import Cardinality, Status
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from grpclib.const import Cardinality
 
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import run_aio
+from tuneplane.agent.call_failure import CALL_ERRORS, Kind, classify
 from tuneplane.agent.client_tls import CaFileError, grpc_client_context
 from tuneplane.agent.grpc_limits import AGENT_RECEIVE_BYTES, ClientCodec, guard_client_reads
 from tuneplane.agent.host_port import join_host_port, split_host_port
@@ -90,33 +93,26 @@ def client_tls(ca_path: Path) -> ssl.SSLContext:
 
 
 @contextmanager
-def _translated(endpoint: Endpoint, ca_path: Path) -> Iterator[None]:
-    """Map grpclib/ssl/socket failures to :class:`WireError` subclasses, once, at the edge."""
+def _translated(endpoint: Endpoint, ca_path: Path, call: str) -> Iterator[None]:
+    """Map what ``call`` raised to :class:`WireError` subclasses, once, at the edge, by the one
+    table (:func:`tuneplane.agent.call_failure.classify`)."""
     try:
         yield
-    except ssl.SSLCertVerificationError as exc:
-        raise TlsVerificationFailed(
-            f"The coordinator at {endpoint} presented a certificate that does not verify against "
-            f"the CA {ca_path} ({exc.verify_message}); pass the coordinator's own tls/ca.pem."
-        ) from None
-    except GRPCError as exc:
-        status = exc.status.name if isinstance(exc.status, Status) else str(exc.status)
-        if exc.status in (Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED):
-            raise CoordinatorUnreachable(
-                f"The coordinator at {endpoint} is unavailable ({status}: {exc.message})."
-            ) from None
-        raise Refused(
-            f"The coordinator at {endpoint} refused: {exc.message or status}", status
-        ) from None
-    except (TimeoutError, trio.TooSlowError):
-        raise CoordinatorUnreachable(
-            f"The coordinator at {endpoint} did not answer within {UNARY_DEADLINE_S:.0f} s."
-        ) from None
-    except (OSError, ssl.SSLError, StreamTerminatedError, ProtocolError, EOFError) as exc:
-        raise CoordinatorUnreachable(
-            f"The connection to the coordinator at {endpoint} failed ({type(exc).__name__}: "
-            f"{exc}); check the address and that the coordinator is serving."
-        ) from None
+    except CALL_ERRORS as exc:
+        failure = classify(exc)
+        text = failure.sentence(
+            f"the coordinator at {endpoint}",
+            call,
+            UNARY_DEADLINE_S,
+            ca_path,
+            "Pass the coordinator's own tls/ca.pem",
+            "that node.json's coordinator names its control listener",
+        )
+        if failure.kind is Kind.REFUSED:
+            raise Refused(text, failure.status) from None
+        if failure.kind is Kind.UNVERIFIED:
+            raise TlsVerificationFailed(text) from None
+        raise CoordinatorUnreachable(text) from None
 
 
 # --- conversion --------------------------------------------------------------------------------
@@ -364,7 +360,7 @@ async def enroll(
         inventory=inventory_to_wire(inventory),
         node_id=node_id,
     )
-    with _translated(endpoint, ca_path):
+    with _translated(endpoint, ca_path, "Enroll"):
         channel = await run_aio(_aio_channel, endpoint, ctx)
         try:
             with trio.fail_after(UNARY_DEADLINE_S + 1):
@@ -395,12 +391,12 @@ class ControlStream:
 
     async def send(self, msg: m.Outgoing) -> None:
         async with self._send_lock:
-            with _translated(self._endpoint, self._ca_path):
+            with _translated(self._endpoint, self._ca_path, "Connect"):
                 await run_aio(self._stream.send_message, to_wire(msg))
 
     async def receive(self) -> m.Incoming | None:
         """The next message, or ``None`` when the coordinator ended the stream."""
-        with _translated(self._endpoint, self._ca_path):
+        with _translated(self._endpoint, self._ca_path, "Connect"):
             raw = await run_aio(self._stream.recv_message)
         return None if raw is None else from_wire(raw)
 
@@ -414,12 +410,12 @@ async def control_refusal(endpoint: Endpoint, ca_path: Path, credential: str) ->
     """
     ctx = client_tls(ca_path)
     try:
-        with _translated(endpoint, ca_path):
+        with _translated(endpoint, ca_path, "Connect"):
             channel = await run_aio(_aio_channel, endpoint, ctx)
     except WireError:
         return None
     try:
-        with trio.fail_after(UNARY_DEADLINE_S), _translated(endpoint, ca_path):
+        with trio.fail_after(UNARY_DEADLINE_S), _translated(endpoint, ca_path, "Connect"):
             await run_aio(_probe_connect, channel, credential)
     except Refused as exc:
         if exc.status in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
@@ -449,7 +445,7 @@ async def open_control_stream(
 ) -> AsyncIterator[ControlStream]:
     """Open ``Connect`` with the Node's credential; the stream is reset when the block exits."""
     ctx = client_tls(ca_path)
-    with _translated(endpoint, ca_path):
+    with _translated(endpoint, ca_path, "Connect"):
         channel = await run_aio(_aio_channel, endpoint, ctx)
     stream = channel.request(
         CONNECT_METHOD,
@@ -459,7 +455,7 @@ async def open_control_stream(
         metadata={"authorization": f"Bearer {credential}"},
     )
     try:
-        with _translated(endpoint, ca_path):
+        with _translated(endpoint, ca_path, "Connect"):
             await run_aio(stream.__aenter__)
             with trio.fail_after(UNARY_DEADLINE_S):
                 await run_aio(stream.send_request)

@@ -5,7 +5,8 @@ Rules:
   verification is always on (the coordinator's CA); every call has a deadline.
 - The credential file is read again for every call, so a credential the Node replaced (a
   repeated Commit carries a fresh one) is picked up without a restart.
-- Every failure leaves as :class:`ShipFailed` with a sentence; the shell retries with backoff.
+- Every failure leaves as :class:`ShipFailed` with a sentence (the one wording every client
+  shares, :mod:`tuneplane.agent.call_failure`); the shell retries with backoff.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ import attrs
 import trio
 import trio_asyncio
 from grpclib.client import Channel
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from tuneplane.agent.call_failure import CALL_ERRORS, Kind, classify
 from tuneplane.agent.client_tls import CaFileError, grpc_client_context
 from tuneplane.agent.host_port import join_host_port, split_host_port
 from tuneplane.collector.point_rules import storable
@@ -164,9 +164,12 @@ def mark_messages(marks: Sequence[Mark]) -> tuple[list[v1.RestartMark], list[v1.
 class TelemetryClient:
     """Ships batches for one member. Use inside :func:`open_telemetry_client`."""
 
-    def __init__(self, channel: Channel, gateway: Gateway, credential_file: Path) -> None:
+    def __init__(
+        self, channel: Channel, gateway: Gateway, ca_path: Path, credential_file: Path
+    ) -> None:
         self._channel = channel
         self._gateway = gateway
+        self._ca_path = ca_path
         self._credential_file = credential_file
 
     async def ship(
@@ -201,26 +204,21 @@ class TelemetryClient:
         stub = v1.TelemetryStub(
             self._channel, metadata={"authorization": f"Bearer {token}"}, timeout=DEADLINE_S
         )
-        where = f"the telemetry gateway at {self._gateway}"
         try:
             # Trio's own limit backs up the gRPC deadline if the connection hangs in TLS.
             with trio.fail_after(DEADLINE_S + 2):
                 reply: v1.ShipReply = await trio_asyncio.aio_as_trio(stub.ship)(request)
-        except GRPCError as exc:
-            status = exc.status.name if isinstance(exc.status, Status) else str(exc.status)
-            transient = exc.status in (Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED)
-            raise ShipFailed(
-                f"{where} answered {status}: {exc.message}", refused=not transient
-            ) from None
-        except ssl.SSLCertVerificationError as exc:
-            raise ShipFailed(
-                f"{where} presented a certificate that does not verify against the CA "
-                f"({exc.verify_message}); pass the coordinator's tls/ca.pem with --ca."
-            ) from None
-        except trio.TooSlowError:
-            raise ShipFailed(f"{where} did not answer within {DEADLINE_S:g} s") from None
-        except (OSError, ssl.SSLError, StreamTerminatedError, ProtocolError, EOFError) as exc:
-            raise ShipFailed(f"{where} cannot be reached ({type(exc).__name__}: {exc})") from None
+        except CALL_ERRORS as exc:
+            failure = classify(exc)
+            text = failure.sentence(
+                f"the telemetry gateway at {self._gateway}",
+                "Ship",
+                DEADLINE_S,
+                self._ca_path,
+                "Pass the coordinator's tls/ca.pem with --ca",
+                "that --gateway names the coordinator's telemetry listener",
+            )
+            raise ShipFailed(text, refused=failure.kind is Kind.REFUSED) from None
         return reply
 
 
@@ -245,6 +243,6 @@ async def open_telemetry_client(
     async with trio_asyncio.open_loop():
         channel = await trio_asyncio.aio_as_trio(_aio_channel)(gateway, ctx)
         try:
-            yield TelemetryClient(channel, gateway, credential_file)
+            yield TelemetryClient(channel, gateway, ca_path, credential_file)
         finally:
             channel.close()

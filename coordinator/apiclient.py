@@ -17,9 +17,8 @@ from typing import TypeVar
 
 import betterproto
 from grpclib.client import Channel
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from tuneplane.agent.call_failure import CALL_ERRORS, CallFailure, Kind, classify
 from tuneplane.agent.client_tls import CaFileError, grpc_client_context
 from tuneplane.coordinator.apimodel import (
     ApiError,
@@ -51,19 +50,6 @@ from tuneplane.proto.contract.derivation_source import ManifestSummary
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0
 T = TypeVar("T")
-
-# Statuses that mean the coordinator understood the request and said no.
-_REFUSALS = {
-    Status.INVALID_ARGUMENT,
-    Status.FAILED_PRECONDITION,
-    Status.NOT_FOUND,
-    Status.ALREADY_EXISTS,
-    Status.PERMISSION_DENIED,
-    Status.UNAUTHENTICATED,
-    Status.RESOURCE_EXHAUSTED,
-    Status.OUT_OF_RANGE,
-    Status.ABORTED,
-}
 
 
 def _changes(items: list[v1.StateChange]) -> tuple[StateChange, ...]:
@@ -307,45 +293,25 @@ class ApiClient:
     async def _call(self, name: str, call: Callable[[float], Awaitable[T]]) -> T:
         try:
             return await call(self._timeout_s)
-        except (GRPCError, OSError, TimeoutError, StreamTerminatedError, ProtocolError) as exc:
-            raise self._translate(name, exc) from None
+        except CALL_ERRORS as exc:
+            raise self._translate(name, classify(exc)) from None
 
-    def _translate(self, name: str, exc: Exception) -> ApiError:
-        """The one place a transport or gRPC error becomes a sentence for the researcher."""
-        where = f"the coordinator at {self._endpoint.address}"
-        if isinstance(exc, GRPCError):
-            text = exc.message or f"{name} failed with gRPC status {exc.status.name}"
-            log.debug("api call failed rpc=%s status=%s", name, exc.status.name)
-            if exc.status in _REFUSALS:
-                return RequestRefused(exc.status.name, text)
-            if exc.status is Status.DEADLINE_EXCEEDED:
-                return CoordinatorUnreachable(
-                    f"{where} did not answer {name} within {self._timeout_s:g} s; try again."
-                )
-            return CoordinatorUnreachable(f"{where} failed {name} ({exc.status.name}): {text}")
-        if isinstance(exc, ssl.SSLCertVerificationError):
-            return CoordinatorUnreachable(
-                f"TLS verification of {where} failed ({exc.verify_message}): its certificate "
-                f"is not signed by the CA in {self._endpoint.ca_path}. Use the CA of that "
-                "coordinator (its state directory holds tls/ca.pem) with --ca or --context."
-            )
-        if isinstance(exc, ssl.SSLError):
-            return CoordinatorUnreachable(
-                f"TLS with {where} failed ({exc.reason or exc}); check that the address is the "
-                "coordinator's API listener."
-            )
-        if isinstance(exc, TimeoutError):
-            return CoordinatorUnreachable(
-                f"{where} did not answer {name} within {self._timeout_s:g} s; check that it is "
-                "running and reachable, then try again."
-            )
-        if isinstance(exc, OSError):
-            reason = exc.strerror or exc.__class__.__name__
-            return CoordinatorUnreachable(
-                f"Cannot reach {where} ({reason}); check that it is running and that "
-                "--coordinator or the context file names its API listener."
-            )
+    def _translate(self, name: str, failure: CallFailure) -> ApiError:
+        """The one place a failed call becomes an error for the researcher, worded by the table
+        every client shares (:mod:`tuneplane.agent.call_failure`)."""
+        if failure.status:
+            log.debug("api call failed rpc=%s status=%s", name, failure.status)
+        if failure.kind is Kind.REFUSED:
+            # The coordinator's own sentence, as it wrote it for the researcher.
+            return RequestRefused(failure.status, failure.detail or f"{name} was refused.")
         return CoordinatorUnreachable(
-            f"{where} closed the {name} call ({exc}); check that the address is the "
-            "coordinator's API listener, then try again."
+            failure.sentence(
+                f"the coordinator at {self._endpoint.address}",
+                name,
+                self._timeout_s,
+                self._endpoint.ca_path,
+                "Use the CA of that coordinator (its state directory holds tls/ca.pem) with --ca "
+                "or --context",
+                "that --coordinator or the context file names its API listener",
+            )
         )

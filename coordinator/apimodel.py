@@ -11,6 +11,7 @@ from pathlib import Path
 
 import attrs
 
+from tuneplane.agent.host_port import join_host_port
 from tuneplane.proto.contract.derivation_source import ManifestSummary
 
 # How many Jobs one ListJobs answers: the default when a request names none (0, the wire's
@@ -50,7 +51,7 @@ class Endpoint:
 
     @property
     def address(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return join_host_port(self.host, self.port)
 
 
 @attrs.frozen
