@@ -4,7 +4,7 @@ Rules:
 - Made once, kept in the Node's credentials directory (0700) as two files, each written
   atomically with mode 0600: ``outputs-tls.pem`` (an EC P-256 private key and its self-signed
   certificate, which other Nodes pin by the sha256 of its DER) and ``outputs-grant.key`` (32
-  random bytes the coordinator signs fetch grants with, coordinator/derivation.py).
+  random bytes the coordinator signs fetch grants with, proto/contract/outputs_grant.py).
 - Neither is a secret anyone else keeps a copy of: the Node reports the certificate digest and
   the grant key in every Hello, so a new identity takes effect at the next Connect. A file that
   cannot be used (truncated, corrupt, a key that does not match its certificate, an expired

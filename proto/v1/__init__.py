@@ -959,7 +959,7 @@ class OutputsService(betterproto.Message):
     """
     A Node's outputs listener: TLS with a self-signed certificate the fetching Node pins by its
      sha256, and a key the coordinator signs fetch grants with (HMAC-SHA256, one grant per source
-     member and expiry; see coordinator/derivation.py). The key is a secret shared with the
+     member and expiry; see proto/contract/outputs_grant.py). The key is a secret shared with the
      coordinator only: it travels in Hello, over the control stream's TLS.
     """
 
