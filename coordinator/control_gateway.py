@@ -38,6 +38,7 @@ from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import StreamTerminatedError
 
+from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.coordinator import outputs_grants, store_identity, wire
 from tuneplane.coordinator.auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
@@ -422,6 +423,8 @@ class ControlGateway:
                     node_id, report.journal_id or "-", report.report_seq, report.member.run_id,
                     report.member.member_index, report.state, outcome.applied,
                 )  # fmt: skip
+            if outcome.applied:
+                crashpoint("after-report-applied")
             if self._collectors is not None and outcome.ended:
                 # Also for a repeated report: the store may have applied it before a crash.
                 await self._collectors.member_ended(report.member, now)
@@ -452,6 +455,10 @@ class ControlGateway:
                 now,
                 rendezvous_held=body.rendezvous_held,
             )
+            if any(isinstance(o, CommitOrder) for o in orders):
+                crashpoint("after-commit-decided")
+            if any(isinstance(o, AbortOrder) for o in orders):
+                crashpoint("after-abort-decided")
             self._registry.dispatch(await self._with_credentials(orders))
             if any(isinstance(o, AbortOrder) for o in orders):
                 self._wake()

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 import anyio
 
+from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.coordinator import capsule, outputs_grants, store_fleet
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
@@ -81,7 +82,10 @@ class Scheduler:
     async def step(self) -> None:
         """One pass: abort expired launches, mark drained Nodes, then plan the whole queue."""
         self._passes += 1
-        self._registry.dispatch(await self._store.abort_expired_prepares(now_ms()))
+        aborts = await self._store.abort_expired_prepares(now_ms())
+        if aborts:
+            crashpoint("after-abort-decided")
+        self._registry.dispatch(aborts)
         await store_fleet.mark_drained(self._store, now_ms())
         queue, reasons = await store_fleet.queued_requests(self._store)
         if not queue:
@@ -129,6 +133,7 @@ class Scheduler:
         )
         if orders is None:
             return
+        crashpoint("after-reservation-written")
         log.info(
             "launch reserved run_id=%s members=%d gpus_per_member=%d nodes=%s",
             job.run_id,
