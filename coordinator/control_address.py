@@ -100,7 +100,7 @@ async def record(store: Store, address: str, by: str, now: int) -> bool:
             )
             return True
 
-    return await store._shielded(work())
+    return await store._shielded(work)
 
 
 class ControlAddressDesk:

@@ -13,14 +13,13 @@ Rules:
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Mapping
 
 import anyio
 import attrs
 
 from tuneplane.coordinator.collector_credentials import CollectorCredentials
-from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +78,7 @@ class HeartbeatFlusher:
             await anyio.sleep(self._interval)
             try:
                 await self.flush()
-            except (sqlite3.Error, OSError) as exc:
+            except (StoreError, OSError) as exc:
                 # The times stay in the book; the next interval tries again.
                 log.warning(
                     "heartbeat flush failed; retrying next interval pending=%d error=%s",

@@ -1,10 +1,13 @@
-"""The coordinator store: every decision and its effects in one SQLite transaction.
+"""The coordinator store: every decision and its effects in one transaction.
 
 Rules:
-- One aiosqlite connection, WAL, ``synchronous=FULL``, ``busy_timeout``: a returned call is on
-  disk. The admin CLI opens the same file from another process while ``serve`` runs.
-- Each public method is one ``BEGIN IMMEDIATE`` ... ``COMMIT`` under a lock, and runs *shielded*:
-  a caller's deadline may stop waiting for it, but never leaves half a transaction behind.
+- On SQLite (``coordinator.db``, WAL, ``synchronous=FULL``) or PostgreSQL (schema
+  ``tuneplane``), through :mod:`~tuneplane.coordinator.store_db`: a returned call is durable,
+  and the admin CLI opens the same store from another process while ``serve`` runs.
+- Each public method is one write transaction (one writer at a time, across processes) and runs
+  *shielded*: a caller's deadline may stop waiting for it, but never leaves half a transaction
+  behind. The work is a zero-argument callable, so a transaction the database aborted for a
+  conflict is run again whole.
 - Every decision (admission, reservation, commit/abort, release, state change) appends a row to
   ``decisions`` in the same transaction as its effects. Retried messages are applied once.
 """
@@ -13,12 +16,10 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiosqlite
 import attrs
 
 from tuneplane.coordinator import launch
@@ -45,9 +46,10 @@ from tuneplane.coordinator.records import (
     StateChangeRecord,
 )
 from tuneplane.coordinator.schema import MIGRATIONS
-from tuneplane.coordinator.sqlite_db import SchemaTooNew as SchemaTooNew
-from tuneplane.coordinator.sqlite_db import SqliteFile
-from tuneplane.coordinator.sqlite_db import StoreError as StoreError
+from tuneplane.coordinator.store_db import StoreDb
+from tuneplane.coordinator.store_handle import Handle, IntegrityViolation
+from tuneplane.coordinator.store_handle import SchemaTooNew as SchemaTooNew
+from tuneplane.coordinator.store_handle import StoreError as StoreError
 from tuneplane.proto.contract.derivation_source import ManifestSummary
 
 log = logging.getLogger(__name__)
@@ -56,15 +58,12 @@ DB_NAME = "coordinator.db"
 T = TypeVar("T")
 
 
-async def _first(db: aiosqlite.Connection, sql: str, args: Sequence[Any] = ()) -> Any:
+async def _first(db: Handle, sql: str, args: Sequence[Any] = ()) -> Any:
     """The first row of a query, or None."""
-    rows = list(await db.execute_fetchall(sql, tuple(args)))
-    return rows[0] if rows else None
+    return await db.fetchone(sql, args)
 
 
-async def _placed_uuids(
-    db: aiosqlite.Connection, node_id: str, gpu_indexes: Sequence[int]
-) -> tuple[str, ...]:
+async def _placed_uuids(db: Handle, node_id: str, gpu_indexes: Sequence[int]) -> tuple[str, ...]:
     """The UUIDs the Node's last inventory gives ``gpu_indexes`` ("" for an index it lacks)."""
     row = await _first(db, "SELECT inventory_json FROM nodes WHERE id = ?", (node_id,))
     gpus = {g.index: g.uuid for g in InventoryInfo.from_json(str(row[0])).gpus} if row else {}
@@ -99,17 +98,18 @@ class ReportOutcome:
     refused: str = ""
 
 
-class Store(SqliteFile):
+class Store(StoreDb):
     """The coordinator's durable state. Open with :meth:`open`; close with :meth:`close`."""
 
     LABEL = "store"
     VERSION_TABLE = "schema_version"
+    SCHEMA = "tuneplane"
     MIGRATIONS = MIGRATIONS
     FOREIGN_KEYS = True
 
     async def _log(
         self,
-        db: aiosqlite.Connection,
+        db: Handle,
         now: int,
         kind: str,
         detail: dict[str, Any],
@@ -149,7 +149,7 @@ class Store(SqliteFile):
                 )
                 await self._log(db, now, "bootstrap", {"fleet": "default", "user": "admin"})
 
-        await self._shielded(work())
+        await self._shielded(work)
 
     async def create_fleet(self, name: str, kind: str, now: int) -> None:
         async def work() -> None:
@@ -163,7 +163,7 @@ class Store(SqliteFile):
                 )
                 await self._log(db, now, "fleet created", {"fleet": name, "kind": kind})
 
-        await self._shielded(work())
+        await self._shielded(work)
 
     async def fleet_names(self) -> list[str]:
         rows = await self._db.execute_fetchall("SELECT name FROM fleets ORDER BY name")
@@ -197,7 +197,7 @@ class Store(SqliteFile):
                     detail["for_node"] = for_node
                 await self._log(db, now, "join token created", detail, node_id=for_node)
 
-        await self._shielded(work())
+        await self._shielded(work)
 
     # ----- nodes -------------------------------------------------------------------------------
 
@@ -242,11 +242,11 @@ class Store(SqliteFile):
                 )
                 return fleet
 
-        return await self._shielded(work())
+        return await self._shielded(work)
 
     async def spend_join_token(
         self,
-        db: aiosqlite.Connection,
+        db: Handle,
         join_token_hash: str,
         node_id: str,
         now: int,
@@ -317,7 +317,7 @@ class Store(SqliteFile):
                 for (node_id,) in list(rows):
                     await self._disconnect(db, str(node_id), now, "the coordinator restarted")
 
-        await self._shielded(work())
+        await self._shielded(work)
 
     async def node_connected(
         self,
@@ -387,7 +387,7 @@ class Store(SqliteFile):
                     await self._refresh_job(db, run_id, now)
                 return await self._orders_to_resend(db, node_id)
 
-        return await self._shielded(work())
+        return await self._shielded(work)
 
     async def node_heartbeats(self, beats: Mapping[str, int]) -> None:
         """Store many Nodes' latest heartbeat times (node id -> ms) in one transaction.
@@ -404,7 +404,7 @@ class Store(SqliteFile):
                     [(at, node_id) for node_id, at in sorted(beats.items())],
                 )
 
-        await self._shielded(work())
+        await self._shielded(work)
 
     async def node_inventory(self, node_id: str, inventory: InventoryInfo, now: int) -> None:
         """A heartbeat carried a changed inventory: store it (and the heartbeat time) at once."""
@@ -417,7 +417,7 @@ class Store(SqliteFile):
                     (inventory.to_json(), now, node_id),
                 )
 
-        await self._shielded(work())
+        await self._shielded(work)
 
     async def session_replaced(
         self, node_id: str, old_peer: str, new_peer: str, old_opened_at_ms: int, now: int
@@ -436,7 +436,7 @@ class Store(SqliteFile):
                     node_id=node_id,
                 )  # fmt: skip
 
-        await self._shielded(work())
+        await self._shielded(work)
 
     async def node_disconnected(self, node_id: str, now: int, why: str) -> None:
         """The Node's stream ended: it is ``disconnected`` and its live members ``unknown``."""
@@ -445,9 +445,9 @@ class Store(SqliteFile):
             async with self._txn() as db:
                 await self._disconnect(db, node_id, now, why)
 
-        await self._shielded(work())
+        await self._shielded(work)
 
-    async def _disconnect(self, db: aiosqlite.Connection, node_id: str, now: int, why: str) -> None:
+    async def _disconnect(self, db: Handle, node_id: str, now: int, why: str) -> None:
         await db.execute(
             "UPDATE nodes SET connected = 0, disconnected_since_ms = ? WHERE id = ?",
             (now, node_id),
@@ -490,7 +490,7 @@ class Store(SqliteFile):
                     ),
                 )
 
-        await self._shielded(work())
+        await self._shielded(work)
 
     async def commit(
         self, preview_id: str, digest: str, retry_key: str, owner: str, run_id: str, now: int
@@ -573,8 +573,8 @@ class Store(SqliteFile):
                 return ReceiptRecord(run_id, preview_id, digest, retry_key, now, created=True)
 
         try:
-            return await self._shielded(work())
-        except sqlite3.IntegrityError:
+            return await self._shielded(work)
+        except IntegrityViolation:
             # Another process admitted the same retry key between our read and our insert: the
             # UNIQUE constraint refused ours, so the earlier receipt is the answer.
             async with self._txn() as db:
@@ -584,7 +584,7 @@ class Store(SqliteFile):
             return earlier
 
     async def _receipt_for_key(
-        self, db: aiosqlite.Connection, retry_key: str, owner: str
+        self, db: Handle, retry_key: str, owner: str
     ) -> ReceiptRecord | None:
         """The receipt this owner already got for ``retry_key``; None when the key is unused.
 
@@ -877,8 +877,8 @@ class Store(SqliteFile):
                 return prepares
 
         try:
-            return await self._shielded(work())
-        except sqlite3.IntegrityError as exc:
+            return await self._shielded(work)
+        except IntegrityViolation as exc:
             log.warning("reservation refused run_id=%s why=%s", job.run_id, exc)
             return None
 
@@ -936,10 +936,10 @@ class Store(SqliteFile):
                     )  # fmt: skip
                 return await self._apply_launch(db, member.run_id, member.attempt, facts, step, now)
 
-        return await self._shielded(work())
+        return await self._shielded(work)
 
     async def _launch_event(
-        self, db: aiosqlite.Connection, run_id: str, attempt: int, event: launch.Event, now: int
+        self, db: Handle, run_id: str, attempt: int, event: launch.Event, now: int
     ) -> list[Order]:
         """Inside a transaction: apply one launch event (coordinator/launch.py) to an attempt."""
         facts = await self._attempt_facts(db, run_id, attempt)
@@ -947,9 +947,7 @@ class Store(SqliteFile):
             return []
         return await self._apply_launch(db, run_id, attempt, facts, launch.step(facts, event), now)
 
-    async def _attempt_facts(
-        self, db: aiosqlite.Connection, run_id: str, attempt: int
-    ) -> launch.Attempt | None:
+    async def _attempt_facts(self, db: Handle, run_id: str, attempt: int) -> launch.Attempt | None:
         """What :func:`launch.step` reads about an attempt; None when there is no such attempt."""
         row = await _first(
             db,
@@ -978,7 +976,7 @@ class Store(SqliteFile):
 
     async def _apply_launch(
         self,
-        db: aiosqlite.Connection,
+        db: Handle,
         run_id: str,
         attempt: int,
         before: launch.Attempt,
@@ -1032,7 +1030,7 @@ class Store(SqliteFile):
         return orders
 
     async def _decide(
-        self, db: aiosqlite.Connection, run_id: str, attempt: int, after: launch.Attempt, now: int
+        self, db: Handle, run_id: str, attempt: int, after: launch.Attempt, now: int
     ) -> None:
         """Record an attempt's decision and its ``decisions`` row."""
         await db.execute(
@@ -1051,7 +1049,7 @@ class Store(SqliteFile):
         await self._log(db, now, str(after.decision), detail, run_id=run_id)
 
     async def _prepare_rows(
-        self, db: aiosqlite.Connection, run_id: str, attempt: int, indexes: set[int]
+        self, db: Handle, run_id: str, attempt: int, indexes: set[int]
     ) -> dict[int, Any]:
         """The rows :func:`_prepare_order` builds these members' Prepares from."""
         rows = await db.execute_fetchall(
@@ -1086,7 +1084,7 @@ class Store(SqliteFile):
                     )
                 return orders
 
-        return await self._shielded(work())
+        return await self._shielded(work)
 
     async def decision_for(self, node_id: str, member: MemberKey) -> Order | None:
         """The recorded decision for a member this Node holds; None while undecided.
@@ -1101,7 +1099,7 @@ class Store(SqliteFile):
         sends = launch.step(facts, query).sends
         return _order(member, sends[0]) if sends else None
 
-    async def _orders_to_resend(self, db: aiosqlite.Connection, node_id: str) -> list[Order]:
+    async def _orders_to_resend(self, db: Handle, node_id: str) -> list[Order]:
         """What :func:`launch.step` sends a reconnected Node, over the attempts it holds members
         of that are undecided or committed and not yet past ``prepared`` there (the only ones the
         table can still owe it anything)."""
@@ -1211,12 +1209,12 @@ class Store(SqliteFile):
                 await self._refresh_job(db, key.run_id, now)
                 return ReportOutcome(applied=True, ended=moved in lc.TERMINAL_MEMBER_STATES)
 
-        return await self._shielded(work())
+        return await self._shielded(work)
 
     # ----- helpers inside a transaction --------------------------------------------------------
 
     async def _member_history(
-        self, db: aiosqlite.Connection, key: MemberKey, state: str, reason: str, now: int
+        self, db: Handle, key: MemberKey, state: str, reason: str, now: int
     ) -> None:
         await db.execute(
             "INSERT INTO member_states (run_id, attempt, member_index, state, reason, at_ms) "
@@ -1226,7 +1224,7 @@ class Store(SqliteFile):
 
     async def _set_member_state(
         self,
-        db: aiosqlite.Connection,
+        db: Handle,
         key: MemberKey,
         state: str,
         now: int,
@@ -1240,7 +1238,7 @@ class Store(SqliteFile):
         )
         await self._member_history(db, key, state, reason, now)
 
-    async def _release(self, db: aiosqlite.Connection, key: MemberKey, now: int, why: str) -> None:
+    async def _release(self, db: Handle, key: MemberKey, now: int, why: str) -> None:
         cursor = await db.execute(
             "DELETE FROM reservations WHERE run_id = ? AND attempt = ? AND member_index = ?",
             (key.run_id, key.attempt, key.member_index),
@@ -1248,7 +1246,7 @@ class Store(SqliteFile):
         if cursor.rowcount:
             await self._log(db, now, "release", {"why": why, "gpus": cursor.rowcount}, member=key)
 
-    async def _refresh_job(self, db: aiosqlite.Connection, run_id: str, now: int) -> None:
+    async def _refresh_job(self, db: Handle, run_id: str, now: int) -> None:
         """Derive the Job's state from its latest attempt; record a change with its reason."""
         (current,) = await _first(db, "SELECT state FROM jobs WHERE run_id = ?", (run_id,))
         attempt = list(
@@ -1347,7 +1345,7 @@ def _prepare_order(node_id: str, key: MemberKey, r: Any) -> PrepareOrder:
     )
 
 
-async def free_node_name(db: aiosqlite.Connection, fleet: str, hostname: str, node_id: str) -> str:
+async def free_node_name(db: Handle, fleet: str, hostname: str, node_id: str) -> str:
     """Inside a transaction: the display name a Node enrolling into ``fleet`` gets. Its host
     name when no Node of the Fleet holds that name, else the first free of ``hostname-2``,
     ``hostname-3``, ...; the Node's id when it reported no host name. Names are unique per

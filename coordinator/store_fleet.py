@@ -2,7 +2,7 @@
 
 Rules:
 - These run on the coordinator :class:`~tuneplane.coordinator.store.Store` with its own
-  discipline: each write is one ``BEGIN IMMEDIATE`` transaction under its lock, shielded from the
+  discipline: each write is one store transaction (one writer at a time), shielded from the
   caller's deadline, and each decision (cordon, uncordon, drain, drained, user created) appends
   to ``decisions`` in the same transaction. Reads never write.
 - A Node's scheduling state (``nodes.scheduling``) is set only here and is independent of its
@@ -395,7 +395,7 @@ async def set_wait_reasons(
                 [(why, now, run_id, lc.QUEUED) for run_id, why in sorted(changed.items())],
             )
 
-    await store._shielded(work())
+    await store._shielded(work)
 
 
 async def state_reasons(store: Store, run_ids: Sequence[str]) -> dict[str, str]:
@@ -439,7 +439,7 @@ async def set_scheduling(
             if wanted == DRAINING and not await _holds_members(db, node_id):
                 await _move(store, db, node_id, DRAINING, DRAINED, by, "it holds no members", now)
 
-    await store._shielded(work())
+    await store._shielded(work)
 
 
 async def cordon_in(store: Store, db: Any, node_id: str, by: str, reason: str, now: int) -> bool:
@@ -515,7 +515,7 @@ async def mark_drained(store: Store, now: int) -> list[str]:
                 done.append(str(node_id))
         return done
 
-    return await store._shielded(work())
+    return await store._shielded(work)
 
 
 # ----- users ------------------------------------------------------------------------------------
@@ -546,7 +546,7 @@ async def create_user(
                 {"user": name, "role": role, "expires_at_ms": expires_at_ms},
             )
 
-    await store._shielded(work())
+    await store._shielded(work)
 
 
 async def users(store: Store) -> list[UserView]:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import aiosqlite
 import attrs
 
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.placement import CORDONED
 from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store_handle import Handle
 
 #: The Job states counted, in the order the lifecycle names them (``unknown`` among them).
 LIVE_JOB_STATES = (
@@ -51,7 +51,7 @@ class StoreGauges:
         return self.jobs.get(lc.QUEUED, 0)
 
 
-async def _one(db: aiosqlite.Connection, sql: str, *args: Any) -> Any:
+async def _one(db: Handle, sql: str, *args: Any) -> Any:
     """The one row an aggregate query returns."""
     rows = list(await db.execute_fetchall(sql, args))
     return rows[0]

@@ -2,8 +2,8 @@
 re-enrolment, and user tokens' expiry and revocation.
 
 Rules:
-- Only hashes are stored, never a credential's value. Each write is one ``BEGIN IMMEDIATE``
-  transaction under the store's lock, shielded, and every operator action or credential change
+- Only hashes are stored, never a credential's value. Each write is one store transaction (one
+  writer at a time), shielded, and every operator action or credential change
   appends to ``decisions`` in the same transaction.
 - A rotation keeps the old credential valid until the Node proves it holds the new one (it says
   CredentialStored, or it connects with the new one); only then does the new one replace it.
@@ -91,7 +91,7 @@ async def start_lifetime(store: Store, node_id: str, now: int, expires_at_ms: in
                 (now, expires_at_ms, node_id),
             )
 
-    await store._shielded(work())
+    await store._shielded(work)
 
 
 async def issue_next_credential(
@@ -120,7 +120,7 @@ async def issue_next_credential(
             )
             return True
 
-    return await store._shielded(work())
+    return await store._shielded(work)
 
 
 async def confirm_rotation(
@@ -162,7 +162,7 @@ async def confirm_rotation(
             )
             return CredentialLife(issued, expires)
 
-    return await store._shielded(work())
+    return await store._shielded(work)
 
 
 async def revoke_node(store: Store, node_id: str, by: str, reason: str, now: int) -> bool:
@@ -188,7 +188,7 @@ async def revoke_node(store: Store, node_id: str, by: str, reason: str, now: int
             await store._log(db, now, "node revoked", {"by": by, "reason": reason}, node_id=node_id)
             return True
 
-    revoked = await store._shielded(work())
+    revoked = await store._shielded(work)
     log.info("node revoke node=%s by=%s changed=%s", node_id, by, revoked)
     return revoked
 
@@ -250,7 +250,7 @@ async def reenroll(
             )
             return fleet
 
-    return await store._shielded(work())
+    return await store._shielded(work)
 
 
 async def credential_lives(store: Store) -> dict[str, CredentialLife]:
@@ -307,7 +307,7 @@ async def issue_user_token(
                 {"user": name, "by": by, "expires_at_ms": expires_at_ms},
             )
 
-    await store._shielded(work())
+    await store._shielded(work)
 
 
 async def revoke_user(store: Store, name: str, by: str, now: int) -> bool:
@@ -329,7 +329,7 @@ async def revoke_user(store: Store, name: str, by: str, now: int) -> bool:
             await store._log(db, now, "user revoked", {"user": name, "by": by})
             return True
 
-    return await store._shielded(work())
+    return await store._shielded(work)
 
 
 async def user_token_lives(store: Store) -> dict[str, CredentialLife]:

@@ -2,7 +2,7 @@
 
 Rules:
 - These run on the coordinator :class:`~tuneplane.coordinator.store.Store` with its discipline:
-  each write is one ``BEGIN IMMEDIATE`` transaction under its lock, shielded from the caller's
+  each write is one store transaction (one writer at a time), shielded from the caller's
   deadline, and each decision appends to ``decisions`` in the same transaction.
 - A stop is recorded (``attempt_stops``) before any Cancel is sent, and the orders are returned
   for the caller to dispatch; a Node that is away gets them from :func:`stops_to_resend` when it
@@ -22,7 +22,6 @@ import json
 import logging
 from typing import Any
 
-import aiosqlite
 import attrs
 
 from tuneplane.coordinator import launch, node_loss, store_fleet
@@ -30,6 +29,7 @@ from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.auth import PermissionDenied
 from tuneplane.coordinator.records import CancelOrder, HeldMember, MemberKey, Order
 from tuneplane.coordinator.store import Conflict, NotFound, Store, _first
+from tuneplane.coordinator.store_handle import Handle
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def _may_change(run_id: str, owner: str, who: str, is_admin: bool, what: str) ->
         )
 
 
-async def _grace_period_s(db: aiosqlite.Connection, run_id: str) -> int:
+async def _grace_period_s(db: Handle, run_id: str) -> int:
     row = await _first(
         db,
         "SELECT p.resolved_json FROM jobs j JOIN previews p ON p.id = j.preview_id "
@@ -79,7 +79,7 @@ async def _grace_period_s(db: aiosqlite.Connection, run_id: str) -> int:
 
 async def _record_stop(
     store: Store,
-    db: aiosqlite.Connection,
+    db: Handle,
     run_id: str,
     attempt: int,
     kind: str,
@@ -112,7 +112,7 @@ async def _record_stop(
 
 
 async def _live_members(
-    db: aiosqlite.Connection, run_id: str, attempt: int, but: int | None = None
+    db: Handle, run_id: str, attempt: int, but: int | None = None
 ) -> list[tuple[MemberKey, str]]:
     rows = await db.execute_fetchall(
         f"SELECT member_index, node_id FROM members WHERE run_id = ? AND attempt = ? AND {_LIVE} "
@@ -168,11 +168,11 @@ async def cancel_job(
             stops = tuple(CancelOrder(node, key, why, grace) for key, node in live)
             return CancelResult(CANCELLING if fresh else ALREADY_CANCELLING, stops)
 
-    return await store._shielded(work())
+    return await store._shielded(work)
 
 
 async def _cancel_queued(
-    store: Store, db: aiosqlite.Connection, run_id: str, state: str, why: str, now: int
+    store: Store, db: Handle, run_id: str, state: str, why: str, now: int
 ) -> None:
     lc.check_job_move(state, lc.CANCELLED)
     await db.execute(
@@ -223,11 +223,11 @@ async def stop_siblings(store: Store, member: MemberKey, now: int) -> list[Order
                 return []
             return await _stop_siblings_of(store, db, member, _describe(row), now)
 
-    return await store._shielded(work())
+    return await store._shielded(work)
 
 
 async def _stop_siblings_of(
-    store: Store, db: aiosqlite.Connection, member: MemberKey, what: str, now: int
+    store: Store, db: Handle, member: MemberKey, what: str, now: int
 ) -> list[Order]:
     """Inside a transaction: record the stop of ``member``'s live siblings (``what`` says how it
     failed) and return their Cancel orders; none when it has no live sibling."""
@@ -309,7 +309,7 @@ async def retry_job(store: Store, run_id: str, who: str, is_admin: bool, now: in
             log.info("job retry queued run_id=%s attempt=%d by=%s", run_id, number, who)
             return number
 
-    return await store._shielded(work())
+    return await store._shielded(work)
 
 
 # ----- a Node that never comes back -------------------------------------------------------------
@@ -395,7 +395,7 @@ async def declare_node_lost(
                 )  # fmt: skip
             return result
 
-    result = await store._shielded(work())
+    result = await store._shielded(work)
     log.info(
         "node declared lost node=%s by=%s changed=%s members=%d runs=%s cordoned=%s reason=%s",
         node_id, by, result.changed, len(result.lost), ",".join(result.runs) or "-",
@@ -411,7 +411,7 @@ def member_text(key: MemberKey) -> str:
 
 async def _end_member(
     store: Store,
-    db: aiosqlite.Connection,
+    db: Handle,
     key: MemberKey,
     decision: str | None,
     declaration: str,

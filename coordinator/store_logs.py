@@ -1,8 +1,9 @@
 """Member logs as Nodes ship them: a bounded tail of each member's stdout and stderr.
 
 Rules:
-- Its own SQLite file (``logs.db``: WAL, ``synchronous=FULL``) so chatty workloads never queue
-  behind the store's decisions. A chunk is on disk before it is acknowledged.
+- Its own SQLite file (``logs.db``: WAL, ``synchronous=FULL``) or PostgreSQL schema
+  (``tuneplane_logs``), with its own writer, so chatty workloads never queue behind the store's
+  decisions. A chunk is on disk before it is acknowledged.
 - Idempotent by byte offset: a stream remembers ``next_offset`` (everything before it is stored
   or deliberately dropped); a resent chunk adds only bytes past it, so nothing is stored twice.
 - Bounded: at most :data:`KEEP_BYTES` per member and stream; the oldest chunks go first, and a
@@ -15,11 +16,11 @@ import logging
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiosqlite
 import attrs
 
 from tuneplane.coordinator.records import MemberKey
-from tuneplane.coordinator.sqlite_db import SqliteFile
+from tuneplane.coordinator.store_db import StoreDb
+from tuneplane.coordinator.store_handle import Handle
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,12 @@ def _key_args(member: MemberKey, stream: str) -> tuple[Any, ...]:
 _WHERE = "run_id = ? AND attempt = ? AND member_index = ? AND stream = ?"
 
 
-class LogStore(SqliteFile):
+class LogStore(StoreDb):
     """Open with :meth:`open`; close with :meth:`close`."""
 
     LABEL = "log store"
     VERSION_TABLE = "logs_schema_version"
+    SCHEMA = "tuneplane_logs"
     MIGRATIONS = MIGRATIONS
 
     # ----- writes ------------------------------------------------------------------------------
@@ -166,9 +168,9 @@ class LogStore(SqliteFile):
                 )
                 return Appended(next_offset, complete)
 
-        return await self._shielded(work())
+        return await self._shielded(work)
 
-    async def _trim(self, db: aiosqlite.Connection, key: tuple[Any, ...], kept: int) -> int:
+    async def _trim(self, db: Handle, key: tuple[Any, ...], kept: int) -> int:
         """Drop the oldest chunks until at most KEEP_BYTES remain; returns the bytes kept."""
         while kept > KEEP_BYTES:
             rows = list(

@@ -1,9 +1,10 @@
 """The telemetry store: collector credentials, metric points and delivery progress.
 
 Rules:
-- Its own SQLite file (``telemetry.db``, WAL, ``synchronous=FULL``) and connection, apart from
-  ``coordinator.db``: metrics never decide a Job's state, and a Job's state never waits behind a
-  batch of points. Its schema has its own numbered migrations (``telemetry_schema_version``).
+- Its own SQLite file (``telemetry.db``, WAL, ``synchronous=FULL``) or PostgreSQL schema
+  (``tuneplane_telemetry``), with its own writer, apart from the coordinator store: metrics
+  never decide a Job's state, and a Job's state never waits behind a batch of points. Its
+  schema has its own numbered migrations (``telemetry_schema_version``).
 - A point is stored once: UNIQUE on (series, byte offset, index), which within a member is the
   dedup key (source identity, offset, index), and ``INSERT ... ON CONFLICT DO NOTHING``. A Ship
   is one transaction (points, series counters, delivery progress), committed before the reply.
@@ -27,22 +28,20 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import closing
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiosqlite
-import anyio
 import attrs
 
 from tuneplane.coordinator.downsample import Row, downsample, every_point
 from tuneplane.coordinator.message_limits import in_thread
 from tuneplane.coordinator.orphans import Restart, SeriesRule, is_event_file, place
 from tuneplane.coordinator.records import MemberKey
-from tuneplane.coordinator.sqlite_db import SqliteFile
 from tuneplane.coordinator.store import NotFound
+from tuneplane.coordinator.store_db import Backend, StoreDb
+from tuneplane.coordinator.store_handle import Handle, SnapshotReader
+from tuneplane.coordinator.store_location import Where
 from tuneplane.coordinator.telemetry_records import (
     CollectorGrant,
     CollectorReport,
@@ -208,15 +207,16 @@ def series_rows(points: Sequence[ShippedPoint]) -> list[SeriesRows]:
     return [SeriesRows(s, t, group, newest.get((s, t))) for (s, t), group in rows.items()]
 
 
-class TelemetryStore(SqliteFile):
+class TelemetryStore(StoreDb):
     """Open with :meth:`open`; close with :meth:`close`."""
 
     LABEL = "telemetry store"
     VERSION_TABLE = "telemetry_schema_version"
+    SCHEMA = "tuneplane_telemetry"
     MIGRATIONS = MIGRATIONS
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
-        super().__init__(db, path)
+    def __init__(self, backend: Backend, where: Where) -> None:
+        super().__init__(backend, where)
         # Series ids never change once made, so the mapping is safe to keep for the process.
         self._series_ids: dict[tuple[str, int, int, str, str], int] = {}
 
@@ -239,7 +239,7 @@ class TelemetryStore(SqliteFile):
                     ],
                 )
 
-        await self._shielded(work())
+        await self._shielded(work)
 
     async def grant_for(self, token_hash: str) -> CollectorGrant | None:
         rows = list(
@@ -283,7 +283,7 @@ class TelemetryStore(SqliteFile):
                 )
                 return int(cursor.rowcount)
 
-        return await self._shielded(work())
+        return await self._shielded(work)
 
     async def member_ended(self, member: MemberKey, now: int, drain_ms: int) -> None:
         """The member reached a terminal state: its credentials last ``drain_ms`` more, once."""
@@ -297,13 +297,11 @@ class TelemetryStore(SqliteFile):
                     (now, now + drain_ms, member.run_id, member.attempt, member.member_index),
                 )
 
-        await self._shielded(work())
+        await self._shielded(work)
 
     # ----- shipping ----------------------------------------------------------------------------
 
-    async def _series_id(
-        self, db: aiosqlite.Connection, member: MemberKey, source: str, tag: str
-    ) -> int:
+    async def _series_id(self, db: Handle, member: MemberKey, source: str, tag: str) -> int:
         key = (member.run_id, member.attempt, member.member_index, source, tag)
         found = self._series_ids.get(key)
         if found is not None:
@@ -351,11 +349,11 @@ class TelemetryStore(SqliteFile):
                 self._series_ids.clear()
                 raise
 
-        return await self._shielded(work())
+        return await self._shielded(work)
 
     async def _ship(
         self,
-        db: aiosqlite.Connection,
+        db: Handle,
         member: MemberKey,
         batches: list[SeriesRows],
         shipped: int,
@@ -430,7 +428,7 @@ class TelemetryStore(SqliteFile):
         )
         return ShipResult(stored, shipped - stored)
 
-    async def _restarts(self, db: aiosqlite.Connection, member: MemberKey) -> list[Restart]:
+    async def _restarts(self, db: Handle, member: MemberKey) -> list[Restart]:
         rows = await db.execute_fetchall(
             "SELECT source, source_offset, step, tags FROM metric_restarts "
             "WHERE run_id = ? AND attempt = ? AND member_index = ?",
@@ -447,7 +445,7 @@ class TelemetryStore(SqliteFile):
         ]
 
     async def _store_restarts(
-        self, db: aiosqlite.Connection, member: MemberKey, restarts: Sequence[ShippedRestart]
+        self, db: Handle, member: MemberKey, restarts: Sequence[ShippedRestart]
     ) -> None:
         """Store new restart marks, mark the points they orphan and count them out."""
         if not restarts:
@@ -507,7 +505,7 @@ class TelemetryStore(SqliteFile):
                     await _count(db, series_id, -int(cursor.rowcount), int(cursor.rowcount))
 
     async def _store_hparams(
-        self, db: aiosqlite.Connection, member: MemberKey, hparams: Sequence[ShippedHParams]
+        self, db: Handle, member: MemberKey, hparams: Sequence[ShippedHParams]
     ) -> None:
         key = (member.run_id, member.attempt, member.member_index)
         for h in hparams:
@@ -689,8 +687,8 @@ class TelemetryStore(SqliteFile):
             )
         series_ids = [int(r[0]) for r in rows]
         total = sum(int(r[1]) for r in rows)
-        buckets = await anyio.to_thread.run_sync(
-            _read_buckets, self.path, series_ids, total, max_points
+        buckets = await self._read_snapshot(
+            lambda db: _read_buckets(db, series_ids, total, max_points)
         )
         return SeriesResult(
             tag, attempt, total, total > max_points, tuple(buckets), len(series_ids)
@@ -706,7 +704,7 @@ class TelemetryStore(SqliteFile):
         return f" ({', '.join(parts)})" if parts else ""
 
 
-async def _count(db: aiosqlite.Connection, series_id: int, visible: int, orphaned: int) -> None:
+async def _count(db: Handle, series_id: int, visible: int, orphaned: int) -> None:
     """Move a series' counters by ``visible`` and ``orphaned`` points and read its newest
     visible point again (one probe of the visible-points index)."""
     await db.execute(
@@ -718,7 +716,7 @@ async def _count(db: aiosqlite.Connection, series_id: int, visible: int, orphane
     )
 
 
-def _rows(db: sqlite3.Connection, series_ids: list[int]) -> Iterator[Row]:
+def _rows(db: SnapshotReader, series_ids: list[int]) -> Iterator[Row]:
     marks = ",".join("?" for _ in series_ids)
     cursor = db.execute(
         f"SELECT step, id, value FROM metric_points WHERE series_id IN ({marks}) AND orphaned = 0",
@@ -730,26 +728,27 @@ def _rows(db: sqlite3.Connection, series_ids: list[int]) -> Iterator[Row]:
             yield step, arrival, math.nan if value is None else value
 
 
-def _read_buckets(path: Path, series_ids: list[int], total: int, max_points: int) -> list[Any]:
-    """Runs in a worker thread, on its own read-only connection."""
-    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-        if total <= max_points:
-            return every_point(_rows(db, series_ids))
-        lo: int | None = None
-        hi: int | None = None
-        for series_id in series_ids:
-            # Per series, MIN and MAX are two index probes; over an IN list they would scan.
-            (low,) = db.execute(
-                "SELECT MIN(step) FROM metric_points WHERE series_id = ? AND orphaned = 0",
-                (series_id,),
-            ).fetchone()
-            (high,) = db.execute(
-                "SELECT MAX(step) FROM metric_points WHERE series_id = ? AND orphaned = 0",
-                (series_id,),
-            ).fetchone()
-            if low is not None:
-                lo = low if lo is None else min(lo, low)
-                hi = high if hi is None else max(hi, high)
-        if lo is None or hi is None:
-            return []
-        return downsample(_rows(db, series_ids), lo, hi, max_points)
+def _read_buckets(
+    db: SnapshotReader, series_ids: list[int], total: int, max_points: int
+) -> list[Any]:
+    """Runs in a worker thread, on a connection of its own, in one read transaction."""
+    if total <= max_points:
+        return every_point(_rows(db, series_ids))
+    lo: int | None = None
+    hi: int | None = None
+    for series_id in series_ids:
+        # Per series, MIN and MAX are two index probes; over an IN list they would scan.
+        (low,) = db.execute(
+            "SELECT MIN(step) FROM metric_points WHERE series_id = ? AND orphaned = 0",
+            (series_id,),
+        ).fetchone()
+        (high,) = db.execute(
+            "SELECT MAX(step) FROM metric_points WHERE series_id = ? AND orphaned = 0",
+            (series_id,),
+        ).fetchone()
+        if low is not None:
+            lo = low if lo is None else min(lo, low)
+            hi = high if hi is None else max(hi, high)
+    if lo is None or hi is None:
+        return []
+    return downsample(_rows(db, series_ids), lo, hi, max_points)
