@@ -8,10 +8,15 @@
    most 90 streams each) in a few load processes (``bench/_load.py``): acked/offered ratio and
    ack latency p50/p99 over every ack, with the coordinator's CPU% and RSS (psutil). Then the
    latency of a Preview against that Fleet (admission checks every Node's inventory).
+4. ``tp metrics`` on a long series: a 1,000,000-point series shipped into a real telemetry store
+   in 5,000-point Ships (rollups kept up as a collector's Ships keep them), then the bounded
+   query (1000 buckets) read from rollups against the raw computation over every point, both
+   on the same file in the same run: medians and the speed-up, and a check that they agree.
 
 Knobs: ``TUNEPLANE_BENCH_NODES`` (2000), ``TUNEPLANE_BENCH_ADMISSIONS`` (200),
 ``TUNEPLANE_BENCH_WINDOW`` seconds of heartbeat measurement (10), ``TUNEPLANE_BENCH_LOADERS``
-load processes (2). On a 2-core machine the load processes share the CPUs with the coordinator.
+load processes (2), ``TUNEPLANE_BENCH_SERIES`` points in the long series (1,000,000). On a
+2-core machine the load processes share the CPUs with the coordinator.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,10 @@ from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.queue_plan import NodeState, QueuedRequest, plan_pass
 from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.store_metrics import TelemetryStore, raw_buckets, rollup_buckets
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.metrics import MetricSelector
+from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint
 from tuneplane.proto import v1
 
 ADMIN = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
@@ -82,6 +93,82 @@ def bench_plan() -> None:
         f"({median / len(queue) * 1e6:.1f} us per Job), {len(plan.launches)} launches, "
         f"{len(plan.waiting)} waiting"
     )
+
+
+# ----- 4. tp metrics on a long series -----------------------------------------------------------
+
+SHIP_POINTS = 5000
+
+
+async def _ship_series(path: Path, points: int) -> float:
+    """Ship a ``points``-point series as a collector would; seconds spent in the Ships."""
+    rng = random.Random(3)
+    store = await TelemetryStore.open(path)
+    member = MemberKey("run-bench", 1, 0)
+    spent = 0.0
+    try:
+        # Steps 1..points: 1000 buckets then never line up with the rollup blocks.
+        for start in range(1, points + 1, SHIP_POINTS):
+            batch = [
+                ShippedPoint(
+                    "metrics.jsonl",
+                    step * 64,
+                    0,
+                    "train/loss",
+                    step,
+                    1.7e9 + step,
+                    50.0 if step == 654_321 else 1.0 / step + rng.random() * 0.01,
+                )
+                for step in range(start, min(start + SHIP_POINTS, points + 1))
+            ]
+            started = time.perf_counter()
+            await store.ship(member, batch, CollectorReport(), 0)
+            spent += time.perf_counter() - started
+    finally:
+        await store.close()
+    return spent
+
+
+async def _store_queries(path: Path, runs: int) -> list[float]:
+    store = await TelemetryStore.open(path)
+    times = []
+    try:
+        for _ in range(runs):
+            started = time.perf_counter()
+            await store.query_series(MetricSelector("run-bench"), "train/loss", 1000)
+            times.append(time.perf_counter() - started)
+    finally:
+        await store.close()
+    return times
+
+
+def bench_metric_query(runs: int = 7) -> None:
+    points = env_int("TUNEPLANE_BENCH_SERIES", 1_000_000)
+    with tempfile.TemporaryDirectory(prefix="tp-bench-metrics-") as tmp:
+        path = Path(tmp) / "telemetry.db"
+        shipping = asyncio.run(_ship_series(path, points))
+        raw: list[float] = []
+        rollup: list[float] = []
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            (series_id,) = db.execute("SELECT id FROM metric_series").fetchone()
+            for _ in range(runs):  # interleaved, so both see the same machine
+                started = time.perf_counter()
+                want = raw_buckets(db, [series_id], 1000)
+                raw.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                got = rollup_buckets(db, [series_id], 1000)
+                rollup.append(time.perf_counter() - started)
+                if got != want:
+                    raise RuntimeError("the rollup buckets differ from the raw computation")
+        served = asyncio.run(_store_queries(path, runs))
+    raw_s, rollup_s, store_s = (statistics.median(t) for t in (raw, rollup, served))
+    print(f"tp metrics: a {points:,}-point series -> {len(want)} buckets (median of {runs})")
+    print(f"  shipped in {points // SHIP_POINTS} Ships of {SHIP_POINTS}: {shipping:.1f} s")
+    print(f"  raw path (every point)   {raw_s * 1000:9.1f} ms")
+    print(
+        f"  rollups                  {rollup_s * 1000:9.1f} ms   ({raw_s / rollup_s:.0f}x faster)"
+    )
+    print(f"  store.query_series       {store_s * 1000:9.1f} ms   (rollups, in its worker thread)")
 
 
 # ----- a real coordinator -----------------------------------------------------------------------
@@ -386,6 +473,7 @@ async def _previews(coord: Coordinator, count: int) -> list[float]:
 
 def main() -> int:
     bench_plan()
+    bench_metric_query()
     # Two coordinators: the admitted bench Jobs stay queued, and a queue that long would make
     # every scheduling pass (woken by each Hello) part of the heartbeat figure.
     for phase in (bench_admissions, bench_heartbeats):
