@@ -30,6 +30,7 @@ from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
 from tuneplane.coordinator.config import CoordinatorConfig, Profile
 from tuneplane.coordinator.jobspec import check_loader_policy
 from tuneplane.coordinator.parameters import ParameterError, workload_command
+from tuneplane.coordinator.values.jobs import PreviewSummary
 from tuneplane.proto.contract.jobspec import (
     JobSpec,
     JobSpecError,
@@ -43,24 +44,9 @@ BACKEND = "node"
 
 
 @attrs.frozen
-class Summary:
-    """What the person confirms: where the Job runs and what it asks for."""
-
-    fleet: str
-    backend: str
-    series: str
-    gpus_per_member: int
-    members: int
-    profile: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-
-@attrs.frozen
 class Resolved:
     spec: JobSpec
-    summary: Summary
+    summary: PreviewSummary
 
 
 @attrs.frozen
@@ -70,7 +56,7 @@ class Admitted:
 
     resolved_json: bytes
     digest: str
-    summary: Summary
+    summary: PreviewSummary
     profile: str
     gpus: int
     members: int | None
@@ -328,7 +314,7 @@ def resolve(spec: JobSpec, config: CoordinatorConfig, catalogue: Catalogue) -> R
     fixed_members = members
     if fixed_members is None and gpus_per_member:
         fixed_members = res.gpus // gpus_per_member
-    summary = Summary(
+    summary = PreviewSummary(
         fleet=profile.fleet,
         backend=BACKEND,
         series=series.name,

@@ -22,7 +22,6 @@ from grpclib.const import Cardinality, Handler, Status
 
 from tuneplane.coordinator import store_access, store_fleet, store_identity
 from tuneplane.coordinator.admission import Admitted, admit
-from tuneplane.coordinator.apimodel import JOB_LIST_DEFAULT, JOB_LIST_MAX
 from tuneplane.coordinator.auth import Principal, bearer_token, hash_credential
 from tuneplane.coordinator.capacity import never_fits
 from tuneplane.coordinator.catalogue import Catalogue
@@ -30,7 +29,6 @@ from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import CoordinatorConfig
 from tuneplane.coordinator.derivation import SourceRun, resolve_source
 from tuneplane.coordinator.fleet_service import caller
-from tuneplane.coordinator.fleetviews import UserView
 from tuneplane.coordinator.job_access import check_read, may_read
 from tuneplane.coordinator.lifecycle_failure import first_failure
 from tuneplane.coordinator.message_limits import (
@@ -43,10 +41,17 @@ from tuneplane.coordinator.message_limits import (
 )
 from tuneplane.coordinator.metrics_export import ADMISSIONS
 from tuneplane.coordinator.placement import Request
-from tuneplane.coordinator.records import PreviewRecord
 from tuneplane.coordinator.store import NotFound, Store
 from tuneplane.coordinator.store_logs import LogStore
-from tuneplane.coordinator.wire import first_failure_message, grpc_errors, job_message
+from tuneplane.coordinator.values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, Preview
+from tuneplane.coordinator.values.users import User
+from tuneplane.coordinator.wire.jobs import (
+    job_to_wire,
+    jobs_to_wire,
+    preview_to_wire,
+    receipt_to_wire,
+)
+from tuneplane.coordinator.wire.status import grpc_errors
 from tuneplane.proto import v1
 from tuneplane.proto.contract import jobspec
 
@@ -123,34 +128,25 @@ class ApiService:
             )
             if refusal is not None:
                 raise refusal
-            reply = v1.PreviewReply(
+            # The reply leaves without the resolved JobSpec, which is added while encoding:
+            # both are proportional to the JobSpec, so a large one is done off the event loop.
+            preview = Preview(
                 preview_id="pv-" + secrets.token_hex(8),
                 digest=admitted.digest,
-                summary=v1.PreviewSummary(
-                    fleet=s.fleet,
-                    backend=s.backend,
-                    series=s.series,
-                    gpus_per_member=s.gpus_per_member,
-                    members=s.members,
-                    profile=s.profile,
-                ),
+                resolved_jobspec_json="",
+                summary=s,
                 created_at_ms=now_ms(),
+                owner=principal.name,
             )
+            reply = preview_to_wire(preview)
             resolved_json, encoded = await self._off_loop(
                 len(admitted.resolved_json), _finish_reply, reply, admitted.resolved_json
             )
-            preview = PreviewRecord(
-                id=reply.preview_id,
-                digest=admitted.digest,
-                resolved_json=resolved_json,
-                summary=s.as_dict(),
-                owner=principal.name,
-                created_at_ms=reply.created_at_ms,
-            )
+            preview = attrs.evolve(preview, resolved_jobspec_json=resolved_json)
             await self._store.save_preview(preview)
             log.info(
                 "preview stored preview_id=%s digest=%s owner=%s",
-                preview.id,
+                preview.preview_id,
                 preview.digest,
                 principal.name,
             )
@@ -233,16 +229,7 @@ class ApiService:
                     principal.name,
                 )
                 self._on_admitted()
-            await stream.send_message(
-                v1.Receipt(
-                    run_id=receipt.run_id,
-                    preview_id=receipt.preview_id,
-                    digest=receipt.digest,
-                    retry_key=receipt.retry_key,
-                    admitted_at_ms=receipt.admitted_at_ms,
-                    created=receipt.created,
-                )
-            )
+            await stream.send_message(receipt_to_wire(receipt))
 
     async def _get_job(self, stream: Any) -> None:
         with grpc_errors():
@@ -254,11 +241,8 @@ class ApiService:
                 )
             check_read(await store_access.job_access(self._store, request.run_id), user, "state")
             job = await self._store.get_job(request.run_id)
-            reply = job_message(job)
             failed = await first_failure(job, self._logs)
-            if failed is not None:
-                reply.first_failure = first_failure_message(failed)
-            await stream.send_message(reply)
+            await stream.send_message(job_to_wire(attrs.evolve(job, first_failure=failed)))
 
     async def _list_jobs(self, stream: Any) -> None:
         with grpc_errors():
@@ -276,10 +260,10 @@ class ApiService:
             jobs = await store_access.readable_jobs(
                 self._store, user, request.project, request.state, request.mine, limit
             )
-            await stream.send_message(v1.ListJobsReply(jobs=[job_message(j) for j in jobs]))
+            await stream.send_message(jobs_to_wire(jobs))
 
 
-async def _source_run(store: Store, run_id: str, user: UserView) -> SourceRun | None:
+async def _source_run(store: Store, run_id: str, user: User) -> SourceRun | None:
     """What the store knows of the run an ``--init-from`` names (None: no such Job); whether
     ``user`` may read it is decided by :func:`.job_access.may_read`, as for ``tp job show``."""
     try:

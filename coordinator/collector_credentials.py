@@ -24,9 +24,10 @@ from tuneplane.coordinator.auth import (
     hash_credential,
     new_credential,
 )
-from tuneplane.coordinator.records import CommitOrder, MemberKey, Order
 from tuneplane.coordinator.store_metrics import TelemetryStore
-from tuneplane.coordinator.telemetry_records import CollectorGrant
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.orders import CommitOrder, Order
+from tuneplane.coordinator.values.telemetry import CollectorGrant
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import StreamTerminatedError
 
 from tuneplane.agent.crashpoint import crashpoint
-from tuneplane.coordinator import outputs_grants, store_identity, wire
+from tuneplane.coordinator import outputs_grants, store_identity
 from tuneplane.coordinator.auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
     NODE_PREFIX,
@@ -61,7 +61,6 @@ from tuneplane.coordinator.heartbeats import HeartbeatBook
 from tuneplane.coordinator.logship import receive_chunk
 from tuneplane.coordinator.message_limits import encoded_off_loop
 from tuneplane.coordinator.rate_limit import PeerRateLimit, peer_host
-from tuneplane.coordinator.records import AbortOrder, CommitOrder, NodeRecord, Order
 from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.store_lifecycle import (
@@ -71,6 +70,16 @@ from tuneplane.coordinator.store_lifecycle import (
     stops_to_resend,
 )
 from tuneplane.coordinator.store_logs import LogStore
+from tuneplane.coordinator.values.fleet import NodeRecord
+from tuneplane.coordinator.values.orders import AbortOrder, CommitOrder, Order
+from tuneplane.coordinator.wire.control import (
+    held_from_wire,
+    inventory_from_wire,
+    outputs_from_wire,
+    report_from_wire,
+)
+from tuneplane.coordinator.wire.members import member_key
+from tuneplane.coordinator.wire.status import grpc_errors
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -145,7 +154,7 @@ class ControlGateway:
             )
 
     async def _enroll(self, stream: Any) -> None:
-        with wire.grpc_errors():
+        with grpc_errors():
             self._refuse_enroll_flood(stream)
             request: v1.EnrollRequest = await stream.recv_message()
             if not request.join_token:
@@ -154,7 +163,7 @@ class ControlGateway:
                     "`tuneplane-coordinator token create` to `tuneplane-node enroll`."
                 )
             credential = new_credential(NODE_PREFIX)
-            inventory = wire.inventory(request.inventory, request.hostname)
+            inventory = inventory_from_wire(request.inventory, request.hostname)
             now = now_ms()
             expires = now + self._credential_lifetime_ms
             if request.node_id:
@@ -268,7 +277,7 @@ class ControlGateway:
         )
 
     async def _connect(self, stream: Any) -> None:
-        with wire.grpc_errors():
+        with grpc_errors():
             node, life = await self._authenticate(stream)
             hello = await self._hello(stream, node)
             session = NodeSession.create(node.id, _peer(stream), now_ms())
@@ -308,14 +317,14 @@ class ControlGateway:
         life: CredentialLife,
     ) -> None:
         connected_at = now_ms()
-        held = wire.held_members(hello)
+        held = held_from_wire(hello)
         orders = await self._store.node_connected(
             node.id,
-            wire.inventory(hello.inventory, node.hostname),
+            inventory_from_wire(hello.inventory, node.hostname),
             held,
             connected_at,
             hello.dialed_address,
-            outputs_grants.accepted_service(node.id, wire.outputs_service(hello)),
+            outputs_grants.accepted_service(node.id, outputs_from_wire(hello)),
         )
         self._heartbeats.record(node.id, connected_at)
         # Stops decided while the Node was away go now (members declared lost among them); a
@@ -389,7 +398,7 @@ class ControlGateway:
                 return
             if betterproto.serialized_on_wire(body.inventory):
                 # An inventory change is what placement reads: stored before the ack.
-                await self._store.node_inventory(node_id, wire.inventory(body.inventory), now)
+                await self._store.node_inventory(node_id, inventory_from_wire(body.inventory), now)
                 self._wake()
             # The time itself waits in memory for the next batch (and renews collector
             # credentials there): no store round trip delays the ack.
@@ -398,7 +407,7 @@ class ControlGateway:
                 node_id, v1.CoordinatorMessage(heartbeat_ack=v1.HeartbeatAck(seq=body.seq))
             )
         elif isinstance(body, v1.MemberReport):
-            report = wire.report(body)
+            report = report_from_wire(body)
             outcome = await self._store.apply_report(node_id, report, now)
             if outcome.early:
                 # It overtook a report before it: unacknowledged, the Node sends it again.
@@ -447,7 +456,7 @@ class ControlGateway:
             rendezvous = body.rendezvous or v1.Rendezvous()
             orders = await self._store.record_prepare_reply(
                 node_id,
-                wire.member_key(body.member),
+                member_key(body.member),
                 body.ok,
                 body.reason,
                 rendezvous.master_addr,
@@ -464,7 +473,7 @@ class ControlGateway:
                 self._wake()
         elif isinstance(body, v1.DecisionQuery):
             # A member declared lost gets its stop, never the Commit its attempt recorded.
-            key = wire.member_key(body.member)
+            key = member_key(body.member)
             order: Order | None = await declared_lost_order(self._store, node_id, key)
             if order is None:
                 order = await self._store.decision_for(node_id, key)

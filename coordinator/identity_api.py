@@ -16,15 +16,11 @@ from grpclib.const import Cardinality, Handler
 
 from tuneplane.coordinator import store_fleet, store_identity
 from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.fleet_service import (
-    admin_caller,
-    check_reason,
-    node_message,
-    require_node_id,
-)
+from tuneplane.coordinator.fleet_service import admin_caller, check_reason, require_node_id
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import Store
-from tuneplane.coordinator.wire import grpc_errors
+from tuneplane.coordinator.wire.fleet import node_to_wire
+from tuneplane.coordinator.wire.status import grpc_errors
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -66,4 +62,4 @@ class IdentityApi:
                 ended,
             )
             node = await store_fleet.node_view(self._store, node_id)
-            await stream.send_message(node_message(node))
+            await stream.send_message(node_to_wire(node))

@@ -17,7 +17,7 @@ import attrs
 
 from tuneplane.coordinator.auth import PermissionDenied
 from tuneplane.coordinator.fleet_service import ADMIN_ROLE
-from tuneplane.coordinator.fleetviews import UserView
+from tuneplane.coordinator.values.users import User
 
 
 @attrs.frozen
@@ -29,12 +29,12 @@ class JobAccess:
     share_with: tuple[str, ...] = ()
 
 
-def may_read(job: JobAccess, user: UserView) -> bool:
+def may_read(job: JobAccess, user: User) -> bool:
     """True when ``user`` may read ``job``: its owner, a user it is shared with, or an admin."""
     return user.role == ADMIN_ROLE or user.name == job.owner or user.name in job.share_with
 
 
-def check_read(job: JobAccess, user: UserView, what: str) -> None:
+def check_read(job: JobAccess, user: User, what: str) -> None:
     """:class:`PermissionDenied` with a sentence unless ``user`` may read ``job``'s ``what``."""
     if not may_read(job, user):
         raise PermissionDenied(

@@ -24,12 +24,19 @@ from tuneplane.coordinator import store_lifecycle
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.fleet_service import ADMIN_ROLE, caller, check_reason
 from tuneplane.coordinator.job_access import check_read
-from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import NotFound, Store, _first
 from tuneplane.coordinator.store_access import job_access
 from tuneplane.coordinator.store_logs import BadStream, LogStore, check_stream
-from tuneplane.coordinator.wire import grpc_errors, job_message
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.lifecycle import (
+    CANCELLED,
+    CancelOutcome,
+    LogPage,
+    RetryOutcome,
+)
+from tuneplane.coordinator.wire.lifecycle import cancel_to_wire, logs_to_wire, retry_to_wire
+from tuneplane.coordinator.wire.status import grpc_errors
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -87,13 +94,11 @@ class LifecycleApi:
                 len(result.orders),
             )
             self._registry.dispatch(list(result.orders))
-            if result.outcome == store_lifecycle.CANCELLED:
+            if result.outcome == CANCELLED:
                 # GPUs went back (an aborted launch): queued Jobs may fit now.
                 self._wake()
             job = await self._store.get_job(request.run_id)
-            await stream.send_message(
-                v1.CancelJobReply(outcome=result.outcome, job=job_message(job))
-            )
+            await stream.send_message(cancel_to_wire(CancelOutcome(result.outcome, job)))
 
     async def _retry(self, stream: Any) -> None:
         with grpc_errors():
@@ -105,7 +110,7 @@ class LifecycleApi:
             )
             self._wake()
             job = await self._store.get_job(request.run_id)
-            await stream.send_message(v1.RetryJobReply(attempt=number, job=job_message(job)))
+            await stream.send_message(retry_to_wire(RetryOutcome(number, job)))
 
     async def _get_logs(self, stream: Any) -> None:
         with grpc_errors():
@@ -120,21 +125,17 @@ class LifecycleApi:
             member, state = await self._member(request)
             max_bytes = min(request.max_bytes or MAX_LOG_BYTES, MAX_LOG_BYTES)
             read = await self._logs.read(member, name, request.from_offset, max_bytes)
-            await stream.send_message(
-                v1.GetLogsReply(
-                    attempt=member.attempt,
-                    member_index=member.member_index,
-                    stream=name,
-                    pieces=[
-                        v1.LogPiece(offset=p.offset, data=p.data, dropped_before=p.dropped_before)
-                        for p in read.pieces
-                    ],
-                    next_offset=read.next_offset,
-                    complete=read.complete,
-                    dropped_bytes=read.dropped_bytes,
-                    member_state=state,
-                )
+            page = LogPage(
+                attempt=member.attempt,
+                member_index=member.member_index,
+                stream=name,
+                pieces=read.pieces,
+                next_offset=read.next_offset,
+                complete=read.complete,
+                dropped_bytes=read.dropped_bytes,
+                member_state=state,
             )
+            await stream.send_message(logs_to_wire(page))
 
     async def _member(self, request: v1.GetLogsRequest) -> tuple[MemberKey, str]:
         """The member a GetLogs names (attempt 0: the latest), with its state; or NotFound."""

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import attrs
 
 from tuneplane.coordinator import lifecycle as lc
-from tuneplane.coordinator.records import JobView, MemberKey, MemberView
 from tuneplane.coordinator.store_logs import LogStore
+from tuneplane.coordinator.values.jobs import FirstFailure, Job, Member, MemberKey
 
 #: At most this many lines of the failed member's stderr are shown ...
 TAIL_LINES = 20
@@ -88,7 +88,7 @@ def choose_first(members: Sequence[MemberEnd]) -> Failed | None:
     return Failed(m.index, _when(m), what)
 
 
-def member_end(view: MemberView) -> MemberEnd:
+def member_end(view: Member) -> MemberEnd:
     """A stored member as :func:`choose_first` sees it."""
     silent = 0
     for change in reversed(view.history):
@@ -124,19 +124,7 @@ def tail_lines(data: bytes, started_at_zero: bool) -> tuple[str, bool]:
     return b"".join(lines).decode("utf-8", errors="replace"), cut
 
 
-@attrs.frozen
-class FirstFailure:
-    """What ``GetJob`` tells about a failed Job's first failure."""
-
-    attempt: int
-    member: MemberView
-    at_ms: int
-    what: str
-    stderr_tail: str
-    stderr_cut: bool
-
-
-async def first_failure(job: JobView, logs: LogStore | None) -> FirstFailure | None:
+async def first_failure(job: Job, logs: LogStore | None) -> FirstFailure | None:
     """For a failed Job: its latest attempt's first failed member and its stderr's last lines."""
     if job.state != lc.FAILED or not job.attempts:
         return None
@@ -150,4 +138,16 @@ async def first_failure(job: JobView, logs: LogStore | None) -> FirstFailure | N
         key = MemberKey(job.run_id, attempt.number, member.index)
         data, start = await logs.tail(key, "stderr", TAIL_BYTES + 1)
         text, cut = tail_lines(data, start == 0)
-    return FirstFailure(attempt.number, member, chosen.at_ms, chosen.what, text, cut)
+    return FirstFailure(
+        attempt=attempt.number,
+        member_index=member.index,
+        node_id=member.node_id,
+        state=member.state,
+        has_exit=member.has_exit,
+        exit_code=member.exit_code,
+        signal=member.signal,
+        at_ms=chosen.at_ms,
+        what=chosen.what,
+        stderr_tail=text,
+        stderr_cut=cut,
+    )

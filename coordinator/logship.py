@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from tuneplane.coordinator import wire
 from tuneplane.coordinator.store import Store, _first
 from tuneplane.coordinator.store_logs import STREAMS, LogStore
+from tuneplane.coordinator.wire.members import member_key, member_ref
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -22,8 +22,8 @@ async def receive_chunk(
     store: Store, logs: LogStore, node_id: str, chunk: v1.LogChunk, now: int
 ) -> v1.LogAck:
     """Store ``chunk`` from ``node_id`` and return the acknowledgement to send back."""
-    member = wire.member_key(chunk.member)
-    ref = wire.member_ref(member)
+    member = member_key(chunk.member)
+    ref = member_ref(member)
     held = await _first(
         store._db,
         "SELECT 1 FROM members WHERE run_id = ? AND attempt = ? AND member_index = ? "

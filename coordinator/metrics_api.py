@@ -23,28 +23,19 @@ from tuneplane.coordinator.job_access import check_read
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.store_access import job_access
 from tuneplane.coordinator.store_metrics import TelemetryStore
-from tuneplane.coordinator.telemetry_records import MetricSelector
-from tuneplane.coordinator.wire import grpc_errors
+from tuneplane.coordinator.wire.metrics import (
+    delivery_to_wire,
+    selector_from_wire,
+    series_to_wire,
+    tags_to_wire,
+)
+from tuneplane.coordinator.wire.status import grpc_errors
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_POINTS = 1000
 MAX_MAX_POINTS = 10_000
-
-
-def selector_from_wire(msg: v1.MetricSelector | None) -> MetricSelector:
-    if msg is None or not msg.run_id:
-        raise GRPCError(
-            Status.INVALID_ARGUMENT, "MetricSelector.run_id is empty. Name the Job's run id."
-        )
-    return MetricSelector(
-        run_id=msg.run_id,
-        raw=msg.raw,
-        attempt=msg.attempt,
-        member_index=msg.member_index if msg.has_member else None,
-        source=msg.source,
-    )
 
 
 class MetricsApi:
@@ -83,26 +74,7 @@ class MetricsApi:
             selector = selector_from_wire(request.selector)
             check_read(await job_access(self._store, selector.run_id), user, "metrics")
             attempt, tags = await self._telemetry.list_tags(selector)
-            await stream.send_message(
-                v1.ListMetricsReply(
-                    attempt=attempt,
-                    tags=[
-                        v1.MetricTag(
-                            tag=t.tag,
-                            attempt=t.attempt,
-                            member_index=t.member_index or 0,
-                            source=t.source,
-                            points=t.points,
-                            last_step=t.last_step,
-                            last_value=t.last_value,
-                            has_last_wall_time=t.last_wall_time is not None,
-                            last_wall_time=t.last_wall_time or 0.0,
-                            series=t.series,
-                        )
-                        for t in tags
-                    ],
-                )
-            )
+            await stream.send_message(tags_to_wire(attempt, tags))
 
     async def _query_series(self, stream: Any) -> None:
         with grpc_errors():
@@ -123,26 +95,7 @@ class MetricsApi:
                 )
             check_read(await job_access(self._store, selector.run_id), user, "metrics")
             result = await self._telemetry.query_series(selector, request.tag, max_points)
-            await stream.send_message(
-                v1.QuerySeriesReply(
-                    tag=result.tag,
-                    attempt=result.attempt,
-                    total_points=result.total_points,
-                    downsampled=result.downsampled,
-                    series=result.series,
-                    buckets=[
-                        v1.SeriesBucket(
-                            first_step=b.first_step,
-                            last_step=b.last_step,
-                            count=b.count,
-                            min=b.min,
-                            max=b.max,
-                            last=b.last,
-                        )
-                        for b in result.buckets
-                    ],
-                )
-            )
+            await stream.send_message(series_to_wire(result))
 
     async def _get_delivery(self, stream: Any) -> None:
         with grpc_errors():
@@ -154,33 +107,4 @@ class MetricsApi:
                 )
             check_read(await job_access(self._store, request.run_id), user, "metrics")
             members = await self._telemetry.delivery(request.run_id)
-            await stream.send_message(
-                v1.GetDeliveryReply(
-                    server_time_ms=now_ms(),
-                    members=[
-                        v1.MemberDelivery(
-                            attempt=d.member.attempt,
-                            member_index=d.member.member_index,
-                            points_stored=d.points_stored,
-                            spool_points=d.spool_points,
-                            backpressure=d.backpressure,
-                            drained=d.drained,
-                            has_last_point=d.last_point_wall_ms is not None,
-                            last_point_wall_ms=d.last_point_wall_ms or 0,
-                            last_contact_ms=d.last_contact_ms,
-                            warnings=d.warnings,
-                            data_loss_warnings=d.data_loss_warnings,
-                            hparams=[
-                                v1.RunHParams(
-                                    source=h.source,
-                                    hparams=[v1.HParam(name=n, value_json=v) for n, v in h.hparams],
-                                    metrics=list(h.metrics),
-                                )
-                                for h in d.hparams
-                            ],
-                            orphaned_points=d.orphaned_points,
-                        )
-                        for d in members
-                    ],
-                )
-            )
+            await stream.send_message(delivery_to_wire(now_ms(), members))

@@ -25,15 +25,12 @@ from tuneplane.coordinator import node_loss, store_fleet, store_lifecycle
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.collector_credentials import CollectorCredentials
 from tuneplane.coordinator.config import FleetSettings
-from tuneplane.coordinator.fleet_service import (
-    admin_caller,
-    check_reason,
-    node_message,
-    require_node_id,
-)
+from tuneplane.coordinator.fleet_service import admin_caller, check_reason, require_node_id
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import Conflict, Store
-from tuneplane.coordinator.wire import grpc_errors, job_message, member_ref
+from tuneplane.coordinator.values.lifecycle import NodeLossOutcome
+from tuneplane.coordinator.wire.lifecycle import node_loss_to_wire
+from tuneplane.coordinator.wire.status import grpc_errors
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -103,14 +100,8 @@ class NodeLossApi:
             node_id = await store_fleet.resolve_node(self._store, request.node_id)
             loss = await self._desk.declare(node_id, user.name, request.reason)
             node = await store_fleet.node_view(self._store, node_id)
-            jobs = [job_message(await self._store.get_job(run_id)) for run_id in loss.runs]
-            await stream.send_message(
-                v1.DeclareNodeLostReply(
-                    node=node_message(node),
-                    lost=[member_ref(k) for k in loss.lost],
-                    jobs=jobs,
-                )
-            )
+            jobs = tuple([await self._store.get_job(run_id) for run_id in loss.runs])
+            await stream.send_message(node_loss_to_wire(NodeLossOutcome(node, loss.lost, jobs)))
 
 
 class MaxDisconnectWatch:

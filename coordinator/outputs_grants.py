@@ -29,14 +29,9 @@ from tuneplane.coordinator import store_fleet
 from tuneplane.coordinator.control_address import BadAddress, split
 from tuneplane.coordinator.derivation import GRANT_TTL_MS
 from tuneplane.coordinator.message_limits import INLINE_DECODE_BYTES, in_thread
-from tuneplane.coordinator.records import (
-    InitFromFetch,
-    MemberKey,
-    Order,
-    OutputsService,
-    PrepareOrder,
-)
 from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.orders import InitFromFetch, Order, OutputsService, PrepareOrder
 from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES, make_grant
 
 log = logging.getLogger(__name__)

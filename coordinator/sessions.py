@@ -21,8 +21,8 @@ import anyio
 import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from tuneplane.coordinator.records import Order
-from tuneplane.coordinator.wire import order_message
+from tuneplane.coordinator.values.orders import Order
+from tuneplane.coordinator.wire.control import order_to_wire
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class SessionRegistry:
         """Send each order to its Node. An order for a disconnected Node is not lost: the
         decision is in the store and the Node gets it again when it reconnects or asks."""
         for order in orders:
-            sent = self.send(order.node_id, order_message(order))
+            sent = self.send(order.node_id, order_to_wire(order))
             log.info(
                 "order %s kind=%s node=%s run_id=%s attempt=%d member=%d",
                 "sent" if sent else "deferred until the node connects",

@@ -14,10 +14,10 @@ import json
 from typing import Any
 
 from tuneplane.coordinator.fleet_service import ADMIN_ROLE
-from tuneplane.coordinator.fleetviews import UserView
 from tuneplane.coordinator.job_access import JobAccess, may_read
-from tuneplane.coordinator.records import JobView
 from tuneplane.coordinator.store import NotFound, Store, _first
+from tuneplane.coordinator.values.jobs import Job
+from tuneplane.coordinator.values.users import User
 
 _ACCESS_SQL = (
     "SELECT j.run_id, j.owner, p.resolved_json FROM jobs j JOIN previews p ON p.id = j.preview_id"
@@ -48,8 +48,8 @@ async def job_access(store: Store, run_id: str) -> JobAccess:
 
 
 async def readable_jobs(
-    store: Store, user: UserView, project: str, state: str, mine: bool, limit: int
-) -> list[JobView]:
+    store: Store, user: User, project: str, state: str, mine: bool, limit: int
+) -> list[Job]:
     """The newest ``limit`` Jobs ``user`` may read (only their own with ``mine``), filtered by
     ``project`` and ``state`` when set."""
     if user.role == ADMIN_ROLE or mine:

@@ -20,9 +20,10 @@ from typing import Any
 import attrs
 
 from tuneplane.coordinator.auth import AuthError, CredentialLife, check_user_token
-from tuneplane.coordinator.fleetviews import UserView
-from tuneplane.coordinator.records import InventoryInfo, NodeRecord
 from tuneplane.coordinator.store import EnrollRefused, NotFound, Store
+from tuneplane.coordinator.values.fleet import NodeRecord
+from tuneplane.coordinator.values.orders import Inventory
+from tuneplane.coordinator.values.users import User
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ async def reenroll(
     store: Store,
     join_token_hash: str,
     node_id: str,
-    inventory: InventoryInfo,
+    inventory: Inventory,
     credential_hash: str,
     expires_at_ms: int,
     now: int,
@@ -264,7 +265,7 @@ async def credential_lives(store: Store) -> dict[str, CredentialLife]:
 # ----- user tokens ------------------------------------------------------------------------------
 
 
-async def authenticate_user(store: Store, token_hash: str, now: int) -> UserView:
+async def authenticate_user(store: Store, token_hash: str, now: int) -> User:
     """The user a token belongs to; :class:`AuthError` for an unknown, expired or revoked one."""
     rows = await _rows(
         store,
@@ -279,7 +280,7 @@ async def authenticate_user(store: Store, token_hash: str, now: int) -> UserView
         )
     name, role, created, expires, revoked = rows[0]
     check_user_token(str(name), CredentialLife(int(created), _int(expires), _int(revoked)), now)
-    return UserView(str(name), str(role), int(created))
+    return User(str(name), str(role), int(created))
 
 
 async def issue_user_token(

@@ -27,22 +27,23 @@ import attrs
 from tuneplane.coordinator import launch, node_loss, store_fleet
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.auth import PermissionDenied
-from tuneplane.coordinator.records import CancelOrder, HeldMember, MemberKey, Order
 from tuneplane.coordinator.store import Conflict, NotFound, Store, _first
 from tuneplane.coordinator.store_handle import Handle
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.lifecycle import (
+    ALREADY_CANCELLED,
+    ALREADY_CANCELLING,
+    ALREADY_ENDED,
+    CANCELLED,
+    CANCELLING,
+)
+from tuneplane.coordinator.values.orders import CancelOrder, HeldMember, Order
 
 log = logging.getLogger(__name__)
 
 CANCEL = "cancel"
 STOP_SIBLINGS = "stop-siblings"
 DEFAULT_GRACE_S = 30
-
-# Outcomes of a cancel, as CancelJobReply.outcome names them.
-CANCELLING = "cancelling"
-CANCELLED = "cancelled"
-ALREADY_CANCELLING = "already_cancelling"
-ALREADY_CANCELLED = "already_cancelled"
-ALREADY_ENDED = "already_ended"
 
 _TERMINAL = tuple(sorted(lc.TERMINAL_MEMBER_STATES))
 _LIVE = f"known_state NOT IN ({', '.join('?' for _ in _TERMINAL)})"

@@ -18,9 +18,10 @@ from typing import Any, TypeVar
 
 import attrs
 
-from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.store_db import StoreDb
 from tuneplane.coordinator.store_handle import Handle
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.lifecycle import LogPiece
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +78,6 @@ class Appended:
 
     offset: int
     complete: bool
-
-
-@attrs.frozen
-class LogPiece:
-    """Contiguous bytes starting at ``offset``; ``dropped_before`` bytes before it are gone."""
-
-    offset: int
-    data: bytes
-    dropped_before: int
 
 
 @attrs.frozen

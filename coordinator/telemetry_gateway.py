@@ -17,10 +17,6 @@ Rules:
 from __future__ import annotations
 
 import logging
-import math
-import sys
-from array import array
-from collections.abc import Iterable
 from typing import Any
 
 from grpclib import GRPCError
@@ -36,13 +32,22 @@ from tuneplane.coordinator.collector_credentials import (
 from tuneplane.coordinator.message_limits import MAX_SHIP_MARKS, in_thread
 from tuneplane.coordinator.metrics_export import observe_ship
 from tuneplane.coordinator.store import Store
-from tuneplane.coordinator.telemetry_records import (
-    CollectorReport,
+from tuneplane.coordinator.values.telemetry import (
+    RefusedPoint,
     ShippedHParams,
     ShippedPoint,
     ShippedRestart,
 )
-from tuneplane.coordinator.wire import grpc_errors, member_key
+from tuneplane.coordinator.wire.members import member_key
+from tuneplane.coordinator.wire.status import grpc_errors
+from tuneplane.coordinator.wire.telemetry import (
+    hparams_from_wire,
+    point_from_wire,
+    points_from_columns,
+    progress_from_wire,
+    restart_from_wire,
+    ship_reply_to_wire,
+)
 from tuneplane.proto import v1
 
 log = logging.getLogger(__name__)
@@ -107,15 +112,7 @@ class TelemetryGateway:
                 points, refused = await in_thread(_read, request, now / 1000)
             else:
                 points, refused = _read(request, now / 1000)
-            p = request.progress or v1.CollectorProgress()
-            report = CollectorReport(
-                spool_points=p.spool_points,
-                backpressure=p.backpressure,
-                member_exited=p.member_exited,
-                drained=p.drained,
-                warnings=p.warnings,
-                data_loss_warnings=p.data_loss_warnings,
-            )
+            report = progress_from_wire(request.progress)
             restarts, hparams, refused_marks = _marks(request)
             refused += refused_marks
             result = await self._collectors.store.ship(
@@ -146,29 +143,20 @@ class TelemetryGateway:
                     first.offset,
                     first.reason,
                 )
-            await stream.send_message(
-                v1.ShipReply(
-                    stored=result.stored,
-                    duplicates=result.duplicates,
-                    server_time_ms=now_ms(),
-                    refused=refused,
-                )
-            )
+            await stream.send_message(ship_reply_to_wire(result, refused, now_ms()))
 
 
-def _read(
-    request: v1.ShipRequest, now_s: float
-) -> tuple[list[ShippedPoint], list[v1.RefusedPoint]]:
+def _read(request: v1.ShipRequest, now_s: float) -> tuple[list[ShippedPoint], list[RefusedPoint]]:
     """The request's points (messages and columns), screened: see :func:`_screen`."""
-    points = _points(request.points)
+    points = [point_from_wire(p) for p in request.points]
     if request.columns is not None and request.columns.strings:
-        points += _columns(request.columns)
+        points += points_from_columns(request.columns)
     return _screen(points, now_s)
 
 
 def _marks(
     request: v1.ShipRequest,
-) -> tuple[list[ShippedRestart], list[ShippedHParams], list[v1.RefusedPoint]]:
+) -> tuple[list[ShippedRestart], list[ShippedHParams], list[RefusedPoint]]:
     """The request's restart and hparams marks that may be stored, and each other one refused
     on its own (a batch of more than :data:`MAX_MARKS_PER_SHIP` is refused whole)."""
     count = len(request.restarts) + len(request.hparams)
@@ -180,16 +168,11 @@ def _marks(
         )
     restarts: list[ShippedRestart] = []
     hparams: list[ShippedHParams] = []
-    refused: list[v1.RefusedPoint] = []
+    refused: list[RefusedPoint] = []
 
     def refuse(source_id: str, offset: int, index: int, why: str, what: str) -> None:
         refused.append(
-            v1.RefusedPoint(
-                source_id=storable(source_id),
-                offset=offset,
-                index=index,
-                reason=f"{why}; the {what} is not stored",
-            )
+            RefusedPoint(storable(source_id), offset, index, f"{why}; the {what} is not stored")
         )
 
     for r in request.restarts:
@@ -199,96 +182,20 @@ def _marks(
         if why is not None:
             refuse(r.source_id, r.offset, 0, why, "restart mark")
             continue
-        restarts.append(
-            ShippedRestart(
-                r.source_id,
-                r.offset,
-                r.step,
-                None if r.all_tags else tuple(r.tags),
-                r.wall_time if r.has_wall_time else None,
-            )
-        )
+        restarts.append(restart_from_wire(r))
     for h in request.hparams:
         names = [p.name for p in h.hparams] + list(h.metrics)
         why = mark_problem(h.source_id, h.offset, names, [p.value_json for p in h.hparams])
         if why is not None:
             refuse(h.source_id, h.offset, h.index, why, "hparams record")
             continue
-        hparams.append(
-            ShippedHParams(
-                h.source_id,
-                h.offset,
-                h.index,
-                tuple((p.name, p.value_json) for p in h.hparams),
-                tuple(h.metrics),
-            )
-        )
+        hparams.append(hparams_from_wire(h))
     return restarts, hparams, refused
-
-
-def _points(points: Iterable[v1.MetricPoint]) -> list[ShippedPoint]:
-    return [
-        ShippedPoint(
-            source_id=p.source_id,
-            offset=p.offset,
-            index=p.index,
-            tag=p.tag,
-            step=p.step,
-            wall_time=p.wall_time if p.has_wall_time else None,
-            value=p.value,
-        )
-        for p in points
-    ]
-
-
-def _column(name: str, data: bytes, typecode: str, count: int) -> list[Any]:
-    column = array(typecode)
-    if len(data) != count * column.itemsize:
-        raise GRPCError(
-            Status.INVALID_ARGUMENT,
-            f"PointColumns.{name} holds {len(data)} bytes; {count} points need "
-            f"{count * column.itemsize}. Every column has one entry per point.",
-        )
-    column.frombytes(data)
-    if sys.byteorder == "big":
-        column.byteswap()
-    return column.tolist()
-
-
-def _columns(c: v1.PointColumns) -> list[ShippedPoint]:
-    """Decode ``PointColumns`` (one little-endian number per point in each column)."""
-    count = len(c.values) // 8
-    values = _column("values", c.values, "d", count)
-    sources = _column("source_refs", c.source_refs, "I", count)
-    tags = _column("tag_refs", c.tag_refs, "I", count)
-    offsets = _column("offsets", c.offsets, "Q", count)
-    indexes = _column("indexes", c.indexes, "I", count)
-    steps = _column("steps", c.steps, "q", count)
-    walls = _column("wall_times", c.wall_times, "d", count)
-    strings = list(c.strings)
-    if count and max(max(sources), max(tags)) >= len(strings):
-        raise GRPCError(
-            Status.INVALID_ARGUMENT,
-            f"PointColumns refers to string {max(max(sources), max(tags))}, but it holds "
-            f"{len(strings)}. Refs index PointColumns.strings.",
-        )
-    return [
-        ShippedPoint(
-            strings[sources[i]],
-            offsets[i],
-            indexes[i],
-            strings[tags[i]],
-            steps[i],
-            None if math.isnan(walls[i]) else walls[i],
-            values[i],
-        )
-        for i in range(count)
-    ]
 
 
 def _screen(
     points: list[ShippedPoint], now_s: float
-) -> tuple[list[ShippedPoint], list[v1.RefusedPoint]]:
+) -> tuple[list[ShippedPoint], list[RefusedPoint]]:
     """The points that may be stored, and each other one refused on its own with a reason.
 
     A batch over the count limit is refused whole: no honest collector sends one. Anything else
@@ -302,11 +209,6 @@ def _screen(
         )
     good, refused = PointScreen().partition(points, now_s)
     return good, [
-        v1.RefusedPoint(
-            source_id=storable(p.source_id),
-            offset=p.offset,
-            index=p.index,
-            reason=f"{why}; the point is not stored",
-        )
+        RefusedPoint(storable(p.source_id), p.offset, p.index, f"{why}; the point is not stored")
         for p, why in refused
     ]

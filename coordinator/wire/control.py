@@ -1,46 +1,37 @@
-"""The coordinator's wire edge: betterproto messages <-> domain values, typed errors -> gRPC status.
+"""The Node boundary (``tuneplane.v1.Control``): the control stream's messages to and from
+:mod:`..values.orders`.
 
-Rules: this is the only coordinator module (with the service handlers) that touches generated
-protocol types; everything behind it speaks :mod:`tuneplane.coordinator.records`. Every error a
-handler raises leaves through :func:`grpc_errors` as a status code with a sentence.
+Rules: the control gateway and the session registry convert here and nowhere else; a message
+from a Node that the protocol does not allow is a :class:`~.errors.BadMessage` (a member state
+a Node may not report, a message that names no member). Both directions are here: what a Node
+sends is read with ``*_from_wire`` and what the coordinator sends is written with ``*_to_wire``;
+the other direction of each says exactly what the first one reads or writes.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import betterproto
-from grpclib import GRPCError
-from grpclib.const import Status
-from grpclib.exceptions import ProtocolError, StreamTerminatedError
 
-from tuneplane.coordinator import capsule
-from tuneplane.coordinator.auth import AuthError, PermissionDenied
-from tuneplane.coordinator.config import ConfigError
-from tuneplane.coordinator.lifecycle_failure import FirstFailure
-from tuneplane.coordinator.records import (
+from tuneplane.proto import v1
+
+from .. import capsule
+from ..values.orders import (
     AbortOrder,
     CancelOrder,
     CommitOrder,
-    GpuInfo,
+    Gpu,
     HeldMember,
-    InventoryInfo,
-    JobView,
-    MemberKey,
+    InitFromFetch,
+    Inventory,
     Order,
     OutputsService,
     PrepareOrder,
     Report,
-    StateChangeRecord,
 )
-from tuneplane.coordinator.store import Conflict, EnrollRefused, NotFound
-from tuneplane.proto import v1
-from tuneplane.proto.contract.derivation_source import ManifestSummary
-from tuneplane.proto.contract.input_checks import InputRefused
-from tuneplane.proto.contract.jobspec import JobSpecError
+from .errors import BadMessage
+from .members import manifest_from_wire, manifest_to_wire, member_key, member_ref
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +46,11 @@ _STATE_NAMES: dict[int, str] = {
     v1.MemberState.CANCELLING: "cancelling",
     v1.MemberState.LOST: "lost",
 }
-
-
-class BadMessage(ValueError):
-    """A message from a Node that the protocol does not allow (gRPC INVALID_ARGUMENT)."""
+_STATE_VALUES: dict[str, v1.MemberState] = {
+    name: v1.MemberState(state) for state, name in _STATE_NAMES.items()
+}
+#: The member states a Node may report, as the coordinator names them.
+REPORTED_STATES: tuple[str, ...] = tuple(_STATE_NAMES.values())
 
 
 def member_state_name(state: v1.MemberState | int) -> str:
@@ -70,34 +62,48 @@ def member_state_name(state: v1.MemberState | int) -> str:
         ) from None
 
 
-def member_key(ref: v1.MemberRef | None) -> MemberKey:
-    if ref is None or not ref.run_id:
-        raise BadMessage("the message names no member (member.run_id is empty).")
-    return MemberKey(ref.run_id, ref.attempt, ref.member_index)
+def member_state_value(name: str) -> v1.MemberState:
+    """The wire's value of a member state a Node may report (``KeyError`` for any other)."""
+    return _STATE_VALUES[name]
 
 
-def member_ref(key: MemberKey) -> v1.MemberRef:
-    return v1.MemberRef(run_id=key.run_id, attempt=key.attempt, member_index=key.member_index)
+# -- inventory ----------------------------------------------------------------------------------
 
 
-def inventory(inv: v1.Inventory | None, hostname: str = "") -> InventoryInfo:
+def gpu_from_wire(g: v1.Gpu) -> Gpu:
+    return Gpu(
+        index=g.index,
+        series=g.series,
+        healthy=g.healthy,
+        uuid=g.uuid,
+        name=g.name,
+        memory_bytes=g.memory_bytes,
+        mig_enabled=g.mig_enabled,
+        health_reason=g.health_reason,
+    )
+
+
+def gpu_to_wire(g: Gpu) -> v1.Gpu:
+    return v1.Gpu(
+        index=g.index,
+        uuid=g.uuid,
+        name=g.name,
+        series=g.series,
+        memory_bytes=g.memory_bytes,
+        mig_enabled=g.mig_enabled,
+        healthy=g.healthy,
+        health_reason=g.health_reason,
+    )
+
+
+def inventory_from_wire(inv: v1.Inventory | None, hostname: str = "") -> Inventory:
+    """A Node's inventory; ``hostname`` where it names none, and GPU source ``none`` where it
+    names no source."""
     if inv is None:
-        return InventoryInfo(hostname=hostname)
-    return InventoryInfo(
+        return Inventory(hostname=hostname)
+    return Inventory(
         hostname=inv.hostname or hostname,
-        gpus=tuple(
-            GpuInfo(
-                index=g.index,
-                series=g.series,
-                healthy=g.healthy,
-                uuid=g.uuid,
-                name=g.name,
-                memory_bytes=g.memory_bytes,
-                mig_enabled=g.mig_enabled,
-                health_reason=g.health_reason,
-            )
-            for g in inv.gpus
-        ),
+        gpus=tuple(gpu_from_wire(g) for g in inv.gpus),
         gpu_source=inv.gpu_source or "none",
         cpu_count=inv.cpu_count,
         memory_bytes=inv.memory_bytes,
@@ -106,7 +112,23 @@ def inventory(inv: v1.Inventory | None, hostname: str = "") -> InventoryInfo:
     )
 
 
-def held_members(hello: v1.Hello) -> list[HeldMember]:
+def inventory_to_wire(inv: Inventory) -> v1.Inventory:
+    return v1.Inventory(
+        hostname=inv.hostname,
+        cpu_count=inv.cpu_count,
+        memory_bytes=inv.memory_bytes,
+        gpus=[gpu_to_wire(g) for g in inv.gpus],
+        gpu_source=inv.gpu_source,
+        driver_version=inv.driver_version,
+        cuda_version=inv.cuda_version,
+    )
+
+
+# -- Hello ----------------------------------------------------------------------------------------
+
+
+def held_from_wire(hello: v1.Hello) -> list[HeldMember]:
+    """The members a Hello says its Node holds; one the coordinator cannot read is skipped."""
     held = []
     for h in hello.held:
         try:
@@ -116,8 +138,12 @@ def held_members(hello: v1.Hello) -> list[HeldMember]:
     return held
 
 
-def outputs_service(hello: v1.Hello) -> OutputsService | None:
-    """What Hello.outputs says, unchecked (:func:`.outputs_grants.check_service` judges it);
+def held_to_wire(held: HeldMember) -> v1.HeldMember:
+    return v1.HeldMember(member=member_ref(held.member), state=member_state_value(held.state))
+
+
+def outputs_from_wire(hello: v1.Hello) -> OutputsService | None:
+    """What Hello.outputs says, unchecked (:func:`..outputs_grants.check_service` judges it);
     None when the Node serves no outputs (unset, or an empty address)."""
     msg = hello.outputs
     if not betterproto.serialized_on_wire(msg) or not msg.address:
@@ -125,7 +151,16 @@ def outputs_service(hello: v1.Hello) -> OutputsService | None:
     return OutputsService(msg.address, msg.cert_sha256, bytes(msg.grant_key))
 
 
-def report(msg: v1.MemberReport) -> Report:
+def outputs_to_wire(service: OutputsService) -> v1.OutputsService:
+    return v1.OutputsService(
+        address=service.address, cert_sha256=service.cert_sha256, grant_key=service.grant_key
+    )
+
+
+# -- member reports -------------------------------------------------------------------------------
+
+
+def report_from_wire(msg: v1.MemberReport) -> Report:
     return Report(
         report_seq=msg.report_seq,
         member=member_key(msg.member),
@@ -141,37 +176,58 @@ def report(msg: v1.MemberReport) -> Report:
     )
 
 
-def order_message(order: Order) -> v1.CoordinatorMessage:
+def report_to_wire(report: Report) -> v1.MemberReport:
+    return v1.MemberReport(
+        report_seq=report.report_seq,
+        member=member_ref(report.member),
+        state=member_state_value(report.state),
+        at_ms=report.at_ms,
+        reason=report.reason,
+        has_exit=report.has_exit,
+        exit_code=report.exit_code,
+        signal=report.signal,
+        out_dir=report.out_dir,
+        journal_id=report.journal_id,
+        output_manifest=manifest_to_wire(report.manifest),
+    )
+
+
+# -- orders -------------------------------------------------------------------------------------
+
+
+def _prepare_to_wire(order: PrepareOrder) -> v1.Prepare:
+    prepare = v1.Prepare(
+        member=member_ref(order.member),
+        jobspec_json=order.jobspec_json,
+        member_count=order.member_count,
+        gpu_indexes=list(order.gpu_indexes),
+        pick_rendezvous=order.pick_rendezvous,
+        capsule_digests=capsule.digests(order.capsule_files),
+        capsule_files={k: v.encode("utf-8") for k, v in order.capsule_files.items()},
+        owner=order.owner,
+        gpu_uuids=list(order.gpu_uuids),
+        rendezvous_nonce=order.rendezvous_nonce,
+    )
+    if order.master_port:
+        prepare.rendezvous = v1.Rendezvous(
+            master_addr=order.master_addr, master_port=order.master_port
+        )
+    fetch = order.init_from_fetch
+    if fetch is not None:
+        prepare.init_from_fetch = v1.InitFromFetch(
+            address=fetch.address,
+            cert_sha256=fetch.cert_sha256,
+            grant=fetch.grant,
+            grant_expires_at_ms=fetch.grant_expires_at_ms,
+        )
+    return prepare
+
+
+def order_to_wire(order: Order) -> v1.CoordinatorMessage:
     """The CoordinatorMessage that carries ``order`` to its Node."""
     ref = member_ref(order.member)
     if isinstance(order, PrepareOrder):
-        prepare = v1.CoordinatorMessage(
-            prepare=v1.Prepare(
-                member=ref,
-                jobspec_json=order.jobspec_json,
-                member_count=order.member_count,
-                gpu_indexes=list(order.gpu_indexes),
-                pick_rendezvous=order.pick_rendezvous,
-                capsule_digests=capsule.digests(order.capsule_files),
-                capsule_files={k: v.encode("utf-8") for k, v in order.capsule_files.items()},
-                owner=order.owner,
-                gpu_uuids=list(order.gpu_uuids),
-                rendezvous_nonce=order.rendezvous_nonce,
-            )
-        )
-        if order.master_port:
-            prepare.prepare.rendezvous = v1.Rendezvous(
-                master_addr=order.master_addr, master_port=order.master_port
-            )
-        fetch = order.init_from_fetch
-        if fetch is not None:
-            prepare.prepare.init_from_fetch = v1.InitFromFetch(
-                address=fetch.address,
-                cert_sha256=fetch.cert_sha256,
-                grant=fetch.grant,
-                grant_expires_at_ms=fetch.grant_expires_at_ms,
-            )
-        return prepare
+        return v1.CoordinatorMessage(prepare=_prepare_to_wire(order))
     if isinstance(order, CommitOrder):
         return v1.CoordinatorMessage(
             commit=v1.Commit(
@@ -197,149 +253,57 @@ def order_message(order: Order) -> v1.CoordinatorMessage:
     raise TypeError(f"not an order: {order!r}")
 
 
-def _changes(history: tuple[StateChangeRecord, ...]) -> list[v1.StateChange]:
-    return [v1.StateChange(state=h.state, at_ms=h.at_ms, reason=h.reason) for h in history]
-
-
-def job_message(job: JobView) -> v1.Job:
-    return v1.Job(
-        run_id=job.run_id,
-        project=job.project,
-        experiment=job.experiment,
-        owner=job.owner,
-        state=job.state,
-        fleet=job.fleet,
-        profile=job.profile,
-        method_id=job.method_id,
-        preview_id=job.preview_id,
-        digest=job.digest,
-        history=_changes(job.history),
-        attempts=[
-            v1.Attempt(
-                number=a.number,
-                state=a.state,
-                rendezvous=v1.Rendezvous(master_addr=a.master_addr, master_port=a.master_port),
-                created_at_ms=a.created_at_ms,
-                members=[
-                    v1.Member(
-                        index=m.index,
-                        node_id=m.node_id,
-                        state=m.state,
-                        has_exit=m.has_exit,
-                        exit_code=m.exit_code,
-                        signal=m.signal,
-                        out_dir=m.out_dir,
-                        gpu_indexes=list(m.gpu_indexes),
-                        history=_changes(m.history),
-                        ended_at_ms=m.ended_at_ms,
-                        node_name=m.node_name,
-                        output_manifest=manifest_to_wire(m.output_manifest),
-                    )
-                    for m in a.members
-                ],
-            )
-            for a in job.attempts
-        ],
-        created_at_ms=job.created_at_ms,
-        init_from=job.init_from,
-        state_reason=job.state_reason,
-    )
-
-
-def first_failure_message(failed: FirstFailure) -> v1.FirstFailure:
-    m = failed.member
-    return v1.FirstFailure(
-        attempt=failed.attempt,
-        member_index=m.index,
-        node_id=m.node_id,
-        state=m.state,
-        has_exit=m.has_exit,
-        exit_code=m.exit_code,
-        signal=m.signal,
-        at_ms=failed.at_ms,
-        what=failed.what,
-        stderr_tail=failed.stderr_tail,
-        stderr_cut=failed.stderr_cut,
-    )
-
-
-_PASSED_THROUGH = (GRPCError, StreamTerminatedError, ProtocolError)
-
-
-def _only_grpc_error(group: BaseExceptionGroup[BaseException]) -> Exception | None:
-    """A task group's failure that is only a chosen status or a peer that went away (a
-    session's refusal, a Node that dropped): its first such error, else None."""
-    leaves: list[BaseException] = []
-    pending: list[BaseException] = [group]
-    while pending:
-        exc = pending.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            pending.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    if leaves and all(isinstance(leaf, _PASSED_THROUGH) for leaf in leaves):
-        grpc = [leaf for leaf in leaves if isinstance(leaf, GRPCError)]
-        first = (grpc or leaves)[0]
-        assert isinstance(first, Exception)
-        return first
-    return None
-
-
-@contextmanager
-def grpc_errors() -> Iterator[None]:
-    """Translate the coordinator's typed errors into gRPC status codes, once, at the edge.
-
-    This is the one translator: every handler of every listener runs inside it (the listeners
-    wrap each handler, :mod:`~tuneplane.coordinator.message_limits`). An exception nobody
-    expected becomes INTERNAL with an error id that is also in the log, and the process keeps
-    serving.
-    """
+def _prepare_from_wire(node_id: str, p: v1.Prepare) -> PrepareOrder:
+    fetch = None
+    if betterproto.serialized_on_wire(p.init_from_fetch):
+        f = p.init_from_fetch
+        fetch = InitFromFetch(f.address, f.cert_sha256, f.grant, f.grant_expires_at_ms)
+    rdv = p.rendezvous
     try:
-        yield
-    except _PASSED_THROUGH:
-        # A status already chosen, or a peer that went away: grpclib handles both.
-        raise
-    except AuthError as exc:
-        raise GRPCError(Status.UNAUTHENTICATED, str(exc)) from None
-    except (PermissionDenied, EnrollRefused) as exc:
-        raise GRPCError(Status.PERMISSION_DENIED, str(exc)) from None
-    except JobSpecError as exc:
-        raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
-    except BadMessage as exc:
-        raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
-    except NotFound as exc:
-        raise GRPCError(Status.NOT_FOUND, str(exc)) from None
-    except Conflict as exc:
-        raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from None
-    except ConfigError as exc:
-        raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from None
-    except InputRefused as exc:
-        raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
-    except Exception as exc:
-        single = _only_grpc_error(exc) if isinstance(exc, BaseExceptionGroup) else None
-        if single is not None:
-            raise single from None
-        error_id = secrets.token_hex(6)
-        log.exception("unexpected error in a call error_id=%s", error_id)
-        raise GRPCError(
-            Status.INTERNAL,
-            f"The coordinator failed unexpectedly (error id {error_id}) and keeps serving. "
-            "Tell the coordinator's operator the error id; its log holds the details.",
-        ) from None
-
-
-def manifest_from_wire(msg: v1.OutputManifest | None) -> ManifestSummary | None:
-    """A MemberReport's ``output_manifest``; None when the report carries none (a manifest
-    always has a digest or a problem)."""
-    if msg is None or not (msg.sha256 or msg.problem):
-        return None
-    return ManifestSummary(msg.files, msg.bytes, msg.sha256, msg.problem)
-
-
-def manifest_to_wire(summary: ManifestSummary | None) -> v1.OutputManifest:
-    """A member's output manifest for GetJob; empty when its Node reported none."""
-    if summary is None:
-        return v1.OutputManifest()
-    return v1.OutputManifest(
-        files=summary.files, bytes=summary.bytes, sha256=summary.sha256, problem=summary.problem
+        files = {name: data.decode("utf-8") for name, data in p.capsule_files.items()}
+    except UnicodeDecodeError:
+        raise BadMessage("Prepare.capsule_files holds a file that is not UTF-8 text.") from None
+    return PrepareOrder(
+        node_id=node_id,
+        member=member_key(p.member),
+        jobspec_json=p.jobspec_json,
+        member_count=p.member_count,
+        gpu_indexes=tuple(p.gpu_indexes),
+        pick_rendezvous=p.pick_rendezvous,
+        capsule_files=files,
+        owner=p.owner,
+        gpu_uuids=tuple(p.gpu_uuids),
+        rendezvous_nonce=p.rendezvous_nonce,
+        master_addr=rdv.master_addr if rdv else "",
+        master_port=rdv.master_port if rdv else 0,
+        init_from_fetch=fetch,
     )
+
+
+def order_from_wire(node_id: str, msg: v1.CoordinatorMessage) -> Order:
+    """The order a CoordinatorMessage carries to ``node_id`` (what :func:`order_to_wire`
+    wrote); a message that carries no order is a :class:`~.errors.BadMessage`."""
+    kind, body = betterproto.which_one_of(msg, "body")
+    if isinstance(body, v1.Prepare):
+        return _prepare_from_wire(node_id, body)
+    if isinstance(body, v1.Commit):
+        rdv = body.rendezvous
+        return CommitOrder(
+            node_id,
+            member_key(body.member),
+            rdv.master_addr if rdv else "",
+            rdv.master_port if rdv else 0,
+            body.collector_credential,
+            body.telemetry_address,
+        )
+    if isinstance(body, v1.Abort):
+        return AbortOrder(node_id, member_key(body.member), body.reason)
+    if isinstance(body, v1.Cancel):
+        return CancelOrder(
+            node_id,
+            member_key(body.member),
+            body.reason,
+            body.grace_period_s,
+            body.declared_lost,
+        )
+    raise BadMessage(f"the CoordinatorMessage carries {kind or 'nothing'}, not an order.")

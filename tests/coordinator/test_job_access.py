@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tuneplane.coordinator.auth import PermissionDenied
-from tuneplane.coordinator.fleetviews import UserView
 from tuneplane.coordinator.job_access import JobAccess, check_read, may_read
 from tuneplane.coordinator.project import ProjectError, load_project
 from tuneplane.coordinator.store_access import share_list
+from tuneplane.coordinator.values.users import User
 
 JOB = JobAccess("run-1", "alice", ("carol",))
 
@@ -28,7 +28,7 @@ JOB = JobAccess("run-1", "alice", ("carol",))
 def test_owner_shared_users_and_admins_read_nobody_else(
     name: str, role: str, allowed: bool
 ) -> None:
-    user = UserView(name, role, 0)
+    user = User(name, role, 0)
     assert may_read(JOB, user) is allowed
     if allowed:
         check_read(JOB, user, "logs")

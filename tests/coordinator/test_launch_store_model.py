@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any, TypeVar
@@ -24,17 +24,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tuneplane.coordinator import launch, store_lifecycle
 from tuneplane.coordinator.placement import MemberPlacement, Placement
-from tuneplane.coordinator.records import (
+from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.values.jobs import MemberKey, Preview, PreviewSummary
+from tuneplane.coordinator.values.orders import (
     AbortOrder,
     CommitOrder,
-    GpuInfo,
-    InventoryInfo,
-    MemberKey,
+    Gpu,
+    Inventory,
     Order,
     PrepareOrder,
-    PreviewRecord,
 )
-from tuneplane.coordinator.store import Store
 
 T = TypeVar("T")
 NODES = ("node-a", "node-b", "node-c")
@@ -42,12 +41,12 @@ RUN = "run-model"
 DEADLINE = 60_000
 
 
-def _inventory(name: str) -> InventoryInfo:
-    gpus = tuple(GpuInfo(i, "h200", True, f"GPU-{name}-{i}") for i in range(2))
-    return InventoryInfo(hostname=name, gpus=gpus, gpu_source="simulated")
+def _inventory(name: str) -> Inventory:
+    gpus = tuple(Gpu(i, "h200", True, f"GPU-{name}-{i}") for i in range(2))
+    return Inventory(hostname=name, gpus=gpus, gpu_source="simulated")
 
 
-def _sends(orders: list[Order]) -> list[launch.Send]:
+def _sends(orders: Sequence[Order]) -> list[launch.Send]:
     """The store's orders in the table's words."""
     out = []
     for o in orders:
@@ -114,7 +113,14 @@ class StoreBesideTable(RuleBasedStateMachine):
             "resources": {"profile": "h200", "series": "h200", "gpus": count},
         }
         await store.save_preview(
-            PreviewRecord("pv", "d", json.dumps(spec), {"fleet": "default"}, "ada", self.now)
+            Preview(
+                "pv",
+                "d",
+                json.dumps(spec),
+                PreviewSummary("default", "node", "h200", 0, 0, "h200"),
+                self.now,
+                "ada",
+            )
         )
         await store.commit("pv", "d", "rk", "ada", RUN, self.now)
         job = await store.queued_job(RUN)

@@ -12,7 +12,7 @@ from tuneplane.coordinator.lifecycle_failure import (
     member_end,
     tail_lines,
 )
-from tuneplane.coordinator.records import MemberView, StateChangeRecord
+from tuneplane.coordinator.values.jobs import Member, StateChange
 
 
 def _exited(index: int, at_ms: int, code: int = 0, signal: int = 0) -> MemberEnd:
@@ -66,9 +66,9 @@ def test_a_launch_failure_is_a_failure_with_its_nodes_sentence() -> None:
     )
 
 
-def _view(state: str, history: list[tuple[str, int]], ended: int = 0) -> MemberView:
-    changes = tuple(StateChangeRecord(s, at, f"why {s}") for s, at in history)
-    return MemberView(0, "node-a", state, False, 0, 0, "", (), changes, ended)
+def _view(state: str, history: list[tuple[str, int]], ended: int = 0) -> Member:
+    changes = tuple(StateChange(s, at, f"why {s}") for s, at in history)
+    return Member(0, "node-a", state, False, 0, 0, "", (), changes, ended)
 
 
 def test_a_stored_member_is_silent_since_its_trailing_unknown_run() -> None:

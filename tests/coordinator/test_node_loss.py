@@ -22,20 +22,20 @@ from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import ConfigError, parse_config
 from tuneplane.coordinator.node_loss_service import MaxDisconnectWatch, NodeLossDesk
 from tuneplane.coordinator.placement import MemberPlacement, Placement
-from tuneplane.coordinator.records import (
+from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
+from tuneplane.coordinator.store import Conflict, NotFound, Store
+from tuneplane.coordinator.values.jobs import MemberKey, Preview, PreviewSummary
+from tuneplane.coordinator.values.lifecycle import CANCELLING
+from tuneplane.coordinator.values.orders import (
     AbortOrder,
     CancelOrder,
     CommitOrder,
-    GpuInfo,
+    Gpu,
     HeldMember,
-    InventoryInfo,
-    MemberKey,
-    PreviewRecord,
+    Inventory,
     Report,
 )
-from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
-from tuneplane.coordinator.store import Conflict, NotFound, Store
-from tuneplane.coordinator.wire import order_message
+from tuneplane.coordinator.wire.control import order_to_wire
 from tuneplane.proto import v1
 
 T = TypeVar("T")
@@ -174,9 +174,9 @@ def _run(work: Callable[[Store], Awaitable[T]], path: Path) -> T:
     return anyio.run(go)
 
 
-def _inventory(name: str) -> InventoryInfo:
-    gpus = tuple(GpuInfo(i, "h200", True, f"GPU-{name}-{i}") for i in range(2))
-    return InventoryInfo(hostname=name, gpus=gpus, gpu_source="simulated")
+def _inventory(name: str) -> Inventory:
+    gpus = tuple(Gpu(i, "h200", True, f"GPU-{name}-{i}") for i in range(2))
+    return Inventory(hostname=name, gpus=gpus, gpu_source="simulated")
 
 
 async def _job(store: Store, run_id: str, members: int, gpu: int, now: int) -> list[MemberKey]:
@@ -190,7 +190,14 @@ async def _job(store: Store, run_id: str, members: int, gpu: int, now: int) -> l
     }
     preview = f"pv-{run_id}"
     await store.save_preview(
-        PreviewRecord(preview, "d", json.dumps(spec), {"fleet": "default"}, "ada", now)
+        Preview(
+            preview,
+            "d",
+            json.dumps(spec),
+            PreviewSummary("default", "node", "h200", 0, 0, "h200"),
+            now,
+            "ada",
+        )
     )
     await store.commit(preview, "d", f"rk-{run_id}", "ada", run_id, now)
     job = await store.queued_job(run_id)
@@ -377,7 +384,7 @@ def test_a_pending_cancel_completes_once_the_node_is_declared_lost(tmp_path: Pat
         keys = await _world(store)
         await store.node_disconnected(NODE_A, 2000, "test")
         cancel = await store_lifecycle.cancel_job(store, RUN, "ada", False, "", 2500)
-        assert cancel.outcome == store_lifecycle.CANCELLING
+        assert cancel.outcome == CANCELLING
         assert (await store.get_job(RUN)).state == lc.CANCELLING
         loss_b = await store_lifecycle.declare_node_lost(store, NODE_B, "ada", "off", 3000)
         waiting = (await store.get_job(RUN)).state
@@ -481,7 +488,7 @@ def test_the_node_reads_declared_lost_from_the_cancel_on_the_wire() -> None:
     key = MemberKey(RUN, 1, 1)
     for lost in (True, False):
         order = CancelOrder(NODE_B, key, DECLARATION, 7, declared_lost=lost)
-        sent = bytes(order_message(order))
+        sent = bytes(order_to_wire(order))
         cancel = from_wire(v1.CoordinatorMessage().parse(sent))
         assert isinstance(cancel, agent_messages.Cancel)
         assert (cancel.declared_lost, cancel.reason, cancel.grace_period_s) == (

@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 from tuneplane.coordinator import store_fleet
-from tuneplane.coordinator.records import GpuInfo, InventoryInfo
 from tuneplane.coordinator.schema import MIGRATIONS
 from tuneplane.coordinator.store import Conflict, NotFound, Store
+from tuneplane.coordinator.values.orders import Gpu, Inventory
 
 T = TypeVar("T")
 NOW = 1000
@@ -33,9 +33,9 @@ def _run(work: Callable[[Store], Awaitable[T]], path: Path) -> T:
     return anyio.run(go)
 
 
-def _inventory(hostname: str) -> InventoryInfo:
-    return InventoryInfo(
-        hostname=hostname, gpus=(GpuInfo(0, "h200", True, f"GPU-{hostname}"),), gpu_source="sim"
+def _inventory(hostname: str) -> Inventory:
+    return Inventory(
+        hostname=hostname, gpus=(Gpu(0, "h200", True, f"GPU-{hostname}"),), gpu_source="sim"
     )
 
 

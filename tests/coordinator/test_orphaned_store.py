@@ -15,14 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuneplane.coordinator.orphans import Restart, orphaned
-from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.store_metrics import TelemetryStore
-from tuneplane.coordinator.telemetry_records import (
-    CollectorReport,
-    MetricSelector,
-    ShippedPoint,
-    ShippedRestart,
-)
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.metrics import MetricSelector
+from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint, ShippedRestart
 
 FILES = (
     "tb/run/events.out.tfevents.1",

@@ -27,15 +27,15 @@ from tuneplane.coordinator.outputs_grants import (
     fetch_source,
     grant_for,
 )
-from tuneplane.coordinator.records import (
+from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.orders import (
     CommitOrder,
-    InventoryInfo,
-    MemberKey,
+    Inventory,
     Order,
     OutputsService,
     PrepareOrder,
 )
-from tuneplane.coordinator.store import Store, db_path
 from tuneplane.proto.contract.derivation_source import InitFromSource
 from tuneplane.proto.contract.jobspec import canonical_json, loads
 from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES, grant_valid
@@ -159,7 +159,7 @@ def _with_store(tmp_path: Path, work: Callable[[Store], Awaitable[T]]) -> T:
             for node_id in ("node-h", "node-t"):
                 token = secrets.token_hex(8)
                 await store.create_join_token(token, "default", NOW, NOW + 60_000)
-                await store.enroll(token, node_id, InventoryInfo(node_id), f"cred-{node_id}", NOW)
+                await store.enroll(token, node_id, Inventory(node_id), f"cred-{node_id}", NOW)
             return await work(store)
         finally:
             await store.close()
@@ -169,7 +169,7 @@ def _with_store(tmp_path: Path, work: Callable[[Store], Awaitable[T]]) -> T:
 
 def test_each_prepare_naming_a_holder_gets_a_fresh_grant_as_it_leaves(tmp_path: Path) -> None:
     async def work(store: Store) -> tuple[list[Order], list[Order], list[Order]]:
-        await store.node_connected("node-h", InventoryInfo("node-h"), [], NOW, "", SERVICE)
+        await store.node_connected("node-h", Inventory("node-h"), [], NOW, "", SERVICE)
         orders: list[Order] = [
             _prepare("node-t", SOURCE),
             _prepare("node-h", SOURCE, 1),  # the holder itself gets one too: it decides
@@ -179,7 +179,7 @@ def test_each_prepare_naming_a_holder_gets_a_fresh_grant_as_it_leaves(tmp_path: 
         first = await attach(store, orders, NOW)
         again = await attach(store, orders, NOW + 5)
         # The holder's next Hello says it serves nothing: the next Prepare goes without.
-        await store.node_connected("node-h", InventoryInfo("node-h"), [], NOW + 9, "", None)
+        await store.node_connected("node-h", Inventory("node-h"), [], NOW + 9, "", None)
         after = await attach(store, orders, NOW + 10)
         return first, again, after
 
@@ -208,9 +208,9 @@ def test_a_malformed_hello_never_overwrites_with_its_parts(tmp_path: Path) -> No
     bad = attrs.evolve(SERVICE, grant_key=b"short")
 
     async def work(store: Store) -> None:
-        await store.node_connected("node-h", InventoryInfo("node-h"), [], NOW, "", SERVICE)
+        await store.node_connected("node-h", Inventory("node-h"), [], NOW, "", SERVICE)
         await store.node_connected(
-            "node-h", InventoryInfo("node-h"), [], NOW + 1, "", accepted_service("node-h", bad)
+            "node-h", Inventory("node-h"), [], NOW + 1, "", accepted_service("node-h", bad)
         )
 
     _with_store(tmp_path, work)
@@ -219,7 +219,7 @@ def test_a_malformed_hello_never_overwrites_with_its_parts(tmp_path: Path) -> No
 
 def test_a_stored_service_is_read_back_whole(tmp_path: Path) -> None:
     async def work(store: Store) -> dict[str, OutputsService]:
-        await store.node_connected("node-h", InventoryInfo("node-h"), [], NOW, "", SERVICE)
+        await store.node_connected("node-h", Inventory("node-h"), [], NOW, "", SERVICE)
         return await store_fleet.outputs_services(store, {"node-h", "node-t", "node-x"})
 
     assert _with_store(tmp_path, work) == {"node-h": SERVICE}
@@ -233,14 +233,14 @@ def test_a_stored_service_is_read_back_whole(tmp_path: Path) -> None:
 def test_preview_learns_whether_the_holder_serves_is_lost_or_revoked(tmp_path: Path) -> None:
     async def work(store: Store) -> tuple[list[Holder | None], dict[str, OutputsService]]:
         seen = [await store_fleet.holder(store, "node-h")]
-        await store.node_connected("node-h", InventoryInfo("node-h"), [], NOW, "", SERVICE)
+        await store.node_connected("node-h", Inventory("node-h"), [], NOW, "", SERVICE)
         seen.append(await store_fleet.holder(store, "node-h"))
         await store.node_disconnected("node-h", NOW + 1, "the stream ended")
         await store_lifecycle.declare_node_lost(
             store, "node-h", "admin", "the machine burned", NOW + 2, connected=False
         )
         seen.append(await store_fleet.holder(store, "node-h"))
-        await store.node_connected("node-h", InventoryInfo("node-h"), [], NOW + 3, "", SERVICE)
+        await store.node_connected("node-h", Inventory("node-h"), [], NOW + 3, "", SERVICE)
         seen.append(await store_fleet.holder(store, "node-h"))
         await store_identity.revoke_node(store, "node-h", "admin", "decommissioned", NOW + 4)
         seen.append(await store_fleet.holder(store, "node-h"))

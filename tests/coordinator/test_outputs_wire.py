@@ -7,8 +7,9 @@ import attrs
 import betterproto
 import pytest
 
-from tuneplane.coordinator import wire
-from tuneplane.coordinator.records import InitFromFetch, MemberKey, OutputsService, PrepareOrder
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.orders import InitFromFetch, OutputsService, PrepareOrder
+from tuneplane.coordinator.wire.control import order_to_wire, outputs_from_wire
 from tuneplane.proto import v1
 
 pytestmark = pytest.mark.timeout(30)
@@ -27,7 +28,7 @@ ORDER = PrepareOrder(
 
 
 def _through_bytes(order: PrepareOrder) -> v1.Prepare:
-    data = bytes(wire.order_message(order))
+    data = bytes(order_to_wire(order))
     return v1.CoordinatorMessage().parse(data).prepare
 
 
@@ -57,7 +58,7 @@ def test_hello_outputs_are_read_as_sent() -> None:
         outputs=v1.OutputsService(address="10.0.0.7:7463", cert_sha256="cd" * 32, grant_key=key),
     )
     hello = v1.Hello().parse(bytes(sent))
-    assert wire.outputs_service(hello) == OutputsService("10.0.0.7:7463", "cd" * 32, key)
-    assert wire.outputs_service(v1.Hello().parse(bytes(v1.Hello(node_id="node-h")))) is None
+    assert outputs_from_wire(hello) == OutputsService("10.0.0.7:7463", "cd" * 32, key)
+    assert outputs_from_wire(v1.Hello().parse(bytes(v1.Hello(node_id="node-h")))) is None
     empty = v1.Hello(node_id="node-h", outputs=v1.OutputsService(grant_key=key))
-    assert wire.outputs_service(v1.Hello().parse(bytes(empty))) is None
+    assert outputs_from_wire(v1.Hello().parse(bytes(empty))) is None

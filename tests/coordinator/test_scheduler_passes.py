@@ -16,10 +16,10 @@ from pathlib import Path
 import anyio
 
 from tuneplane.coordinator.catalogue import Catalogue
-from tuneplane.coordinator.records import PreviewRecord
 from tuneplane.coordinator.scheduler import Scheduler
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.values.jobs import Preview, PreviewSummary
 
 WAITING_SINCE_ADMISSION = "admitted; waiting for free GPUs"
 
@@ -34,7 +34,14 @@ async def _admit_one(store: Store) -> str:
         "resources": {"profile": "h200", "series": "h200", "gpus": 1},
     }
     await store.save_preview(
-        PreviewRecord("pv-1", "d1", json.dumps(spec), {"fleet": "default"}, "admin", now)
+        Preview(
+            "pv-1",
+            "d1",
+            json.dumps(spec),
+            PreviewSummary("default", "node", "h200", 0, 0, "h200"),
+            now,
+            "admin",
+        )
     )
     receipt = await store.commit("pv-1", "d1", "rk-1", "admin", "run-1", now)
     return receipt.run_id

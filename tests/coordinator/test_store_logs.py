@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.coordinator.records import MemberKey
-from tuneplane.coordinator.store_logs import KEEP_BYTES, BadStream, LogPiece, LogStore
+from tuneplane.coordinator.store_logs import KEEP_BYTES, BadStream, LogStore
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.lifecycle import LogPiece
 
 M = MemberKey("run-1", 1, 0)
 

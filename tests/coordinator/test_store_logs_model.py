@@ -13,8 +13,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.store_logs import KEEP_BYTES, LogStore
+from tuneplane.coordinator.values.jobs import MemberKey
 
 M = MemberKey("run-m", 1, 0)
 FILE = bytes(i % 251 for i in range(3 * KEEP_BYTES))

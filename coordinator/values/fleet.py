@@ -1,21 +1,21 @@
-"""Fleets, Nodes, users and decisions as the store reports them to the API and the admin CLI.
+"""Fleets and Nodes as the store reports them and the Api returns them.
 
-Rules: frozen attrs values only, no betterproto types (the Api handlers convert at the wire edge).
-A Node's scheduling state and its control connectivity are separate fields and never merged.
+Rules: frozen attrs values only (see :mod:`..values`). A Node's scheduling state and its control
+connectivity are separate fields and never merged. Field names follow the Api messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import attrs
 
-from tuneplane.coordinator.records import InventoryInfo, MemberKey
+from .jobs import MemberKey
+from .orders import Inventory
 
 
 @attrs.frozen
-class SeriesCapacityView:
+class SeriesCapacity:
     series: str
     total: int
     healthy: int
@@ -25,20 +25,22 @@ class SeriesCapacityView:
 
 
 @attrs.frozen
-class FleetView:
+class Fleet:
     name: str
     kind: str
     created_at_ms: int
     nodes: int
     connected_nodes: int
     schedulable_nodes: int
-    capacity: tuple[SeriesCapacityView, ...]
+    capacity: tuple[SeriesCapacity, ...]
     queued_jobs: int
     active_jobs: int
 
 
 @attrs.frozen
-class NodeMemberView:
+class NodeMember:
+    """A live member a Node holds."""
+
     member: MemberKey
     state: str
     gpu_indexes: tuple[int, ...]
@@ -46,7 +48,7 @@ class NodeMemberView:
 
 
 @attrs.frozen
-class NodeView:
+class Node:
     id: str
     fleet: str
     hostname: str
@@ -58,10 +60,10 @@ class NodeView:
     disconnected_since_ms: int
     last_heartbeat_ms: int
     enrolled_at_ms: int
-    inventory: InventoryInfo
-    # GPU index -> the member whose reservation holds it.
+    inventory: Inventory
+    # GPU index -> the member whose reservation holds it (only GPUs of the inventory).
     held_by: Mapping[int, MemberKey]
-    members: tuple[NodeMemberView, ...]
+    members: tuple[NodeMember, ...]
     # The control credential's lifetime (epoch ms; 0: none recorded) and when it was revoked.
     credential_issued_at_ms: int = 0
     credential_expires_at_ms: int = 0
@@ -76,21 +78,10 @@ class NodeView:
 
 
 @attrs.frozen
-class UserView:
-    name: str
-    role: str
-    created_at_ms: int
+class NodeRecord:
+    """A Node as the control gateway needs it when a credential or a join token names it."""
 
-
-@attrs.frozen
-class DecisionRow:
-    """One row of the append-only decision log."""
-
-    id: int
-    at_ms: int
-    kind: str
-    run_id: str | None
-    attempt: int | None
-    member_index: int | None
-    node_id: str | None
-    detail: Mapping[str, Any]
+    id: str
+    fleet: str
+    hostname: str
+    connected: bool

@@ -1,25 +1,30 @@
-"""Domain values the store, the scheduler and the gateways pass to each other.
+"""What the Node boundary carries: a Node's inventory, the members it says it holds, its member
+reports, and the orders the coordinator sends it (Prepare, Commit, Abort, Cancel).
 
-Rules: frozen attrs values only; no betterproto type crosses this line (the gateways convert at
-the wire edge), so the store and the scheduler never import the generated protocol code.
+Rules: frozen attrs values only (see :mod:`..values`); :mod:`..wire.control` converts them to
+and from the control stream's messages. Secrets (a grant, a grant key, a rendezvous nonce, a
+collector credential) are kept out of ``repr``, so a logged value never shows one.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 import attrs
 import cattrs
 
 from tuneplane.proto.contract.derivation_source import ManifestSummary
 
+from .jobs import MemberKey
+
 _CONVERTER = cattrs.Converter(forbid_extra_keys=False)
 
 
 @attrs.frozen
-class GpuInfo:
+class Gpu:
+    """One GPU as its Node's inventory names it."""
+
     index: int
     series: str
     healthy: bool
@@ -31,9 +36,11 @@ class GpuInfo:
 
 
 @attrs.frozen
-class InventoryInfo:
+class Inventory:
+    """What a Node says it has: its GPUs (from NVML or a simulation) and the machine around them."""
+
     hostname: str
-    gpus: tuple[GpuInfo, ...] = ()
+    gpus: tuple[Gpu, ...] = ()
     gpu_source: str = "none"
     cpu_count: int = 0
     memory_bytes: int = 0
@@ -44,23 +51,8 @@ class InventoryInfo:
         return json.dumps(_CONVERTER.unstructure(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> InventoryInfo:
+    def from_json(cls, text: str) -> Inventory:
         return _CONVERTER.structure(json.loads(text), cls)
-
-
-@attrs.frozen
-class NodeRecord:
-    id: str
-    fleet: str
-    hostname: str
-    connected: bool
-
-
-@attrs.frozen
-class MemberKey:
-    run_id: str
-    attempt: int
-    member_index: int
 
 
 @attrs.frozen
@@ -102,7 +94,7 @@ class OutputsService:
 @attrs.frozen
 class InitFromFetch:
     """Where a Prepare's Derivation source is fetched from and the grant that lets the Node
-    fetch it (made just before the Prepare is sent, :mod:`.outputs_grants`; never stored)."""
+    fetch it (made just before the Prepare is sent, :mod:`..outputs_grants`; never stored)."""
 
     address: str
     cert_sha256: str
@@ -141,7 +133,7 @@ class CommitOrder:
     master_addr: str
     master_port: int
     # Filled in just before sending (collector_credentials.py): never stored in plain text.
-    collector_credential: str = ""
+    collector_credential: str = attrs.field(default="", repr=False)
     telemetry_address: str = ""
 
 
@@ -165,95 +157,3 @@ class CancelOrder:
 
 
 Order = PrepareOrder | CommitOrder | AbortOrder | CancelOrder
-
-
-@attrs.frozen
-class PreviewRecord:
-    id: str
-    digest: str
-    resolved_json: str
-    summary: Mapping[str, Any]
-    owner: str
-    created_at_ms: int
-
-
-@attrs.frozen
-class ReceiptRecord:
-    run_id: str
-    preview_id: str
-    digest: str
-    retry_key: str
-    admitted_at_ms: int
-    created: bool
-
-
-@attrs.frozen
-class StateChangeRecord:
-    state: str
-    at_ms: int
-    reason: str
-
-
-@attrs.frozen
-class MemberView:
-    index: int
-    node_id: str
-    state: str
-    has_exit: bool
-    exit_code: int
-    signal: int
-    out_dir: str
-    gpu_indexes: tuple[int, ...]
-    history: tuple[StateChangeRecord, ...]
-    # When its Node said it ended (the exit report's at_ms, the Node's clock); 0 when unknown.
-    ended_at_ms: int = 0
-    # Its Node's display name (nodes.name); empty when the Node is unknown.
-    node_name: str = ""
-    # Its output manifest as its Node reported it when the member ended; None before that.
-    output_manifest: ManifestSummary | None = None
-
-
-@attrs.frozen
-class AttemptView:
-    number: int
-    state: str
-    members: tuple[MemberView, ...]
-    master_addr: str
-    master_port: int
-    created_at_ms: int
-
-
-@attrs.frozen
-class JobView:
-    run_id: str
-    project: str
-    experiment: str
-    owner: str
-    state: str
-    fleet: str
-    profile: str
-    method_id: str
-    preview_id: str
-    digest: str
-    init_from: str
-    created_at_ms: int
-    history: tuple[StateChangeRecord, ...] = ()
-    attempts: tuple[AttemptView, ...] = ()
-    # Why the Job is in its state now (for a queued Job: what it waits for).
-    state_reason: str = ""
-
-
-@attrs.frozen
-class QueuedJob:
-    """What the scheduler needs to place a queued Job."""
-
-    run_id: str
-    fleet: str
-    series: str
-    gpus: int
-    members: int | None
-    gpus_per_member: int | None
-    resolved_json: str
-    digest: str
-    # The submitting user: a Node may run the Job's members as the local account of that name.
-    owner: str = ""
