@@ -41,8 +41,8 @@ from tuneplane.agent.inventory import InventorySource, parse_simulate_gpus
 from tuneplane.agent.journal import Exit, Journal, MemberKey, NewMember
 from tuneplane.agent.member_state import MemberEvent
 from tuneplane.agent.members import MemberManager
-from tuneplane.coordinator.apiclient import ApiClient
 from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.cli.api_client import ApiClient
 from tuneplane.coordinator.cli.connection import resolve_connection
 from tuneplane.coordinator.demo import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
@@ -156,7 +156,7 @@ async def _wait_free(api: ApiClient, gpus: int) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         nodes = await api.list_nodes()
-        if sum(1 for n in nodes for g in n.gpus if not g.held_by) >= gpus:
+        if sum(1 for n in nodes for g in n.inventory.gpus if g.index not in n.held_by) >= gpus:
             return
         await asyncio.sleep(0.02)
     raise RuntimeError("the coordinator did not free every GPU within 30 s of the Job ending")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from tuneplane.coordinator.metricsmodel import BucketView
+from tuneplane.coordinator.downsample import Bucket
 
 RANGE = "│"
 LAST = "•"
@@ -22,7 +22,7 @@ def _label(value: float) -> str:
     return f"{value:.4g}"
 
 
-def draw(buckets: Sequence[BucketView], width: int = 80, height: int = 12) -> list[str]:
+def draw(buckets: Sequence[Bucket], width: int = 80, height: int = 12) -> list[str]:
     """The chart's lines; at least 20 columns and 3 rows are drawn whatever is asked."""
     height = max(height, 3)
     finite = [

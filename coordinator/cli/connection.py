@@ -12,8 +12,21 @@ from pathlib import Path
 
 import attrs
 
-from tuneplane.agent.host_port import split_host_port
-from tuneplane.coordinator.apimodel import Endpoint
+from tuneplane.agent.host_port import join_host_port, split_host_port
+
+
+@attrs.frozen
+class Endpoint:
+    """A coordinator API address, the CA that must vouch for it, and the caller's token."""
+
+    host: str
+    port: int
+    ca_path: Path
+    token: str = attrs.field(repr=False)
+
+    @property
+    def address(self) -> str:
+        return join_host_port(self.host, self.port)
 
 
 class ConnectionConfigError(Exception):

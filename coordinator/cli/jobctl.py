@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tuneplane.coordinator import lifecyclemodel as lm
 from tuneplane.coordinator.cli import render
 from tuneplane.coordinator.cli.ops import _HasEndpoint, call, json_option
-from tuneplane.coordinator.lifecyclemodel import CancelOutcome, LogPage, RetryOutcome
+from tuneplane.coordinator.values import lifecycle as lm
+from tuneplane.coordinator.values.lifecycle import CancelOutcome, LogPage, RetryOutcome
 
 if TYPE_CHECKING:
-    from tuneplane.coordinator.apiclient import ApiClient
+    from tuneplane.coordinator.cli.api_client import ApiClient
 
 #: A member that ended but whose Node sends nothing more for this long: stop following.
 FOLLOW_GIVE_UP_S = 30.0

@@ -23,12 +23,13 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from tuneplane.coordinator.apimodel import ApiError, Endpoint
 from tuneplane.coordinator.cli import chart, render
-from tuneplane.coordinator.metricsmodel import DeliveryView, MetricTagView, SeriesView
+from tuneplane.coordinator.cli.api_errors import ApiError
+from tuneplane.coordinator.cli.connection import Endpoint
+from tuneplane.coordinator.values.metrics import Delivery, SeriesResult, TagSummary
 
 if TYPE_CHECKING:
-    from tuneplane.coordinator.metrics_client import MetricsClient
+    from tuneplane.coordinator.cli.metrics_client import MetricsClient
 
 T = TypeVar("T")
 DEFAULT_MAX_POINTS = 1000
@@ -39,7 +40,7 @@ def _run(endpoint: Endpoint, work: Callable[[MetricsClient], Awaitable[T]]) -> T
     # Imported here, as in tp itself: grpclib and betterproto load only when a call is made.
     import asyncio
 
-    from tuneplane.coordinator.metrics_client import MetricsClient
+    from tuneplane.coordinator.cli.metrics_client import MetricsClient
 
     async def go() -> T:
         client = MetricsClient(endpoint)
@@ -66,7 +67,7 @@ def _age(now_ms: int, then_ms: int | None) -> str:
     return f"{seconds / 3600:.1f} h ago"
 
 
-def tags_table(run_id: str, attempt: int, tags: list[MetricTagView], raw: bool) -> Table:
+def tags_table(run_id: str, attempt: int, tags: list[TagSummary], raw: bool) -> Table:
     view = "raw series" if raw else "metrics"
     table = Table(title=f"{view} of {run_id}, attempt {attempt}", title_justify="left")
     table.add_column("tag", overflow="fold")
@@ -89,7 +90,7 @@ def tags_table(run_id: str, attempt: int, tags: list[MetricTagView], raw: bool) 
     return table
 
 
-def series_csv(series: SeriesView) -> str:
+def series_csv(series: SeriesResult) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["first_step", "last_step", "count", "min", "max", "last"])
@@ -100,7 +101,7 @@ def series_csv(series: SeriesView) -> str:
     return out.getvalue()
 
 
-def series_heading(run_id: str, series: SeriesView) -> str:
+def series_heading(run_id: str, series: SeriesResult) -> str:
     merged = f", {series.series} series merged" if series.series > 1 else ""
     if series.downsampled:
         shape = (
@@ -112,7 +113,7 @@ def series_heading(run_id: str, series: SeriesView) -> str:
     return f"{series.tag} of {run_id}, attempt {series.attempt}: {shape}{merged}"
 
 
-def points_table(series: SeriesView) -> Table:
+def points_table(series: SeriesResult) -> Table:
     table = Table(show_header=True)
     if series.downsampled:
         for column in ("steps", "count", "min", "max", "last"):
@@ -133,7 +134,7 @@ def points_table(series: SeriesView) -> Table:
     return table
 
 
-def delivery_table(now_ms: int, members: list[DeliveryView]) -> Table:
+def delivery_table(now_ms: int, members: list[Delivery]) -> Table:
     table = Table(title="telemetry delivery", title_justify="left")
     for column in ("attempt", "member", "points stored", "spooled on Node", "last point", "state"):
         right = column not in ("state", "last point")
@@ -155,8 +156,8 @@ def delivery_table(now_ms: int, members: list[DeliveryView]) -> Table:
         if d.orphaned_points:
             state += f"; {d.orphaned_points} points orphaned by a restarted TensorBoard writer"
         table.add_row(
-            str(d.attempt),
-            str(d.member_index),
+            str(d.member.attempt),
+            str(d.member.member_index),
             str(d.points_stored),
             str(d.spool_points),
             _age(now_ms, d.last_point_wall_ms),
@@ -165,7 +166,7 @@ def delivery_table(now_ms: int, members: list[DeliveryView]) -> Table:
     return table
 
 
-def hparams_table(members: list[DeliveryView]) -> Table | None:
+def hparams_table(members: list[Delivery]) -> Table | None:
     """Each member's runs and the hparams they recorded; None when none recorded any."""
     rows = [(d, h) for d in members for h in d.hparams]
     if not rows:
@@ -175,8 +176,8 @@ def hparams_table(members: list[DeliveryView]) -> Table | None:
         table.add_column(column, justify="right" if column in ("attempt", "member") else "left")
     for d, h in rows:
         table.add_row(
-            str(d.attempt),
-            str(d.member_index),
+            str(d.member.attempt),
+            str(d.member.member_index),
             h.source,
             ", ".join(f"{name}={value}" for name, value in h.hparams) or "-",
             ", ".join(h.metrics) or "-",
@@ -184,12 +185,12 @@ def hparams_table(members: list[DeliveryView]) -> Table | None:
     return table
 
 
-def hparams_json(members: list[DeliveryView]) -> list[dict[str, Any]]:
+def hparams_json(members: list[Delivery]) -> list[dict[str, Any]]:
     """Each run's hparams for ``--json``: values as the JSON they were recorded as."""
     return [
         {
-            "attempt": d.attempt,
-            "member_index": d.member_index,
+            "attempt": d.member.attempt,
+            "member_index": d.member.member_index,
             "source": h.source,
             "hparams": {name: json.loads(value) for name, value in h.hparams},
             "metrics": list(h.metrics),
@@ -225,8 +226,27 @@ def delivery_section(endpoint: Endpoint, run_id: str) -> list[Any]:
     return [delivery_table(now, members)] + ([hparams] if hparams is not None else [])
 
 
-def _delivery_json(now: int, members: list[DeliveryView]) -> dict[str, Any]:
-    return {"server_time_ms": now, "members": members}
+def delivery_json(d: Delivery) -> dict[str, Any]:
+    """One member's delivery as ``--json`` prints it: its attempt and index beside its counts
+    (the Job is the one the command named)."""
+    return {
+        "attempt": d.member.attempt,
+        "member_index": d.member.member_index,
+        "points_stored": d.points_stored,
+        "spool_points": d.spool_points,
+        "backpressure": d.backpressure,
+        "drained": d.drained,
+        "last_point_wall_ms": d.last_point_wall_ms,
+        "last_contact_ms": d.last_contact_ms,
+        "warnings": d.warnings,
+        "data_loss_warnings": d.data_loss_warnings,
+        "hparams": d.hparams,
+        "orphaned_points": d.orphaned_points,
+    }
+
+
+def _delivery_json(now: int, members: list[Delivery]) -> dict[str, Any]:
+    return {"server_time_ms": now, "members": [delivery_json(d) for d in members]}
 
 
 @click.command("metrics")
@@ -287,7 +307,7 @@ def metrics(
     at, src = attempt or 0, source or ""
     if not tag:
 
-        async def list_work(api: MetricsClient) -> tuple[int, list[MetricTagView]]:
+        async def list_work(api: MetricsClient) -> tuple[int, list[TagSummary]]:
             return await api.list_metrics(run_id, raw=raw, attempt=at, member=member, source=src)
 
         found_attempt, tags = _run(endpoint, list_work)
@@ -299,7 +319,7 @@ def metrics(
             out.print(tags_table(run_id, found_attempt, tags, raw))
         return
 
-    async def series_work(api: MetricsClient) -> SeriesView:
+    async def series_work(api: MetricsClient) -> SeriesResult:
         assert tag is not None
         return await api.query_series(
             run_id, tag, max_points, raw=raw, attempt=at, member=member, source=src

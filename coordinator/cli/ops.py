@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import click
 
-from tuneplane.coordinator.apimodel import Endpoint
 from tuneplane.coordinator.cli import render, render_fleet
-from tuneplane.coordinator.fleetmodel import Fleet, Node
+from tuneplane.coordinator.cli.connection import Endpoint
+from tuneplane.coordinator.values.fleet import Fleet, Node
 
 if TYPE_CHECKING:
-    from tuneplane.coordinator.apiclient import ApiClient
+    from tuneplane.coordinator.cli.api_client import ApiClient
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ def call(options: _HasEndpoint, work: Callable[[ApiClient], Awaitable[T]]) -> T:
     # Imported here for the same reason tp does: asyncio and grpclib cost start-up time.
     import asyncio
 
-    from tuneplane.coordinator.apiclient import ApiClient
+    from tuneplane.coordinator.cli.api_client import ApiClient
 
     endpoint = options.endpoint()
 
@@ -109,7 +109,7 @@ def node_ls(options: _HasEndpoint, fleet: str, as_json: bool) -> None:
 
     nodes = call(options, work)
     if as_json:
-        click.echo(render.to_json(nodes))
+        click.echo(render.to_json([render_fleet.node_json(n) for n in nodes]))
     elif not nodes:
         click.echo("No Nodes" + (f" in Fleet {fleet}." if fleet else " are enrolled."))
     else:
@@ -128,7 +128,7 @@ def node_show(options: _HasEndpoint, node_id: str, as_json: bool) -> None:
 
     found = call(options, work)
     if as_json:
-        click.echo(render.to_json(found))
+        click.echo(render.to_json(render_fleet.node_json(found)))
         return
     out = render.console()
     for part in render_fleet.node_view(found, _now_ms()):
@@ -141,7 +141,7 @@ def _change(options: _HasEndpoint, node_id: str, wanted: str, reason: str, as_js
 
     node = call(options, work)
     if as_json:
-        click.echo(render.to_json(node))
+        click.echo(render.to_json(render_fleet.node_json(node)))
         return
     held = len(node.members)
     connectivity = render_fleet.control(node, _now_ms())

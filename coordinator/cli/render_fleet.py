@@ -1,18 +1,82 @@
-"""How ``tp`` shows Fleets and Nodes to people (``--json`` goes through :func:`render.to_json`).
+"""How ``tp`` shows Fleets and Nodes: to people, and as JSON for scripts (a Fleet through
+:func:`render.to_json`, a Node through :func:`node_json`).
 
 Rules: a Node's scheduling state and its control connectivity are always shown as two separate
 things; a time is shown with how long ago it was; nothing the coordinator reported is hidden (an
-empty list says so).
+empty list says so). A Node's JSON keeps the shape scripts read: its inventory's fields at the
+top, each GPU with who holds it (``<run id>/<attempt>/<member>``, empty when free), each member
+with its run id, attempt and index.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from tuneplane.coordinator.cli.render import _heading, _pairs, when
-from tuneplane.coordinator.fleetmodel import Fleet, Node, SeriesCapacity
+from tuneplane.coordinator.values.fleet import Fleet, Node, SeriesCapacity
+
+
+def _holder(node: Node, index: int) -> str:
+    """Who holds GPU ``index`` of ``node`` (``<run id>/<attempt>/<member>``); "" when free."""
+    held = node.held_by.get(index)
+    return held.text if held is not None else ""
+
+
+def node_json(node: Node) -> dict[str, Any]:
+    """``node`` as ``tp node ls/show --json`` prints it."""
+    inv = node.inventory
+    return {
+        "id": node.id,
+        "name": node.name,
+        "fleet": node.fleet,
+        "hostname": node.hostname,
+        "scheduling": node.scheduling,
+        "scheduling_reason": node.scheduling_reason,
+        "scheduling_changed_at_ms": node.scheduling_changed_at_ms,
+        "scheduling_changed_by": node.scheduling_changed_by,
+        "connected": node.connected,
+        "disconnected_since_ms": node.disconnected_since_ms,
+        "last_heartbeat_ms": node.last_heartbeat_ms,
+        "enrolled_at_ms": node.enrolled_at_ms,
+        "cpu_count": inv.cpu_count,
+        "memory_bytes": inv.memory_bytes,
+        "gpu_source": inv.gpu_source,
+        "driver_version": inv.driver_version,
+        "cuda_version": inv.cuda_version,
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "series": g.series,
+                "memory_bytes": g.memory_bytes,
+                "healthy": g.healthy,
+                "health_reason": g.health_reason,
+                "held_by": _holder(node, g.index),
+            }
+            for g in inv.gpus
+        ],
+        "members": [
+            {
+                "run_id": m.member.run_id,
+                "attempt": m.member.attempt,
+                "member_index": m.member.member_index,
+                "state": m.state,
+                "gpu_indexes": list(m.gpu_indexes),
+                "owner": m.owner,
+            }
+            for m in node.members
+        ],
+        "credential_issued_at_ms": node.credential_issued_at_ms,
+        "credential_expires_at_ms": node.credential_expires_at_ms,
+        "revoked_at_ms": node.revoked_at_ms,
+        "dialed_address": node.dialed_address,
+        "outputs_address": node.outputs_address,
+    }
 
 
 def ago(ms: int, now_ms: int) -> str:
@@ -116,11 +180,11 @@ def fleet_view(fleet: Fleet) -> list[RenderableType]:
 
 def _gpu_summary(node: Node) -> str:
     by_series: dict[str, list[int]] = {}
-    for g in node.gpus:
+    for g in node.inventory.gpus:
         c = by_series.setdefault(g.series, [0, 0, 0])  # total, healthy, free
         c[0] += 1
         c[1] += g.healthy
-        c[2] += g.healthy and not g.held_by
+        c[2] += g.healthy and g.index not in node.held_by
     return (
         "; ".join(
             f"{s} x{c[0]} ({c[2]} free"
@@ -156,6 +220,7 @@ def _bytes(n: int) -> str:
 
 
 def node_view(node: Node, now_ms: int) -> list[RenderableType]:
+    inv = node.inventory
     scheduling = node.scheduling
     if node.scheduling_changed_at_ms:
         why = f": {node.scheduling_reason}" if node.scheduling_reason else ""
@@ -177,12 +242,12 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
                 ("Last heartbeat", ago(node.last_heartbeat_ms, now_ms)),
                 ("Enrolled", when(node.enrolled_at_ms)),
                 ("Credential", credential(node, now_ms)),
-                ("CPUs", str(node.cpu_count or "-")),
-                ("Memory", _bytes(node.memory_bytes)),
+                ("CPUs", str(inv.cpu_count or "-")),
+                ("Memory", _bytes(inv.memory_bytes)),
                 (
                     "GPU source",
-                    f"{node.gpu_source or 'none'} (driver {node.driver_version or '-'}, "
-                    f"CUDA {node.cuda_version or '-'})",
+                    f"{inv.gpu_source or 'none'} (driver {inv.driver_version or '-'}, "
+                    f"CUDA {inv.cuda_version or '-'})",
                 ),
             ]
         ),
@@ -191,7 +256,7 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
     gpus = Table()
     for column in ("INDEX", "UUID", "SERIES", "NAME", "MEMORY", "HEALTH", "HELD BY"):
         gpus.add_column(column)
-    for g in node.gpus:
+    for g in inv.gpus:
         health = "healthy" if g.healthy else f"unhealthy: {g.health_reason or 'no reason given'}"
         gpus.add_row(
             str(g.index),
@@ -200,9 +265,9 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
             g.name or "-",
             _bytes(g.memory_bytes),
             Text(health),
-            g.held_by or "free",
+            _holder(node, g.index) or "free",
         )
-    if not node.gpus:
+    if not inv.gpus:
         gpus.add_row("(no GPUs reported)", "", "", "", "", "")
     parts += [gpus, _heading("Members")]
     members = Table()
@@ -210,9 +275,9 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
         members.add_column(column)
     for m in node.members:
         members.add_row(
-            m.run_id,
-            str(m.attempt),
-            str(m.member_index),
+            m.member.run_id,
+            str(m.member.attempt),
+            str(m.member.member_index),
             m.state,
             ",".join(str(g) for g in m.gpu_indexes) or "-",
             m.owner or "-",

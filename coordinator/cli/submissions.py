@@ -19,8 +19,8 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
 from tuneplane.agent.atomic_file import write_atomic
-from tuneplane.coordinator.apimodel import Preview, Receipt
 from tuneplane.coordinator.project import Project, ProjectError
+from tuneplane.coordinator.values.jobs import Preview, Receipt
 
 SUBMISSIONS_DIR = "submissions"
 FORMAT = "tuneplane/submission-v1"

@@ -18,20 +18,19 @@ import attrs
 import click
 
 from tuneplane.coordinator import lifecycle
-from tuneplane.coordinator.apimodel import (
-    JOB_LIST_DEFAULT,
-    JOB_LIST_MAX,
+from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.cli import render, submissions
+from tuneplane.coordinator.cli.api_errors import (
     ApiError,
     ClientConfigError,
     CoordinatorUnreachable,
-    Endpoint,
-    Job,
-    Receipt,
     RequestRefused,
 )
-from tuneplane.coordinator.catalogue import Catalogue
-from tuneplane.coordinator.cli import render, submissions
-from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
+from tuneplane.coordinator.cli.connection import (
+    ConnectionConfigError,
+    Endpoint,
+    resolve_connection,
+)
 from tuneplane.coordinator.cli.intent import IntentError, SubmitRequest, build_jobspec
 from tuneplane.coordinator.cli.jobctl import job_cancel, job_retry, logs_command
 from tuneplane.coordinator.cli.metrics import delivery_section, job_json, metrics
@@ -45,10 +44,11 @@ from tuneplane.coordinator.project import (
     init_project,
     upgrade_lock,
 )
+from tuneplane.coordinator.values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, Job, Receipt
 from tuneplane.proto.contract import jobspec
 
 if TYPE_CHECKING:
-    from tuneplane.coordinator.apiclient import ApiClient
+    from tuneplane.coordinator.cli.api_client import ApiClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,7 +77,7 @@ def _run(endpoint: Endpoint, work: Callable[[ApiClient], Awaitable[T]]) -> T:
     # the commands that never talk to the coordinator (init, new, recipe) should not pay.
     import asyncio
 
-    from tuneplane.coordinator.apiclient import ApiClient
+    from tuneplane.coordinator.cli.api_client import ApiClient
 
     async def go() -> T:
         async with ApiClient(endpoint) as api:

@@ -24,8 +24,10 @@ from rich.live import Live
 from rich.text import Text
 
 from tuneplane.coordinator import lifecycle
-from tuneplane.coordinator.apimodel import Endpoint, Job, RequestRefused
 from tuneplane.coordinator.cli import render
+from tuneplane.coordinator.cli.api_errors import ApiError, RequestRefused
+from tuneplane.coordinator.cli.connection import Endpoint
+from tuneplane.coordinator.values.jobs import Job
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,8 +45,6 @@ class Outage:
     problem: str = ""
 
     async def poll(self, fetch: Callable[[], Awaitable[T]]) -> T | None:
-        from tuneplane.coordinator.apimodel import ApiError
-
         try:
             value = await fetch()
         except RequestRefused:
@@ -63,7 +63,7 @@ def _fingerprint(job: Job) -> str:
 
 
 async def _follow(endpoint: Endpoint, run_id: str, as_json: bool, interval_s: float) -> Job:
-    from tuneplane.coordinator.apiclient import ApiClient
+    from tuneplane.coordinator.cli.api_client import ApiClient
 
     out = render.console()
     live_mode = out.is_terminal and not as_json

@@ -22,8 +22,9 @@ from tuneplane.agent.call_failure import (
     classify,
 )
 from tuneplane.collector.ship_wire import Gateway, Progress, ShipFailed, open_telemetry_client
-from tuneplane.coordinator.apiclient import ApiClient
-from tuneplane.coordinator.apimodel import CoordinatorUnreachable, Endpoint, RequestRefused
+from tuneplane.coordinator.cli.api_client import ApiClient
+from tuneplane.coordinator.cli.api_errors import CoordinatorUnreachable, RequestRefused
+from tuneplane.coordinator.cli.connection import Endpoint
 from tuneplane.coordinator.tls import create_dev_ca
 
 pytestmark = pytest.mark.timeout(30)

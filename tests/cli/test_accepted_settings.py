@@ -14,8 +14,8 @@ from grpclib.const import Status
 from tests.cli.tp_process import run_tp, run_tp_as
 from tests.coordinator.grpc_client import api_client, jobspec
 from tests.support.coordinator import start_coordinator
-from tuneplane.coordinator.apimodel import JOB_LIST_DEFAULT, JOB_LIST_MAX
 from tuneplane.coordinator.config import DEFAULT_CONFIG, parse_config
+from tuneplane.coordinator.values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX
 from tuneplane.proto import v1
 
 pytestmark = pytest.mark.timeout(120)

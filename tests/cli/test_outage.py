@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tuneplane.coordinator.apimodel import CoordinatorUnreachable, RequestRefused
+from tuneplane.coordinator.cli.api_errors import CoordinatorUnreachable, RequestRefused
 from tuneplane.coordinator.cli.watch import Outage
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.coordinator.apimodel import Preview, PreviewSummary, Receipt
 from tuneplane.coordinator.cli import submissions
 from tuneplane.coordinator.project import Project, ProjectError, init_project
+from tuneplane.coordinator.values.jobs import Preview, PreviewSummary, Receipt
 
 
 @pytest.fixture

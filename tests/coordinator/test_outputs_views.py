@@ -10,7 +10,7 @@ from rich.console import Console
 
 from tuneplane.coordinator.cli.render_fleet import node_view
 from tuneplane.coordinator.cli.render_launch import begins_from
-from tuneplane.coordinator.fleetwire import node_from_wire
+from tuneplane.coordinator.wire.fleet import node_from_wire
 from tuneplane.proto import v1
 
 pytestmark = pytest.mark.timeout(30)

@@ -30,8 +30,10 @@ from tuneplane.agent.wire import UnknownMessage, from_wire
 from tuneplane.collector.jsonl import JsonlDecoder
 from tuneplane.collector.tfevent import TFEventDecoder
 from tuneplane.collector.tfrecord import frame
-from tuneplane.coordinator import fleetwire, wire
 from tuneplane.coordinator.message_limits import MAX_SHIP_POINTS, decode
+from tuneplane.coordinator.wire import control, fleet, telemetry
+from tuneplane.coordinator.wire.errors import BadMessage
+from tuneplane.coordinator.wire.members import member_key
 from tuneplane.proto import v1
 from tuneplane.proto.contract import jobspec
 
@@ -158,18 +160,29 @@ def request_bytes(draw: st.DrawFn) -> tuple[type[betterproto.Message], bytes]:
 def _convert(message: Any) -> None:
     """What the coordinator does with a decoded request before any store call."""
     if isinstance(message, v1.EnrollRequest):
-        wire.inventory(message.inventory, message.hostname)
+        control.inventory_from_wire(message.inventory, message.hostname)
     elif isinstance(message, v1.NodeMessage):
         _, body = betterproto.which_one_of(message, "body")
         if isinstance(body, v1.Hello):
-            wire.inventory(body.inventory)
-            wire.held_members(body)
+            control.inventory_from_wire(body.inventory)
+            control.held_from_wire(body)
+            control.outputs_from_wire(body)
         elif isinstance(body, v1.Heartbeat):
-            wire.inventory(body.inventory)
+            control.inventory_from_wire(body.inventory)
         elif isinstance(body, v1.MemberReport):
-            wire.report(body)
+            control.report_from_wire(body)
         elif isinstance(body, v1.PrepareReply | v1.DecisionQuery | v1.LogChunk):
-            wire.member_key(body.member)
+            member_key(body.member)
+    elif isinstance(message, v1.ShipRequest):
+        member_key(message.member)
+        telemetry.progress_from_wire(message.progress)
+        for point in message.points:
+            telemetry.point_from_wire(point)
+        telemetry.points_from_columns(message.columns)
+        for restart in message.restarts:
+            telemetry.restart_from_wire(restart)
+        for hparams in message.hparams:
+            telemetry.hparams_from_wire(hparams)
     elif isinstance(message, v1.PreviewRequest):
         with contextlib.suppress(jobspec.JobSpecError):
             jobspec.loads(message.jobspec_json)
@@ -190,7 +203,7 @@ def test_every_rpc_request_decodes_or_is_refused_with_a_documented_status(
     assert isinstance(message, cls)
     try:
         _convert(message)
-    except wire.BadMessage as exc:
+    except BadMessage as exc:
         assert str(exc).endswith("."), exc
 
 
@@ -210,9 +223,9 @@ def test_what_the_agent_accepts_is_a_message_or_a_documented_refusal(data: bytes
 
 @FUZZ
 @given(messages(v1.Node), messages(v1.Fleet))
-def test_tp_reads_any_node_or_fleet_reply(node: v1.Node, fleet: v1.Fleet) -> None:
-    fleetwire.node_from_wire(v1.Node().parse(bytes(node)))
-    fleetwire.fleet_from_wire(v1.Fleet().parse(bytes(fleet)))
+def test_tp_reads_any_node_or_fleet_reply(node: v1.Node, fleet_msg: v1.Fleet) -> None:
+    fleet.node_from_wire(v1.Node().parse(bytes(node)))
+    fleet.fleet_from_wire(v1.Fleet().parse(bytes(fleet_msg)))
 
 
 def test_a_ship_batch_is_counted_before_it_is_decoded() -> None:

@@ -2,9 +2,9 @@
 
 Rules: TLS with server verification against one CA file, always; every call has a deadline and
 carries ``authorization: Bearer <token>``; gRPC, TLS and socket errors are translated here, once,
-into :class:`~tuneplane.coordinator.apimodel.ApiError` subclasses whose ``str()`` is a sentence
-(the server's own when it refused); messages become :mod:`~tuneplane.coordinator.apimodel` values
-here, so nothing above imports betterproto.
+into :class:`~.api_errors.ApiError` subclasses whose ``str()`` is a sentence (the server's own
+when it refused); replies become :mod:`tuneplane.coordinator.values` through
+:mod:`tuneplane.coordinator.wire`, so nothing above imports betterproto.
 """
 
 from __future__ import annotations
@@ -15,122 +15,24 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-import betterproto
 from grpclib.client import Channel
 
 from tuneplane.agent.call_failure import CALL_ERRORS, CallFailure, Kind, classify
 from tuneplane.agent.client_tls import CaFileError, grpc_client_context
-from tuneplane.coordinator.apimodel import (
-    ApiError,
-    Attempt,
-    ClientConfigError,
-    CoordinatorUnreachable,
-    Endpoint,
-    FirstFailure,
-    Job,
-    Member,
-    Preview,
-    PreviewSummary,
-    Receipt,
-    RequestRefused,
-    StateChange,
-)
-from tuneplane.coordinator.fleetmodel import Fleet, Node
-from tuneplane.coordinator.fleetwire import fleet_from_wire, node_from_wire
-from tuneplane.coordinator.lifecyclemodel import (
-    CancelOutcome,
-    LogPage,
-    LogPiece,
-    NodeLossOutcome,
-    RetryOutcome,
-)
 from tuneplane.proto import v1
-from tuneplane.proto.contract.derivation_source import ManifestSummary
+
+from ..values.fleet import Fleet, Node
+from ..values.jobs import Job, Preview, Receipt
+from ..values.lifecycle import CancelOutcome, LogPage, NodeLossOutcome, RetryOutcome
+from ..wire.fleet import fleet_from_wire, fleets_from_wire, node_from_wire, nodes_from_wire
+from ..wire.jobs import job_from_wire, jobs_from_wire, preview_from_wire, receipt_from_wire
+from ..wire.lifecycle import cancel_from_wire, logs_from_wire, node_loss_from_wire, retry_from_wire
+from .api_errors import ApiError, ClientConfigError, CoordinatorUnreachable, RequestRefused
+from .connection import Endpoint
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0
 T = TypeVar("T")
-
-
-def _changes(items: list[v1.StateChange]) -> tuple[StateChange, ...]:
-    return tuple(StateChange(c.state, c.at_ms, c.reason) for c in items)
-
-
-def _manifest(msg: v1.OutputManifest | None) -> ManifestSummary | None:
-    """A member's output manifest summary; None when its Node reported none (yet): a manifest
-    always has a digest or a problem."""
-    if msg is None or not (msg.sha256 or msg.problem):
-        return None
-    return ManifestSummary(msg.files, msg.bytes, msg.sha256, msg.problem)
-
-
-def job_from_wire(msg: v1.Job) -> Job:
-    attempts = []
-    for a in msg.attempts:
-        members = tuple(
-            Member(
-                index=m.index,
-                node_id=m.node_id,
-                state=m.state,
-                has_exit=m.has_exit,
-                exit_code=m.exit_code,
-                signal=m.signal,
-                out_dir=m.out_dir,
-                gpu_indexes=tuple(m.gpu_indexes),
-                history=_changes(m.history),
-                ended_at_ms=m.ended_at_ms,
-                node_name=m.node_name,
-                output_manifest=_manifest(m.output_manifest),
-            )
-            for m in a.members
-        )
-        rdv = a.rendezvous
-        attempts.append(
-            Attempt(
-                number=a.number,
-                state=a.state,
-                members=members,
-                master_addr=rdv.master_addr if rdv else "",
-                master_port=rdv.master_port if rdv else 0,
-                created_at_ms=a.created_at_ms,
-            )
-        )
-    return Job(
-        run_id=msg.run_id,
-        project=msg.project,
-        experiment=msg.experiment,
-        owner=msg.owner,
-        state=msg.state,
-        fleet=msg.fleet,
-        profile=msg.profile,
-        method_id=msg.method_id,
-        preview_id=msg.preview_id,
-        digest=msg.digest,
-        history=_changes(msg.history),
-        attempts=tuple(attempts),
-        created_at_ms=msg.created_at_ms,
-        init_from=msg.init_from,
-        state_reason=msg.state_reason,
-        first_failure=_first_failure(msg.first_failure),
-    )
-
-
-def _first_failure(f: v1.FirstFailure) -> FirstFailure | None:
-    if not betterproto.serialized_on_wire(f):
-        return None
-    return FirstFailure(
-        attempt=f.attempt,
-        member_index=f.member_index,
-        node_id=f.node_id,
-        state=f.state,
-        has_exit=f.has_exit,
-        exit_code=f.exit_code,
-        signal=f.signal,
-        at_ms=f.at_ms,
-        what=f.what,
-        stderr_tail=f.stderr_tail,
-        stderr_cut=f.stderr_cut,
-    )
 
 
 # -- the client ------------------------------------------------------------------------------
@@ -166,21 +68,12 @@ class ApiClient:
         reply = await self._call(
             "Preview", lambda t: self._stub.preview(v1.PreviewRequest(jobspec_json), timeout=t)
         )
-        s = reply.summary or v1.PreviewSummary()
-        return Preview(
-            preview_id=reply.preview_id,
-            digest=reply.digest,
-            resolved_jobspec_json=reply.resolved_jobspec_json,
-            summary=PreviewSummary(
-                s.fleet, s.backend, s.series, s.gpus_per_member, s.members, s.profile
-            ),
-            created_at_ms=reply.created_at_ms,
-        )
+        return preview_from_wire(reply)
 
     async def commit(self, preview_id: str, digest: str, retry_key: str) -> Receipt:
         request = v1.CommitRequest(preview_id=preview_id, digest=digest, retry_key=retry_key)
-        r = await self._call("Commit", lambda t: self._stub.commit(request, timeout=t))
-        return Receipt(r.run_id, r.preview_id, r.digest, r.retry_key, r.admitted_at_ms, r.created)
+        reply = await self._call("Commit", lambda t: self._stub.commit(request, timeout=t))
+        return receipt_from_wire(reply)
 
     async def get_job(self, run_id: str) -> Job:
         msg = await self._call(
@@ -193,13 +86,13 @@ class ApiClient:
     ) -> list[Job]:
         request = v1.ListJobsRequest(project=project, state=state, mine=mine, limit=limit)
         reply = await self._call("ListJobs", lambda t: self._stub.list_jobs(request, timeout=t))
-        return [job_from_wire(j) for j in reply.jobs]
+        return jobs_from_wire(reply)
 
     async def list_fleets(self) -> list[Fleet]:
         reply = await self._call(
             "ListFleets", lambda t: self._stub.list_fleets(v1.ListFleetsRequest(), timeout=t)
         )
-        return [fleet_from_wire(f) for f in reply.fleets]
+        return fleets_from_wire(reply)
 
     async def get_fleet(self, name: str) -> Fleet:
         msg = await self._call(
@@ -211,7 +104,7 @@ class ApiClient:
         reply = await self._call(
             "ListNodes", lambda t: self._stub.list_nodes(v1.ListNodesRequest(fleet), timeout=t)
         )
-        return [node_from_wire(n) for n in reply.nodes]
+        return nodes_from_wire(reply)
 
     async def get_node(self, node_id: str) -> Node:
         msg = await self._call(
@@ -245,21 +138,17 @@ class ApiClient:
         reply = await self._call(
             "DeclareNodeLost", lambda t: self._stub.declare_node_lost(request, timeout=t)
         )
-        return NodeLossOutcome(
-            node_from_wire(reply.node or v1.Node()),
-            tuple(f"{m.run_id}/{m.attempt}/{m.member_index}" for m in reply.lost),
-            tuple(job_from_wire(j) for j in reply.jobs),
-        )
+        return node_loss_from_wire(reply)
 
     async def cancel_job(self, run_id: str, reason: str = "") -> CancelOutcome:
         request = v1.CancelJobRequest(run_id=run_id, reason=reason)
         reply = await self._call("CancelJob", lambda t: self._stub.cancel_job(request, timeout=t))
-        return CancelOutcome(reply.outcome, job_from_wire(reply.job or v1.Job()))
+        return cancel_from_wire(reply)
 
     async def retry_job(self, run_id: str) -> RetryOutcome:
         request = v1.RetryJobRequest(run_id=run_id)
         reply = await self._call("RetryJob", lambda t: self._stub.retry_job(request, timeout=t))
-        return RetryOutcome(reply.attempt, job_from_wire(reply.job or v1.Job()))
+        return retry_from_wire(reply)
 
     async def get_logs(
         self,
@@ -278,17 +167,8 @@ class ApiClient:
             from_offset=from_offset,
             max_bytes=max_bytes,
         )
-        r = await self._call("GetLogs", lambda t: self._stub.get_logs(request, timeout=t))
-        return LogPage(
-            attempt=r.attempt,
-            member_index=r.member_index,
-            stream=r.stream,
-            pieces=tuple(LogPiece(p.offset, p.data, p.dropped_before) for p in r.pieces),
-            next_offset=r.next_offset,
-            complete=r.complete,
-            dropped_bytes=r.dropped_bytes,
-            member_state=r.member_state,
-        )
+        reply = await self._call("GetLogs", lambda t: self._stub.get_logs(request, timeout=t))
+        return logs_from_wire(reply)
 
     async def _call(self, name: str, call: Callable[[float], Awaitable[T]]) -> T:
         try:
