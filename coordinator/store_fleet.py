@@ -21,17 +21,13 @@ from typing import Any
 
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.derivation import Holder
-from tuneplane.coordinator.fleetviews import (
-    FleetView,
-    NodeMemberView,
-    NodeView,
-    SeriesCapacityView,
-    UserView,
-)
 from tuneplane.coordinator.placement import CORDONED, DRAINED, DRAINING, SCHEDULABLE, Request
 from tuneplane.coordinator.queue_plan import NodeState, PoolKey, QueuedRequest
-from tuneplane.coordinator.records import InventoryInfo, MemberKey, OutputsService
 from tuneplane.coordinator.store import Conflict, NotFound, Store
+from tuneplane.coordinator.values.fleet import Fleet, Node, NodeMember, SeriesCapacity
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.orders import Inventory, OutputsService
+from tuneplane.coordinator.values.users import User
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +45,11 @@ _LIVE = f"known_state NOT IN ({', '.join('?' for _ in _TERMINAL)})"
 
 
 @functools.lru_cache(maxsize=8192)
-def _inventory(text: str) -> InventoryInfo:
+def _inventory(text: str) -> Inventory:
     """A Node's inventory parsed from its stored JSON, cached by that text: every pass and every
     Preview reads each Node's inventory, it rarely changes, and parsing one costs far more than
     looking it up. The value is frozen, so sharing it is safe."""
-    return InventoryInfo.from_json(text)
+    return Inventory.from_json(text)
 
 
 async def _rows(store: Store, sql: str, args: Sequence[Any] = ()) -> list[Any]:
@@ -95,13 +91,13 @@ async def _reservations(store: Store) -> dict[str, dict[int, MemberKey]]:
     return held
 
 
-async def node_views(store: Store, fleet: str = "", node_id: str = "") -> list[NodeView]:
+async def node_views(store: Store, fleet: str = "", node_id: str = "") -> list[Node]:
     """Every Node (of ``fleet`` when given; only ``node_id`` when given), by Fleet then id."""
     rows = await _node_rows(store, fleet, node_id)
     if not rows:
         return []
     held = await _reservations(store)
-    members: dict[str, list[NodeMemberView]] = {}
+    members: dict[str, list[NodeMember]] = {}
     for nid, run_id, attempt, index, state, gpus, owner in await _rows(
         store,
         "SELECT m.node_id, m.run_id, m.attempt, m.member_index, m.state, m.gpu_indexes_json, "
@@ -110,7 +106,7 @@ async def node_views(store: Store, fleet: str = "", node_id: str = "") -> list[N
         _TERMINAL,
     ):
         members.setdefault(str(nid), []).append(
-            NodeMemberView(
+            NodeMember(
                 MemberKey(str(run_id), int(attempt), int(index)),
                 str(state),
                 tuple(json.loads(gpus)),
@@ -131,7 +127,7 @@ async def node_views(store: Store, fleet: str = "", node_id: str = "") -> list[N
         nid = str(r[0])
         at_ms, detail = changes.get(nid, (0, {}))
         views.append(
-            NodeView(
+            Node(
                 id=nid,
                 fleet=str(r[1]),
                 hostname=str(r[2]),
@@ -177,7 +173,7 @@ async def resolve_node(store: Store, ref: str) -> str:
     raise Conflict(f"several Fleets have a Node named {name!r}; name one of {both}, or its id.")
 
 
-async def node_view(store: Store, node_id: str) -> NodeView:
+async def node_view(store: Store, node_id: str) -> Node:
     found = await node_views(store, node_id=node_id)
     if not found:
         raise NotFound(f"there is no Node {node_id!r}. List the Nodes with `tp node ls`.")
@@ -185,8 +181,8 @@ async def node_view(store: Store, node_id: str) -> NodeView:
 
 
 def _capacity(
-    fleet: str, nodes: Sequence[NodeView], quotas: Mapping[PoolKey, int]
-) -> tuple[SeriesCapacityView, ...]:
+    fleet: str, nodes: Sequence[Node], quotas: Mapping[PoolKey, int]
+) -> tuple[SeriesCapacity, ...]:
     counts: dict[str, list[int]] = {}  # series -> [total, healthy, free, in use]
     for node in nodes:
         takes_work = node.connected and node.scheduling == SCHEDULABLE
@@ -201,14 +197,14 @@ def _capacity(
         if f == fleet:
             counts.setdefault(series, [0, 0, 0, 0])
     return tuple(
-        SeriesCapacityView(s, c[0], c[1], c[2], c[3], quotas.get((fleet, s), 0))
+        SeriesCapacity(s, c[0], c[1], c[2], c[3], quotas.get((fleet, s), 0))
         for s, c in sorted(counts.items())
     )
 
 
 async def fleet_views(
     store: Store, quotas: Mapping[PoolKey, int], name: str = ""
-) -> list[FleetView]:
+) -> list[Fleet]:
     """Every Fleet (or only ``name``) with its Nodes counted and its GPUs per Series."""
     fleets = await _rows(
         store,
@@ -234,7 +230,7 @@ async def fleet_views(
         mine = [n for n in nodes if n.fleet == fname]
         queued, active = jobs.get(str(fname), [0, 0])
         views.append(
-            FleetView(
+            Fleet(
                 name=str(fname),
                 kind=str(kind),
                 created_at_ms=int(created),
@@ -549,9 +545,9 @@ async def create_user(
     await store._shielded(work)
 
 
-async def users(store: Store) -> list[UserView]:
+async def users(store: Store) -> list[User]:
     return [
-        UserView(str(n), str(r), int(c))
+        User(str(n), str(r), int(c))
         for n, r, c in await _rows(
             store, "SELECT name, role, created_at_ms FROM users ORDER BY name"
         )
