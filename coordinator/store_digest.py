@@ -134,7 +134,7 @@ def compare(source: Sequence[TableDigest], target: Sequence[TableDigest]) -> lis
                 Mismatch(
                     mine.store,
                     mine.table,
-                    f"the source has {mine.rows} rows and the copy {other.rows}",
+                    f"the source has {_rows(mine.rows)} and the copy {other.rows}",
                 )
             )
         elif other.sha256 != mine.sha256:
@@ -142,7 +142,7 @@ def compare(source: Sequence[TableDigest], target: Sequence[TableDigest]) -> lis
                 Mismatch(
                     mine.store,
                     mine.table,
-                    f"both have {mine.rows} rows but their digests differ "
+                    f"both have {_rows(mine.rows)} but their digests differ "
                     f"({mine.sha256[:16]} against {other.sha256[:16]}): some value changed",
                 )
             )
@@ -152,6 +152,10 @@ def compare(source: Sequence[TableDigest], target: Sequence[TableDigest]) -> lis
                 Mismatch(extra.store, extra.table, f"only the copy has a table {extra.table}")
             )
     return found
+
+
+def _rows(count: int) -> str:
+    return f"{count} row" if count == 1 else f"{count} rows"
 
 
 def report_lines(digests: Sequence[TableDigest], short: int = 16) -> list[str]:

@@ -72,7 +72,7 @@ def test_compare_names_each_table_that_differs_and_how() -> None:
         ("jobs", "the source has 2 rows and the copy 3"),
         (
             "users",
-            "both have 1 rows but their digests differ (bbbbbbbbbbbbbbbb against "
+            "both have 1 row but their digests differ (bbbbbbbbbbbbbbbb against "
             "cccccccccccccccc): some value changed",
         ),
         ("nodes", "the copy has no table nodes"),
