@@ -69,6 +69,8 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """A real coordinator and two real agents on loopback running the bundled example job."""
-    session.install("-e", ".")
+    """A real coordinator and two real agents on loopback running the bundled example job
+    (``nox -s demo -- --store postgresql``: on an embedded PostgreSQL)."""
+    postgres = any(arg.endswith("postgresql") for arg in session.posargs)
+    session.install("-e", ".[postgresql]" if postgres else ".")
     session.run("tuneplane", "demo", *session.posargs)

