@@ -27,6 +27,7 @@ from tuneplane.coordinator.auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
     DEFAULT_USER_TOKEN_LIFETIME_S,
 )
+from tuneplane.coordinator.store_location import PostgresUrl, StoreUrlError, parse_store_url
 
 CONFIG_NAME = "coordinator.toml"
 
@@ -76,6 +77,12 @@ DEFAULT_CONFIG = """\
 #                     --advertise wins); needed when serve listens on 0.0.0.0 or ::
 #   control = "lb.example.org:7444"    one listener at a whole HOST:PORT (a NAT or a load
 #                     balancer in front); also api = ... and telemetry = ...
+# [store]             optional: keep the coordinator's state in a PostgreSQL database instead of
+#                     the SQLite files in this directory (`init --store` writes it; `serve
+#                     --store` overrides it for one run; docs/operator.md, "PostgreSQL store")
+#   url = "postgresql://tuneplane@db.example.org:5432/tuneplane"
+#                     leave the password out: the driver reads PGPASSWORD and ~/.pgpass, as
+#                     psql does, and the coordinator never prints or logs it
 
 [series.h200]
 cards = 0
@@ -203,6 +210,8 @@ class CoordinatorConfig:
     # [metrics]: where the Prometheus listener binds; None: off (the default).
     metrics: MetricsListener | None = None
     addresses: AddressSettings = attrs.field(factory=AddressSettings)
+    # [store] url: the PostgreSQL database holding the stores; None: SQLite in the state directory.
+    store_url: PostgresUrl | None = None
     # Sentences about keys that are still accepted but no longer do anything; `serve` logs them.
     warnings: tuple[str, ...] = ()
 
@@ -261,6 +270,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
             "fleet",
             "metrics",
             "addresses",
+            "store",
         },
         "<top level>",
         path,
@@ -318,8 +328,56 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         fleets=_fleets(raw.get("fleet", {}), path),
         metrics=_metrics(raw, path),
         addresses=_addresses(raw.get("addresses", {}), path),
+        store_url=_store(raw.get("store", {}), path),
         warnings=tuple(warnings),
     )
+
+
+def _store(table: Any, path: Path) -> PostgresUrl | None:
+    """``[store]``: ``url``, a PostgreSQL URL; None (SQLite) without it."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: store must be a table. Write it as [store].")
+    _check_keys(table, {"url"}, "store", path)
+    if "url" not in table:
+        return None
+    if type(table["url"]) is not str:
+        raise ConfigError(
+            f"{path}: [store] url = {table['url']!r} must be a string in quotes, e.g. "
+            'url = "postgresql://tuneplane@db.example.org:5432/tuneplane".'
+        )
+    try:
+        return parse_store_url(table["url"], f"{path}: [store] url")
+    except StoreUrlError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def store_setting(state_dir: Path) -> PostgresUrl | None:
+    """Only ``[store] url`` of ``<state_dir>/coordinator.toml`` (None: SQLite), for commands that
+    need nothing else of the file; a missing file is SQLite, as before [store] existed."""
+    path = state_dir / CONFIG_NAME
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML ({exc}). Fix the syntax.") from None
+    return _store(raw.get("store", {}), path)
+
+
+def store_table(url: PostgresUrl) -> str:
+    """The ``[store]`` table ``init --store`` appends to coordinator.toml."""
+    return (
+        "\n[store]\n"
+        "# Written by `tuneplane-coordinator init --store`: the stores live in this PostgreSQL\n"
+        "# database. Keep the password out of this file: the driver reads PGPASSWORD and\n"
+        "# ~/.pgpass. `serve --store URL` overrides this for one run.\n"
+        f"url = {_toml_string(url.dsn())}\n"
+    )
+
+
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string (a checked URL: printable ASCII, no control characters)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _addresses(table: Any, path: Path) -> AddressSettings:

@@ -1,8 +1,10 @@
-"""Read the append-only decision log from ``coordinator.db``, read-only, while ``serve`` runs.
+"""Read the append-only decision log from the coordinator store, read-only, while ``serve`` runs.
 
 Rules:
-- The file is opened with SQLite's ``mode=ro``: this reader can never write, lock out the server
-  or create a missing store. WAL lets it read while ``serve`` writes.
+- A SQLite store (``coordinator.db``) is opened with SQLite's ``mode=ro``: this reader can never
+  write, lock out the server or create a missing store. WAL lets it read while ``serve`` writes.
+- A PostgreSQL store is read on one connection whose transactions are all read-only, in the
+  store's schema: nothing is created or migrated, and no write lock is taken.
 - Rows come back in the order they were written (their id), filtered by run id and time.
 """
 
@@ -15,7 +17,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from tuneplane.coordinator.fleetviews import DecisionRow
+from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store_location import PostgresUrl, Where
 
 _RELATIVE = re.compile(r"^(\d+)([smhd])$")
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -46,46 +52,85 @@ def parse_since(text: str, now_ms: int) -> int:
     return int(stamp.timestamp() * 1000)
 
 
-def read_decisions(db_file: Path, run_id: str = "", since_ms: int = 0) -> list[DecisionRow]:
-    """Every decision (of ``run_id`` when given) at or after ``since_ms``, oldest first."""
-    if not db_file.exists():
-        raise DecisionLogError(
-            f"{db_file} does not exist. Point --state-dir at an initialised coordinator."
-        )
+_COLUMNS = "id, at_ms, kind, run_id, attempt, member_index, node_id, detail_json"
+
+
+def read_decisions(where: Where, run_id: str = "", since_ms: int = 0) -> list[DecisionRow]:
+    """Every decision (of ``run_id`` when given) at or after ``since_ms``, oldest first, from
+    the store at ``where`` (its SQLite file or PostgreSQL database)."""
     clauses: list[str] = ["at_ms >= ?"]
     args: list[int | str] = [since_ms]
     if run_id:
         clauses.append("run_id = ?")
         args.append(run_id)
-    try:
-        db = sqlite3.connect(f"{db_file.absolute().as_uri()}?mode=ro", uri=True, timeout=10)
-    except sqlite3.Error as exc:
-        raise DecisionLogError(f"{db_file} cannot be opened read-only ({exc}).") from None
-    try:
-        rows: list[Any] = db.execute(
-            "SELECT id, at_ms, kind, run_id, attempt, member_index, node_id, detail_json "
-            f"FROM decisions WHERE {' AND '.join(clauses)} ORDER BY id",
-            args,
-        ).fetchall()
-    except sqlite3.Error as exc:
-        raise DecisionLogError(
-            f"{db_file} has no readable decision log ({exc}). Is it a coordinator store?"
-        ) from None
-    finally:
-        db.close()
+    sql = f"SELECT {_COLUMNS} FROM decisions WHERE {' AND '.join(clauses)} ORDER BY id"
+    if isinstance(where, PostgresUrl):
+        rows = anyio.run(_read_postgres, where, sql, args, backend="asyncio")
+    else:
+        rows = _read_sqlite(where, sql, args)
     return [
         DecisionRow(
             id=int(r[0]),
             at_ms=int(r[1]),
             kind=str(r[2]),
             run_id=r[3],
-            attempt=r[4],
-            member_index=r[5],
+            attempt=None if r[4] is None else int(r[4]),
+            member_index=None if r[5] is None else int(r[5]),
             node_id=r[6],
             detail=json.loads(r[7]),
         )
         for r in rows
     ]
+
+
+async def _read_postgres(url: PostgresUrl, sql: str, args: list[int | str]) -> list[Any]:
+    # Imported here: reading a SQLite store never loads the PostgreSQL driver.
+    import asyncpg
+
+    from tuneplane.coordinator.store_postgres import CONNECT_ERRORS, connect_sentence
+    from tuneplane.coordinator.store_sql import to_postgres
+
+    try:
+        db = await asyncpg.connect(
+            dsn=url.dsn(),
+            timeout=10,
+            server_settings={
+                "search_path": Store.SCHEMA,
+                "default_transaction_read_only": "on",
+                "application_name": "tuneplane-coordinator decisions",
+            },
+        )
+    except CONNECT_ERRORS as exc:
+        raise DecisionLogError(connect_sentence(url, "coordinator store", exc)) from None
+    try:
+        return list(await db.fetch(to_postgres(sql), *args))
+    except asyncpg.PostgresError as exc:
+        raise DecisionLogError(
+            f"the PostgreSQL database {url} has no readable decision log in schema "
+            f"{Store.SCHEMA!r} ({type(exc).__name__}: {exc}). Is [store] url the database "
+            "`init --store` named?"
+        ) from None
+    finally:
+        await db.close()
+
+
+def _read_sqlite(db_file: Path, sql: str, args: list[int | str]) -> list[Any]:
+    if not db_file.exists():
+        raise DecisionLogError(
+            f"{db_file} does not exist. Point --state-dir at an initialised coordinator."
+        )
+    try:
+        db = sqlite3.connect(f"{db_file.absolute().as_uri()}?mode=ro", uri=True, timeout=10)
+    except sqlite3.Error as exc:
+        raise DecisionLogError(f"{db_file} cannot be opened read-only ({exc}).") from None
+    try:
+        return db.execute(sql, args).fetchall()
+    except sqlite3.Error as exc:
+        raise DecisionLogError(
+            f"{db_file} has no readable decision log ({exc}). Is it a coordinator store?"
+        ) from None
+    finally:
+        db.close()
 
 
 def format_row(row: DecisionRow) -> str:

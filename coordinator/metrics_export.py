@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 from tuneplane.agent.metrics_listener import new_registry
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store_db import StoreRetry
 from tuneplane.coordinator.store_gauges import (
     CONNECTIVITY,
     LIVE_JOB_STATES,
@@ -68,6 +69,24 @@ SCHEDULING_PASS = Histogram(
     buckets=PASS_BUCKETS,
     registry=REGISTRY,
 )
+
+STORE_RETRIES = Counter(
+    "tuneplane_coordinator_store_retries",
+    "Write transactions the database aborted for a conflict with another writer and that ran "
+    "again, by store (store, telemetry store, log store) and reason (serialization, deadlock). "
+    "Only a PostgreSQL store has them; a steady rise means something else writes to it.",
+    ["store", "reason"],
+    registry=REGISTRY,
+)
+for _store in ("store", "telemetry store", "log store"):
+    for _reason in ("serialization", "deadlock"):
+        STORE_RETRIES.labels(_store, _reason)
+
+
+def count_store_retry(event: StoreRetry) -> None:
+    """A store's retry observer (:attr:`StoreDb.retry_observers`): count the re-run."""
+    STORE_RETRIES.labels(event.store, event.reason).inc()
+
 
 RPC_DURATION = Histogram(
     "tuneplane_coordinator_rpc_duration_seconds",

@@ -41,7 +41,7 @@ from tuneplane.coordinator.api_service import ApiService
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.collector_credentials import CollectorCredentials
-from tuneplane.coordinator.config import CoordinatorConfig, Limits, load_config
+from tuneplane.coordinator.config import CoordinatorConfig, Limits, load_config, store_setting
 from tuneplane.coordinator.control_address import ControlAddressApi, ControlAddressDesk
 from tuneplane.coordinator.control_gateway import ControlGateway
 from tuneplane.coordinator.fleet_service import FleetService
@@ -50,15 +50,29 @@ from tuneplane.coordinator.identity_api import IdentityApi
 from tuneplane.coordinator.lifecycle_api import LifecycleApi
 from tuneplane.coordinator.message_limits import bounded_handlers
 from tuneplane.coordinator.metrics_api import MetricsApi
-from tuneplane.coordinator.metrics_export import REGISTRY, refresh_gauges, timed_handlers
+from tuneplane.coordinator.metrics_export import (
+    REGISTRY,
+    count_store_retry,
+    refresh_gauges,
+    timed_handlers,
+)
 from tuneplane.coordinator.node_loss_service import MaxDisconnectWatch, NodeLossApi, NodeLossDesk
 from tuneplane.coordinator.rate_limit import PeerRateLimit
 from tuneplane.coordinator.scheduler import Scheduler
 from tuneplane.coordinator.sessions import SessionRegistry
-from tuneplane.coordinator.state_dir import Endpoints, publish, require_initialised, withdraw
-from tuneplane.coordinator.store import Store, db_path
-from tuneplane.coordinator.store_logs import LogStore, logs_db_path
-from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
+from tuneplane.coordinator.state_dir import (
+    Endpoints,
+    coordinator_where,
+    publish,
+    require_initialised,
+    withdraw,
+)
+from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store_location import PostgresUrl, store_where
+from tuneplane.coordinator.store_logs import DB_NAME as LOGS_DB
+from tuneplane.coordinator.store_logs import LogStore
+from tuneplane.coordinator.store_metrics import DB_NAME as TELEMETRY_DB
+from tuneplane.coordinator.store_metrics import TelemetryStore
 from tuneplane.coordinator.telemetry_gateway import TelemetryGateway
 from tuneplane.coordinator.tls import TlsError, TlsPaths, cover_names, server_context
 from tuneplane.coordinator.wire import grpc_errors
@@ -88,6 +102,8 @@ class ServeOptions:
     prepare_timeout_s: float = 120.0
     # ``--advertise``: the host every listener is advertised at, over [addresses] host ("").
     advertise: str = ""
+    # ``--store``: the PostgreSQL database for this run, over [store] url (None: as configured).
+    store_url: PostgresUrl | None = None
 
 
 class ServeError(RuntimeError):
@@ -225,8 +241,9 @@ async def serve(opts: ServeOptions) -> None:
     state_dir = opts.state_dir.absolute()
     # systemd's variables leave the environment before any worker process is started.
     notifier = ServiceNotifier.from_environment()
-    require_initialised(state_dir)
+    require_initialised(state_dir, opts.store_url or store_setting(state_dir))
     config = load_config(state_dir)
+    url = opts.store_url or config.store_url
     for warning in config.warnings:
         log.warning("config key ignored message=%r", warning)
     tls_paths = TlsPaths.under(state_dir)
@@ -238,7 +255,8 @@ async def serve(opts: ServeOptions) -> None:
         advertised = await _advertise(opts, config, socks, tls_paths)
         ctx = server_context(tls_paths)
         exporter = _start_metrics(config)
-        store = await Store.open(db_path(state_dir))
+        store = await Store.open(coordinator_where(state_dir, url))
+        store.retry_observers.append(count_store_retry)
     except BaseException:
         for sock in socks.values():
             sock.close()
@@ -248,8 +266,10 @@ async def serve(opts: ServeOptions) -> None:
     telemetry_store: TelemetryStore | None = None
     log_store: LogStore | None = None
     try:
-        telemetry_store = await TelemetryStore.open(telemetry_db_path(state_dir))
-        log_store = await LogStore.open(logs_db_path(state_dir))
+        telemetry_store = await TelemetryStore.open(store_where(state_dir, url, TELEMETRY_DB))
+        telemetry_store.retry_observers.append(count_store_retry)
+        log_store = await LogStore.open(store_where(state_dir, url, LOGS_DB))
+        log_store.retry_observers.append(count_store_retry)
         collectors = CollectorCredentials(telemetry_store)
         await store.mark_all_disconnected(now_ms())
         registry = SessionRegistry()
@@ -342,11 +362,12 @@ async def serve(opts: ServeOptions) -> None:
                     ),
                 )
                 log.info(
-                    "coordinator ready api=%s control=%s telemetry=%s state_dir=%s",
+                    "coordinator ready api=%s control=%s telemetry=%s state_dir=%s store=%s",
                     api_addr,
                     control_addr,
                     telemetry_addr,
                     state_dir,
+                    url or "sqlite",
                 )
                 # Every listener accepts and the store is open: systemd may start what needs us.
                 notifier.ready(f"serving api={api_addr} control={control_addr} "

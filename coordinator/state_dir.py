@@ -3,6 +3,10 @@
 Rules:
 - ``init`` refuses a directory that already holds a coordinator; it never overwrites keys, the
   store or the admin token. Secrets are 0600, the directory 0700.
+- The stores are SQLite files here unless ``init --store`` named a PostgreSQL database, which
+  ``[store] url`` in coordinator.toml then records (0600 if the URL carries a password). That
+  database is reached first: one that cannot be reached, or already holds a coordinator, stops
+  ``init`` before anything is written here.
 - ``endpoints.json`` and ``tp-context.json`` are written atomically, only once every listener
   accepts connections, so a reader that sees them can dial at once.
 """
@@ -19,8 +23,10 @@ import attrs
 from tuneplane.agent.atomic_file import fsync_dir, write_atomic
 from tuneplane.coordinator.auth import USER_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.config import CONFIG_NAME, DEFAULT_CONFIG
-from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.config import CONFIG_NAME, DEFAULT_CONFIG, store_table
+from tuneplane.coordinator.store import DB_NAME, Store, db_path
+from tuneplane.coordinator.store_fleet import users
+from tuneplane.coordinator.store_location import PostgresUrl, Where, store_where
 from tuneplane.coordinator.tls import TlsPaths, create_dev_ca, default_sans
 
 ADMIN_TOKEN = "admin.token"
@@ -47,8 +53,7 @@ def is_initialised(state_dir: Path) -> bool:
     return (state_dir / ADMIN_TOKEN).exists() or db_path(state_dir).exists()
 
 
-def _lay_out(state_dir: Path, extra_sans: Iterable[str]) -> None:
-    """Create the directory, the dev CA, the server certificate and the default config."""
+def _check_empty(state_dir: Path) -> None:
     if is_initialised(state_dir):
         raise StateDirError(
             f"{state_dir} already holds a coordinator (admin.token or coordinator.db exists). "
@@ -56,24 +61,49 @@ def _lay_out(state_dir: Path, extra_sans: Iterable[str]) -> None:
         )
     if state_dir.exists() and not state_dir.is_dir():
         raise StateDirError(f"{state_dir} exists and is not a directory. Pick another path.")
+
+
+def _lay_out(state_dir: Path, extra_sans: Iterable[str], url: PostgresUrl | None) -> None:
+    """Create the directory, the dev CA, the server certificate and the default config (with
+    ``[store] url`` when the stores live in PostgreSQL)."""
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
     create_dev_ca(state_dir, default_sans(extra_sans))
     config = state_dir / CONFIG_NAME
     if not config.exists():
-        write_atomic(config, DEFAULT_CONFIG.encode("utf-8"), 0o644)
+        text = DEFAULT_CONFIG + (store_table(url) if url is not None else "")
+        secret = url is not None and url.has_password
+        write_atomic(config, text.encode("utf-8"), 0o600 if secret else 0o644)
 
 
-async def initialise(state_dir: Path, extra_sans: Iterable[str] = ()) -> None:
-    """Create a new coordinator state directory (an absolute path).
+async def initialise(
+    state_dir: Path, extra_sans: Iterable[str] = (), url: PostgresUrl | None = None
+) -> None:
+    """Create a new coordinator state directory (an absolute path), its stores in the SQLite
+    files there or, with ``url``, in that PostgreSQL database.
 
-    Raises :class:`StateDirError` if one exists there already. Runs before any concurrency
-    exists, so the file work is done in line.
+    Raises :class:`StateDirError` if one exists there already, or the database already holds a
+    coordinator's store; a database that cannot be reached is a
+    :class:`~tuneplane.coordinator.store.StoreError`. Either way nothing is written here. Runs
+    before any concurrency exists, so the file work is done in line.
     """
-    _lay_out(state_dir, extra_sans)
+    _check_empty(state_dir)
     token = new_credential(USER_PREFIX)
-    store = await Store.open(db_path(state_dir))
+    if url is not None:
+        # The database first: a refusal there leaves no directory half made.
+        store = await Store.open(url)
+    else:
+        _lay_out(state_dir, extra_sans, None)
+        store = await Store.open(db_path(state_dir))
     try:
+        if url is not None:
+            if await users(store):
+                raise StateDirError(
+                    f"the PostgreSQL database {url} already holds a coordinator's store (it has "
+                    "users). Point `init --store` at an empty database, or use the coordinator "
+                    "that owns it."
+                )
+            _lay_out(state_dir, extra_sans, url)
         await store.bootstrap(hash_credential(token), now_ms())
     finally:
         await store.close()
@@ -91,12 +121,19 @@ def read_admin_token(state_dir: Path) -> str:
         ) from None
 
 
-def require_initialised(state_dir: Path) -> None:
-    if not (state_dir / ADMIN_TOKEN).exists() or not db_path(state_dir).exists():
+def require_initialised(state_dir: Path, url: PostgresUrl | None = None) -> None:
+    """The state directory was initialised (for SQLite stores, ``url`` None: with its store)."""
+    store_missing = url is None and not db_path(state_dir).exists()
+    if not (state_dir / ADMIN_TOKEN).exists() or store_missing:
         raise StateDirError(
             f"{state_dir} is not an initialised coordinator state directory. "
             f"Run `tuneplane-coordinator init --state-dir {state_dir}` first."
         )
+
+
+def coordinator_where(state_dir: Path, url: PostgresUrl | None) -> Where:
+    """Where the coordinator store lives: ``coordinator.db`` here, or the database ``url``."""
+    return store_where(state_dir, url, DB_NAME)
 
 
 def publish(state_dir: Path, endpoints: Endpoints) -> None:

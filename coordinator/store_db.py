@@ -130,16 +130,17 @@ class StoreDb:
     @classmethod
     async def open(cls, where: Where) -> Self:
         """Open (creating and migrating as needed) the store at ``where``."""
-        what = f"{cls.LABEL} {where}"
         backend: Backend
         if isinstance(where, PostgresUrl):
             # Imported here: a coordinator on SQLite (and every admin command) never loads the
             # PostgreSQL driver.
             from tuneplane.coordinator.store_postgres import PostgresBackend
 
-            backend = await PostgresBackend.open(where, cls.SCHEMA, what)
+            backend = await PostgresBackend.open(where, cls.SCHEMA, cls.LABEL)
         else:
-            backend = await SqliteBackend.open(Path(where), what, cls.FOREIGN_KEYS)
+            backend = await SqliteBackend.open(
+                Path(where), f"{cls.LABEL} {where}", cls.FOREIGN_KEYS
+            )
         store = cls(backend, where)
         try:
             await store._migrate()

@@ -269,10 +269,11 @@ class PostgresBackend:
         self.reader: Handle = PgPoolHandle(pool, self._mapper)
 
     @classmethod
-    async def open(cls, url: PostgresUrl, schema: str, what: str) -> PostgresBackend:
+    async def open(cls, url: PostgresUrl, schema: str, label: str) -> PostgresBackend:
+        """The pool for the store called ``label`` in messages, in ``schema`` at ``url``."""
         settings = {"search_path": schema, "lock_timeout": LOCK_TIMEOUT}
-        pool = await connect_pool(url, what, settings)
-        return cls(pool, url, schema, what)
+        pool = await connect_pool(url, label, settings)
+        return cls(pool, url, schema, f"{label} {url}")
 
     async def close(self) -> None:
         await self._pool.close()

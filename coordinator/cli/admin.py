@@ -2,8 +2,8 @@
 
 Rules: every failure is one sentence on stderr naming the file or option, what is wrong and how
 to fix it, with exit status 1 (2 for a malformed command line, as click does). Commands that touch
-the store open the same SQLite file a running ``serve`` uses (WAL, busy timeout), so they work
-while it runs.
+the store open the store a running ``serve`` uses (the SQLite files of the state directory, or the
+PostgreSQL database ``[store] url`` names), one writer at a time, so they work while it runs.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tuneplane.coordinator.auth import (
 from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.collector_credentials import CollectorCredentials
-from tuneplane.coordinator.config import ConfigError, load_config, parse_duration
+from tuneplane.coordinator.config import ConfigError, load_config, parse_duration, store_setting
 from tuneplane.coordinator.decisions import (
     DecisionLogError,
     format_row,
@@ -55,11 +55,19 @@ from tuneplane.coordinator.state_dir import (
     ENDPOINTS,
     TP_CONTEXT,
     StateDirError,
+    coordinator_where,
     initialise,
     require_initialised,
 )
-from tuneplane.coordinator.store import NotFound, Store, StoreError, db_path
-from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
+from tuneplane.coordinator.store import NotFound, Store, StoreError
+from tuneplane.coordinator.store_location import (
+    PostgresUrl,
+    StoreUrlError,
+    parse_store_url,
+    store_where,
+)
+from tuneplane.coordinator.store_metrics import DB_NAME as TELEMETRY_DB
+from tuneplane.coordinator.store_metrics import TelemetryStore
 from tuneplane.coordinator.tls import TlsError, TlsPaths
 from tuneplane.proto.contract.input_checks import InputRefused
 
@@ -76,6 +84,7 @@ _ERRORS = (
     DecisionLogError,
     ApiError,
     ConnectionConfigError,
+    StoreUrlError,
 )
 
 state_dir_option = click.option(
@@ -91,6 +100,16 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         return anyio.run(fn, *args, backend="asyncio")
     except _ERRORS as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _store_option(text: str | None) -> PostgresUrl | None:
+    """``--store``: a PostgreSQL URL checked now, before anything is touched."""
+    if text is None:
+        return None
+    try:
+        return parse_store_url(text, "--store")
+    except StoreUrlError as exc:
+        raise click.BadParameter(str(exc), param_hint="--store") from None
 
 
 def parse_ttl(text: str, option: str = "--ttl") -> int:
@@ -119,11 +138,23 @@ def main(verbose: bool) -> None:
 @main.command()
 @state_dir_option
 @click.option("--san", multiple=True, help="Extra name or IP address for the server certificate.")
-def init(state_dir: Path, san: tuple[str, ...]) -> None:
+@click.option(
+    "--store",
+    "store_url",
+    default=None,
+    metavar="URL",
+    help="Keep the stores in this PostgreSQL database (postgresql://USER@HOST:PORT/DATABASE; "
+    "the password from PGPASSWORD or ~/.pgpass) instead of SQLite files in the state "
+    "directory; recorded as [store] url in coordinator.toml.",
+)
+def init(state_dir: Path, san: tuple[str, ...], store_url: str | None) -> None:
     """Create a state directory: dev CA, server certificate, admin token, store, config."""
     state_dir = state_dir.absolute()
-    _run(initialise, state_dir, san)
+    url = _store_option(store_url)
+    _run(initialise, state_dir, san, url)
     click.echo(f"Initialised a coordinator in {state_dir}.")
+    if url is not None:
+        click.echo(f"  store:          {url} (PostgreSQL; [store] url in coordinator.toml)")
     click.echo(f"  CA certificate: {state_dir / 'tls' / 'ca.pem'}")
     click.echo(f"  admin token:    {state_dir / 'admin.token'} (0600)")
     click.echo(f"Start it with: tuneplane-coordinator serve --state-dir {state_dir}")
@@ -186,6 +217,13 @@ def init(state_dir: Path, san: tuple[str, ...]) -> None:
     type=click.FloatRange(min=0.1),
     help="Seconds every member has to be prepared before the launch is aborted.",
 )
+@click.option(
+    "--store",
+    "store_url",
+    default=None,
+    metavar="URL",
+    help="Use this PostgreSQL database for this run, over [store] url in coordinator.toml.",
+)
 def serve_command(
     state_dir: Path,
     host: str,
@@ -196,8 +234,10 @@ def serve_command(
     heartbeat_interval: float,
     heartbeat_timeout: float,
     prepare_timeout: float,
+    store_url: str | None,
 ) -> None:
     """Serve the API, control and telemetry listeners until SIGTERM or SIGINT."""
+    url = _store_option(store_url)
     if heartbeat_timeout <= heartbeat_interval:
         raise click.BadParameter(
             f"--heartbeat-timeout ({heartbeat_timeout:g}) must be longer than "
@@ -216,13 +256,15 @@ def serve_command(
             heartbeat_interval_s=heartbeat_interval,
             heartbeat_timeout_s=heartbeat_timeout,
             prepare_timeout_s=prepare_timeout,
+            store_url=url,
         ),
     )
 
 
 async def _with_store(state_dir: Path, work: Callable[[Store], Awaitable[T]]) -> T:
-    require_initialised(state_dir)
-    store = await Store.open(db_path(state_dir))
+    url = store_setting(state_dir)
+    require_initialised(state_dir, url)
+    store = await Store.open(coordinator_where(state_dir, url))
     try:
         return await work(store)
     finally:
@@ -582,7 +624,8 @@ def node_lost(node_id: str, state_dir: Path, reason: str) -> None:
             loss = await store_lifecycle.declare_node_lost(
                 store, found, "admin CLI", reason, now_ms()
             )
-            telemetry = await TelemetryStore.open(telemetry_db_path(state_dir))
+            where = store_where(state_dir, store_setting(state_dir), TELEMETRY_DB)
+            telemetry = await TelemetryStore.open(where)
             try:
                 # The lost members' collector credentials drain and expire, as for any end.
                 for member in loss.lost:
@@ -635,7 +678,8 @@ def decisions(state_dir: Path, run_id: str, since: str, as_json: bool) -> None:
     """Print the append-only decision log (admission, reservation, commit/abort, state changes,
     Node scheduling). Opens the store read-only, so it is safe while serve runs."""
     since_ms = _run_sync(parse_since, since, now_ms()) if since else 0
-    rows = _run_sync(read_decisions, db_path(state_dir), run_id, since_ms)
+    where = coordinator_where(state_dir, _run_sync(store_setting, state_dir))
+    rows = _run_sync(read_decisions, where, run_id, since_ms)
     for row in rows:
         if as_json:
             click.echo(json.dumps(attrs.asdict(row), sort_keys=True, separators=(",", ":")))
