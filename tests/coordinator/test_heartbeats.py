@@ -1,16 +1,16 @@
 """Heartbeats are acked from memory and stored in batches: the book, a real coordinator, a lock.
 
-The store is read with plain sqlite3 from the test, as an operator would; the lock that stalls the
-coordinator's writes is a real ``BEGIN IMMEDIATE`` held by another connection on the same file.
+The store is read from the test on a connection of its own, as an operator would; the lock that
+stalls the coordinator's writes is a real one held by another connection (SQLite's ``BEGIN
+IMMEDIATE`` on the same file, or the store's advisory lock on PostgreSQL).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Iterator
-from contextlib import AsyncExitStack, closing
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -18,9 +18,10 @@ import pytest
 from tests.coordinator.grpc_client import api_client, enroll, node_stream
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.processes import wait_until
+from tests.support.store_backend import read, where_in, write_lock
 from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.heartbeats import HeartbeatBook
-from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.store import Store
 from tuneplane.proto import v1
 
 # ----- the book (pure) --------------------------------------------------------------------------
@@ -58,17 +59,18 @@ def _now_ms() -> int:
 
 def _stored(state_dir: Path) -> dict[str, int]:
     """node id -> last_heartbeat_ms, as the store file holds it now."""
-    with closing(sqlite3.connect(db_path(state_dir), timeout=10)) as db:
-        return {
-            str(node_id): int(at or 0)
-            for node_id, at in db.execute("SELECT id, last_heartbeat_ms FROM nodes")
-        }
+    return {
+        str(node_id): int(at or 0)
+        for node_id, at in read(
+            where_in(state_dir), Store, "SELECT id, last_heartbeat_ms FROM nodes"
+        )
+    }
 
 
 async def _enroll_many(coord: CoordinatorProcess, count: int) -> list[v1.EnrollReply]:
     # Join tokens written straight into the store (the admin CLI would cost a process each).
     tokens = [new_credential(JOIN_PREFIX) for _ in range(count)]
-    store = await Store.open(db_path(coord.state_dir))
+    store = await Store.open(where_in(coord.state_dir))
     try:
         for token in tokens:
             await store.create_join_token(
@@ -133,10 +135,8 @@ def test_heartbeats_are_acked_while_another_connection_holds_the_store_lock(
                     )
                     for r in replies
                 ]
-                lock = sqlite3.connect(db_path(coord.state_dir), timeout=10, isolation_level=None)
-                try:
-                    # A real write lock on the same file: every store write now waits for it.
-                    lock.execute("BEGIN IMMEDIATE")
+                # A real write lock on the store: every store write now waits for it.
+                with write_lock(where_in(coord.state_dir)):
                     latencies: list[float] = []
                     last_sent = 0
                     for seq in (1, 2, 3):
@@ -149,9 +149,6 @@ def test_heartbeats_are_acked_while_another_connection_holds_the_store_lock(
                             assert ack is not None and ack.heartbeat_ack.seq == seq
                             latencies.append(time.monotonic() - started)
                         await asyncio.sleep(0.5)  # a flush is due: it now waits for the lock
-                finally:
-                    lock.execute("ROLLBACK")
-                    lock.close()
                 return latencies, last_sent
 
         latencies, last_sent = asyncio.run(beat_under_lock())

@@ -12,7 +12,13 @@ import itertools
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from tuneplane.coordinator import launch
 from tuneplane.coordinator.lifecycle import ABORT, COMMIT
@@ -131,5 +137,9 @@ class AttemptMachine(RuleBasedStateMachine):
             assert any(not self.prepared[i] for i in self.received)
 
 
-AttemptMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=30)
-TestAttemptOrder = AttemptMachine.TestCase
+def test_attempt_order() -> None:
+    # A function, not AttemptMachine.TestCase: a unittest case takes no fixtures, and every test
+    # here runs once per store backend (tests/coordinator/conftest.py).
+    run_state_machine_as_test(
+        AttemptMachine, settings=settings(max_examples=200, stateful_step_count=30)
+    )

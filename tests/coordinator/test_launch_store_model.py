@@ -20,8 +20,16 @@ from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
+from tests.support.store_backend import current
 from tuneplane.coordinator import launch, store_lifecycle
 from tuneplane.coordinator.placement import MemberPlacement, Placement
 from tuneplane.coordinator.store import Store
@@ -70,7 +78,8 @@ class StoreBesideTable(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.folder = TemporaryDirectory()
-        self.path = Path(self.folder.name) / "coordinator.db"
+        # The test's backend: on PostgreSQL its database, emptied for each run.
+        self.path = current().where(Path(self.folder.name) / "coordinator.db", fresh=True)
         self.store: Store | None = None
         self.model: launch.Attempt | None = None
         self.attempt = 0
@@ -240,10 +249,15 @@ class StoreBesideTable(RuleBasedStateMachine):
         assert facts == self.model
 
 
-StoreBesideTable.TestCase.settings = settings(
-    max_examples=100,
-    stateful_step_count=20,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-test_store_beside_table = StoreBesideTable.TestCase
+def test_store_beside_table() -> None:
+    # A function, not StoreBesideTable.TestCase: a unittest case takes no fixtures, and every
+    # test here runs once per store backend (tests/coordinator/conftest.py).
+    run_state_machine_as_test(
+        StoreBesideTable,
+        settings=settings(
+            max_examples=100,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )

@@ -14,6 +14,7 @@ from tests.cli.tp_process import run_tp
 from tests.collector.delivery import Launched, launch_member
 from tests.coordinator.grpc_client import bearer, open_channel
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.store_backend import StoreBackend
 from tuneplane.proto import v1
 
 
@@ -53,7 +54,9 @@ def _point(
 
 
 @pytest.fixture(scope="module")
-def filled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CoordinatorProcess, str]]:
+def filled(
+    tmp_path_factory: pytest.TempPathFactory, module_store_backend: StoreBackend
+) -> Iterator[tuple[CoordinatorProcess, str]]:
     with start_coordinator(tmp_path_factory.mktemp("metrics")) as coord:
         who = launch_member(coord, "metrics")
         loss = [_point("report.rank0.jsonl", "train/loss", s, 1.0 / (s + 1)) for s in range(5000)]

@@ -11,6 +11,7 @@ import pytest
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
+from tests.support.store_backend import current
 from tuneplane.agent.metrics_listener import MetricsListener
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, parse_config
 from tuneplane.coordinator.metrics_export import REGISTRY, method_label, timed_handlers
@@ -91,7 +92,7 @@ async def test_every_outcome_of_a_call_is_observed_with_its_code() -> None:
 
 def test_a_fresh_store_reads_as_empty_gauges(tmp_path: Path) -> None:
     async def read() -> StoreGauges:
-        store = await Store.open(tmp_path / "coordinator.db")
+        store = await Store.open(current().where(tmp_path / "coordinator.db"))
         try:
             return await asyncio.wait_for(read_gauges(store, 1_000), 10)
         finally:

@@ -1,12 +1,11 @@
 """A Node that never comes back: the pure decisions, exhaustively, and the store's declaration on a
-real SQLite file (one transaction, idempotent, late reports refused, what a returning Node gets).
+real store (one transaction, idempotent, late reports refused, what a returning Node gets).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,6 +13,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
+from tests.support.store_backend import current, read
 from tuneplane.agent import messages as agent_messages
 from tuneplane.agent.wire import from_wire
 from tuneplane.coordinator import lifecycle as lc
@@ -165,7 +165,7 @@ def test_max_disconnect_is_parsed_per_fleet_and_refused_when_it_is_not_a_duratio
 
 def _run(work: Callable[[Store], Awaitable[T]], path: Path) -> T:
     async def go() -> T:
-        store = await Store.open(path)
+        store = await Store.open(current().where(path))
         try:
             return await work(store)
         finally:
@@ -239,11 +239,7 @@ async def _world(store: Store, *, runs: int = 1, committed: bool = True) -> list
 
 
 def _rows(path: Path, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-    db = sqlite3.connect(path)
-    try:
-        return list(db.execute(sql, args).fetchall())
-    finally:
-        db.close()
+    return read(current().where(path), Store, sql, args)
 
 
 def test_declaring_a_node_lost_ends_its_members_fails_the_job_and_stops_the_siblings(

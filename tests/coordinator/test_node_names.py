@@ -1,11 +1,10 @@
-"""Node display names (docs/operator.md, "Names"), on a real SQLite store: chosen once at
-enrollment, unique per Fleet, kept across re-enrollment and host-name changes, given to Nodes
-enrolled before names were stored by the schema migration, and accepted by commands in place of
-the id."""
+"""Node display names (docs/operator.md, "Names"), on a real store (SQLite, PostgreSQL): chosen
+once at enrollment, unique per Fleet, kept across re-enrollment and host-name changes, given to
+Nodes enrolled before names were stored by the schema migration, and accepted by commands in
+place of the id."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -13,6 +12,7 @@ from typing import TypeVar
 import anyio
 import pytest
 
+from tests.support.store_backend import current, open_at_version, write
 from tuneplane.coordinator import store_fleet
 from tuneplane.coordinator.schema import MIGRATIONS
 from tuneplane.coordinator.store import Conflict, NotFound, Store
@@ -24,7 +24,7 @@ NOW = 1000
 
 def _run(work: Callable[[Store], Awaitable[T]], path: Path) -> T:
     async def go() -> T:
-        store = await Store.open(path)
+        store = await Store.open(current().where(path))
         try:
             return await work(store)
         finally:
@@ -95,23 +95,24 @@ def test_the_migration_names_nodes_enrolled_before_names_were_stored(tmp_path: P
     """A store at the schema before names: the migration names its Nodes by the enrollment
     rule, and the Nodes keep those names when the store is opened again."""
     path = tmp_path / "old.db"
-    db = sqlite3.connect(path, isolation_level=None)
+    where = current().where(path)
     named_at = next(v for v, statements in MIGRATIONS if "ADD COLUMN name" in statements[0])
-    for version, statements in MIGRATIONS:
-        if version >= named_at:
-            break
-        for statement in statements:
-            db.execute(statement)
-    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    db.execute("INSERT INTO schema_version VALUES (?)", (named_at - 1,))
-    db.execute("INSERT INTO fleets (name, kind, created_at_ms) VALUES ('default', 'node', 1)")
+
+    async def older() -> None:
+        await (await open_at_version(Store, where, named_at - 1)).close()
+
+    anyio.run(older)
+    write(
+        where, Store, "INSERT INTO fleets (name, kind, created_at_ms) VALUES ('default', 'node', 1)"
+    )
     for node_id, host, at in (("node-b", "gpu", 20), ("node-a", "gpu", 10), ("node-c", "", 30)):
-        db.execute(
+        write(
+            where,
+            Store,
             "INSERT INTO nodes (id, fleet, hostname, inventory_json, credential_hash, "
             "enrolled_at_ms) VALUES (?, 'default', ?, ?, ?, ?)",
             (node_id, host, _inventory(host).to_json(), f"h-{node_id}", at),
         )
-    db.close()
 
     async def work(store: Store) -> dict[str, str]:
         return await _names(store)

@@ -14,6 +14,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.store_backend import current
 from tuneplane.coordinator.orphans import Restart, orphaned
 from tuneplane.coordinator.store_metrics import TelemetryStore
 from tuneplane.coordinator.values.jobs import MemberKey
@@ -80,7 +81,7 @@ async def stored(
         calls.append(([], [m]))
     calls += rng.sample(calls, k=min(3, len(calls)))  # retried calls
     rng.shuffle(calls)
-    store = await TelemetryStore.open(path)
+    store = await TelemetryStore.open(current().where(path, fresh=True))
     try:
         for batch, restarts in calls:
             await store.ship(MEMBER, batch, CollectorReport(), 0, restarts)

@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.coordinator import stored_outputs_service
+from tests.support.store_backend import current
 from tuneplane.coordinator import store_fleet, store_identity, store_lifecycle
 from tuneplane.coordinator.derivation import GRANT_TTL_MS, Holder
 from tuneplane.coordinator.outputs_grants import (
@@ -153,7 +154,7 @@ def test_a_grant_fits_its_source_member_only(run_id: str, attempt: int, index: i
 
 def _with_store(tmp_path: Path, work: Callable[[Store], Awaitable[T]]) -> T:
     async def go() -> T:
-        store = await Store.open(db_path(tmp_path))
+        store = await Store.open(current().where(db_path(tmp_path)))
         try:
             await store.bootstrap("admin-hash", NOW)
             for node_id in ("node-h", "node-t"):

@@ -12,6 +12,7 @@ import pytest
 
 from tests.coordinator.grpc_client import Api, api_client, enroll, jobspec, node_stream
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.store_backend import StoreBackend
 from tuneplane.proto import v1
 
 RUNNING = v1.MemberState(v1.MemberState.RUNNING)
@@ -19,7 +20,9 @@ EXITED = v1.MemberState(v1.MemberState.EXITED)
 
 
 @pytest.fixture(scope="module")
-def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+def coord(
+    tmp_path_factory: pytest.TempPathFactory, module_store_backend: StoreBackend
+) -> Iterator[CoordinatorProcess]:
     with start_coordinator(
         tmp_path_factory.mktemp("protocol"),
         heartbeat_interval=0.5,

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 
+from tests.support.store_backend import current, write_lock
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.scheduler import Scheduler
 from tuneplane.coordinator.sessions import SessionRegistry
@@ -57,25 +57,21 @@ async def _wait_until(what: str, check: Callable[[], bool], timeout: float = 10.
 
 def test_wakes_during_a_pass_make_one_more_pass(tmp_path: Path) -> None:
     async def go() -> tuple[int, int, str]:
-        store = await Store.open(db_path(tmp_path))
+        where = current().where(db_path(tmp_path))
+        store = await Store.open(where)
         try:
             run_id = await _admit_one(store)
             scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, tick_s=3600)
-            lock = sqlite3.connect(db_path(tmp_path), timeout=10, isolation_level=None)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(scheduler.run)
-                try:
-                    # The pass must write the Job's wait reason, and this lock holds that write.
-                    lock.execute("BEGIN IMMEDIATE")
+                # The pass must write the Job's wait reason, and this lock holds that write.
+                with write_lock(where):
                     scheduler.wake()
                     await _wait_until("the first pass", lambda: scheduler.passes == 1)
                     for _ in range(10):
                         scheduler.wake()
                         await anyio.sleep(0.01)
                     during = scheduler.passes
-                finally:
-                    lock.execute("ROLLBACK")
-                    lock.close()
                 await _wait_until("the pass after the wakes", lambda: scheduler.passes == 2)
                 await anyio.sleep(0.5)  # room for any extra pass to show itself
                 after = scheduler.passes

@@ -25,13 +25,16 @@ from tests.coordinator.grpc_client import (
 )
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.processes import faketime_env
+from tests.support.store_backend import StoreBackend
 from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.coordinator.tls import create_dev_ca
 from tuneplane.proto import v1
 
 
 @pytest.fixture(scope="module")
-def coord(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+def coord(
+    tmp_path_factory: pytest.TempPathFactory, module_store_backend: StoreBackend
+) -> Iterator[CoordinatorProcess]:
     with start_coordinator(
         tmp_path_factory.mktemp("server"), heartbeat_interval=0.5, heartbeat_timeout=1.5
     ) as c:

@@ -1,4 +1,4 @@
-"""The coordinator's log store on a real SQLite file: idempotent by offset, bounded, in order."""
+"""The coordinator's log store (SQLite and PostgreSQL): idempotent by offset, bounded, in order."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.store_backend import current
 from tuneplane.coordinator.store_logs import KEEP_BYTES, BadStream, LogStore
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.lifecycle import LogPiece
@@ -17,7 +18,7 @@ M = MemberKey("run-1", 1, 0)
 
 def _run(tmp_path: Path, work: Callable[[LogStore], Awaitable[None]]) -> None:
     async def go() -> None:
-        store = await LogStore.open(tmp_path / "logs.db")
+        store = await LogStore.open(current().where(tmp_path / "logs.db"))
         try:
             await work(store)
         finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.store_backend import current
 from tuneplane.coordinator.store_logs import KEEP_BYTES, LogStore
 from tuneplane.coordinator.values.jobs import MemberKey
 
@@ -33,7 +34,7 @@ def test_stored_bytes_are_the_file_bytes_and_bounded(sends: list[tuple[int, int]
 
 
 async def _check(folder: Path, sends: list[tuple[int, int]]) -> None:
-    store = await LogStore.open(folder / "logs.db")
+    store = await LogStore.open(current().where(folder / "logs.db", fresh=True))
     try:
         held = 0  # the model: everything before `held` is stored or dropped
         for start, length in sends:

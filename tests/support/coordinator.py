@@ -2,13 +2,13 @@
 
 Rules: the process is real (no in-process shortcuts), its log goes to ``<state_dir>/serve.log``,
 and whoever starts it owns it: the context manager (or :meth:`CoordinatorProcess.stop`) always
-reaps it, so a failed test never leaves a stray coordinator behind.
+reaps it, so a failed test never leaves a stray coordinator behind. Its stores are on the backend
+the test runs on (:func:`tests.support.store_backend.current`: ``init --store`` on PostgreSQL).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 import time
@@ -18,7 +18,8 @@ from types import TracebackType
 from typing import Any
 
 from tests.support.processes import stop_cleanly, track, untrack
-from tuneplane.coordinator.store import db_path
+from tests.support.store_backend import current, read, where_in
+from tuneplane.coordinator.store import Store
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -229,7 +230,7 @@ def start_coordinator(
     state_dir = tmp_path / "coordinator"
     if not (state_dir / "admin.token").exists():
         subprocess.run(
-            _admin("init", "--state-dir", str(state_dir)),
+            _admin("init", "--state-dir", str(state_dir), *current().init_args()),
             check=True,
             capture_output=True,
             timeout=60,
@@ -254,14 +255,11 @@ __all__ = ["CoordinatorProcess", "start_coordinator", "stored_outputs_service"]
 
 def stored_outputs_service(state_dir: Path, node_id: str) -> tuple[str, str, str]:
     """What the store at ``state_dir`` holds of a Node's outputs listener: address, certificate
-    digest and grant key (hex), read-only, as an operator's sqlite3 would see them."""
-    db = sqlite3.connect(f"file:{db_path(state_dir)}?mode=ro", uri=True)
-    try:
-        row = db.execute(
-            "SELECT outputs_address, outputs_cert_sha256, outputs_grant_key FROM nodes "
-            "WHERE id = ?",
-            (node_id,),
-        ).fetchone()
-    finally:
-        db.close()
+    digest and grant key (hex), read-only, as an operator's sqlite3 or psql would see them."""
+    (row,) = read(
+        where_in(state_dir),
+        Store,
+        "SELECT outputs_address, outputs_cert_sha256, outputs_grant_key FROM nodes WHERE id = ?",
+        (node_id,),
+    )
     return (str(row[0]), str(row[1]), str(row[2]))

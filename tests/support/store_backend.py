@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from tests.support.postgres import PostgresServer, run_async
 from tuneplane.coordinator.config import CONFIG_NAME, store_setting
@@ -209,8 +209,6 @@ def write_lock(where: Where, cls: type[StoreDb] = Store) -> Iterator[None]:
 async def open_at_version(cls: type[S], where: Where, version: int) -> S:
     """The store ``cls`` at ``where``, migrated only up to ``version``: what an older
     coordinator left behind, for a migration test on either backend."""
-    older = type(
-        cls.__name__, (cls,), {"MIGRATIONS": tuple(m for m in cls.MIGRATIONS if m[0] <= version)}
-    )
-    store: S = await older.open(where)
-    return store
+    migrations = tuple(m for m in cls.MIGRATIONS if m[0] <= version)
+    older = cast(type[S], type(cls.__name__, (cls,), {"MIGRATIONS": migrations}))
+    return await older.open(where)
