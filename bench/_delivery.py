@@ -18,11 +18,13 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from tuneplane.coordinator import store_rollups
 from tuneplane.coordinator.demo import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
-from tuneplane.coordinator.records import MemberKey
 from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
-from tuneplane.coordinator.telemetry_records import CollectorReport, MetricSelector, ShippedPoint
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.metrics import MetricSelector
+from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint
 
 WRITER = """python3 - <<'PY'
 import json, os, time
@@ -153,6 +155,10 @@ async def _downsampling(path: Path, points: int, runs: int) -> list[float]:
             ),
         )
         db.execute("UPDATE metric_series SET points = ? WHERE id = ?", (points, series_id))
+        # Written around the store: its rollups are rebuilt as the migration builds them.
+        db.execute("DELETE FROM metric_rollups")
+        for sql in store_rollups.build_statements():
+            db.execute(sql)
         db.commit()
     store = await TelemetryStore.open(path)
     times = []

@@ -21,12 +21,13 @@ from typing import Any
 from cryptography import x509
 from grpclib.const import Cardinality, Handler
 
+from tuneplane.agent.host_port import split_host_port
 from tuneplane.coordinator import tls
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.fleet_service import admin_caller
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.store import Store, _first
-from tuneplane.coordinator.wire import grpc_errors
+from tuneplane.coordinator.wire.status import grpc_errors
 from tuneplane.proto import v1
 from tuneplane.proto.contract.input_checks import InputRefused
 
@@ -40,17 +41,17 @@ class BadAddress(InputRefused):
 
 
 def split(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT``) -> (host, port). Raises :class:`BadAddress`."""
-    host, sep, port = address.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or " " in host:
+    """``HOST:PORT`` (``[v6]:PORT``) -> (host, port), read by
+    :func:`tuneplane.agent.host_port.split_host_port`. Raises :class:`BadAddress`."""
+    found = split_host_port(address)
+    if found is None:
         raise BadAddress(
             f"The control address {address!r}",
             "is not HOST:PORT (for IPv6, [ADDRESS]:PORT)",
             "Give the name or address Nodes will dial and the control port, e.g. "
             "coordinator.example.org:7444.",
         )
-    return host, int(port)
+    return found
 
 
 def check(address: str, server_cert: Path) -> str:

@@ -19,9 +19,9 @@ from typing import Any
 
 import anyio
 
-from tuneplane.coordinator.fleetviews import DecisionRow
 from tuneplane.coordinator.store import Store
 from tuneplane.coordinator.store_location import PostgresUrl, Where
+from tuneplane.coordinator.values.decisions import DecisionRow
 
 _RELATIVE = re.compile(r"^(\d+)([smhd])$")
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tuneplane.coordinator.state_dir import ENDPOINTS, StateDirError
+from tuneplane.coordinator.state_dir import ENDPOINTS, SERVE_LOCK, StateDirError
 
-LOCK_NAME = "serve.lock"
+LOCK_NAME = SERVE_LOCK
 
 
 class StateDirBusy(StateDirError):

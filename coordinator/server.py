@@ -59,6 +59,7 @@ from tuneplane.coordinator.metrics_export import (
 from tuneplane.coordinator.node_loss_service import MaxDisconnectWatch, NodeLossApi, NodeLossDesk
 from tuneplane.coordinator.rate_limit import PeerRateLimit
 from tuneplane.coordinator.scheduler import Scheduler
+from tuneplane.coordinator.serve_lock import serving
 from tuneplane.coordinator.sessions import SessionRegistry
 from tuneplane.coordinator.state_dir import (
     Endpoints,
@@ -75,7 +76,7 @@ from tuneplane.coordinator.store_metrics import DB_NAME as TELEMETRY_DB
 from tuneplane.coordinator.store_metrics import TelemetryStore
 from tuneplane.coordinator.telemetry_gateway import TelemetryGateway
 from tuneplane.coordinator.tls import TlsError, TlsPaths, cover_names, server_context
-from tuneplane.coordinator.wire import grpc_errors
+from tuneplane.coordinator.wire.status import grpc_errors
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +243,13 @@ async def serve(opts: ServeOptions) -> None:
     # systemd's variables leave the environment before any worker process is started.
     notifier = ServiceNotifier.from_environment()
     require_initialised(state_dir, opts.store_url or store_setting(state_dir))
+    # Held from before a store opens until after the last one closed: `migrate-store` refuses
+    # to run meanwhile, and this serve refuses to start while it runs (coordinator/serve_lock.py).
+    with serving(state_dir):
+        await _serve(opts, state_dir, notifier)
+
+
+async def _serve(opts: ServeOptions, state_dir: Path, notifier: ServiceNotifier) -> None:
     config = load_config(state_dir)
     url = opts.store_url or config.store_url
     for warning in config.warnings:

@@ -31,6 +31,9 @@ from tuneplane.coordinator.tls import TlsPaths, create_dev_ca, default_sans
 
 ADMIN_TOKEN = "admin.token"
 ENDPOINTS = "endpoints.json"
+#: The lock serve shares and migrate-store holds alone (coordinator/serve_lock.py); made by init,
+#: so a serve that is refused for its configuration leaves the directory as it found it.
+SERVE_LOCK = "serve.lock"
 TP_CONTEXT = "tp-context.json"
 
 
@@ -69,6 +72,7 @@ def _lay_out(state_dir: Path, extra_sans: Iterable[str], url: PostgresUrl | None
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
     create_dev_ca(state_dir, default_sans(extra_sans))
+    os.close(os.open(state_dir / SERVE_LOCK, os.O_WRONLY | os.O_CREAT, 0o600))
     config = state_dir / CONFIG_NAME
     if not config.exists():
         text = DEFAULT_CONFIG + (store_table(url) if url is not None else "")

@@ -22,34 +22,37 @@ from typing import Any, TypeVar
 
 import attrs
 
+from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.coordinator import launch
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.derivation import stored_manifest
 from tuneplane.coordinator.placement import NodeOffer, Placement
-from tuneplane.coordinator.records import (
-    AbortOrder,
-    AttemptView,
-    CommitOrder,
-    HeldMember,
-    InventoryInfo,
-    JobView,
-    MemberKey,
-    MemberView,
-    NodeRecord,
-    Order,
-    OutputsService,
-    PrepareOrder,
-    PreviewRecord,
-    QueuedJob,
-    ReceiptRecord,
-    Report,
-    StateChangeRecord,
-)
 from tuneplane.coordinator.schema import MIGRATIONS
 from tuneplane.coordinator.store_db import StoreDb
 from tuneplane.coordinator.store_handle import Handle, IntegrityViolation
 from tuneplane.coordinator.store_handle import SchemaTooNew as SchemaTooNew
 from tuneplane.coordinator.store_handle import StoreError as StoreError
+from tuneplane.coordinator.values.fleet import NodeRecord
+from tuneplane.coordinator.values.jobs import (
+    Attempt,
+    Job,
+    Member,
+    MemberKey,
+    Preview,
+    QueuedJob,
+    Receipt,
+    StateChange,
+)
+from tuneplane.coordinator.values.orders import (
+    AbortOrder,
+    CommitOrder,
+    HeldMember,
+    Inventory,
+    Order,
+    OutputsService,
+    PrepareOrder,
+    Report,
+)
 from tuneplane.proto.contract.derivation_source import ManifestSummary
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,7 @@ async def _first(db: Handle, sql: str, args: Sequence[Any] = ()) -> Any:
 async def _placed_uuids(db: Handle, node_id: str, gpu_indexes: Sequence[int]) -> tuple[str, ...]:
     """The UUIDs the Node's last inventory gives ``gpu_indexes`` ("" for an index it lacks)."""
     row = await _first(db, "SELECT inventory_json FROM nodes WHERE id = ?", (node_id,))
-    gpus = {g.index: g.uuid for g in InventoryInfo.from_json(str(row[0])).gpus} if row else {}
+    gpus = {g.index: g.uuid for g in Inventory.from_json(str(row[0])).gpus} if row else {}
     return tuple(gpus.get(i, "") for i in gpu_indexes)
 
 
@@ -205,7 +208,7 @@ class Store(StoreDb):
         self,
         join_token_hash: str,
         node_id: str,
-        inventory: InventoryInfo,
+        inventory: Inventory,
         credential_hash: str,
         now: int,
         credential_expires_at_ms: int | None = None,
@@ -322,7 +325,7 @@ class Store(StoreDb):
     async def node_connected(
         self,
         node_id: str,
-        inventory: InventoryInfo,
+        inventory: Inventory,
         held: Sequence[HeldMember],
         now: int,
         dialed_address: str = "",
@@ -403,10 +406,11 @@ class Store(StoreDb):
                     "WHERE id = ?",
                     [(at, node_id) for node_id, at in sorted(beats.items())],
                 )
+                crashpoint("mid-heartbeat-batch", beats=beats)
 
         await self._shielded(work)
 
-    async def node_inventory(self, node_id: str, inventory: InventoryInfo, now: int) -> None:
+    async def node_inventory(self, node_id: str, inventory: Inventory, now: int) -> None:
         """A heartbeat carried a changed inventory: store it (and the heartbeat time) at once."""
 
         async def work() -> None:
@@ -474,17 +478,17 @@ class Store(StoreDb):
 
     # ----- previews and admission --------------------------------------------------------------
 
-    async def save_preview(self, preview: PreviewRecord) -> None:
+    async def save_preview(self, preview: Preview) -> None:
         async def work() -> None:
             async with self._txn() as db:
                 await db.execute(
                     "INSERT INTO previews (id, digest, resolved_json, summary_json, owner, "
                     "created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
                     (
-                        preview.id,
+                        preview.preview_id,
                         preview.digest,
-                        preview.resolved_json,
-                        json.dumps(dict(preview.summary), sort_keys=True),
+                        preview.resolved_jobspec_json,
+                        json.dumps(attrs.asdict(preview.summary), sort_keys=True),
                         preview.owner,
                         preview.created_at_ms,
                     ),
@@ -494,10 +498,10 @@ class Store(StoreDb):
 
     async def commit(
         self, preview_id: str, digest: str, retry_key: str, owner: str, run_id: str, now: int
-    ) -> ReceiptRecord:
+    ) -> Receipt:
         """Admit a preview as a Job, once per retry key (the UNIQUE constraint decides)."""
 
-        async def work() -> ReceiptRecord:
+        async def work() -> Receipt:
             async with self._txn() as db:
                 earlier = await self._receipt_for_key(db, retry_key, owner)
                 if earlier is not None:
@@ -570,7 +574,7 @@ class Store(StoreDb):
                     {"preview_id": preview_id, "digest": digest, "owner": owner},
                     run_id=run_id,
                 )
-                return ReceiptRecord(run_id, preview_id, digest, retry_key, now, created=True)
+                return Receipt(run_id, preview_id, digest, retry_key, now, created=True)
 
         try:
             return await self._shielded(work)
@@ -583,9 +587,7 @@ class Store(StoreDb):
                 raise
             return earlier
 
-    async def _receipt_for_key(
-        self, db: Handle, retry_key: str, owner: str
-    ) -> ReceiptRecord | None:
+    async def _receipt_for_key(self, db: Handle, retry_key: str, owner: str) -> Receipt | None:
         """The receipt this owner already got for ``retry_key``; None when the key is unused.
 
         Another user's key is a Conflict that names no Job: answering with their receipt would
@@ -605,9 +607,9 @@ class Store(StoreDb):
             raise Conflict(
                 f"the retry key {retry_key!r} is already in use. Confirm with a new retry key."
             )
-        return ReceiptRecord(str(r[0]), str(r[1]), str(r[2]), retry_key, int(r[3]), created=False)
+        return Receipt(str(r[0]), str(r[1]), str(r[2]), retry_key, int(r[3]), created=False)
 
-    async def get_job(self, run_id: str) -> JobView:
+    async def get_job(self, run_id: str) -> Job:
         rows = list(
             await self._db.execute_fetchall(
                 "SELECT run_id FROM jobs WHERE run_id = ?",
@@ -620,7 +622,7 @@ class Store(StoreDb):
 
     async def list_jobs(
         self, project: str = "", state: str = "", owner: str = "", limit: int = 100
-    ) -> list[JobView]:
+    ) -> list[Job]:
         clauses: list[str] = []
         args: list[Any] = []
         for column, value in (("project", project), ("state", state), ("owner", owner)):
@@ -634,7 +636,7 @@ class Store(StoreDb):
         )
         return await self._job_views([str(r[0]) for r in rows], full=False)
 
-    async def _job_views(self, run_ids: Sequence[str], full: bool) -> list[JobView]:
+    async def _job_views(self, run_ids: Sequence[str], full: bool) -> list[Job]:
         views = []
         for run_id in run_ids:
             r = await _first(
@@ -644,8 +646,8 @@ class Store(StoreDb):
                 "WHERE run_id = ?",
                 (run_id,),
             )
-            history: tuple[StateChangeRecord, ...] = ()
-            attempts: tuple[AttemptView, ...] = ()
+            history: tuple[StateChange, ...] = ()
+            attempts: tuple[Attempt, ...] = ()
             if full:
                 history = await self._history(
                     "SELECT state, at_ms, reason FROM job_states WHERE run_id = ? ORDER BY id",
@@ -653,7 +655,7 @@ class Store(StoreDb):
                 )
                 attempts = await self._attempt_views(run_id)
             views.append(
-                JobView(
+                Job(
                     run_id=str(r[0]),
                     project=str(r[1]),
                     experiment=str(r[2]),
@@ -673,11 +675,11 @@ class Store(StoreDb):
             )
         return views
 
-    async def _history(self, sql: str, args: Iterable[Any]) -> tuple[StateChangeRecord, ...]:
+    async def _history(self, sql: str, args: Iterable[Any]) -> tuple[StateChange, ...]:
         rows = await self._db.execute_fetchall(sql, tuple(args))
-        return tuple(StateChangeRecord(str(s), int(t), str(why)) for s, t, why in rows)
+        return tuple(StateChange(str(s), int(t), str(why)) for s, t, why in rows)
 
-    async def _attempt_views(self, run_id: str) -> tuple[AttemptView, ...]:
+    async def _attempt_views(self, run_id: str) -> tuple[Attempt, ...]:
         attempts = []
         rows = await self._db.execute_fetchall(
             "SELECT number, decision, master_addr, master_port, created_at_ms FROM attempts "
@@ -701,7 +703,7 @@ class Store(StoreDb):
                     (run_id, number, idx),
                 )
                 members.append(
-                    MemberView(
+                    Member(
                         index=int(idx),
                         node_id=str(node_id),
                         state=str(state),
@@ -724,7 +726,7 @@ class Store(StoreDb):
             ):
                 state = "cancelled"
             attempts.append(
-                AttemptView(int(number), state, tuple(members), str(addr), int(port), int(created))
+                Attempt(int(number), state, tuple(members), str(addr), int(port), int(created))
             )
         return tuple(attempts)
 
@@ -767,7 +769,7 @@ class Store(StoreDb):
         )
         offers = []
         for node_id, inventory_json in nodes:
-            inventory = InventoryInfo.from_json(str(inventory_json))
+            inventory = Inventory.from_json(str(inventory_json))
             taken = {
                 int(r[0])
                 for r in await self._db.execute_fetchall(

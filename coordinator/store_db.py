@@ -18,7 +18,9 @@ Rules:
   the version again first, so two processes opening one database apply each exactly once. A
   database newer than this code is refused rather than guessed at.
 - Copying a store (to move it between backends) needs only :meth:`StoreDb.tables` (dependency
-  order), :meth:`StoreDb.columns`, :meth:`StoreDb.read_rows` and :meth:`StoreDb.insert_rows`.
+  order), :meth:`StoreDb.columns`, :meth:`StoreDb.read_rows` and :meth:`StoreDb.insert_rows`;
+  a whole store, from one snapshot into one transaction, :meth:`StoreDb.read_snapshot` and
+  :meth:`StoreDb.loading` (``migrate-store``).
 """
 
 from __future__ import annotations
@@ -294,6 +296,22 @@ class StoreDb:
 
         return await self._shielded(work)
 
+    async def read_snapshot(self, work: Callable[[SnapshotReader], T]) -> T:
+        """``work`` in a worker thread, reading every table as of one moment (a copy and the
+        check of it read the same rows)."""
+        return await self._read_snapshot(work)
+
+    @asynccontextmanager
+    async def loading(self) -> AsyncIterator[Loader]:
+        """One write transaction for rows copied in as they are, ids included
+        (:meth:`Loader.insert`, any number of times, any tables). When the block ends, each
+        identity column numbers on past the largest id and the transaction commits; an error in
+        the block keeps nothing of it."""
+        async with self._txn() as db:
+            yield Loader(self, db)
+            for table in await self.tables():
+                await self._backend.after_insert(db, table)
+
     def _known(self, name: str, known: Sequence[str]) -> str:
         if name not in known:
             raise StoreError(
@@ -301,3 +319,26 @@ class StoreDb:
                 f"{', '.join(known)}."
             )
         return name
+
+
+class Loader:
+    """Rows going into one :meth:`StoreDb.loading` transaction."""
+
+    def __init__(self, store: StoreDb, db: Handle) -> None:
+        self._store = store
+        self._db = db
+        self._columns: dict[str, list[str]] = {}
+
+    async def insert(
+        self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> int:
+        """Insert ``rows`` (values in ``columns`` order) into ``table``; how many went in."""
+        if table not in self._columns:
+            self._columns[table] = await self._store.columns(table)
+        known = self._columns[table]
+        for column in columns:
+            self._store._known(column, known)
+        names = ", ".join(f'"{c}"' for c in columns)
+        marks = ", ".join("?" for _ in columns)
+        done = await self._db.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({marks})', rows)
+        return done.rowcount

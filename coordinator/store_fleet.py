@@ -202,9 +202,7 @@ def _capacity(
     )
 
 
-async def fleet_views(
-    store: Store, quotas: Mapping[PoolKey, int], name: str = ""
-) -> list[Fleet]:
+async def fleet_views(store: Store, quotas: Mapping[PoolKey, int], name: str = "") -> list[Fleet]:
     """Every Fleet (or only ``name``) with its Nodes counted and its GPUs per Series."""
     fleets = await _rows(
         store,

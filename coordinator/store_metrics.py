@@ -19,8 +19,12 @@ Rules:
 - hparams keep the first value of each name per source in reading order (byte offset), as
   TensorBoard keeps a tag's first metadata, whatever order the batches arrived in.
 - Writes run shielded (a caller's deadline never leaves half a transaction); the heavy read
-  (:meth:`TelemetryStore.query_series`) runs in a worker thread on its own read-only connection
-  so a million-point series never stalls the gateways.
+  (:meth:`TelemetryStore.query_series`) runs in a worker thread on its own read-only connection,
+  in one read transaction, so a million-point series never stalls the gateways.
+- A bucketed read comes from rollups (:mod:`~tuneplane.coordinator.store_rollups`): per-block
+  summaries that every write changing the visible points (a Ship's points, a restart mark's
+  orphans) recomputes in its own transaction, so the buckets are exactly those the raw points
+  give (:func:`raw_buckets`, kept as the reference) while reading thousands of rows, not millions.
 """
 
 from __future__ import annotations
@@ -34,26 +38,31 @@ from typing import Any, TypeVar
 
 import attrs
 
-from tuneplane.coordinator.downsample import Row, downsample, every_point
+from tuneplane.agent.crashpoint import crashpoint
+from tuneplane.coordinator import store_rollups
+from tuneplane.coordinator.downsample import Bucket, Row, downsample, every_point
 from tuneplane.coordinator.message_limits import in_thread
 from tuneplane.coordinator.orphans import Restart, SeriesRule, is_event_file, place
-from tuneplane.coordinator.records import MemberKey
+from tuneplane.coordinator.rollup_blocks import step_ranges
 from tuneplane.coordinator.store import NotFound
 from tuneplane.coordinator.store_db import Backend, StoreDb
 from tuneplane.coordinator.store_handle import Handle, SnapshotReader
 from tuneplane.coordinator.store_location import Where
-from tuneplane.coordinator.telemetry_records import (
-    CollectorGrant,
-    CollectorReport,
+from tuneplane.coordinator.values.jobs import MemberKey
+from tuneplane.coordinator.values.metrics import (
     Delivery,
     MetricSelector,
     RunHParams,
     SeriesResult,
+    TagSummary,
+)
+from tuneplane.coordinator.values.telemetry import (
+    CollectorGrant,
+    CollectorReport,
     ShippedHParams,
     ShippedPoint,
     ShippedRestart,
     ShipResult,
-    TagSummary,
 )
 
 log = logging.getLogger(__name__)
@@ -162,6 +171,8 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             )""",
         ),
     ),
+    # Rollups for bucketed reads, built from the points already stored (docs/telemetry.md).
+    (3, store_rollups.migration()),
 )
 
 
@@ -170,7 +181,9 @@ def telemetry_db_path(state_dir: Path) -> Path:
 
 
 def _nan_to_null(value: float) -> float | None:
-    return None if math.isnan(value) else value
+    # -0.0 is stored as 0.0 on every backend, as SQLite stores it: which signed zero a min or
+    # max keeps would otherwise depend on reading order, and rollups would differ from points.
+    return None if math.isnan(value) else value + 0.0
 
 
 def _null_to_nan(value: Any) -> float:
@@ -185,12 +198,14 @@ PointRow = tuple[int, int, int, float | None, float | None]
 
 @attrs.frozen
 class SeriesRows:
-    """One series' share of a Ship batch: its rows in batch order and its newest wall time."""
+    """One series' share of a Ship batch: its rows in batch order, its newest wall time and
+    the step ranges whose rollups its points may change."""
 
     source: str
     tag: str
     rows: list[PointRow]
     newest_wall: float | None
+    steps: list[tuple[int, int]]
 
 
 def series_rows(points: Sequence[ShippedPoint]) -> list[SeriesRows]:
@@ -204,7 +219,10 @@ def series_rows(points: Sequence[ShippedPoint]) -> list[SeriesRows]:
         )
         if p.wall_time is not None and (key not in newest or p.wall_time > newest[key]):
             newest[key] = p.wall_time
-    return [SeriesRows(s, t, group, newest.get((s, t))) for (s, t), group in rows.items()]
+    return [
+        SeriesRows(s, t, group, newest.get((s, t)), step_ranges(r[2] for r in group))
+        for (s, t), group in rows.items()
+    ]
 
 
 class TelemetryStore(StoreDb):
@@ -362,6 +380,7 @@ class TelemetryStore(StoreDb):
     ) -> ShipResult:
         stored = 0
         newest_wall: float | None = None
+        changed: list[tuple[int, int, int]] = []
         known = await self._restarts(db, member) if batches else []
         for batch in batches:
             series_id = await self._series_id(db, member, batch.source, batch.tag)
@@ -379,6 +398,7 @@ class TelemetryStore(StoreDb):
                 ((series_id, *row) for row in visible),
             )
             added = max(int(cursor.rowcount), 0)
+            crashpoint("mid-telemetry-ingest")
             hidden = 0
             if orphans:
                 cursor = await db.executemany(
@@ -390,11 +410,15 @@ class TelemetryStore(StoreDb):
                 hidden = max(int(cursor.rowcount), 0)
             if not added and not hidden:
                 continue
+            if added:
+                # Recomputed over every step the batch holds: which rows were new is unknown.
+                changed += [(series_id, lo, hi) for lo, hi in batch.steps]
             stored += added + hidden
             await _count(db, series_id, added, hidden)
             if batch.newest_wall is not None:
                 newest = batch.newest_wall
                 newest_wall = newest if newest_wall is None else max(newest_wall, newest)
+        await store_rollups.refresh(db, changed, hidden=False)
         wall_ms = None if newest_wall is None else int(newest_wall * 1000)
         await db.execute(
             "INSERT INTO telemetry_delivery (run_id, attempt, member_index, points_stored, "
@@ -479,6 +503,7 @@ class TelemetryStore(StoreDb):
             "WHERE run_id = ? AND attempt = ? AND member_index = ?",
             key,
         )
+        changed: list[tuple[int, int, int]] = []
         for row in series:
             series_id, source, tag = int(row[0]), str(row[1]), str(row[2])
             if not is_event_file(source):
@@ -488,6 +513,13 @@ class TelemetryStore(StoreDb):
                 if mark.scope != scope or mark.file_key < file_key:
                     continue
                 if mark.tags is not None and tag not in mark.tags:
+                    continue
+                # The highest visible step bounds the steps this mark can hide.
+                ((top,),) = await db.execute_fetchall(
+                    "SELECT MAX(step) FROM metric_points WHERE series_id = ? AND orphaned = 0",
+                    (series_id,),
+                )
+                if top is None or int(top) < mark.step:
                     continue
                 if mark.file_key == file_key:
                     cursor = await db.execute(
@@ -503,6 +535,8 @@ class TelemetryStore(StoreDb):
                     )
                 if cursor.rowcount > 0:
                     await _count(db, series_id, -int(cursor.rowcount), int(cursor.rowcount))
+                    changed.append((series_id, mark.step, int(top)))
+        await store_rollups.refresh(db, changed, hidden=True)
 
     async def _store_hparams(
         self, db: Handle, member: MemberKey, hparams: Sequence[ShippedHParams]
@@ -728,12 +762,8 @@ def _rows(db: SnapshotReader, series_ids: list[int]) -> Iterator[Row]:
             yield step, arrival, math.nan if value is None else value
 
 
-def _read_buckets(
-    db: SnapshotReader, series_ids: list[int], total: int, max_points: int
-) -> list[Any]:
-    """Runs in a worker thread, on a connection of its own, in one read transaction."""
-    if total <= max_points:
-        return every_point(_rows(db, series_ids))
+def _step_range(db: SnapshotReader, series_ids: list[int]) -> tuple[int, int] | None:
+    """The lowest and highest visible step of ``series_ids``; None when they have no point."""
     lo: int | None = None
     hi: int | None = None
     for series_id in series_ids:
@@ -749,6 +779,33 @@ def _read_buckets(
         if low is not None:
             lo = low if lo is None else min(lo, low)
             hi = high if hi is None else max(hi, high)
-    if lo is None or hi is None:
+    return None if lo is None or hi is None else (lo, hi)
+
+
+def raw_buckets(db: SnapshotReader, series_ids: list[int], max_points: int) -> list[Bucket]:
+    """The buckets of ``series_ids`` computed from every raw point: the reference the rollups
+    must equal, and the benchmark's baseline."""
+    bounds = _step_range(db, series_ids)
+    if bounds is None:
         return []
-    return downsample(_rows(db, series_ids), lo, hi, max_points)
+    return downsample(_rows(db, series_ids), *bounds, max_points)
+
+
+def rollup_buckets(db: SnapshotReader, series_ids: list[int], max_points: int) -> list[Bucket]:
+    """The same buckets as :func:`raw_buckets`, read from rollups."""
+    bounds = _step_range(db, series_ids)
+    if bounds is None:
+        return []
+    return store_rollups.read_buckets(
+        lambda sql, args: db.execute(sql, args).fetchall(), series_ids, *bounds, max_points
+    )
+
+
+def _read_buckets(
+    db: SnapshotReader, series_ids: list[int], total: int, max_points: int
+) -> list[Any]:
+    """Runs in a worker thread, on a connection of its own, in one read transaction (one
+    snapshot: the step range, the rollups and the points it reads all agree)."""
+    if total <= max_points:
+        return every_point(_rows(db, series_ids))
+    return rollup_buckets(db, series_ids, max_points)

@@ -50,7 +50,7 @@ from tuneplane.coordinator.config import (
 from tuneplane.coordinator.serve_lock import alone
 from tuneplane.coordinator.state_dir import require_initialised
 from tuneplane.coordinator.store import DB_NAME, Store
-from tuneplane.coordinator.store_db import COPY_BATCH, StoreDb
+from tuneplane.coordinator.store_db import COPY_BATCH, Loader, StoreDb
 from tuneplane.coordinator.store_digest import (
     DigestError,
     Mismatch,
@@ -59,7 +59,7 @@ from tuneplane.coordinator.store_digest import (
     compare,
     order_by,
 )
-from tuneplane.coordinator.store_handle import Handle, SnapshotReader, StoreError
+from tuneplane.coordinator.store_handle import SnapshotReader, StoreError
 from tuneplane.coordinator.store_location import PostgresUrl
 from tuneplane.coordinator.store_logs import DB_NAME as LOGS_DB
 from tuneplane.coordinator.store_logs import LogStore
@@ -318,13 +318,10 @@ async def _copy_all(pairs: Sequence[_Pair], url: PostgresUrl) -> None:
         async with AsyncExitStack() as transactions:
             for pair in pairs:
                 assert pair.target is not None
-                # The store's own write transaction (its lock, then the backend's).
-                db = await transactions.enter_async_context(pair.target._txn())
+                loader = await transactions.enter_async_context(pair.target.loading())
                 where["store"] = pair.cls.LABEL
                 if pair.source is not None:
-                    await _copy(pair, db, where)
-                for table in await pair.target.tables():
-                    await pair.target._backend.after_insert(db, table)
+                    await _copy(pair, loader, where)
             where["step"] = "commit"
     except _WRITE_ERRORS as exc:
         failure = f"{type(exc).__name__}: {exc}"
@@ -342,15 +339,12 @@ async def _copy_all(pairs: Sequence[_Pair], url: PostgresUrl) -> None:
         ) from None
 
 
-async def _copy(pair: _Pair, db: Handle, where: dict[str, str]) -> None:
-    """One source store into the target transaction ``db``, from one snapshot of the file;
+async def _copy(pair: _Pair, loader: Loader, where: dict[str, str]) -> None:
+    """One source store into the target's ``loader`` transaction, from one snapshot of the file;
     the source's digests and primary keys are kept on ``pair``."""
     assert pair.source is not None
     tables = await pair.source.tables()
     columns = {t: await pair.source.columns(t) for t in tables}
-
-    async def insert(sql: str, rows: list[tuple[Any, ...]]) -> None:
-        await db.executemany(sql, rows)
 
     def work(reader: SnapshotReader) -> None:
         for table in tables:
@@ -364,18 +358,16 @@ async def _copy(pair: _Pair, db: Handle, where: dict[str, str]) -> None:
             ]
             pair.primary_keys[table] = key
             quoted = ", ".join(f'"{c}"' for c in names)
-            marks = ", ".join("?" for _ in names)
-            sql = f'INSERT INTO "{table}" ({quoted}) VALUES ({marks})'
             digester = TableDigester(pair.cls.LABEL, table, names)
             cursor = reader.execute(f'SELECT {quoted} FROM "{table}" {order_by(names, key)}')
             while batch := cursor.fetchmany(COPY_BATCH):
                 rows = [tuple(r) for r in batch]
                 digester.add(rows)
-                anyio.from_thread.run(insert, sql, rows)
+                anyio.from_thread.run(loader.insert, table, names, rows)
             pair.digests.append(digester.result())
         where["table"] = ""
 
-    await pair.source._read_snapshot(work)
+    await pair.source.read_snapshot(work)
 
 
 async def _verify(pairs: Sequence[_Pair]) -> list[TableDigest]:
@@ -402,7 +394,7 @@ async def _verify(pairs: Sequence[_Pair]) -> list[TableDigest]:
                 out.append(digester.result())
             return out
 
-        found += await pair.target._read_snapshot(work)
+        found += await pair.target.read_snapshot(work)
     return found
 
 

@@ -23,8 +23,6 @@ import click
 
 from tuneplane.agent import daemon_log
 from tuneplane.coordinator import control_address, store_fleet, store_identity, store_lifecycle
-from tuneplane.coordinator.apiclient import ApiClient
-from tuneplane.coordinator.apimodel import ApiError
 from tuneplane.coordinator.auth import (
     JOIN_PREFIX,
     USER_PREFIX,
@@ -32,17 +30,24 @@ from tuneplane.coordinator.auth import (
     hash_credential,
     new_credential,
 )
+from tuneplane.coordinator.cli.api_client import ApiClient
+from tuneplane.coordinator.cli.api_errors import ApiError
 from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.collector_credentials import CollectorCredentials
-from tuneplane.coordinator.config import ConfigError, load_config, parse_duration, store_setting
+from tuneplane.coordinator.config import (
+    CONFIG_NAME,
+    ConfigError,
+    load_config,
+    parse_duration,
+    store_setting,
+)
 from tuneplane.coordinator.decisions import (
     DecisionLogError,
     format_row,
     parse_since,
     read_decisions,
 )
-from tuneplane.coordinator.fleetviews import FleetView, UserView
 from tuneplane.coordinator.server import (
     DEFAULT_API_PORT,
     DEFAULT_CONTROL_PORT,
@@ -69,6 +74,8 @@ from tuneplane.coordinator.store_location import (
 from tuneplane.coordinator.store_metrics import DB_NAME as TELEMETRY_DB
 from tuneplane.coordinator.store_metrics import TelemetryStore
 from tuneplane.coordinator.tls import TlsError, TlsPaths
+from tuneplane.coordinator.values.fleet import Fleet
+from tuneplane.coordinator.values.users import User
 from tuneplane.proto.contract.input_checks import InputRefused
 
 T = TypeVar("T")
@@ -363,7 +370,7 @@ def fleet_ls(state_dir: Path, as_json: bool) -> None:
     """List Fleets with their Nodes and GPUs per Series (also `tp fleet ls`)."""
     config = _run_sync(load_config, state_dir)
 
-    async def work(store: Store) -> list[FleetView]:
+    async def work(store: Store) -> list[Fleet]:
         return await store_fleet.fleet_views(store, config.quotas)
 
     fleets = _run(_with_store, state_dir, work)
@@ -499,7 +506,7 @@ def user_revoke(name: str, state_dir: Path) -> None:
 def user_ls(state_dir: Path, as_json: bool) -> None:
     """List users, their roles and their tokens' expiry or revocation (never the tokens)."""
 
-    async def work(store: Store) -> tuple[list[UserView], dict[str, CredentialLife]]:
+    async def work(store: Store) -> tuple[list[User], dict[str, CredentialLife]]:
         return await store_fleet.users(store), await store_identity.user_token_lives(store)
 
     found, lives = _run(_with_store, state_dir, work)
@@ -614,7 +621,7 @@ def node_lost(node_id: str, state_dir: Path, reason: str) -> None:
             async with ApiClient(endpoint) as api:
                 outcome = await api.declare_node_lost(node_id, reason)
             jobs = [(j.run_id, j.state, j.state_reason) for j in outcome.jobs]
-            return outcome.node.id, list(outcome.lost), jobs, outcome.node.scheduling
+            return outcome.node.id, [k.text for k in outcome.lost], jobs, outcome.node.scheduling
 
         node_id, lost, jobs, scheduling = _run(call)
     else:
@@ -685,6 +692,55 @@ def decisions(state_dir: Path, run_id: str, since: str, as_json: bool) -> None:
             click.echo(json.dumps(attrs.asdict(row), sort_keys=True, separators=(",", ":")))
         else:
             click.echo(format_row(row))
+
+
+@main.command(name="migrate-store")
+@state_dir_option
+@click.option(
+    "--to",
+    "to_url",
+    required=True,
+    metavar="URL",
+    help="The PostgreSQL database to copy the stores into (postgresql://USER@HOST:PORT/DATABASE; "
+    "the password from PGPASSWORD or ~/.pgpass). Its stores must be empty.",
+)
+def migrate_store(state_dir: Path, to_url: str) -> None:
+    """Copy this installation's SQLite stores into a PostgreSQL database, check every table on
+    both sides, and record [store] url so the next `serve` uses it. Stop `serve` first; the
+    SQLite files stay, as a frozen copy."""
+    # Imported here: only this command loads the PostgreSQL driver.
+    from tuneplane.coordinator import store_migrate
+    from tuneplane.coordinator.store_digest import report_lines
+
+    state_dir = state_dir.absolute()
+    try:
+        url = parse_store_url(to_url, "--to")
+    except StoreUrlError as exc:
+        raise click.BadParameter(str(exc), param_hint="--to") from None
+    try:
+        done = _run(store_migrate.migrate, state_dir, url, click.echo)
+    except store_migrate.Mismatched as exc:
+        click.echo("The copy differs from its source:")
+        click.echo("\n".join(report_lines(exc.target)))
+        for found in exc.mismatches:
+            click.echo(f"  {found.store} {found.table}: {found.sentence}")
+        raise click.ClickException(str(exc)) from None
+    except store_migrate.MigrateError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo("Every table holds the same rows, with the same digest, in SQLite and PostgreSQL:")
+    click.echo("\n".join(report_lines(done.digests)))
+    config = state_dir / CONFIG_NAME
+    click.echo(f"Recorded [store] url = {url} in {config}: the next `serve` uses PostgreSQL.")
+    files = ", ".join(name for _, name in store_migrate.STORES)
+    click.echo(
+        f"The SQLite files ({files}) stay in {state_dir} as a frozen copy: nothing writes them "
+        "any more."
+    )
+    rows = sum(d.rows for d in done.digests)
+    click.echo(
+        f"Migrated {len(store_migrate.STORES)} stores ({len(done.digests)} tables, {rows} rows) "
+        f"to {url}; verified."
+    )
 
 
 @main.command(name="control-address")

@@ -95,7 +95,9 @@ class Layout:
         """Every way a module of ``starts`` reaches tuneplane.coordinator, as ``a -> b -> c``."""
         found: list[str] = []
         seen: set[Path] = set()
-        queue = [(path, (self.module_name(path),)) for path in starts]
+        queue: list[tuple[Path, tuple[str, ...]]] = [
+            (path, (self.module_name(path),)) for path in starts
+        ]
         while queue:
             path, chain = queue.pop(0)
             if path in seen:

@@ -9,10 +9,11 @@ the test runs on (:func:`tests.support.store_backend.current`: ``init --store`` 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -53,8 +54,12 @@ class CoordinatorProcess:
         assert self._proc is not None, "the coordinator is not running"
         return self._proc.pid
 
-    def start(self, ports: tuple[int, int, int] | None = None) -> None:
-        """Start ``serve`` and wait for its endpoints.json (written once all listeners accept)."""
+    def start(
+        self, ports: tuple[int, int, int] | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        """Start ``serve`` and wait for its endpoints.json (written once all listeners accept).
+
+        ``env``: more environment for this run of ``serve`` only (``TUNEPLANE_CRASHPOINT``)."""
         # serve defaults to fixed ports (7443-7445); tests always pass theirs, 0 (a free one)
         # unless restarting, so parallel runs never collide. serve_args come last and win.
         api_port, control_port, telemetry_port = ports if ports is not None else (0, 0, 0)
@@ -72,6 +77,7 @@ class CoordinatorProcess:
                 [*self.prefix_argv, *_admin("serve", "--state-dir", str(self.state_dir), *args)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
                 start_new_session=True,
             )
         track(self._proc)
@@ -166,6 +172,20 @@ class CoordinatorProcess:
         rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
         return [r for r in rows if r["kind"] == kind and (not node_id or r["node_id"] == node_id)]
 
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def wait_exit(self, timeout: float = START_TIMEOUT_S) -> int:
+        """Wait for ``serve`` to exit on its own (a crash point); its exit status."""
+        assert self._proc is not None, "the coordinator is not running"
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the coordinator did not exit within {timeout:g} s") from None
+        untrack(self._proc)
+        self._proc = None
+        return code
+
     def stop(self) -> None:
         """SIGTERM, wait, and check it stopped cleanly (exit status 0)."""
         proc = self._proc
@@ -185,7 +205,7 @@ class CoordinatorProcess:
             proc.kill()
         proc.wait()
 
-    def restart(self) -> None:
+    def restart(self, env: Mapping[str, str] | None = None) -> None:
         """Stop (if running) and start again on the same ports, so Nodes can reconnect."""
         ports = self.ports()
         if self._proc is not None:
@@ -194,7 +214,7 @@ class CoordinatorProcess:
             else:
                 untrack(self._proc)
                 self._proc = None
-        self.start(ports)
+        self.start(ports, env)
 
     def __enter__(self) -> CoordinatorProcess:
         return self
@@ -217,6 +237,7 @@ def start_coordinator(
     heartbeat_timeout: float = 3,
     config: str = "",
     prefix_argv: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
     **opts: Any,
 ) -> CoordinatorProcess:
     """``init`` a state directory under ``tmp_path`` and ``serve`` it.
@@ -224,7 +245,8 @@ def start_coordinator(
     ``prefix_argv`` runs ``serve`` under a prefix (``host.prefix()`` from tests/support/netns.py
     puts it in a network namespace); the other commands work on its files and run here.
     ``config`` is TOML appended to the fresh coordinator.toml (a ``[limits]`` table, say); a state
-    directory that already exists keeps its own. Extra keyword options become ``serve`` flags:
+    directory that already exists keeps its own. ``env``: more environment for this first
+    ``serve`` only (a crash point). Extra keyword options become ``serve`` flags:
     ``prepare_timeout=5`` -> ``--prepare-timeout 5``.
     """
     state_dir = tmp_path / "coordinator"
@@ -246,7 +268,7 @@ def start_coordinator(
     for name, value in opts.items():
         serve_args += ["--" + name.replace("_", "-"), str(value)]
     proc = CoordinatorProcess(state_dir, serve_args, prefix_argv)
-    proc.start()
+    proc.start(env=env)
     return proc
 
 
