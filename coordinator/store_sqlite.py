@@ -94,9 +94,9 @@ class SqliteBackend:
         conn = await aiosqlite.connect(path, isolation_level=None)
         try:
             conn.row_factory = sqlite3.Row
-            await conn.execute("PRAGMA journal_mode=WAL")
             await conn.execute("PRAGMA synchronous=FULL")
             await conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            await conn.execute("PRAGMA journal_mode=WAL")
             if foreign_keys:
                 await conn.execute("PRAGMA foreign_keys=ON")
         except BaseException:
