@@ -13,7 +13,11 @@
    query (1000 buckets) read from rollups against the raw computation over every point, both
    on the same file in the same run: medians and the speed-up, and a check that they agree.
 
-Knobs: ``TUNEPLANE_BENCH_NODES`` (2000), ``TUNEPLANE_BENCH_ADMISSIONS`` (200),
+Every figure of 2-4 is measured on SQLite and on PostgreSQL (an embedded server the bench starts,
+the same one ``tuneplane demo --store postgresql`` uses) in the same run, and the last table gives
+each as a ratio to SQLite.
+
+Knobs: ``TUNEPLANE_BENCH_NODES`` (5000), ``TUNEPLANE_BENCH_ADMISSIONS`` (200),
 ``TUNEPLANE_BENCH_WINDOW`` seconds of heartbeat measurement (10), ``TUNEPLANE_BENCH_LOADERS``
 load processes (2), ``TUNEPLANE_BENCH_SERIES`` points in the long series (1,000,000). On a
 2-core machine the load processes share the CPUs with the coordinator.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import os
 import random
@@ -44,9 +49,11 @@ from grpclib.client import Channel
 from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.demo import postgres as embedded
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.queue_plan import NodeState, QueuedRequest, plan_pass
 from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.store_location import Where, parse_store_url
 from tuneplane.coordinator.store_metrics import TelemetryStore, raw_buckets, rollup_buckets
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.metrics import MetricSelector
@@ -100,10 +107,10 @@ def bench_plan() -> None:
 SHIP_POINTS = 5000
 
 
-async def _ship_series(path: Path, points: int) -> float:
+async def _ship_series(where: Where, points: int) -> float:
     """Ship a ``points``-point series as a collector would; seconds spent in the Ships."""
     rng = random.Random(3)
-    store = await TelemetryStore.open(path)
+    store = await TelemetryStore.open(where)
     member = MemberKey("run-bench", 1, 0)
     spent = 0.0
     try:
@@ -129,8 +136,8 @@ async def _ship_series(path: Path, points: int) -> float:
     return spent
 
 
-async def _store_queries(path: Path, runs: int) -> list[float]:
-    store = await TelemetryStore.open(path)
+async def _store_queries(where: Where, runs: int) -> list[float]:
+    store = await TelemetryStore.open(where)
     times = []
     try:
         for _ in range(runs):
@@ -142,43 +149,113 @@ async def _store_queries(path: Path, runs: int) -> list[float]:
     return times
 
 
-def bench_metric_query(runs: int = 7) -> None:
+def bench_metric_query(figures: Figures, backend: Backend, runs: int = 7) -> None:
     points = env_int("TUNEPLANE_BENCH_SERIES", 1_000_000)
     with tempfile.TemporaryDirectory(prefix="tp-bench-metrics-") as tmp:
         path = Path(tmp) / "telemetry.db"
-        shipping = asyncio.run(_ship_series(path, points))
-        raw: list[float] = []
-        rollup: list[float] = []
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            (series_id,) = db.execute("SELECT id FROM metric_series").fetchone()
-            for _ in range(runs):  # interleaved, so both see the same machine
-                started = time.perf_counter()
-                want = raw_buckets(db, [series_id], 1000)
-                raw.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                got = rollup_buckets(db, [series_id], 1000)
-                rollup.append(time.perf_counter() - started)
-                if got != want:
-                    raise RuntimeError("the rollup buckets differ from the raw computation")
-        served = asyncio.run(_store_queries(path, runs))
-    raw_s, rollup_s, store_s = (statistics.median(t) for t in (raw, rollup, served))
-    print(f"tp metrics: a {points:,}-point series -> {len(want)} buckets (median of {runs})")
-    print(f"  shipped in {points // SHIP_POINTS} Ships of {SHIP_POINTS}: {shipping:.1f} s")
-    print(f"  raw path (every point)   {raw_s * 1000:9.1f} ms")
-    print(
-        f"  rollups                  {rollup_s * 1000:9.1f} ms   ({raw_s / rollup_s:.0f}x faster)"
-    )
-    print(f"  store.query_series       {store_s * 1000:9.1f} ms   (rollups, in its worker thread)")
+        where: Where = path if backend.url is None else parse_store_url(backend.fresh(), "bench")
+        shipping = asyncio.run(_ship_series(where, points))
+        served = asyncio.run(_store_queries(where, runs))
+        if backend.url is None:
+            _raw_against_rollups(path, runs)
+    store_s = statistics.median(served)
+    print(f"  {backend.name}: shipped {points:,} points in {points // SHIP_POINTS} Ships of "
+          f"{SHIP_POINTS}: {shipping:.1f} s; store.query_series (1000 buckets) median of "
+          f"{runs}: {store_s * 1000:.1f} ms")  # fmt: skip
+    figures.add(f"ship {points:,} points (s)", backend, shipping)
+    figures.add(f"query a {points:,}-point series, 1000 buckets (ms)", backend, store_s * 1000)
+
+
+def _raw_against_rollups(path: Path, runs: int) -> None:
+    """On the SQLite file: the rollup read against the raw computation, interleaved."""
+    raw: list[float] = []
+    rollup: list[float] = []
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        (series_id,) = db.execute("SELECT id FROM metric_series").fetchone()
+        for _ in range(runs):  # interleaved, so both see the same machine
+            started = time.perf_counter()
+            want = raw_buckets(db, [series_id], 1000)
+            raw.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            got = rollup_buckets(db, [series_id], 1000)
+            rollup.append(time.perf_counter() - started)
+            if got != want:
+                raise RuntimeError("the rollup buckets differ from the raw computation")
+    raw_s, rollup_s = statistics.median(raw), statistics.median(rollup)
+    print(f"  sqlite: raw path (every point) {raw_s * 1000:.1f} ms, rollups "
+          f"{rollup_s * 1000:.1f} ms ({raw_s / rollup_s:.0f}x faster), "
+          f"the same {len(want)} buckets")  # fmt: skip
+
+
+# ----- the two backends -------------------------------------------------------------------------
+
+
+class Backend:
+    """Where a phase's stores live: SQLite files (``url`` None) or a fresh database of the
+    bench's embedded PostgreSQL."""
+
+    def __init__(self, name: str, server: embedded.EmbeddedPostgres | None = None) -> None:
+        self.name = name
+        self.server = server
+        self.url = None if server is None else server.url
+        self._made = 0
+
+    def fresh(self) -> str:
+        """A new empty database on the server, by URL."""
+        assert self.server is not None
+        self._made += 1
+        name = f"bench{self._made}"
+        asyncio.run(_create_database(str(self.server.server.get_uri()), name))
+        assert self.url is not None
+        return _with_database(self.url, name)
+
+
+def _with_database(url: str, name: str) -> str:
+    base, _, query = url.partition("?")
+    return f"{base.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
+
+
+async def _create_database(admin_url: str, name: str) -> None:
+    import asyncpg
+
+    db = await asyncpg.connect(admin_url)
+    try:
+        await db.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await db.close()
+
+
+class Figures:
+    """Each figure per backend, printed at the end as ratios to SQLite."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, float]] = {}
+
+    def add(self, what: str, backend: Backend, value: float) -> None:
+        self.values.setdefault(what, {})[backend.name] = value
+
+    def report(self) -> None:
+        print("\nPostgreSQL against SQLite, same run (ratio = postgresql / sqlite):")
+        print(f"  {'figure':<58} {'sqlite':>10} {'postgresql':>11} {'ratio':>6}")
+        for what, by in self.values.items():
+            lite, pg = by.get("sqlite"), by.get("postgresql")
+            if lite is None or pg is None:
+                continue
+            print(f"  {what:<58} {lite:>10.1f} {pg:>11.1f} {pg / lite:>6.2f}")
 
 
 # ----- a real coordinator -----------------------------------------------------------------------
 
 
 class Coordinator:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, store_url: str | None = None) -> None:
         self.state_dir = root / "coordinator"
+        self.store_url = store_url
+        store = ["--store", store_url] if store_url else []
         subprocess.run(
-            [*ADMIN, "init", "--state-dir", str(self.state_dir)], check=True, capture_output=True
+            [*ADMIN, "init", "--state-dir", str(self.state_dir), *store],
+            check=True,
+            capture_output=True,
         )
         config = self.state_dir / "coordinator.toml"
         # A Fleet with no Nodes: admitted bench Jobs stay queued and never touch the Nodes.
@@ -245,10 +322,13 @@ class Coordinator:
         self.log.close()
 
 
-def with_coordinator(phase: Callable[[Coordinator, Path], None], prefix: str) -> None:
-    """Run ``phase`` against a fresh coordinator in a throwaway folder; stop it afterwards."""
+def with_coordinator(
+    phase: Callable[[Coordinator, Path], None], prefix: str, store_url: str | None = None
+) -> None:
+    """Run ``phase`` against a fresh coordinator (its stores in SQLite files, or in the
+    PostgreSQL database ``store_url``) in a throwaway folder; stop it afterwards."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        coord = Coordinator(Path(tmp))
+        coord = Coordinator(Path(tmp), store_url)
         try:
             phase(coord, Path(tmp))
         finally:
@@ -301,15 +381,16 @@ async def _admissions(coord: Coordinator, count: int, in_flight: int) -> float:
         channel.close()
 
 
-def bench_admissions(coord: Coordinator, root: Path) -> None:
+def bench_admissions(coord: Coordinator, root: Path, figures: Figures, backend: Backend) -> None:
     count = env_int("TUNEPLANE_BENCH_ADMISSIONS", 200)
     for in_flight in (1, 8):
         rates = [asyncio.run(_admissions(coord, count, in_flight)) for _ in range(3)]
         runs = ", ".join(f"{r:.0f}" for r in rates)
         print(
-            f"admissions (Preview+Commit over TLS), {in_flight} in flight: "
+            f"  {backend.name}: admissions (Preview+Commit over TLS), {in_flight} in flight: "
             f"median {statistics.median(rates):.0f}/s (runs: {runs})"
         )
+        figures.add(f"admissions/s, {in_flight} in flight", backend, statistics.median(rates))
 
 
 # ----- 3. heartbeats ----------------------------------------------------------------------------
@@ -317,7 +398,12 @@ def bench_admissions(coord: Coordinator, root: Path) -> None:
 
 async def enroll_all(coord: Coordinator, count: int) -> list[dict[str, str]]:
     tokens = [new_credential(JOIN_PREFIX) for _ in range(count)]
-    store = await Store.open(db_path(coord.state_dir))
+    where: Where = (
+        db_path(coord.state_dir)
+        if coord.store_url is None
+        else parse_store_url(coord.store_url, "bench")
+    )
+    store = await Store.open(where)
     try:
         expires = int(time.time() * 1000) + 3_600_000
         for t in tokens:
@@ -423,8 +509,9 @@ def measure_window(
     return Window(results, wall, busy, server.memory_info().rss)
 
 
-def bench_heartbeats(coord: Coordinator, root: Path) -> None:
-    count = env_int("TUNEPLANE_BENCH_NODES", 2000)
+def bench_heartbeats(coord: Coordinator, root: Path, figures: Figures, backend: Backend) -> None:
+    count = env_int("TUNEPLANE_BENCH_NODES", 5000)
+    print(f"  {backend.name}:")
     window = env_int("TUNEPLANE_BENCH_WINDOW", 10)
     loaders = env_int("TUNEPLANE_BENCH_LOADERS", 2)
     started = time.perf_counter()
@@ -450,7 +537,11 @@ def bench_heartbeats(coord: Coordinator, root: Path) -> None:
         f"coordinator during the window: CPU {100 * measured.busy / measured.wall:.0f}% of one "
         f"core, RSS {measured.rss / (1 << 20):.0f} MiB"
     )
+    figures.add(f"heartbeats acked/offered, {count} Nodes", backend, acks / elapsed / offered)
+    figures.add(f"heartbeat ack p50 (ms), {count} Nodes", backend, measured.percentile(0.5))
+    figures.add(f"heartbeat ack p99 (ms), {count} Nodes", backend, measured.percentile(0.99))
     times = asyncio.run(_previews(coord, 20))
+    figures.add(f"Preview against {count} Nodes (ms)", backend, 1000 * statistics.median(times))
     print(
         f"Preview against the Fleet of {count} Nodes (it reads every Node's inventory): "
         f"median {1000 * statistics.median(times):.1f} ms over {len(times)}"
@@ -471,13 +562,38 @@ async def _previews(coord: Coordinator, count: int) -> list[float]:
     return times
 
 
+def _run(
+    phase: Callable[[Coordinator, Path, Figures, Backend], None],
+    figures: Figures,
+    backend: Backend,
+    coord: Coordinator,
+    root: Path,
+) -> None:
+    phase(coord, root, figures, backend)
+
+
 def main() -> int:
     bench_plan()
-    bench_metric_query()
-    # Two coordinators: the admitted bench Jobs stay queued, and a queue that long would make
-    # every scheduling pass (woken by each Hello) part of the heartbeat figure.
-    for phase in (bench_admissions, bench_heartbeats):
-        with_coordinator(phase, "tp-bench-")
+    figures = Figures()
+    with tempfile.TemporaryDirectory(prefix="tp-bench-postgres-") as tmp:
+        server = embedded.start(Path(tmp))
+        try:
+            backends = (Backend("sqlite"), Backend("postgresql", server))
+            print("tp metrics on a long series:")
+            for backend in backends:
+                bench_metric_query(figures, backend)
+            # A coordinator per phase: the admitted bench Jobs stay queued, and a queue that long
+            # would make every scheduling pass (woken by each Hello) part of the heartbeat figure.
+            for phase in (bench_admissions, bench_heartbeats):
+                print(f"{phase.__name__.removeprefix('bench_')}:")
+                for backend in backends:
+                    url = backend.fresh() if backend.url is not None else None
+                    with_coordinator(
+                        functools.partial(_run, phase, figures, backend), "tp-bench-", url
+                    )
+        finally:
+            server.stop()
+    figures.report()
     return 0
 
 
