@@ -26,7 +26,10 @@ from grpclib import GRPCError
 from grpclib.exceptions import StreamTerminatedError
 
 from tests.agent.jobs import tp
+
+# The coordinator suite's backend fixtures, so every point is tested on SQLite and PostgreSQL.
 from tests.coordinator.conftest import store_backend as store_backend
+from tests.coordinator.conftest import store_backend_name as store_backend_name
 from tests.coordinator.grpc_client import enroll, node_stream
 from tests.faults.coordinator_crashes import (
     armed,
