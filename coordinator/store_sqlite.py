@@ -81,6 +81,22 @@ class SqliteHandle:
         return rows[0] if rows else None
 
 
+async def _into_wal(conn: aiosqlite.Connection) -> None:
+    """Switch the file to WAL. The switch needs the file to itself and SQLite answers "locked"
+    at once, without its busy handler, while another connection opens it too (two processes
+    starting together): try again until the busy timeout has passed."""
+    deadline = anyio.current_time() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            await conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or anyio.current_time() > deadline:
+                raise
+            await anyio.sleep(0.02)
+        else:
+            return
+
+
 class SqliteBackend:
     """One store's SQLite file. Open with :meth:`open`."""
 
@@ -96,7 +112,7 @@ class SqliteBackend:
             conn.row_factory = sqlite3.Row
             await conn.execute("PRAGMA synchronous=FULL")
             await conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            await conn.execute("PRAGMA journal_mode=WAL")
+            await _into_wal(conn)
             if foreign_keys:
                 await conn.execute("PRAGMA foreign_keys=ON")
         except BaseException:

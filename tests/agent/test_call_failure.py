@@ -4,6 +4,7 @@ shipper and tp's ApiClient."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import ssl
 from pathlib import Path
@@ -200,16 +201,18 @@ def test_the_node_lets_a_bug_through() -> None:
 
 
 def tp_error(exc: BaseException, ca: Path) -> Exception:
-    client = ApiClient(Endpoint("127.0.0.1", 7443, ca, "token"))
-
     async def fail(_timeout: float) -> None:
         raise exc
 
     async def call() -> None:
+        # Made inside the loop, as tp makes it: its channel belongs to the running loop.
+        client = ApiClient(Endpoint("127.0.0.1", 7443, ca, "token"))
         await client._call("ListJobs", fail)
 
+    # tp runs its client on asyncio, as here (a trio.run here left trio named as this thread's
+    # library for every later test that asks sniffio).
     with pytest.raises(Exception) as caught:
-        trio.run(call)
+        asyncio.run(call())
     return caught.value
 
 
