@@ -205,7 +205,7 @@ class Backend:
         assert self.server is not None
         self._made += 1
         name = f"bench{self._made}"
-        asyncio.run(_create_database(str(self.server.server.get_uri()), name))
+        asyncio.run(embedded.create_database(str(self.server.server.get_uri()), name))
         assert self.url is not None
         return _with_database(self.url, name)
 
@@ -213,16 +213,6 @@ class Backend:
 def _with_database(url: str, name: str) -> str:
     base, _, query = url.partition("?")
     return f"{base.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
-
-
-async def _create_database(admin_url: str, name: str) -> None:
-    import asyncpg
-
-    db = await asyncpg.connect(admin_url)
-    try:
-        await db.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await db.close()
 
 
 class Figures:

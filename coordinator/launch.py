@@ -18,27 +18,7 @@ nothing and does no IO: the store persists what it returns in the same transacti
 coordinator restart, a reconnect or a DecisionQuery it names the same messages again, and a
 message sent twice is harmless (the Node answers a repeat from its journal).
 
-The table (``-`` = undecided; see :data:`TABLE` for the same rows as data, shown in
-docs/protocol.md):
-
-========================  ===========  ===========================================================
-event                     decision     result
-========================  ===========  ===========================================================
-Reserved                  -            Prepare to member 0 (it becomes ``preparing``)
-Prepared (ok)             -            member prepared; member 0 records the rendezvous and
-                                       Prepares the others; the last one decides Commit: Commit
-                                       to every member
-Prepared (ok)             decided      the decision again, to that member only
-PrepareFailed             -            Abort: Abort to every member, GPUs released
-PrepareFailed             decided      the decision again, to that member only
-PrepareTimedOut           -            Abort naming the members not prepared
-DecisionQueried           -            nothing (still undecided)
-DecisionQueried           decided      the decision, to that member only
-NodeReconnected           -            Prepares still due for its members
-NodeReconnected           Commit       Commit to its members not yet past ``prepared``
-Cancelled, NodeLost       -            Abort with the reason
-any but the above         decided      nothing
-========================  ===========  ===========================================================
+The table is :data:`TABLE` (shown in docs/protocol.md, which a test keeps equal to it).
 
 A reply or query naming a member another Node holds (or no member at all) changes nothing;
 a query for it gets Abort, so the asking Node releases what it reserved.

@@ -24,15 +24,13 @@ from pathlib import Path
 
 from tuneplane.coordinator.state_dir import ENDPOINTS, SERVE_LOCK, StateDirError
 
-LOCK_NAME = SERVE_LOCK
-
 
 class StateDirBusy(StateDirError):
     """Another process holds the state directory in a way that excludes this one."""
 
 
 def _open(state_dir: Path) -> int:
-    return os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    return os.open(state_dir / SERVE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
 @contextmanager

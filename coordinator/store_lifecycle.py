@@ -391,7 +391,7 @@ async def declare_node_lost(
                 await store._log(
                     db, now, "node declared lost",
                     {"by": by, "reason": why, "cordoned": cordoned,
-                     "members": [member_text(k) for k in lost]},
+                     "members": [k.text for k in lost]},
                     node_id=node_id,
                 )  # fmt: skip
             return result
@@ -403,11 +403,6 @@ async def declare_node_lost(
         result.cordoned, why,
     )  # fmt: skip
     return result
-
-
-def member_text(key: MemberKey) -> str:
-    """``<run id>/<attempt>/<member>``, as ``tp node show`` names a GPU's holder."""
-    return f"{key.run_id}/{key.attempt}/{key.member_index}"
 
 
 async def _end_member(

@@ -644,7 +644,7 @@ def node_lost(node_id: str, state_dir: Path, reason: str) -> None:
                 job = await store.get_job(run_id)
                 jobs.append((run_id, job.state, job.state_reason))
             view = await store_fleet.node_view(store, found)
-            lost = [store_lifecycle.member_text(k) for k in loss.lost]
+            lost = [k.text for k in loss.lost]
             return found, lost, jobs, view.scheduling
 
         node_id, lost, jobs, scheduling = _run(_with_store, state_dir, work)

@@ -114,7 +114,7 @@ def start(workdir: Path) -> EmbeddedPostgres:
         ) from None
     running = EmbeddedPostgres(server, data, _database_url(str(server.get_uri())), spare)
     try:
-        asyncio.run(_create_database(str(server.get_uri())))
+        asyncio.run(create_database(str(server.get_uri()), DATABASE))
     except BaseException:
         running.stop()
         raise
@@ -129,11 +129,12 @@ def _database_url(admin_url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc, path=f"/{DATABASE}"))
 
 
-async def _create_database(admin_url: str) -> None:
+async def create_database(admin_url: str, name: str) -> None:
+    """Make the empty database ``name`` on the server (the demo's, or a bench phase's)."""
     import asyncpg
 
     db = await asyncpg.connect(admin_url)
     try:
-        await db.execute(f'CREATE DATABASE "{DATABASE}"')
+        await db.execute(f'CREATE DATABASE "{name}"')
     finally:
         await db.close()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.coordinator.serve_lock import LOCK_NAME, StateDirBusy, alone, serving
+from tuneplane.coordinator.serve_lock import StateDirBusy, alone, serving
+from tuneplane.coordinator.state_dir import SERVE_LOCK
 
 
 def test_serves_share_the_directory_and_a_command_that_must_run_alone_is_refused(
@@ -53,7 +54,7 @@ def test_serve_is_refused_while_a_command_holds_the_directory_naming_it(tmp_path
     )
     with serving(tmp_path):
         pass
-    assert (tmp_path / LOCK_NAME).stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / SERVE_LOCK).stat().st_mode & 0o777 == 0o600
 
 
 def test_a_holder_that_dies_releases_the_lock(tmp_path: Path) -> None:
