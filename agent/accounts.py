@@ -22,8 +22,8 @@ from pathlib import Path
 import attrs
 import psutil
 
-from tuneplane.agent.atomic_file import write_json_atomic
-from tuneplane.agent.config import WorkloadPolicy
+from .atomic_file import write_json_atomic
+from .config import WorkloadPolicy
 
 LEASE_FILE = "account.json"
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")

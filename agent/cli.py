@@ -20,8 +20,11 @@ import attrs
 import click
 import trio
 
-from tuneplane.agent import config as node_config
-from tuneplane.agent import (
+from tuneplane.collector.files import DEFAULT_MAX_FILES
+from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
+
+from . import config as node_config
+from . import (
     daemon_log,
     doctor,
     journal_read,
@@ -29,14 +32,14 @@ from tuneplane.agent import (
     outputs_server,
     workload_checks,
 )
-from tuneplane.agent import metrics as node_metrics
-from tuneplane.agent.adapter import open_aio_host
-from tuneplane.agent.atomic_file import write_atomic, write_json_atomic
-from tuneplane.agent.cli_support import sentences as _sentences
-from tuneplane.agent.cli_support import state_dir_option as _state_dir_option
-from tuneplane.agent.credential_renewal import credential_health, renewal_deadline_ms
-from tuneplane.agent.daemon import INVENTORY_INTERVAL_S, Daemon, run_daemon
-from tuneplane.agent.inventory import (
+from . import metrics as node_metrics
+from .adapter import open_aio_host
+from .atomic_file import write_atomic, write_json_atomic
+from .cli_support import sentences as _sentences
+from .cli_support import state_dir_option as _state_dir_option
+from .credential_renewal import credential_health, renewal_deadline_ms
+from .daemon import INVENTORY_INTERVAL_S, Daemon, run_daemon
+from .inventory import (
     PROBE_LIMIT_S,
     RELEASE_REQUEST,
     Inventory,
@@ -47,12 +50,12 @@ from tuneplane.agent.inventory import (
     parse_simulate_gpus,
     read_release,
 )
-from tuneplane.agent.journal import Journal
-from tuneplane.agent.journal_cli import journal_group
-from tuneplane.agent.journal_owner import owner_problem, stamped_node_id
-from tuneplane.agent.metrics_listener import MetricsListener
-from tuneplane.agent.sd_notify import ServiceNotifier
-from tuneplane.agent.state_dir import (
+from .journal import Journal
+from .journal_cli import journal_group
+from .journal_owner import owner_problem, stamped_node_id
+from .metrics_listener import MetricsListener
+from .sd_notify import ServiceNotifier
+from .state_dir import (
     AlreadyEnrolled,
     CredentialLife,
     NodeConfig,
@@ -60,10 +63,8 @@ from tuneplane.agent.state_dir import (
     StateDirError,
     read_status,
 )
-from tuneplane.agent.wire import Endpoint, Enrolled, enroll
-from tuneplane.agent.xid_book import CLEAR_KINDS, XidRecord
-from tuneplane.collector.files import DEFAULT_MAX_FILES
-from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
+from .wire import Endpoint, Enrolled, enroll
+from .xid_book import CLEAR_KINDS, XidRecord
 
 
 @attrs.frozen

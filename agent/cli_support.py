@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 import click
 
-from tuneplane.agent import journal_read
-from tuneplane.agent.inventory import InventoryError
-from tuneplane.agent.journal import JournalError
-from tuneplane.agent.state_dir import StateDirError
-from tuneplane.agent.wire import WireError
+from . import journal_read
+from .inventory import InventoryError
+from .journal import JournalError
+from .state_dir import StateDirError
+from .wire import WireError
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXPECTED_ERRORS = (

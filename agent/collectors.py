@@ -35,13 +35,14 @@ from pathlib import Path
 import attrs
 import trio
 
-from tuneplane.agent import daemon_log
-from tuneplane.agent import messages as m
-from tuneplane.agent.atomic_file import write_atomic, write_json_atomic
-from tuneplane.agent.journal import Journal, MemberKey, MemberRecord
-from tuneplane.agent.member_state import MemberState
 from tuneplane.collector.files import DEFAULT_MAX_FILES, TELEMETRY_SUBDIR, TENSORBOARD_SUBDIR
 from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S
+
+from . import daemon_log
+from . import messages as m
+from .atomic_file import write_atomic, write_json_atomic
+from .journal import Journal, MemberKey, MemberRecord
+from .member_state import MemberState
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import attrs
 
-from tuneplane.agent.host_port import split_host_port
-from tuneplane.agent.metrics_listener import (
+from .host_port import split_host_port
+from .metrics_listener import (
     DEFAULT_NODE_PORT,
     MetricsConfigError,
     MetricsListener,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import attrs
 
-from tuneplane.agent.state_dir import NodeConfig
-from tuneplane.agent.wire import Endpoint
+from .state_dir import NodeConfig
+from .wire import Endpoint
 
 #: How many replaced addresses a Node keeps as fallbacks.
 MAX_PREVIOUS = 3

@@ -64,10 +64,10 @@ AGENT_POINTS = frozenset(
 )
 COORDINATOR_POINTS = frozenset(
     {
-        # coordinator/scheduler.py, Scheduler._launch: the reservation is committed, its Prepare
-        # not yet sent.
+        # coordinator/server/scheduler.py, Scheduler._launch: the reservation is committed, its
+        # Prepare not yet sent.
         "after-reservation-written",
-        # coordinator/control_gateway.py, a PrepareReply: the Commit decision is committed, not
+        # coordinator/gateways/control.py, a PrepareReply: the Commit decision is committed, not
         # yet sent.
         "after-commit-decided",
         # An Abort is committed, not yet sent: a refused Prepare (control_gateway.py) or a passed
@@ -75,10 +75,10 @@ COORDINATOR_POINTS = frozenset(
         "after-abort-decided",
         # control_gateway.py, a MemberReport: applied and committed, not yet acknowledged.
         "after-report-applied",
-        # coordinator/store.py, Store.node_heartbeats: inside the batch's transaction, its rows
+        # coordinator/store/core.py, Store.node_heartbeats: inside the batch's transaction, its rows
         # written, not committed.
         "mid-heartbeat-batch",
-        # coordinator/store_metrics.py, TelemetryStore.ship: inside the transaction, a series'
+        # coordinator/store/metrics.py, TelemetryStore.ship: inside the transaction, a series'
         # points written, not committed.
         "mid-telemetry-ingest",
     }

@@ -32,15 +32,18 @@ from typing import Any
 import attrs
 import trio
 
-from tuneplane.agent import control_address
-from tuneplane.agent import messages as m
-from tuneplane.agent.adapter import open_aio_host
-from tuneplane.agent.atomic_file import write_json_atomic
-from tuneplane.agent.collectors import COLLECTORS_DIR, CollectorSupervisor
-from tuneplane.agent.config import WorkloadPolicy
-from tuneplane.agent.crashpoint import crashpoint
-from tuneplane.agent.inventory import Inventory, InventoryError, InventorySource, probe
-from tuneplane.agent.journal import (
+from tuneplane.collector.files import DEFAULT_MAX_FILES
+from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
+
+from . import control_address
+from . import messages as m
+from .adapter import open_aio_host
+from .atomic_file import write_json_atomic
+from .collectors import COLLECTORS_DIR, CollectorSupervisor
+from .config import WorkloadPolicy
+from .crashpoint import crashpoint
+from .inventory import Inventory, InventoryError, InventorySource, probe
+from .journal import (
     AGENT_FAILED,
     AGENT_STOPPED,
     CONTROL_ADDRESS_CHANGED,
@@ -49,25 +52,25 @@ from tuneplane.agent.journal import (
     MemberKey,
     PendingReport,
 )
-from tuneplane.agent.journal_owner import open_node_journal
-from tuneplane.agent.logship import LogShipper
-from tuneplane.agent.member_state import MemberState
-from tuneplane.agent.members import MemberManager, now_ms
-from tuneplane.agent.metrics import CONNECTED as METRIC_CONNECTED
-from tuneplane.agent.metrics import CREDENTIAL_EXPIRY as METRIC_CREDENTIAL_EXPIRY
-from tuneplane.agent.metrics import (
+from .journal_owner import open_node_journal
+from .logship import LogShipper
+from .member_state import MemberState
+from .members import MemberManager, now_ms
+from .metrics import CONNECTED as METRIC_CONNECTED
+from .metrics import CREDENTIAL_EXPIRY as METRIC_CREDENTIAL_EXPIRY
+from .metrics import (
     HEARTBEAT_RTT,
     JOURNAL_COMMIT,
     RECONNECTS,
     SNAPSHOT_INTERVAL_S,
     refresh_snapshot,
 )
-from tuneplane.agent.outputs_server import Bound as OutputsBound
-from tuneplane.agent.outputs_server import OutputsServer
-from tuneplane.agent.prepare import node_address
-from tuneplane.agent.rendezvous import advertised_address
-from tuneplane.agent.sd_notify import ServiceNotifier
-from tuneplane.agent.session import (
+from .outputs_server import Bound as OutputsBound
+from .outputs_server import OutputsServer
+from .prepare import node_address
+from .rendezvous import advertised_address
+from .sd_notify import ServiceNotifier
+from .session import (
     AdoptControlAddress,
     Close,
     Connected,
@@ -82,8 +85,8 @@ from tuneplane.agent.session import (
     StoreCredential,
     backoff_delay,
 )
-from tuneplane.agent.state_dir import CredentialLife, NodeConfig, StateDir, StateDirError
-from tuneplane.agent.wire import (
+from .state_dir import CredentialLife, NodeConfig, StateDir, StateDirError
+from .wire import (
     ControlStream,
     CoordinatorUnreachable,
     Endpoint,
@@ -92,9 +95,7 @@ from tuneplane.agent.wire import (
     control_refusal,
     open_control_stream,
 )
-from tuneplane.agent.xid_book import judge
-from tuneplane.collector.files import DEFAULT_MAX_FILES
-from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
+from .xid_book import judge
 
 log = logging.getLogger(__name__)
 

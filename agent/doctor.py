@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tuneplane.agent.collectors import COLLECTORS_DIR, CONFIG_FILE
-from tuneplane.agent.wire import Endpoint, TlsVerificationFailed, client_tls
-from tuneplane.agent.workload_checks import Finding
+from .collectors import COLLECTORS_DIR, CONFIG_FILE
+from .wire import Endpoint, TlsVerificationFailed, client_tls
+from .workload_checks import Finding
 
 REACH_LIMIT_S = 5.0
 # Free space: below the warning level a few checkpoints fill the disk; below the failure level a

@@ -4,8 +4,9 @@ what a client (the Node) applies to the replies it reads.
 Rules:
 - :func:`refuse_size` is the one size rule: a message whose 5-byte gRPC prefix announces more
   than the limit is RESOURCE_EXHAUSTED, naming the limit and its setting, before its body is
-  read. The coordinator's listeners apply it (:mod:`tuneplane.coordinator.message_limits`), and
-  so does a Node's control stream (:func:`guard_client_reads`).
+  read. The coordinator's listeners apply it
+  (:mod:`tuneplane.coordinator.gateways.message_limits`), and so does a Node's control stream
+  (:func:`guard_client_reads`).
 - A client decodes with :class:`ClientCodec`: bytes that are not the message they claim to be
   are INVALID_ARGUMENT with a sentence, never an exception from inside betterproto.
 - Shared runtime infrastructure: it lives in the agent, the lowest layer the coordinator also

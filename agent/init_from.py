@@ -31,11 +31,13 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from tuneplane.agent import outputs_fetch
-from tuneplane.agent.atomic_file import fsync_dir
-from tuneplane.agent.crashpoint import crashpoint
-from tuneplane.agent.messages import InitFromFetch
-from tuneplane.agent.outputs_manifest import (
+from tuneplane.proto.contract.derivation_source import InitFromSource, manifest_path
+
+from . import outputs_fetch
+from .atomic_file import fsync_dir
+from .crashpoint import crashpoint
+from .messages import InitFromFetch
+from .outputs_manifest import (
     CHUNK_BYTES,
     MAX_MANIFEST_BYTES,
     Entry,
@@ -45,9 +47,8 @@ from tuneplane.agent.outputs_manifest import (
     open_regular,
     read_manifest,
 )
-from tuneplane.agent.prepare import PrepareRefused
-from tuneplane.agent.runner_pyz import CAPSULE_DIR
-from tuneplane.proto.contract.derivation_source import InitFromSource, manifest_path
+from .prepare import PrepareRefused
+from .runner_pyz import CAPSULE_DIR
 
 #: Where the source's files land, relative to the member's work directory; the workload finds
 #: them through ``$TUNEPLANE_INIT_FROM_DIR``.

@@ -30,16 +30,15 @@ import aiosqlite
 import attrs
 import trio
 
-from tuneplane.agent.adapter import run_aio
-from tuneplane.agent.member_state import (
+from .adapter import run_aio
+from .inventory import Inventory
+from .member_state import (
     OWNS_GPUS,
     TERMINAL,
     MemberEvent,
     MemberState,
     next_state,
 )
-
-from .inventory import Inventory
 from .xid_book import HealthEvent, NewHealthEvent, NewXid, XidBook, XidRecord
 
 log = logging.getLogger(__name__)

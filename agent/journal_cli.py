@@ -16,10 +16,10 @@ from typing import Any
 
 import click
 
-from tuneplane.agent import journal_read
-from tuneplane.agent.cli_support import ms_text, sentences, state_dir_option
-from tuneplane.agent.journal import EVENT_KINDS, MemberKey
-from tuneplane.agent.state_dir import StateDir
+from . import journal_read
+from .cli_support import ms_text, sentences, state_dir_option
+from .journal import EVENT_KINDS, MemberKey
+from .state_dir import StateDir
 
 
 @click.group("journal")

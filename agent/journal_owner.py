@@ -14,7 +14,7 @@ from pathlib import Path
 
 import trio
 
-from tuneplane.agent.journal import Journal, JournalCorrupt
+from .journal import Journal, JournalCorrupt
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from tuneplane.agent.journal import (
+from .journal import (
     HEALTH_COLUMNS,
     MEMBER_COLUMNS,
     REPORT_COLUMNS,
@@ -28,7 +28,7 @@ from tuneplane.agent.journal import (
     report_from_row,
     xid_from_row,
 )
-from tuneplane.agent.xid_book import XidBook, meaning, utc_text
+from .xid_book import XidBook, meaning, utc_text
 
 
 class JournalUnreadable(Exception):

@@ -24,9 +24,9 @@ from pathlib import Path
 import attrs
 import trio
 
-from tuneplane.agent import messages as m
-from tuneplane.agent.journal import Journal, MemberKey, MemberRecord
-from tuneplane.agent.member_state import TERMINAL, MemberState
+from . import messages as m
+from .journal import Journal, MemberKey, MemberRecord
+from .member_state import TERMINAL, MemberState
 
 log = logging.getLogger(__name__)
 

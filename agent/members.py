@@ -22,17 +22,20 @@ from pathlib import Path
 
 import trio
 
-from tuneplane.agent import accounts, runner_pyz, sandbox, supervision
-from tuneplane.agent import messages as m
-from tuneplane.agent import rendezvous as rdv
-from tuneplane.agent.atomic_file import write_atomic
-from tuneplane.agent.collectors import telemetry_dir, tensorboard_dir
-from tuneplane.agent.config import DEFAULT_RUNTIME_PATH, Runtime, WorkloadPolicy
-from tuneplane.agent.crashpoint import crashpoint
-from tuneplane.agent.init_from import ENV_NAME as INIT_FROM_ENV
-from tuneplane.agent.init_from import INIT_FROM_DIR, materialise_init_from
-from tuneplane.agent.inventory import Inventory
-from tuneplane.agent.journal import (
+from tuneplane.proto.contract import jobspec
+from tuneplane.runner.member_file import Account as RunAs
+
+from . import accounts, runner_pyz, sandbox, supervision
+from . import messages as m
+from . import rendezvous as rdv
+from .atomic_file import write_atomic
+from .collectors import telemetry_dir, tensorboard_dir
+from .config import DEFAULT_RUNTIME_PATH, Runtime, WorkloadPolicy
+from .crashpoint import crashpoint
+from .init_from import ENV_NAME as INIT_FROM_ENV
+from .init_from import INIT_FROM_DIR, materialise_init_from
+from .inventory import Inventory
+from .journal import (
     EXIT_COLLECTED,
     MEMBER_REATTACHED,
     Exit,
@@ -44,7 +47,7 @@ from tuneplane.agent.journal import (
     NewMember,
     PendingReport,
 )
-from tuneplane.agent.launch_plan import (
+from .launch_plan import (
     LAUNCHERS,
     LaunchPlanError,
     UnknownLauncher,
@@ -53,16 +56,16 @@ from tuneplane.agent.launch_plan import (
     resolve_entrypoint,
     workload_env,
 )
-from tuneplane.agent.member_commands import Command, respond
-from tuneplane.agent.member_state import (
+from .member_commands import Command, respond
+from .member_state import (
     COMMITTED_OR_LATER,
     TERMINAL,
     IllegalTransition,
     MemberEvent,
     MemberState,
 )
-from tuneplane.agent.outputs_manifest import write_manifest
-from tuneplane.agent.prepare import (
+from .outputs_manifest import write_manifest
+from .prepare import (
     CAPSULE_DIR,
     JOBSPEC_FILE,
     PrepareRefused,
@@ -72,9 +75,7 @@ from tuneplane.agent.prepare import (
     pick_port,
     read_capsule,
 )
-from tuneplane.agent.workload_checks import resolve_interpreter
-from tuneplane.proto.contract import jobspec
-from tuneplane.runner.member_file import Account as RunAs
+from .workload_checks import resolve_interpreter
 
 log = logging.getLogger(__name__)
 

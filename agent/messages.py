@@ -10,9 +10,9 @@ from collections.abc import Mapping
 
 import attrs
 
-from tuneplane.agent.inventory import Inventory
-from tuneplane.agent.journal import MemberKey, PendingReport
-from tuneplane.agent.member_state import MemberState
+from .inventory import Inventory
+from .journal import MemberKey, PendingReport
+from .member_state import MemberState
 
 # --- coordinator -> node ------------------------------------------------------------------------
 

@@ -28,11 +28,12 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tuneplane.agent.inventory import Inventory
-from tuneplane.agent.journal import Journal
-from tuneplane.agent.member_state import MemberState
-from tuneplane.agent.metrics_listener import MetricsListener, new_registry, start_listener
 from tuneplane.collector.spool import SPOOL_FILE
+
+from .inventory import Inventory
+from .journal import Journal
+from .member_state import MemberState
+from .metrics_listener import MetricsListener, new_registry, start_listener
 
 log = logging.getLogger(__name__)
 

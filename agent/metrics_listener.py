@@ -30,7 +30,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-from tuneplane.agent.host_port import join_host_port
+from .host_port import join_host_port
 
 log = logging.getLogger(__name__)
 

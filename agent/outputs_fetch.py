@@ -20,11 +20,12 @@ import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tuneplane.agent import outputs_wire as ow
-from tuneplane.agent.host_port import split_host_port
-from tuneplane.agent.messages import InitFromFetch
-from tuneplane.agent.outputs_manifest import MAX_MANIFEST_BYTES, Entry
 from tuneplane.proto.contract.derivation_source import InitFromSource
+
+from . import outputs_wire as ow
+from .host_port import split_host_port
+from .messages import InitFromFetch
+from .outputs_manifest import MAX_MANIFEST_BYTES, Entry
 
 CONNECT_TIMEOUT_S = 10.0
 #: The longest any one read or write may wait (a holder that stops sending mid-file).

@@ -31,8 +31,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES
+
+from .atomic_file import write_atomic
 
 log = logging.getLogger(__name__)
 

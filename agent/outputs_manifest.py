@@ -28,10 +28,11 @@ from typing import Any
 
 import attrs
 
-from tuneplane.agent.atomic_file import write_atomic
-from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.proto.contract.derivation_source import ManifestSummary, manifest_path
 from tuneplane.proto.contract.input_checks import InputRefused, check_file_name
+
+from .atomic_file import write_atomic
+from .crashpoint import crashpoint
 
 FORMAT = "tuneplane/output-manifest-1"
 MAX_FILES = 10_000

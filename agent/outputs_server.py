@@ -31,17 +31,18 @@ from typing import BinaryIO
 import attrs
 import trio
 
-from tuneplane.agent import outputs_wire as ow
-from tuneplane.agent.config import OutputsSettings
-from tuneplane.agent.host_port import join_host_port
-from tuneplane.agent.init_from import SourceUnreadable, open_source_file, read_manifest_file
-from tuneplane.agent.journal import MemberKey, MemberRecord
-from tuneplane.agent.member_state import MemberState
-from tuneplane.agent.messages import OutputsService
-from tuneplane.agent.outputs_identity import OutputsIdentity
-from tuneplane.agent.outputs_manifest import CHUNK_BYTES, ManifestProblem, read_manifest
 from tuneplane.proto.contract.derivation_source import manifest_path
 from tuneplane.proto.contract.outputs_grant import grant_valid
+
+from . import outputs_wire as ow
+from .config import OutputsSettings
+from .host_port import join_host_port
+from .init_from import SourceUnreadable, open_source_file, read_manifest_file
+from .journal import MemberKey, MemberRecord
+from .member_state import MemberState
+from .messages import OutputsService
+from .outputs_identity import OutputsIdentity
+from .outputs_manifest import CHUNK_BYTES, ManifestProblem, read_manifest
 
 log = logging.getLogger(__name__)
 

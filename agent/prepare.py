@@ -18,13 +18,14 @@ from pathlib import Path, PurePosixPath
 
 import attrs
 
-from tuneplane.agent import runner_pyz
-from tuneplane.agent.atomic_file import write_atomic
-from tuneplane.agent.inventory import Inventory
-from tuneplane.agent.journal import MemberKey
-from tuneplane.agent.runner_pyz import CAPSULE_DIR as CAPSULE_DIR
-from tuneplane.agent.runner_pyz import WORK_DIR as WORK_DIR
 from tuneplane.proto.contract.input_checks import InputRefused, check_file_name
+
+from . import runner_pyz
+from .atomic_file import write_atomic
+from .inventory import Inventory
+from .journal import MemberKey
+from .runner_pyz import CAPSULE_DIR as CAPSULE_DIR
+from .runner_pyz import WORK_DIR as WORK_DIR
 
 CAPSULE_JSON = "capsule.json"
 JOBSPEC_FILE = "jobspec.json"

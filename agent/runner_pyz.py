@@ -15,7 +15,7 @@ import logging
 import zipfile
 from pathlib import Path
 
-from tuneplane.agent.atomic_file import write_atomic
+from .atomic_file import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from tuneplane.agent.inventory import Gpu
+from .inventory import Gpu
 
 BWRAP = "/usr/bin/bwrap"
 # Restores SIGTERM's default action inside the sandbox; the runner starts bubblewrap with it

@@ -24,11 +24,11 @@ from collections.abc import Sequence
 
 import attrs
 
-from tuneplane.agent import messages as m
-from tuneplane.agent.credential_renewal import renewal_at_ms
-from tuneplane.agent.inventory import Inventory
-from tuneplane.agent.journal import MemberKey, PendingReport
-from tuneplane.agent.member_state import MemberState
+from . import messages as m
+from .credential_renewal import renewal_at_ms
+from .inventory import Inventory
+from .journal import MemberKey, PendingReport
+from .member_state import MemberState
 
 #: How long to wait for Welcome after Hello, before the coordinator has told us its timeouts.
 WELCOME_TIMEOUT_S = 10.0

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from tuneplane.agent.atomic_file import fsync_dir, write_atomic, write_json_atomic
+from .atomic_file import fsync_dir, write_atomic, write_json_atomic
 
 NODE_FILE = "node.json"
 CA_FILE = "ca.pem"

@@ -20,9 +20,6 @@ import attrs
 import psutil
 import trio
 
-from tuneplane.agent import runner_pyz
-from tuneplane.agent.atomic_file import write_json_atomic
-from tuneplane.agent.launch_plan import ProcessSpec
 from tuneplane.runner import main as runner_main
 from tuneplane.runner.member_file import MEMBER_FILE, MemberFile, ProcessEntry, Sandbox
 from tuneplane.runner.member_file import Account as RunAs
@@ -34,6 +31,10 @@ from tuneplane.runner.records import (
     read_exit_record,
     read_runner_record,
 )
+
+from . import runner_pyz
+from .atomic_file import write_json_atomic
+from .launch_plan import ProcessSpec
 
 log = logging.getLogger(__name__)
 

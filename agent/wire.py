@@ -25,18 +25,19 @@ import trio
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 
-from tuneplane.agent import messages as m
-from tuneplane.agent.adapter import run_aio
-from tuneplane.agent.call_failure import CALL_ERRORS, Kind, classify
-from tuneplane.agent.client_tls import CaFileError, grpc_client_context
-from tuneplane.agent.grpc_limits import AGENT_RECEIVE_BYTES, ClientCodec, guard_client_reads
-from tuneplane.agent.host_port import join_host_port, split_host_port
-from tuneplane.agent.inventory import Gpu, Inventory
-from tuneplane.agent.journal import MemberKey
-from tuneplane.agent.member_state import MemberState
 from tuneplane.proto import v1
 from tuneplane.proto.contract.derivation_source import ManifestSummary
 from tuneplane.proto.contract.input_checks import InputRefused, check_message
+
+from . import messages as m
+from .adapter import run_aio
+from .call_failure import CALL_ERRORS, Kind, classify
+from .client_tls import CaFileError, grpc_client_context
+from .grpc_limits import AGENT_RECEIVE_BYTES, ClientCodec, guard_client_reads
+from .host_port import join_host_port, split_host_port
+from .inventory import Gpu, Inventory
+from .journal import MemberKey
+from .member_state import MemberState
 
 UNARY_DEADLINE_S = 10.0
 CONNECT_METHOD = "/tuneplane.v1.Control/Connect"

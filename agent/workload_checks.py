@@ -17,8 +17,8 @@ from typing import Any
 
 import attrs
 
-from tuneplane.agent import accounts, sandbox
-from tuneplane.agent.config import WorkloadPolicy, workload_policy
+from . import accounts, sandbox
+from .config import WorkloadPolicy, workload_policy
 
 BWRAP_CHECK_TIMEOUT_S = 20.0
 VERSION_LIMIT_S = 10.0

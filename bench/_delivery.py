@@ -18,10 +18,10 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from tuneplane.coordinator import store_rollups
 from tuneplane.coordinator.demo import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
-from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
+from tuneplane.coordinator.store import rollups as store_rollups
+from tuneplane.coordinator.store.metrics import TelemetryStore, telemetry_db_path
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.metrics import MetricSelector
 from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint

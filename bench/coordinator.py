@@ -52,9 +52,9 @@ from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.demo import postgres as embedded
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.queue_plan import NodeState, QueuedRequest, plan_pass
-from tuneplane.coordinator.store import Store, db_path
-from tuneplane.coordinator.store_location import Where, parse_store_url
-from tuneplane.coordinator.store_metrics import TelemetryStore, raw_buckets, rollup_buckets
+from tuneplane.coordinator.store.core import Store, db_path
+from tuneplane.coordinator.store.location import Where, parse_store_url
+from tuneplane.coordinator.store.metrics import TelemetryStore, raw_buckets, rollup_buckets
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.metrics import MetricSelector
 from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint

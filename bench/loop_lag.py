@@ -41,10 +41,10 @@ from grpclib.exceptions import GRPCError
 from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.catalogue import Catalogue
-from tuneplane.coordinator.collector_credentials import COLLECTOR_PREFIX
-from tuneplane.coordinator.server import ServeOptions, serve
-from tuneplane.coordinator.store import Store, db_path
-from tuneplane.coordinator.store_metrics import TelemetryStore, telemetry_db_path
+from tuneplane.coordinator.gateways.collector_credentials import COLLECTOR_PREFIX
+from tuneplane.coordinator.server.serve import ServeOptions, serve
+from tuneplane.coordinator.store.core import Store, db_path
+from tuneplane.coordinator.store.metrics import TelemetryStore, telemetry_db_path
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.proto import v1
 

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tuneplane.agent import daemon_log
-from tuneplane.collector.files import (
+
+from .files import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_FILES,
@@ -31,9 +32,9 @@ from tuneplane.collector.files import (
     read_file,
     telemetry_files,
 )
-from tuneplane.collector.point_rules import PointScreen
-from tuneplane.collector.points import ReadWarning, ScalarPoint
-from tuneplane.collector.spool import DEFAULT_MAX_POINTS
+from .point_rules import PointScreen
+from .points import ReadWarning, ScalarPoint
+from .spool import DEFAULT_MAX_POINTS
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -294,7 +295,7 @@ def run(
     written), or when stopped by SIGTERM/SIGINT."""
     import trio
 
-    from tuneplane.collector.checkpoint import CheckpointError
+    from .checkpoint import CheckpointError
 
     # A long-running service: what it does (spooled, shipped, retried) belongs in its log,
     # which is journald's under systemd (the agent hands it its own stderr then), every entry
@@ -310,11 +311,11 @@ def run(
             "member": f"{run_id}.{attempt}.{member}",
         },
     )
-    from tuneplane.collector.files import ScanLimits
-    from tuneplane.collector.service import CollectorOptions, followed_root, run_collector
-    from tuneplane.collector.ship_wire import CollectorConfigError, Gateway
-    from tuneplane.collector.spool import SpoolError
-    from tuneplane.collector.system_sampler import SystemOptions
+    from .files import ScanLimits
+    from .service import CollectorOptions, followed_root, run_collector
+    from .ship_wire import CollectorConfigError, Gateway
+    from .spool import SpoolError
+    from .system_sampler import SystemOptions
 
     try:
         opts = CollectorOptions(

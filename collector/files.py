@@ -28,8 +28,8 @@ from typing import IO, Any, Literal
 
 import attrs
 
-from tuneplane.collector.jsonl import JsonlDecoder
-from tuneplane.collector.points import (
+from .jsonl import JsonlDecoder
+from .points import (
     Decoded,
     Decoder,
     HParamsMark,
@@ -38,7 +38,7 @@ from tuneplane.collector.points import (
     RestartMark,
     ScalarPoint,
 )
-from tuneplane.collector.tfevent import TFEventDecoder
+from .tfevent import TFEventDecoder
 
 Kind = Literal["tfevents", "jsonl"]
 CHUNK_BYTES = 4 * 1024 * 1024

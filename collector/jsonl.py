@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tuneplane.collector.point_rules import encoding_problem
-from tuneplane.collector.points import Decoded, HParamsMark, Mark, ReadWarning, ScalarPoint
-from tuneplane.collector.tfevent import bounded_hparams
+from .point_rules import encoding_problem
+from .points import Decoded, HParamsMark, Mark, ReadWarning, ScalarPoint
+from .tfevent import bounded_hparams
 
 MAX_LINE_BYTES = 1024 * 1024
 _RESERVED = frozenset({"step", "wall_time", "metrics"})

@@ -23,7 +23,7 @@ from typing import Protocol, TypeVar
 
 import attrs
 
-from tuneplane.collector.points import HParamsMark, Mark, ReadWarning, RestartMark, ScalarPoint
+from .points import HParamsMark, Mark, ReadWarning, RestartMark, ScalarPoint
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

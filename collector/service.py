@@ -37,11 +37,12 @@ import attrs
 import trio
 
 from tuneplane.agent.atomic_file import write_atomic
-from tuneplane.collector.checkpoint import load_checkpoint
-from tuneplane.collector.files import Layout, ScanLimits, TelemetryPathError
-from tuneplane.collector.point_rules import REFUSED_KIND, PointScreen, storable
-from tuneplane.collector.points import ReadWarning, ScalarPoint
-from tuneplane.collector.ship_wire import (
+
+from .checkpoint import load_checkpoint
+from .files import Layout, ScanLimits, TelemetryPathError
+from .point_rules import REFUSED_KIND, PointScreen, storable
+from .points import ReadWarning, ScalarPoint
+from .ship_wire import (
     Gateway,
     Progress,
     ShipFailed,
@@ -49,9 +50,9 @@ from tuneplane.collector.ship_wire import (
     open_telemetry_client,
     refusals,
 )
-from tuneplane.collector.spool import DEFAULT_MAX_POINTS, SPOOL_FILE, Spool, SpooledPoint
-from tuneplane.collector.system_sampler import SystemOptions, SystemSampling
-from tuneplane.collector.tailer import Batch, Tailer
+from .spool import DEFAULT_MAX_POINTS, SPOOL_FILE, Spool, SpooledPoint
+from .system_sampler import SystemOptions, SystemSampling
+from .tailer import Batch, Tailer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -27,10 +27,11 @@ from grpclib.client import Channel
 from tuneplane.agent.call_failure import CALL_ERRORS, Kind, classify
 from tuneplane.agent.client_tls import CaFileError, grpc_client_context
 from tuneplane.agent.host_port import join_host_port, split_host_port
-from tuneplane.collector.point_rules import storable
-from tuneplane.collector.points import HParamsMark, Mark, ReadWarning, RestartMark
-from tuneplane.collector.spool import SpooledPoint
 from tuneplane.proto import v1
+
+from .point_rules import storable
+from .points import HParamsMark, Mark, ReadWarning, RestartMark
+from .spool import SpooledPoint
 
 DEADLINE_S = 10.0
 #: The data-loss warning a point becomes when the gateway refused it (it is never sent again).

@@ -26,8 +26,8 @@ from typing import Any
 
 import attrs
 
-from tuneplane.collector.point_rules import PointScreen, screen_marks, storable
-from tuneplane.collector.points import HParamsMark, Mark, ReadWarning, RestartMark, ScalarPoint
+from .point_rules import PointScreen, screen_marks, storable
+from .points import HParamsMark, Mark, ReadWarning, RestartMark, ScalarPoint
 
 SPOOL_FILE = "spool.db"
 DEFAULT_MAX_POINTS = 1_000_000

@@ -40,9 +40,10 @@ import trio
 
 from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.agent.inventory import load_nvml, nvml_error_text, read_release
-from tuneplane.collector.point_rules import SYSTEM_PREFIX, SYSTEM_SOURCE
-from tuneplane.collector.points import ScalarPoint
 from tuneplane.runner.records import RecordError, read_runner_record
+
+from .point_rules import SYSTEM_PREFIX, SYSTEM_SOURCE
+from .points import ScalarPoint
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from typing import Any
 import attrs
 import trio
 
-from tuneplane.collector.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from tuneplane.collector.files import (
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .files import (
     Discovery,
     Layout,
     ScanLimits,
@@ -48,15 +48,15 @@ from tuneplane.collector.files import (
     points_in_run,
     read_chunks,
 )
-from tuneplane.collector.point_rules import PointScreen, storable
-from tuneplane.collector.points import (
+from .point_rules import PointScreen, storable
+from .points import (
     Decoder,
     Mark,
     ReadWarning,
     ScalarPoint,
 )
-from tuneplane.collector.tfevent import opening_state
-from tuneplane.collector.tracking import (
+from .tfevent import opening_state
+from .tracking import (
     HEAD_BYTES,
     Adopted,
     Change,

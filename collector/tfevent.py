@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import attrs
 
-from tuneplane.collector.point_rules import MAX_HPARAM_VALUE_CHARS, MAX_MARK_NAMES
-from tuneplane.collector.points import (
+from .point_rules import MAX_HPARAM_VALUE_CHARS, MAX_MARK_NAMES
+from .points import (
     Decoded,
     HParamsMark,
     Mark,
@@ -33,7 +33,7 @@ from tuneplane.collector.points import (
     RestartMark,
     ScalarPoint,
 )
-from tuneplane.collector.tfrecord import RecordSplitter
+from .tfrecord import RecordSplitter
 
 SCALARS_PLUGIN = "scalars"
 HPARAMS_PLUGIN = "hparams"

@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from tuneplane.collector.files import Kind, kind_of
+from .files import Kind, kind_of
 
 HEAD_BYTES = 1024
 

@@ -26,11 +26,6 @@ from typing import Any
 
 import attrs
 
-from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
-from tuneplane.coordinator.config import CoordinatorConfig, Profile
-from tuneplane.coordinator.jobspec import check_loader_policy
-from tuneplane.coordinator.parameters import ParameterError, workload_command
-from tuneplane.coordinator.values.jobs import PreviewSummary
 from tuneplane.proto.contract.jobspec import (
     JobSpec,
     JobSpecError,
@@ -39,6 +34,12 @@ from tuneplane.proto.contract.jobspec import (
     loads,
     validate,
 )
+
+from .catalogue import Catalogue, Parameter, Recipe
+from .config import CoordinatorConfig, Profile
+from .jobspec import check_loader_policy
+from .parameters import ParameterError, workload_command
+from .values.jobs import PreviewSummary
 
 BACKEND = "node"
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tuneplane.coordinator.placement import MAX_MEMBERS, NodeOffer, Request, candidate_shapes, place
 from tuneplane.proto.contract.jobspec import JobSpecError
+
+from .placement import MAX_MEMBERS, NodeOffer, Request, candidate_shapes, place
 
 
 def never_fits(

@@ -13,8 +13,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from tuneplane.coordinator.parameters import fill_entrypoint
 from tuneplane.proto.contract.jobspec import JobSpec, digest
+
+from .parameters import fill_entrypoint
 
 CAPSULE_JSON = "capsule.json"
 BOOTSTRAP_SH = "bootstrap.sh"

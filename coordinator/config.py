@@ -23,11 +23,12 @@ from tuneplane.agent.metrics_listener import (
     MetricsListener,
     metrics_listener,
 )
-from tuneplane.coordinator.auth import (
+
+from .auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
     DEFAULT_USER_TOKEN_LIFETIME_S,
 )
-from tuneplane.coordinator.store_location import PostgresUrl, StoreUrlError, parse_store_url
+from .store.location import PostgresUrl, StoreUrlError, parse_store_url
 
 CONFIG_NAME = "coordinator.toml"
 
@@ -184,7 +185,8 @@ class FleetSettings:
 
 @attrs.frozen
 class AddressSettings:
-    """``[addresses]``: what serve advertises (``coordinator/advertise.py``); "" when unset."""
+    """``[addresses]``: what serve advertises (``coordinator/server/advertise.py``); "" when
+    unset."""
 
     host: str = ""
     api: str = ""
@@ -381,7 +383,8 @@ def _toml_string(text: str) -> str:
 
 
 def _addresses(table: Any, path: Path) -> AddressSettings:
-    """``[addresses]``: strings only; serve checks what they say (coordinator/advertise.py)."""
+    """``[addresses]``: strings only; serve checks what they say
+    (coordinator/server/advertise.py)."""
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [addresses] must be a table. Write it as [addresses].")
     keys = {"host", "api", "control", "telemetry"}

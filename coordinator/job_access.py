@@ -2,7 +2,7 @@
 
 Rules:
 - Pure: :func:`may_read` decides from the Job's :class:`JobAccess` and the caller; the SQL that
-  finds the owner and the share list is in :mod:`~tuneplane.coordinator.store_access`.
+  finds the owner and the share list is in :mod:`~tuneplane.coordinator.store.access`.
 - Reading a Job is everything it shows: state, history and attempts (GetJob, ListJobs), member
   logs (GetLogs), metrics and their delivery (ListMetrics, QuerySeries, GetDelivery). Changing
   it (cancel, retry) stays with its owner and admins (:mod:`store_lifecycle`).
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import attrs
 
-from tuneplane.coordinator.auth import PermissionDenied
-from tuneplane.coordinator.fleet_service import ADMIN_ROLE
-from tuneplane.coordinator.values.users import User
+from .api.fleet import ADMIN_ROLE
+from .auth import PermissionDenied
+from .values.users import User
 
 
 @attrs.frozen

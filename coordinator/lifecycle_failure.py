@@ -13,7 +13,7 @@ Rules:
   chosen. The sentence saying what happened is :mod:`~tuneplane.coordinator.lifecycle`'s, the
   same one the Job's reason uses.
 - :func:`choose_first` and :func:`tail_lines` are pure; :func:`first_failure` reads the stored
-  stderr through :class:`~tuneplane.coordinator.store_logs.LogStore`.
+  stderr through :class:`~tuneplane.coordinator.store.logs.LogStore`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from tuneplane.coordinator import lifecycle as lc
-from tuneplane.coordinator.store_logs import LogStore
-from tuneplane.coordinator.values.jobs import FirstFailure, Job, Member, MemberKey
+from . import lifecycle as lc
+from .store.logs import LogStore
+from .values.jobs import FirstFailure, Job, Member, MemberKey
 
 #: At most this many lines of the failed member's stderr are shown ...
 TAIL_LINES = 20

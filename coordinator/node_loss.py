@@ -22,7 +22,7 @@ Rules:
 
 from __future__ import annotations
 
-from tuneplane.coordinator import lifecycle as lc
+from . import lifecycle as lc
 
 #: Who declares a Node lost when its Fleet's ``max_disconnect`` passes.
 MAX_DISCONNECT_ACTOR = "coordinator (max_disconnect)"

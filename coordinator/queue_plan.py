@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from tuneplane.coordinator.placement import SCHEDULABLE, NodeOffer, Placement, Request, place
+from .placement import SCHEDULABLE, NodeOffer, Placement, Request, place
 
 # (fleet, series)
 PoolKey = tuple[str, str]

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from tuneplane.coordinator.downsample import INF, Bucket, DownsampleError
+from .downsample import INF, Bucket, DownsampleError
 
 #: Children per block; a level-``k`` block is ``FANOUT ** k`` steps wide.
 FANOUT = 4

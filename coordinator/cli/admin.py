@@ -22,33 +22,26 @@ import attrs
 import click
 
 from tuneplane.agent import daemon_log
-from tuneplane.coordinator import control_address, store_fleet, store_identity, store_lifecycle
-from tuneplane.coordinator.auth import (
+from tuneplane.proto.contract.input_checks import InputRefused
+
+from ..auth import (
     JOIN_PREFIX,
     USER_PREFIX,
     CredentialLife,
     hash_credential,
     new_credential,
 )
-from tuneplane.coordinator.cli.api_client import ApiClient
-from tuneplane.coordinator.cli.api_errors import ApiError
-from tuneplane.coordinator.cli.connection import ConnectionConfigError, resolve_connection
-from tuneplane.coordinator.clock import now_ms
-from tuneplane.coordinator.collector_credentials import CollectorCredentials
-from tuneplane.coordinator.config import (
+from ..clock import now_ms
+from ..config import (
     CONFIG_NAME,
     ConfigError,
     load_config,
     parse_duration,
     store_setting,
 )
-from tuneplane.coordinator.decisions import (
-    DecisionLogError,
-    format_row,
-    parse_since,
-    read_decisions,
-)
-from tuneplane.coordinator.server import (
+from ..gateways.collector_credentials import CollectorCredentials
+from ..server import control_address
+from ..server.serve import (
     DEFAULT_API_PORT,
     DEFAULT_CONTROL_PORT,
     DEFAULT_TELEMETRY_PORT,
@@ -56,7 +49,7 @@ from tuneplane.coordinator.server import (
     ServeOptions,
     serve,
 )
-from tuneplane.coordinator.state_dir import (
+from ..server.state_dir import (
     ENDPOINTS,
     TP_CONTEXT,
     StateDirError,
@@ -64,19 +57,30 @@ from tuneplane.coordinator.state_dir import (
     initialise,
     require_initialised,
 )
-from tuneplane.coordinator.store import NotFound, Store, StoreError
-from tuneplane.coordinator.store_location import (
+from ..server.tls import TlsError, TlsPaths
+from ..store import fleet as store_fleet
+from ..store import identity as store_identity
+from ..store import lifecycle as store_lifecycle
+from ..store.core import NotFound, Store, StoreError
+from ..store.decision_log import (
+    DecisionLogError,
+    format_row,
+    parse_since,
+    read_decisions,
+)
+from ..store.location import (
     PostgresUrl,
     StoreUrlError,
     parse_store_url,
     store_where,
 )
-from tuneplane.coordinator.store_metrics import DB_NAME as TELEMETRY_DB
-from tuneplane.coordinator.store_metrics import TelemetryStore
-from tuneplane.coordinator.tls import TlsError, TlsPaths
-from tuneplane.coordinator.values.fleet import Fleet
-from tuneplane.coordinator.values.users import User
-from tuneplane.proto.contract.input_checks import InputRefused
+from ..store.metrics import DB_NAME as TELEMETRY_DB
+from ..store.metrics import TelemetryStore
+from ..values.fleet import Fleet
+from ..values.users import User
+from .api_client import ApiClient
+from .api_errors import ApiError
+from .connection import ConnectionConfigError, resolve_connection
 
 T = TypeVar("T")
 _FLEET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -709,8 +713,8 @@ def migrate_store(state_dir: Path, to_url: str) -> None:
     both sides, and record [store] url so the next `serve` uses it. Stop `serve` first; the
     SQLite files stay, as a frozen copy."""
     # Imported here: only this command loads the PostgreSQL driver.
-    from tuneplane.coordinator import store_migrate
-    from tuneplane.coordinator.store_digest import report_lines
+    from ..store import migrate as store_migrate
+    from ..store.digest import report_lines
 
     state_dir = state_dir.absolute()
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from tuneplane.coordinator.downsample import Bucket
+from ..downsample import Bucket
 
 RANGE = "│"
 LAST = "•"

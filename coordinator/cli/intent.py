@@ -3,7 +3,7 @@
 Rules: the same experiment and flags always build the same JobSpec (files in sorted order, no
 clocks, no host names), so the digest changes exactly when the intent does. A wrong flag value is
 an :class:`IntentError` (the command line must change); a wrong project file is a
-:class:`~tuneplane.coordinator.project.ProjectError`.
+:class:`~tuneplane.coordinator.cli.project.ProjectError`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ from typing import Any
 
 import attrs
 
-from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
-from tuneplane.coordinator.project import (
+from tuneplane.proto.contract import jobspec
+from tuneplane.proto.contract.input_checks import InputRefused, check_env, check_file_name
+
+from ..catalogue import Catalogue, Parameter, Recipe
+from .project import (
     CONFIG_FILE,
     DATA_DIR,
     Project,
@@ -27,8 +30,6 @@ from tuneplane.coordinator.project import (
     check_lock_current,
     read_config,
 )
-from tuneplane.proto.contract import jobspec
-from tuneplane.proto.contract.input_checks import InputRefused, check_env, check_file_name
 
 # Directories that are never part of an experiment's intent: local records, VCS, caches.
 SKIPPED_DIRS = frozenset(

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tuneplane.coordinator.cli import render
-from tuneplane.coordinator.cli.ops import _HasEndpoint, call, json_option
-from tuneplane.coordinator.values import lifecycle as lm
-from tuneplane.coordinator.values.lifecycle import CancelOutcome, LogPage, RetryOutcome
+from ..values import lifecycle as lm
+from ..values.lifecycle import CancelOutcome, LogPage, RetryOutcome
+from . import render
+from .ops import _HasEndpoint, call, json_option
 
 if TYPE_CHECKING:
-    from tuneplane.coordinator.cli.api_client import ApiClient
+    from .api_client import ApiClient
 
 #: A member that ended but whose Node sends nothing more for this long: stop following.
 FOLLOW_GIVE_UP_S = 30.0
@@ -173,7 +173,7 @@ def logs_command(
             return
         import anyio
 
-        from tuneplane.coordinator.cli.watch import Outage
+        from .watch import Outage
 
         # Like --watch, --follow waits for a coordinator that does not answer yet.
         outage = Outage(interval)
@@ -216,7 +216,7 @@ async def _follow(api: ApiClient, run_id: str, page: LogPage, interval: float) -
     """Print what arrives after ``page`` until the stream is complete, through outages."""
     import anyio
 
-    from tuneplane.coordinator.cli.watch import Outage
+    from .watch import Outage
 
     outage = Outage(interval)
     said = ""

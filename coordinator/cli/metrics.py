@@ -23,13 +23,13 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from tuneplane.coordinator.cli import chart, render
-from tuneplane.coordinator.cli.api_errors import ApiError
-from tuneplane.coordinator.cli.connection import Endpoint
-from tuneplane.coordinator.values.metrics import Delivery, SeriesResult, TagSummary
+from ..values.metrics import Delivery, SeriesResult, TagSummary
+from . import chart, render
+from .api_errors import ApiError
+from .connection import Endpoint
 
 if TYPE_CHECKING:
-    from tuneplane.coordinator.cli.metrics_client import MetricsClient
+    from .metrics_client import MetricsClient
 
 T = TypeVar("T")
 DEFAULT_MAX_POINTS = 1000
@@ -40,7 +40,7 @@ def _run(endpoint: Endpoint, work: Callable[[MetricsClient], Awaitable[T]]) -> T
     # Imported here, as in tp itself: grpclib and betterproto load only when a call is made.
     import asyncio
 
-    from tuneplane.coordinator.cli.metrics_client import MetricsClient
+    from .metrics_client import MetricsClient
 
     async def go() -> T:
         client = MetricsClient(endpoint)

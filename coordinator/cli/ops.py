@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import click
 
-from tuneplane.coordinator.cli import render, render_fleet
-from tuneplane.coordinator.cli.connection import Endpoint
-from tuneplane.coordinator.values.fleet import Fleet, Node
+from ..values.fleet import Fleet, Node
+from . import render, render_fleet
+from .connection import Endpoint
 
 if TYPE_CHECKING:
-    from tuneplane.coordinator.cli.api_client import ApiClient
+    from .api_client import ApiClient
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ def call(options: _HasEndpoint, work: Callable[[ApiClient], Awaitable[T]]) -> T:
     # Imported here for the same reason tp does: asyncio and grpclib cost start-up time.
     import asyncio
 
-    from tuneplane.coordinator.cli.api_client import ApiClient
+    from .api_client import ApiClient
 
     endpoint = options.endpoint()
 

@@ -18,11 +18,11 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tuneplane.coordinator.catalogue import Catalogue, Recipe
-from tuneplane.coordinator.cli.render_launch import launch_json, launch_rows
-from tuneplane.coordinator.cli.submissions import Submission
-from tuneplane.coordinator.parameters import env_name
-from tuneplane.coordinator.values.jobs import Attempt, FirstFailure, Job, Preview, Receipt
+from ..catalogue import Catalogue, Recipe
+from ..parameters import env_name
+from ..values.jobs import Attempt, FirstFailure, Job, Preview, Receipt
+from .render_launch import launch_json, launch_rows
+from .submissions import Submission
 
 _CONVERTER = cattrs.Converter()
 

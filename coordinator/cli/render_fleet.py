@@ -16,8 +16,8 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tuneplane.coordinator.cli.render import _heading, _pairs, when
-from tuneplane.coordinator.values.fleet import Fleet, Node, SeriesCapacity
+from ..values.fleet import Fleet, Node, SeriesCapacity
+from .render import _heading, _pairs, when
 
 
 def _holder(node: Node, index: int) -> str:

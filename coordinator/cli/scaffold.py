@@ -14,8 +14,9 @@ from typing import Any
 import yaml
 
 from tuneplane.agent.atomic_file import write_atomic
-from tuneplane.coordinator.catalogue import Catalogue, Parameter, Recipe
-from tuneplane.coordinator.project import (
+
+from ..catalogue import Catalogue, Parameter, Recipe
+from .project import (
     CONFIG_FILE,
     DEFAULT_GRACE_PERIOD_S,
     LOCK_FILE,

@@ -19,8 +19,9 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 
 from tuneplane.agent.atomic_file import write_atomic
-from tuneplane.coordinator.project import Project, ProjectError
-from tuneplane.coordinator.values.jobs import Preview, Receipt
+
+from ..values.jobs import Preview, Receipt
+from .project import Project, ProjectError
 
 SUBMISSIONS_DIR = "submissions"
 FORMAT = "tuneplane/submission-v1"

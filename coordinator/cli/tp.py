@@ -17,26 +17,28 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 import click
 
-from tuneplane.coordinator import lifecycle
-from tuneplane.coordinator.catalogue import Catalogue
-from tuneplane.coordinator.cli import render, submissions
-from tuneplane.coordinator.cli.api_errors import (
+from tuneplane.proto.contract import jobspec
+
+from .. import lifecycle
+from ..catalogue import Catalogue
+from ..values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, Job, Receipt
+from . import render, submissions
+from .api_errors import (
     ApiError,
     ClientConfigError,
     CoordinatorUnreachable,
     RequestRefused,
 )
-from tuneplane.coordinator.cli.connection import (
+from .connection import (
     ConnectionConfigError,
     Endpoint,
     resolve_connection,
 )
-from tuneplane.coordinator.cli.intent import IntentError, SubmitRequest, build_jobspec
-from tuneplane.coordinator.cli.jobctl import job_cancel, job_retry, logs_command
-from tuneplane.coordinator.cli.metrics import delivery_section, job_json, metrics
-from tuneplane.coordinator.cli.ops import fleet_group, node_group
-from tuneplane.coordinator.cli.scaffold import new_experiment
-from tuneplane.coordinator.project import (
+from .intent import IntentError, SubmitRequest, build_jobspec
+from .jobctl import job_cancel, job_retry, logs_command
+from .metrics import delivery_section, job_json, metrics
+from .ops import fleet_group, node_group
+from .project import (
     LOCK_FILE,
     Project,
     ProjectError,
@@ -44,11 +46,10 @@ from tuneplane.coordinator.project import (
     init_project,
     upgrade_lock,
 )
-from tuneplane.coordinator.values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, Job, Receipt
-from tuneplane.proto.contract import jobspec
+from .scaffold import new_experiment
 
 if TYPE_CHECKING:
-    from tuneplane.coordinator.cli.api_client import ApiClient
+    from .api_client import ApiClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,7 +78,7 @@ def _run(endpoint: Endpoint, work: Callable[[ApiClient], Awaitable[T]]) -> T:
     # the commands that never talk to the coordinator (init, new, recipe) should not pay.
     import asyncio
 
-    from tuneplane.coordinator.cli.api_client import ApiClient
+    from .api_client import ApiClient
 
     async def go() -> T:
         async with ApiClient(endpoint) as api:
@@ -432,7 +433,7 @@ def job_show(options: Options, run_id: str, as_json: bool, watch: bool, interval
     the Job alone.
     """
     if watch:
-        from tuneplane.coordinator.cli.watch import watch_job
+        from .watch import watch_job
 
         return watch_job(options.endpoint(), run_id, as_json, interval)
 

@@ -23,11 +23,11 @@ from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from tuneplane.coordinator import lifecycle
-from tuneplane.coordinator.cli import render
-from tuneplane.coordinator.cli.api_errors import ApiError, RequestRefused
-from tuneplane.coordinator.cli.connection import Endpoint
-from tuneplane.coordinator.values.jobs import Job
+from .. import lifecycle
+from ..values.jobs import Job
+from . import render
+from .api_errors import ApiError, RequestRefused
+from .connection import Endpoint
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,7 +63,7 @@ def _fingerprint(job: Job) -> str:
 
 
 async def _follow(endpoint: Endpoint, run_id: str, as_json: bool, interval_s: float) -> Job:
-    from tuneplane.coordinator.cli.api_client import ApiClient
+    from .api_client import ApiClient
 
     out = render.console()
     live_mode = out.is_terminal and not as_json

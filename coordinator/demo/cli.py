@@ -30,8 +30,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tuneplane.coordinator.demo import accounts, postgres
-from tuneplane.coordinator.demo.cluster import (
+from . import accounts, postgres
+from .cluster import (
     MEMBER_ROOT_PREFIX,
     SPARE_MEMBER_PARENT,
     ClusterError,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import attrs
 
-from tuneplane.coordinator.demo import accounts
+from . import accounts
 
 # Where the member root goes when the cluster's own folder cannot be reached by pool accounts.
 SPARE_MEMBER_PARENT = Path("/var/tmp")

@@ -84,7 +84,8 @@ class Report:
 @attrs.frozen
 class OutputsService:
     """Where a Node serves its ended members' outputs to other Nodes, as its Hello said
-    (checked by :func:`tuneplane.coordinator.outputs_grants.check_service` before it is stored)."""
+    (checked by :func:`tuneplane.coordinator.gateways.outputs_grants.check_service` before it is
+    stored)."""
 
     address: str
     cert_sha256: str

@@ -1,8 +1,9 @@
 """Typed errors -> gRPC status, once, at the edge of every listener.
 
 Rules: every handler of every listener runs inside :func:`grpc_errors` (the listeners wrap each
-handler, :mod:`~tuneplane.coordinator.message_limits`), so each typed error leaves as one status
-code with its sentence. Servers only: this imports the store's errors, which ``tp`` never needs.
+handler, :mod:`~tuneplane.coordinator.gateways.message_limits`), so each typed error leaves as one
+status code with its sentence. Servers only: this imports the store's errors, which ``tp``
+never needs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tuneplane.proto.contract.jobspec import JobSpecError
 
 from ..auth import AuthError, PermissionDenied
 from ..config import ConfigError
-from ..store import Conflict, EnrollRefused, NotFound
+from ..store.core import Conflict, EnrollRefused, NotFound
 from .errors import BadMessage
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 
 Rules:
 - The coordinator makes a grant when it sends a Prepare whose source another Node holds
-  (:mod:`tuneplane.coordinator.outputs_grants`), signed with that holder's grant key for one
-  source member until an expiry; the holder checks it before serving a byte
+  (:mod:`tuneplane.coordinator.gateways.outputs_grants`), signed with that holder's grant key for
+  one source member until an expiry; the holder checks it before serving a byte
   (:mod:`tuneplane.agent.outputs_server`). Both sides sign the same bytes (:func:`grant_message`).
 - A grant is HMAC-SHA256 (hex) over the source member and the expiry, compared in constant time.
 - Part of the protocol's contract (:mod:`tuneplane.proto.contract`): pure, and imports nothing

@@ -26,7 +26,7 @@ from tuneplane.collector.ship_wire import Gateway, Progress, ShipFailed, open_te
 from tuneplane.coordinator.cli.api_client import ApiClient
 from tuneplane.coordinator.cli.api_errors import CoordinatorUnreachable, RequestRefused
 from tuneplane.coordinator.cli.connection import Endpoint
-from tuneplane.coordinator.tls import create_dev_ca
+from tuneplane.coordinator.server.tls import create_dev_ca
 
 pytestmark = pytest.mark.timeout(30)
 

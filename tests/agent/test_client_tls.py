@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tuneplane.agent.client_tls import CaFileError, grpc_client_context
-from tuneplane.coordinator.tls import TlsPaths, create_dev_ca, server_context
+from tuneplane.coordinator.server.tls import TlsPaths, create_dev_ca, server_context
 
 pytestmark = pytest.mark.timeout(30)
 

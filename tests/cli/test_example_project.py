@@ -14,8 +14,8 @@ import pytest
 
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.cli.intent import SubmitRequest, build_jobspec
+from tuneplane.coordinator.cli.project import LOCK_FILE, RecipeLock, find_project
 from tuneplane.coordinator.cli.scaffold import config_text
-from tuneplane.coordinator.project import LOCK_FILE, RecipeLock, find_project
 from tuneplane.proto.contract import jobspec
 
 CATALOGUE = Catalogue.bundled()

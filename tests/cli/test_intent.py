@@ -16,8 +16,8 @@ from tuneplane.coordinator.cli.intent import (
     collect_source_files,
     parse_text,
 )
+from tuneplane.coordinator.cli.project import LOCK_FILE, Project, ProjectError, init_project
 from tuneplane.coordinator.cli.scaffold import new_experiment
-from tuneplane.coordinator.project import LOCK_FILE, Project, ProjectError, init_project
 from tuneplane.proto.contract import jobspec
 
 CATALOGUE = Catalogue.bundled()

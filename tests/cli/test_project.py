@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from tuneplane.coordinator.catalogue import Catalogue
-from tuneplane.coordinator.cli.scaffold import new_experiment
-from tuneplane.coordinator.project import (
+from tuneplane.coordinator.cli.project import (
     LOCK_FILE,
     Project,
     ProjectError,
@@ -23,6 +22,7 @@ from tuneplane.coordinator.project import (
     read_lock,
     upgrade_lock,
 )
+from tuneplane.coordinator.cli.scaffold import new_experiment
 
 CATALOGUE = Catalogue.bundled()
 

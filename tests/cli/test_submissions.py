@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuneplane.coordinator.cli import submissions
-from tuneplane.coordinator.project import Project, ProjectError, init_project
+from tuneplane.coordinator.cli.project import Project, ProjectError, init_project
 from tuneplane.coordinator.values.jobs import Preview, PreviewSummary, Receipt
 
 

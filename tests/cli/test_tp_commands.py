@@ -12,8 +12,8 @@ import pytest
 
 from tests.cli.tp_process import run_tp
 from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.cli.project import init_project
 from tuneplane.coordinator.cli.scaffold import new_experiment
-from tuneplane.coordinator.project import init_project
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import pytest
 from tests.cli.tp_process import run_tp
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.cli.project import init_project
 from tuneplane.coordinator.cli.scaffold import new_experiment
-from tuneplane.coordinator.project import init_project
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from tuneplane.coordinator.advertise import (
+from tuneplane.coordinator.config import AddressSettings, ConfigError, parse_config
+from tuneplane.coordinator.server.advertise import (
     Advertised,
     AdvertiseError,
     HostFacts,
@@ -19,8 +20,7 @@ from tuneplane.coordinator.advertise import (
     look_up,
     plan,
 )
-from tuneplane.coordinator.config import AddressSettings, ConfigError, parse_config
-from tuneplane.coordinator.tls import TlsError, TlsPaths, cover_names, create_dev_ca
+from tuneplane.coordinator.server.tls import TlsError, TlsPaths, cover_names, create_dev_ca
 
 PORTS = {"api": 7443, "control": 7444, "telemetry": 7445}
 

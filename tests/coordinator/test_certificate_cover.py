@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from tuneplane.coordinator import control_address, tls
-from tuneplane.coordinator.control_address import BadAddress
+from tuneplane.coordinator.server import control_address, tls
+from tuneplane.coordinator.server.control_address import BadAddress
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -20,8 +20,8 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.processes import wait_until
 from tests.support.store_backend import read, where_in, write_lock
 from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
-from tuneplane.coordinator.heartbeats import HeartbeatBook
-from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.gateways.heartbeats import HeartbeatBook
+from tuneplane.coordinator.store.core import Store
 from tuneplane.proto import v1
 
 # ----- the book (pure) --------------------------------------------------------------------------

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tuneplane.coordinator.auth import PermissionDenied
+from tuneplane.coordinator.cli.project import ProjectError, load_project
 from tuneplane.coordinator.job_access import JobAccess, check_read, may_read
-from tuneplane.coordinator.project import ProjectError, load_project
-from tuneplane.coordinator.store_access import share_list
+from tuneplane.coordinator.store.access import share_list
 from tuneplane.coordinator.values.users import User
 
 JOB = JobAccess("run-1", "alice", ("carol",))

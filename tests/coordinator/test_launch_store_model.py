@@ -30,9 +30,10 @@ from hypothesis.stateful import (
 )
 
 from tests.support.store_backend import current
-from tuneplane.coordinator import launch, store_lifecycle
+from tuneplane.coordinator import launch
 from tuneplane.coordinator.placement import MemberPlacement, Placement
-from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store import lifecycle as store_lifecycle
+from tuneplane.coordinator.store.core import Store
 from tuneplane.coordinator.values.jobs import MemberKey, Preview, PreviewSummary
 from tuneplane.coordinator.values.orders import (
     AbortOrder,

@@ -14,9 +14,9 @@ from grpclib.const import Cardinality, Handler, Status
 from tests.support.store_backend import current
 from tuneplane.agent.metrics_listener import MetricsListener
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, parse_config
-from tuneplane.coordinator.metrics_export import REGISTRY, method_label, timed_handlers
-from tuneplane.coordinator.store import Store
-from tuneplane.coordinator.store_gauges import LIVE_JOB_STATES, StoreGauges, read_gauges
+from tuneplane.coordinator.server.metrics_export import REGISTRY, method_label, timed_handlers
+from tuneplane.coordinator.store.core import Store
+from tuneplane.coordinator.store.gauges import LIVE_JOB_STATES, StoreGauges, read_gauges
 
 PATH = Path("/etc/tuneplane/coordinator.toml")
 

@@ -17,13 +17,15 @@ from tests.support.store_backend import current, read
 from tuneplane.agent import messages as agent_messages
 from tuneplane.agent.wire import from_wire
 from tuneplane.coordinator import lifecycle as lc
-from tuneplane.coordinator import node_loss, store_fleet, store_lifecycle
+from tuneplane.coordinator import node_loss
+from tuneplane.coordinator.api.node_loss import MaxDisconnectWatch, NodeLossDesk
 from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import ConfigError, parse_config
-from tuneplane.coordinator.node_loss_service import MaxDisconnectWatch, NodeLossDesk
+from tuneplane.coordinator.gateways.sessions import NodeSession, SessionRegistry
 from tuneplane.coordinator.placement import MemberPlacement, Placement
-from tuneplane.coordinator.sessions import NodeSession, SessionRegistry
-from tuneplane.coordinator.store import Conflict, NotFound, Store
+from tuneplane.coordinator.store import fleet as store_fleet
+from tuneplane.coordinator.store import lifecycle as store_lifecycle
+from tuneplane.coordinator.store.core import Conflict, NotFound, Store
 from tuneplane.coordinator.values.jobs import MemberKey, Preview, PreviewSummary
 from tuneplane.coordinator.values.lifecycle import CANCELLING
 from tuneplane.coordinator.values.orders import (

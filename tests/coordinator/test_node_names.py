@@ -13,9 +13,9 @@ import anyio
 import pytest
 
 from tests.support.store_backend import current, open_at_version, write
-from tuneplane.coordinator import store_fleet
-from tuneplane.coordinator.schema import MIGRATIONS
-from tuneplane.coordinator.store import Conflict, NotFound, Store
+from tuneplane.coordinator.store import fleet as store_fleet
+from tuneplane.coordinator.store.core import Conflict, NotFound, Store
+from tuneplane.coordinator.store.schema import MIGRATIONS
 from tuneplane.coordinator.values.orders import Gpu, Inventory
 
 T = TypeVar("T")

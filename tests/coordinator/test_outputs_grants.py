@@ -18,9 +18,8 @@ from hypothesis import strategies as st
 
 from tests.support.coordinator import stored_outputs_service
 from tests.support.store_backend import current
-from tuneplane.coordinator import store_fleet, store_identity, store_lifecycle
 from tuneplane.coordinator.derivation import GRANT_TTL_MS, Holder
-from tuneplane.coordinator.outputs_grants import (
+from tuneplane.coordinator.gateways.outputs_grants import (
     FetchSource,
     accepted_service,
     attach,
@@ -28,7 +27,10 @@ from tuneplane.coordinator.outputs_grants import (
     fetch_source,
     grant_for,
 )
-from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.store import fleet as store_fleet
+from tuneplane.coordinator.store import identity as store_identity
+from tuneplane.coordinator.store import lifecycle as store_lifecycle
+from tuneplane.coordinator.store.core import Store, db_path
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.orders import (
     CommitOrder,

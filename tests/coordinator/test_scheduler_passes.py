@@ -16,9 +16,9 @@ import anyio
 
 from tests.support.store_backend import current, write_lock
 from tuneplane.coordinator.catalogue import Catalogue
-from tuneplane.coordinator.scheduler import Scheduler
-from tuneplane.coordinator.sessions import SessionRegistry
-from tuneplane.coordinator.store import Store, db_path
+from tuneplane.coordinator.gateways.sessions import SessionRegistry
+from tuneplane.coordinator.server.scheduler import Scheduler
+from tuneplane.coordinator.store.core import Store, db_path
 from tuneplane.coordinator.values.jobs import Preview, PreviewSummary
 
 WAITING_SINCE_ADMISSION = "admitted; waiting for free GPUs"

@@ -1,4 +1,4 @@
-"""The serve lock (coordinator/serve_lock.py): real flocks on a real state directory.
+"""The serve lock (coordinator/server/serve_lock.py): real flocks on a real state directory.
 
 A flock belongs to an open file, so two holders in this one process exclude each other exactly
 as two processes would; tests/integration/test_migrate_store.py checks it across real ones.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.coordinator.serve_lock import StateDirBusy, alone, serving
-from tuneplane.coordinator.state_dir import SERVE_LOCK
+from tuneplane.coordinator.server.serve_lock import StateDirBusy, alone, serving
+from tuneplane.coordinator.server.state_dir import SERVE_LOCK
 
 
 def test_serves_share_the_directory_and_a_command_that_must_run_alone_is_refused(
@@ -62,7 +62,7 @@ def test_a_holder_that_dies_releases_the_lock(tmp_path: Path) -> None:
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from tuneplane.coordinator.serve_lock import serving\n"
+        "from tuneplane.coordinator.server.serve_lock import serving\n"
         f"with serving(Path({str(tmp_path)!r})):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(60)\n"

@@ -27,7 +27,7 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.processes import faketime_env
 from tests.support.store_backend import StoreBackend
 from tuneplane.agent.client_tls import grpc_client_context
-from tuneplane.coordinator.tls import create_dev_ca
+from tuneplane.coordinator.server.tls import create_dev_ca
 from tuneplane.proto import v1
 
 

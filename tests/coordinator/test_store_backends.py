@@ -24,14 +24,14 @@ import pytest
 
 from tests.support.postgres import PostgresServer
 from tests.support.store_backend import StoreBackend, open_at_version, read, write
-from tuneplane.coordinator.metrics_export import STORE_RETRIES, count_store_retry
-from tuneplane.coordinator.store import SchemaTooNew, Store
-from tuneplane.coordinator.store_db import MAX_ATTEMPTS, StoreRetry, dependency_order
-from tuneplane.coordinator.store_handle import IntegrityViolation, StoreUnavailable
-from tuneplane.coordinator.store_location import Where, parse_store_url
-from tuneplane.coordinator.store_logs import LogStore
-from tuneplane.coordinator.store_postgres import write_lock_key
-from tuneplane.coordinator.store_sql import ddl_to_postgres, to_postgres
+from tuneplane.coordinator.server.metrics_export import STORE_RETRIES, count_store_retry
+from tuneplane.coordinator.store.core import SchemaTooNew, Store
+from tuneplane.coordinator.store.db import MAX_ATTEMPTS, StoreRetry, dependency_order
+from tuneplane.coordinator.store.handle import IntegrityViolation, StoreUnavailable
+from tuneplane.coordinator.store.location import Where, parse_store_url
+from tuneplane.coordinator.store.logs import LogStore
+from tuneplane.coordinator.store.postgres import write_lock_key
+from tuneplane.coordinator.store.sql import ddl_to_postgres, to_postgres
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.orders import Gpu, Inventory
 
@@ -321,7 +321,7 @@ def test_a_deadlock_reruns_the_whole_transaction_counted_and_logged(
     assert not isinstance(where, Path)
     settings = {"search_path": Store.SCHEMA}
     counted = STORE_RETRIES.labels("store", "deadlock")
-    caplog.set_level(logging.WARNING, logger="tuneplane.coordinator.store_db")
+    caplog.set_level(logging.WARNING, logger="tuneplane.coordinator.store.db")
 
     async def wait_for(monitor: Any, what: str, sql: str) -> None:
         deadline = time.monotonic() + 20
@@ -393,7 +393,7 @@ def test_a_conflict_that_keeps_coming_back_is_given_up_on(
     store_backend: StoreBackend, tmp_path: Path
 ) -> None:
     _postgres_only(store_backend)
-    from tuneplane.coordinator.store_handle import TransactionConflict
+    from tuneplane.coordinator.store.handle import TransactionConflict
 
     where = store_backend.where(tmp_path / "coordinator.db")
     runs: list[int] = []

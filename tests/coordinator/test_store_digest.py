@@ -1,4 +1,4 @@
-"""The digest and compare logic of ``migrate-store`` (coordinator/store_digest.py): pure."""
+"""The digest and compare logic of ``migrate-store`` (coordinator/store/digest.py): pure."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from tuneplane.coordinator.store_digest import (
+from tuneplane.coordinator.store.digest import (
     DigestError,
     TableDigest,
     TableDigester,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.store_backend import current
-from tuneplane.coordinator.store_logs import KEEP_BYTES, BadStream, LogStore
+from tuneplane.coordinator.store.logs import KEEP_BYTES, BadStream, LogStore
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.lifecycle import LogPiece
 

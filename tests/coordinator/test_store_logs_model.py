@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.store_backend import current
-from tuneplane.coordinator.store_logs import KEEP_BYTES, LogStore
+from tuneplane.coordinator.store.logs import KEEP_BYTES, LogStore
 from tuneplane.coordinator.values.jobs import MemberKey
 
 M = MemberKey("run-m", 1, 0)

@@ -50,6 +50,11 @@ def test_every_value_module_loads_nothing_heavy() -> None:
 
 
 def test_tp_s_client_reads_replies_without_the_store() -> None:
-    store = ("tuneplane.coordinator.store", "aiosqlite", "asyncpg", "tuneplane.coordinator.config")
+    store = (
+        "tuneplane.coordinator.store",
+        "aiosqlite",
+        "asyncpg",
+        "tuneplane.coordinator.config",
+    )
     for client in ("api_client", "metrics_client"):
         assert _loaded(f"tuneplane.coordinator.cli.{client}", store) == []

@@ -27,7 +27,7 @@ from tests.integration.lifecycle_support import (
 )
 from tests.support import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
-from tuneplane.coordinator.store_logs import KEEP_BYTES
+from tuneplane.coordinator.store.logs import KEEP_BYTES
 
 
 @pytest.fixture(scope="module")

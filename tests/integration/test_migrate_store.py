@@ -31,12 +31,12 @@ from tests.support.postgres import PostgresServer, run_async
 from tests.support.postgres import postgres_server as postgres_server
 from tests.support.processes import wait_until
 from tests.support.store_backend import open_at_version
-from tuneplane.coordinator import store_migrate
 from tuneplane.coordinator.demo.cluster import LocalCluster
-from tuneplane.coordinator.serve_lock import alone
-from tuneplane.coordinator.store_digest import digest_rows, order_by
-from tuneplane.coordinator.store_location import parse_store_url
-from tuneplane.coordinator.store_metrics import TelemetryStore
+from tuneplane.coordinator.server.serve_lock import alone
+from tuneplane.coordinator.store import migrate as store_migrate
+from tuneplane.coordinator.store.digest import digest_rows, order_by
+from tuneplane.coordinator.store.location import parse_store_url
+from tuneplane.coordinator.store.metrics import TelemetryStore
 
 PASSWORD = "pw-never-shown-7f3a"
 SCRIPT = """echo "training starts"

@@ -30,7 +30,7 @@ from grpclib.server import Server
 
 from tests.coordinator.grpc_client import jobspec
 from tests.security.raw_calls import RawCodec
-from tuneplane.coordinator.tls import TlsPaths, server_context
+from tuneplane.coordinator.server.tls import TlsPaths, server_context
 from tuneplane.proto import v1
 
 RUN_FOR_S = 90.0

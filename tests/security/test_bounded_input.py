@@ -31,8 +31,8 @@ from tests.coordinator.grpc_client import (
 from tests.security.raw_calls import Outcome, call, frame
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, Limits, parse_config
-from tuneplane.coordinator.message_limits import MAX_INVENTORY_GPUS
-from tuneplane.coordinator.rate_limit import PeerRateLimit
+from tuneplane.coordinator.gateways.message_limits import MAX_INVENTORY_GPUS
+from tuneplane.coordinator.gateways.rate_limit import PeerRateLimit
 from tuneplane.proto import v1
 
 ENROLL = "/tuneplane.v1.Control/Enroll"

@@ -30,7 +30,7 @@ from grpclib.exceptions import GRPCError
 from tests.coordinator.grpc_client import api_client, enroll, jobspec, node_stream
 from tests.security.raw_calls import call, frame
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tuneplane.coordinator.message_limits import (
+from tuneplane.coordinator.gateways.message_limits import (
     HEAVY_PROCESSES,
     HEAVY_SWITCH_INTERVAL_S,
     LARGE_FIELDS,

@@ -20,7 +20,7 @@ from typing import Any
 
 from tests.support.processes import stop_cleanly, track, untrack
 from tests.support.store_backend import current, read, where_in
-from tuneplane.coordinator.store import Store
+from tuneplane.coordinator.store.core import Store
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0

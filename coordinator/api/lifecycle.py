@@ -1,0 +1,177 @@
+"""The Api's Job lifecycle calls: CancelJob, RetryJob and GetLogs.
+
+Rules:
+- Served on the API listener beside :class:`~tuneplane.coordinator.api.jobs.ApiService`; every
+  call is authenticated from its user token before the request is read. Only a Job's owner or
+  an admin may cancel or retry it; its logs are read by those who may read the Job
+  (:mod:`~tuneplane.coordinator.job_access`: owner, the users its project shares it with, admins).
+- A cancel is on disk (:mod:`~tuneplane.coordinator.store.lifecycle`) before its orders go to
+  the Nodes; an order for a disconnected Node waits in the store for its next Hello.
+- GetLogs is bounded (at most :data:`MAX_LOG_BYTES` per call) and never waits: ``tp logs
+  --follow`` polls with the returned offset until the reply says the stream is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from grpclib import GRPCError
+from grpclib.const import Cardinality, Handler, Status
+
+from tuneplane.proto import v1
+
+from ..clock import now_ms
+from ..gateways.sessions import SessionRegistry
+from ..job_access import check_read
+from ..store import lifecycle as store_lifecycle
+from ..store.access import job_access
+from ..store.core import NotFound, Store, _first
+from ..store.logs import BadStream, LogStore, check_stream
+from ..values.jobs import MemberKey
+from ..values.lifecycle import (
+    CANCELLED,
+    CancelOutcome,
+    LogPage,
+    RetryOutcome,
+)
+from ..wire.lifecycle import cancel_to_wire, logs_to_wire, retry_to_wire
+from ..wire.status import grpc_errors
+from .fleet import ADMIN_ROLE, caller, check_reason
+
+log = logging.getLogger(__name__)
+
+MAX_LOG_BYTES = 1024 * 1024
+
+
+class LifecycleApi:
+    """grpclib handlers for cancel, retry and logs on ``tuneplane.v1.Api``."""
+
+    def __init__(
+        self,
+        store: Store,
+        logs: LogStore,
+        registry: SessionRegistry,
+        wake_scheduler: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._logs = logs
+        self._registry = registry
+        self._wake = wake_scheduler
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            "/tuneplane.v1.Api/CancelJob": Handler(
+                self._cancel, Cardinality.UNARY_UNARY, v1.CancelJobRequest, v1.CancelJobReply
+            ),
+            "/tuneplane.v1.Api/RetryJob": Handler(
+                self._retry, Cardinality.UNARY_UNARY, v1.RetryJobRequest, v1.RetryJobReply
+            ),
+            "/tuneplane.v1.Api/GetLogs": Handler(
+                self._get_logs, Cardinality.UNARY_UNARY, v1.GetLogsRequest, v1.GetLogsReply
+            ),
+        }
+
+    async def _cancel(self, stream: Any) -> None:
+        with grpc_errors():
+            user = await caller(self._store, stream)
+            request: v1.CancelJobRequest = await stream.recv_message()
+            _require_run_id(request.run_id, "CancelJobRequest")
+            check_reason(request.reason, "CancelJobRequest")
+            result = await store_lifecycle.cancel_job(
+                self._store,
+                request.run_id,
+                user.name,
+                user.role == ADMIN_ROLE,
+                request.reason.strip(),
+                now_ms(),
+            )
+            log.info(
+                "job cancel run_id=%s by=%s outcome=%s orders=%d",
+                request.run_id,
+                user.name,
+                result.outcome,
+                len(result.orders),
+            )
+            self._registry.dispatch(list(result.orders))
+            if result.outcome == CANCELLED:
+                # GPUs went back (an aborted launch): queued Jobs may fit now.
+                self._wake()
+            job = await self._store.get_job(request.run_id)
+            await stream.send_message(cancel_to_wire(CancelOutcome(result.outcome, job)))
+
+    async def _retry(self, stream: Any) -> None:
+        with grpc_errors():
+            user = await caller(self._store, stream)
+            request: v1.RetryJobRequest = await stream.recv_message()
+            _require_run_id(request.run_id, "RetryJobRequest")
+            number = await store_lifecycle.retry_job(
+                self._store, request.run_id, user.name, user.role == ADMIN_ROLE, now_ms()
+            )
+            self._wake()
+            job = await self._store.get_job(request.run_id)
+            await stream.send_message(retry_to_wire(RetryOutcome(number, job)))
+
+    async def _get_logs(self, stream: Any) -> None:
+        with grpc_errors():
+            user = await caller(self._store, stream)
+            request: v1.GetLogsRequest = await stream.recv_message()
+            _require_run_id(request.run_id, "GetLogsRequest")
+            check_read(await job_access(self._store, request.run_id), user, "logs")
+            try:
+                name = check_stream(request.stream or "stdout")
+            except BadStream as exc:
+                raise GRPCError(Status.INVALID_ARGUMENT, f"GetLogsRequest.stream: {exc}") from None
+            member, state = await self._member(request)
+            max_bytes = min(request.max_bytes or MAX_LOG_BYTES, MAX_LOG_BYTES)
+            read = await self._logs.read(member, name, request.from_offset, max_bytes)
+            page = LogPage(
+                attempt=member.attempt,
+                member_index=member.member_index,
+                stream=name,
+                pieces=read.pieces,
+                next_offset=read.next_offset,
+                complete=read.complete,
+                dropped_bytes=read.dropped_bytes,
+                member_state=state,
+            )
+            await stream.send_message(logs_to_wire(page))
+
+    async def _member(self, request: v1.GetLogsRequest) -> tuple[MemberKey, str]:
+        """The member a GetLogs names (attempt 0: the latest), with its state; or NotFound."""
+        db = self._store._db
+        job = await _first(db, "SELECT 1 FROM jobs WHERE run_id = ?", (request.run_id,))
+        if job is None:
+            raise NotFound(
+                f"there is no Job with run id {request.run_id!r}. Check it with `tp job ls`."
+            )
+        attempt = request.attempt
+        if attempt == 0:
+            (latest,) = await _first(
+                db,
+                "SELECT COALESCE(MAX(number), 0) FROM attempts WHERE run_id = ?",
+                (request.run_id,),
+            )
+            attempt = int(latest)
+            if attempt == 0:
+                raise NotFound(
+                    f"the Job {request.run_id} has not been placed yet, so it has no logs. "
+                    f"Watch it with `tp job show {request.run_id} --watch`."
+                )
+        row = await _first(
+            db,
+            "SELECT state FROM members WHERE run_id = ? AND attempt = ? AND member_index = ?",
+            (request.run_id, attempt, request.member_index),
+        )
+        if row is None:
+            raise NotFound(
+                f"the Job {request.run_id} has no member {request.member_index} in attempt "
+                f"{attempt}. See its attempts and members with `tp job show {request.run_id}`."
+            )
+        return MemberKey(request.run_id, attempt, request.member_index), str(row[0])
+
+
+def _require_run_id(run_id: str, message: str) -> None:
+    if not run_id:
+        raise GRPCError(Status.INVALID_ARGUMENT, f"{message}.run_id is empty. Name a run id.")

@@ -1,0 +1,148 @@
+"""The scheduler task: places queued Jobs and aborts launches whose Prepare timed out.
+
+Rules:
+- One scheduler task per coordinator, so placement decisions never race each other; the store's
+  reservation key would refuse an over-commit anyway.
+- It wakes on events (a Job admitted, a Node connected, GPUs released) and at least every tick;
+  wakes that arrive during a pass are coalesced into one more pass, not one pass each.
+- A pass is the pure :func:`tuneplane.coordinator.queue_plan.plan_pass` over the whole queue
+  (placement, cordoned and draining Nodes, quotas); this shell only reads its inputs, writes each
+  reservation, sends Prepare and records why the other Jobs wait.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import anyio
+
+from tuneplane.agent.crashpoint import crashpoint
+from tuneplane.proto.contract import jobspec
+
+from .. import capsule
+from ..catalogue import Catalogue
+from ..clock import now_ms
+from ..gateways import outputs_grants
+from ..gateways.message_limits import PROCESS_TEXT_CHARS, in_process
+from ..gateways.sessions import SessionRegistry
+from ..jobspec import check_loader_policy
+from ..placement import Placement
+from ..queue_plan import PoolKey, plan_pass
+from ..store import fleet as store_fleet
+from ..store.core import Store
+from ..store.lifecycle import cancel_job
+from .metrics_export import SCHEDULING_PASS
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        registry: SessionRegistry,
+        catalogue: Catalogue,
+        prepare_timeout_s: float,
+        tick_s: float = 1.0,
+        quotas: Mapping[PoolKey, int] | None = None,
+        loader_env_runtimes: frozenset[str] = frozenset(),
+    ) -> None:
+        self._quotas: Mapping[PoolKey, int] = quotas or {}
+        # coordinator.toml's runtimes whose JobSpecs may set loader variables; re-checked at
+        # launch, as Preview checked them, so a policy tightened since admission holds.
+        self._loader_env_runtimes = loader_env_runtimes
+        self._store = store
+        self._registry = registry
+        self._catalogue = catalogue
+        self._prepare_timeout_ms = int(prepare_timeout_s * 1000)
+        self._tick_s = tick_s
+        self._wake = anyio.Event()
+        self._passes = 0
+
+    def wake(self) -> None:
+        """Ask for a scheduling pass soon (safe to call from any coordinator task).
+
+        Requests coalesce: however many arrive while a pass runs, one more pass follows it.
+        """
+        self._wake.set()
+
+    @property
+    def passes(self) -> int:
+        """How many passes this scheduler has started."""
+        return self._passes
+
+    async def run(self) -> None:
+        """Schedule until cancelled."""
+        while True:
+            with anyio.move_on_after(self._tick_s):
+                await self._wake.wait()
+            # A fresh event before the pass: a wake during the pass sets it, and only once.
+            self._wake = anyio.Event()
+            with SCHEDULING_PASS.time():
+                await self.step()
+
+    async def step(self) -> None:
+        """One pass: abort expired launches, mark drained Nodes, then plan the whole queue."""
+        self._passes += 1
+        aborts = await self._store.abort_expired_prepares(now_ms())
+        if aborts:
+            crashpoint("after-abort-decided")
+        self._registry.dispatch(aborts)
+        await store_fleet.mark_drained(self._store, now_ms())
+        queue, reasons = await store_fleet.queued_requests(self._store)
+        if not queue:
+            return
+        plan = plan_pass(
+            queue,
+            await store_fleet.node_states(
+                self._store, self._registry.is_connected, sorted({j.fleet for j in queue})
+            ),
+            await store_fleet.gpus_in_use(self._store),
+            self._quotas,
+        )
+        for launch in plan.launches:
+            await self._launch(launch.run_id, launch.placement)
+        await store_fleet.set_wait_reasons(self._store, plan.waiting, reasons, now_ms())
+
+    async def _launch(self, run_id: str, placement: Placement) -> None:
+        job = await self._store.queued_job(run_id)
+        if job is None:
+            return  # cancelled since the pass read the queue
+        try:
+            if len(job.resolved_json) > PROCESS_TEXT_CHARS:  # megabytes: off the event loop
+                spec = await in_process(jobspec.loads, job.resolved_json)
+            else:
+                spec = jobspec.loads(job.resolved_json)
+            check_loader_policy(spec, self._loader_env_runtimes)
+        except jobspec.JobSpecError as exc:
+            # Admitted under looser rules (an older coordinator, a coordinator.toml that allowed
+            # more then) or edited in the store: the Job ends with the sentence, and the
+            # scheduler goes on with the rest of the queue.
+            why = f"its JobSpec does not pass this coordinator's checks ({exc}) Submit it again"
+            await cancel_job(self._store, job.run_id, "the coordinator", True, why, now_ms())
+            log.warning("queued job refused run_id=%s reason=%s", job.run_id, exc)
+            return
+        recipe = self._catalogue.get(spec.method_id)
+        launcher = recipe.launcher if recipe is not None else "member"
+        count = len(placement.members)
+        now = now_ms()
+        orders = await self._store.reserve_launch(
+            job,
+            placement,
+            lambda attempt: capsule.seal(spec, launcher, job.run_id, attempt, count, job.digest),
+            now + self._prepare_timeout_ms,
+            now,
+        )
+        if orders is None:
+            return
+        crashpoint("after-reservation-written")
+        log.info(
+            "launch reserved run_id=%s members=%d gpus_per_member=%d nodes=%s",
+            job.run_id,
+            count,
+            placement.gpus_per_member,
+            ",".join(m.node_id for m in placement.members),
+        )
+        # A Derivation fetched from another Node: each Prepare gets its grant as it leaves.
+        self._registry.dispatch(await outputs_grants.attach(self._store, orders, now_ms()))
