@@ -27,7 +27,7 @@ from ..gateways.sessions import SessionRegistry
 from ..job_access import check_read
 from ..store import lifecycle as store_lifecycle
 from ..store.access import job_access
-from ..store.core import NotFound, Store, _first
+from ..store.core import NotFound, Store, first_row
 from ..store.logs import BadStream, LogStore, check_stream
 from ..values.jobs import MemberKey
 from ..values.lifecycle import (
@@ -140,15 +140,15 @@ class LifecycleApi:
 
     async def _member(self, request: v1.GetLogsRequest) -> tuple[MemberKey, str]:
         """The member a GetLogs names (attempt 0: the latest), with its state; or NotFound."""
-        db = self._store._db
-        job = await _first(db, "SELECT 1 FROM jobs WHERE run_id = ?", (request.run_id,))
+        db = self._store.reader
+        job = await first_row(db, "SELECT 1 FROM jobs WHERE run_id = ?", (request.run_id,))
         if job is None:
             raise NotFound(
                 f"there is no Job with run id {request.run_id!r}. Check it with `tp job ls`."
             )
         attempt = request.attempt
         if attempt == 0:
-            (latest,) = await _first(
+            (latest,) = await first_row(
                 db,
                 "SELECT COALESCE(MAX(number), 0) FROM attempts WHERE run_id = ?",
                 (request.run_id,),
@@ -159,7 +159,7 @@ class LifecycleApi:
                     f"the Job {request.run_id} has not been placed yet, so it has no logs. "
                     f"Watch it with `tp job show {request.run_id} --watch`."
                 )
-        row = await _first(
+        row = await first_row(
             db,
             "SELECT state FROM members WHERE run_id = ? AND attempt = ? AND member_index = ?",
             (request.run_id, attempt, request.member_index),

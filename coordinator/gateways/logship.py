@@ -12,7 +12,7 @@ import logging
 
 from tuneplane.proto import v1
 
-from ..store.core import Store, _first
+from ..store.core import Store, first_row
 from ..store.logs import STREAMS, LogStore
 from ..wire.members import member_key, member_ref
 
@@ -25,8 +25,8 @@ async def receive_chunk(
     """Store ``chunk`` from ``node_id`` and return the acknowledgement to send back."""
     member = member_key(chunk.member)
     ref = member_ref(member)
-    held = await _first(
-        store._db,
+    held = await first_row(
+        store.reader,
         "SELECT 1 FROM members WHERE run_id = ? AND attempt = ? AND member_index = ? "
         "AND node_id = ?",
         (member.run_id, member.attempt, member.member_index, node_id),

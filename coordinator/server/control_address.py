@@ -28,7 +28,7 @@ from tuneplane.proto.contract.input_checks import InputRefused
 from ..api.fleet import admin_caller
 from ..clock import now_ms
 from ..gateways.sessions import SessionRegistry
-from ..store.core import Store, _first
+from ..store.core import Store, first_row
 from ..wire.status import grpc_errors
 from . import tls
 
@@ -76,7 +76,7 @@ def check(address: str, server_cert: Path) -> str:
 
 async def current(store: Store) -> str:
     """The address Nodes are told to dial; "" when none was set."""
-    found = await _first(store._db, "SELECT address FROM control_address", ())
+    found = await first_row(store.reader, "SELECT address FROM control_address", ())
     return str(found[0]) if found else ""
 
 
@@ -85,8 +85,8 @@ async def record(store: Store, address: str, by: str, now: int) -> bool:
     already the address (nothing written)."""
 
     async def work() -> bool:
-        async with store._txn() as db:
-            found = await _first(db, "SELECT address FROM control_address", ())
+        async with store.transaction() as db:
+            found = await first_row(db, "SELECT address FROM control_address", ())
             previous = str(found[0]) if found else ""
             if previous == address:
                 return False
@@ -97,12 +97,12 @@ async def record(store: Store, address: str, by: str, now: int) -> bool:
                     "VALUES (1, ?, ?, ?)",
                     (address, now, by),
                 )
-            await store._log(
+            await store.log_decision(
                 db, now, DECISION, {"address": address, "previous": previous, "by": by}
             )
             return True
 
-    return await store._shielded(work)
+    return await store.shielded(work)
 
 
 class ControlAddressDesk:

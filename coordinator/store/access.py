@@ -17,7 +17,7 @@ from ..api.fleet import ADMIN_ROLE
 from ..job_access import JobAccess, may_read
 from ..values.jobs import Job
 from ..values.users import User
-from .core import NotFound, Store, _first
+from .core import NotFound, Store, first_row
 
 _ACCESS_SQL = (
     "SELECT j.run_id, j.owner, p.resolved_json FROM jobs j JOIN previews p ON p.id = j.preview_id"
@@ -41,7 +41,7 @@ def share_list(resolved_json: str) -> tuple[str, ...]:
 
 async def job_access(store: Store, run_id: str) -> JobAccess:
     """Who owns ``run_id`` and who it is shared with; :class:`NotFound` if there is no such Job."""
-    row = await _first(store._db, f"{_ACCESS_SQL} WHERE j.run_id = ?", (run_id,))
+    row = await first_row(store.reader, f"{_ACCESS_SQL} WHERE j.run_id = ?", (run_id,))
     if row is None:
         raise NotFound(f"there is no Job with run id {run_id!r}. Check it with `tp job ls`.")
     return _access(row)
@@ -75,7 +75,7 @@ async def readable_jobs(
     offset = 0
     page = max(limit, 100)
     while len(found) < limit:
-        rows = list(await store._db.execute_fetchall(sql, (*args, page, offset)))
+        rows = list(await store.reader.execute_fetchall(sql, (*args, page, offset)))
         for row in rows:
             if may_read(_access(row), user):
                 found.append(str(row[0]))
@@ -84,7 +84,7 @@ async def readable_jobs(
         if len(rows) < page:
             break
         offset += page
-    return await store._job_views(found, full=False)
+    return await store.job_views(found, full=False)
 
 
 def _like_escaped(text: str) -> str:

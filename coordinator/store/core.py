@@ -62,14 +62,14 @@ DB_NAME = "coordinator.db"
 T = TypeVar("T")
 
 
-async def _first(db: Handle, sql: str, args: Sequence[Any] = ()) -> Any:
+async def first_row(db: Handle, sql: str, args: Sequence[Any] = ()) -> Any:
     """The first row of a query, or None."""
     return await db.fetchone(sql, args)
 
 
 async def _placed_uuids(db: Handle, node_id: str, gpu_indexes: Sequence[int]) -> tuple[str, ...]:
     """The UUIDs the Node's last inventory gives ``gpu_indexes`` ("" for an index it lacks)."""
-    row = await _first(db, "SELECT inventory_json FROM nodes WHERE id = ?", (node_id,))
+    row = await first_row(db, "SELECT inventory_json FROM nodes WHERE id = ?", (node_id,))
     gpus = {g.index: g.uuid for g in Inventory.from_json(str(row[0])).gpus} if row else {}
     return tuple(gpus.get(i, "") for i in gpu_indexes)
 
@@ -111,7 +111,7 @@ class Store(StoreDb):
     MIGRATIONS = MIGRATIONS
     FOREIGN_KEYS = True
 
-    async def _log(
+    async def log_decision(
         self,
         db: Handle,
         now: int,
@@ -141,7 +141,7 @@ class Store(StoreDb):
         """Create the admin user and the Fleet ``default`` (kind ``node``). Run once by init."""
 
         async def work() -> None:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 await db.execute(
                     "INSERT INTO users (name, token_hash, role, created_at_ms) "
                     "VALUES ('admin', ?, 'admin', ?)",
@@ -151,13 +151,13 @@ class Store(StoreDb):
                     "INSERT INTO fleets (name, kind, created_at_ms) VALUES ('default', 'node', ?)",
                     (now,),
                 )
-                await self._log(db, now, "bootstrap", {"fleet": "default", "user": "admin"})
+                await self.log_decision(db, now, "bootstrap", {"fleet": "default", "user": "admin"})
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     async def create_fleet(self, name: str, kind: str, now: int) -> None:
         async def work() -> None:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 rows = await db.execute_fetchall("SELECT 1 FROM fleets WHERE name = ?", (name,))
                 if list(rows):
                     raise Conflict(f"the Fleet {name!r} already exists. Pick another name.")
@@ -165,12 +165,12 @@ class Store(StoreDb):
                     "INSERT INTO fleets (name, kind, created_at_ms) VALUES (?, ?, ?)",
                     (name, kind, now),
                 )
-                await self._log(db, now, "fleet created", {"fleet": name, "kind": kind})
+                await self.log_decision(db, now, "fleet created", {"fleet": name, "kind": kind})
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     async def fleet_names(self) -> list[str]:
-        rows = await self._db.execute_fetchall("SELECT name FROM fleets ORDER BY name")
+        rows = await self.reader.execute_fetchall("SELECT name FROM fleets ORDER BY name")
         return [str(r[0]) for r in rows]
 
     async def create_join_token(
@@ -184,7 +184,7 @@ class Store(StoreDb):
         """A one-time join token; with ``for_node``, one that only re-enrolls that Node."""
 
         async def work() -> None:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 rows = await db.execute_fetchall("SELECT 1 FROM fleets WHERE name = ?", (fleet,))
                 if not list(rows):
                     raise NotFound(
@@ -199,9 +199,9 @@ class Store(StoreDb):
                 detail: dict[str, Any] = {"fleet": fleet, "expires_at_ms": expires_at_ms}
                 if for_node is not None:
                     detail["for_node"] = for_node
-                await self._log(db, now, "join token created", detail, node_id=for_node)
+                await self.log_decision(db, now, "join token created", detail, node_id=for_node)
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     # ----- nodes -------------------------------------------------------------------------------
 
@@ -217,7 +217,7 @@ class Store(StoreDb):
         """Spend a join token on a new Node; returns its Fleet. Raises :class:`EnrollRefused`."""
 
         async def work() -> str:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 fleet = await self.spend_join_token(db, join_token_hash, node_id, now)
                 name = await free_node_name(db, fleet, inventory.hostname, node_id)
                 await db.execute(
@@ -237,7 +237,7 @@ class Store(StoreDb):
                         name,
                     ),
                 )
-                await self._log(
+                await self.log_decision(
                     db,
                     now,
                     "node enrolled",
@@ -246,7 +246,7 @@ class Store(StoreDb):
                 )
                 return fleet
 
-        return await self._shielded(work)
+        return await self.shielded(work)
 
     async def spend_join_token(
         self,
@@ -302,7 +302,7 @@ class Store(StoreDb):
 
     async def node(self, node_id: str) -> NodeRecord | None:
         rows = list(
-            await self._db.execute_fetchall(
+            await self.reader.execute_fetchall(
                 "SELECT id, fleet, hostname, connected FROM nodes WHERE id = ?",
                 (node_id,),
             )
@@ -316,12 +316,12 @@ class Store(StoreDb):
         """At start-up no Node is connected yet, whatever the store said when it stopped."""
 
         async def work() -> None:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 rows = await db.execute_fetchall("SELECT id FROM nodes WHERE connected = 1")
                 for (node_id,) in list(rows):
                     await self._disconnect(db, str(node_id), now, "the coordinator restarted")
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     async def node_connected(
         self,
@@ -341,7 +341,7 @@ class Store(StoreDb):
         """
 
         async def work() -> list[Order]:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 await db.execute(
                     "UPDATE nodes SET connected = 1, disconnected_since_ms = NULL, "
                     "last_heartbeat_ms = ?, inventory_json = ?, hostname = ?, "
@@ -361,7 +361,7 @@ class Store(StoreDb):
                 detail = {"dialed": dialed_address} if dialed_address else {}
                 if outputs:
                     detail["outputs"] = outputs.address
-                await self._log(db, now, "node connected", detail, node_id=node_id)
+                await self.log_decision(db, now, "node connected", detail, node_id=node_id)
                 held_states = {h.member: h.state for h in held}
                 rows = list(
                     await db.execute_fetchall(
@@ -383,15 +383,15 @@ class Store(StoreDb):
                             new_known, reported, None if decision is None else str(decision)
                         )
                         new_known = moved or new_known
-                    await self._set_member_state(
+                    await self.set_member_state(
                         db, key, new_known, now, "its Node reconnected", known=new_known
                     )
                     touched.add(key.run_id)
                 for run_id in sorted(touched):
-                    await self._refresh_job(db, run_id, now)
+                    await self.refresh_job(db, run_id, now)
                 return await self._orders_to_resend(db, node_id)
 
-        return await self._shielded(work)
+        return await self.shielded(work)
 
     async def node_heartbeats(self, beats: Mapping[str, int]) -> None:
         """Store many Nodes' latest heartbeat times (node id -> ms) in one transaction.
@@ -401,7 +401,7 @@ class Store(StoreDb):
         """
 
         async def work() -> None:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 await db.executemany(
                     "UPDATE nodes SET last_heartbeat_ms = MAX(COALESCE(last_heartbeat_ms, 0), ?) "
                     "WHERE id = ?",
@@ -409,20 +409,20 @@ class Store(StoreDb):
                 )
                 crashpoint("mid-heartbeat-batch", beats=beats)
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     async def node_inventory(self, node_id: str, inventory: Inventory, now: int) -> None:
         """A heartbeat carried a changed inventory: store it (and the heartbeat time) at once."""
 
         async def work() -> None:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 await db.execute(
                     "UPDATE nodes SET inventory_json = ?, "
                     "last_heartbeat_ms = MAX(COALESCE(last_heartbeat_ms, 0), ?) WHERE id = ?",
                     (inventory.to_json(), now, node_id),
                 )
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     async def session_replaced(
         self, node_id: str, old_peer: str, new_peer: str, old_opened_at_ms: int, now: int
@@ -433,31 +433,31 @@ class Store(StoreDb):
         """
 
         async def work() -> None:
-            async with self._txn() as db:
-                await self._log(
+            async with self.transaction() as db:
+                await self.log_decision(
                     db, now, "control stream replaced",
                     {"old_peer": old_peer, "new_peer": new_peer,
                      "old_opened_at_ms": old_opened_at_ms},
                     node_id=node_id,
                 )  # fmt: skip
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     async def node_disconnected(self, node_id: str, now: int, why: str) -> None:
         """The Node's stream ended: it is ``disconnected`` and its live members ``unknown``."""
 
         async def work() -> None:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 await self._disconnect(db, node_id, now, why)
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     async def _disconnect(self, db: Handle, node_id: str, now: int, why: str) -> None:
         await db.execute(
             "UPDATE nodes SET connected = 0, disconnected_since_ms = ? WHERE id = ?",
             (now, node_id),
         )
-        await self._log(db, now, "node disconnected", {"why": why}, node_id=node_id)
+        await self.log_decision(db, now, "node disconnected", {"why": why}, node_id=node_id)
         terminal = tuple(sorted(lc.TERMINAL_MEMBER_STATES))
         marks = ",".join("?" for _ in terminal)
         rows = list(
@@ -470,18 +470,18 @@ class Store(StoreDb):
         touched: set[str] = set()
         for run_id, attempt, index, known in rows:
             key = MemberKey(str(run_id), int(attempt), int(index))
-            await self._set_member_state(
+            await self.set_member_state(
                 db, key, lc.M_UNKNOWN, now, f"its Node disconnected ({why})", known=str(known)
             )
             touched.add(key.run_id)
         for run_id in sorted(touched):
-            await self._refresh_job(db, run_id, now)
+            await self.refresh_job(db, run_id, now)
 
     # ----- previews and admission --------------------------------------------------------------
 
     async def save_preview(self, preview: Preview) -> None:
         async def work() -> None:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 await db.execute(
                     "INSERT INTO previews (id, digest, resolved_json, summary_json, owner, "
                     "created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
@@ -495,7 +495,7 @@ class Store(StoreDb):
                     ),
                 )
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     async def commit(
         self, preview_id: str, digest: str, retry_key: str, owner: str, run_id: str, now: int
@@ -503,7 +503,7 @@ class Store(StoreDb):
         """Admit a preview as a Job, once per retry key (the UNIQUE constraint decides)."""
 
         async def work() -> Receipt:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 earlier = await self._receipt_for_key(db, retry_key, owner)
                 if earlier is not None:
                     if (earlier.preview_id, earlier.digest) != (preview_id, digest):
@@ -568,7 +568,7 @@ class Store(StoreDb):
                     "INSERT INTO job_states (run_id, state, reason, at_ms) VALUES (?, ?, ?, ?)",
                     (run_id, lc.QUEUED, "admitted; waiting for free GPUs", now),
                 )
-                await self._log(
+                await self.log_decision(
                     db,
                     now,
                     "admission",
@@ -578,11 +578,11 @@ class Store(StoreDb):
                 return Receipt(run_id, preview_id, digest, retry_key, now, created=True)
 
         try:
-            return await self._shielded(work)
+            return await self.shielded(work)
         except IntegrityViolation:
             # Another process admitted the same retry key between our read and our insert: the
             # UNIQUE constraint refused ours, so the earlier receipt is the answer.
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 earlier = await self._receipt_for_key(db, retry_key, owner)
             if earlier is None:
                 raise
@@ -612,14 +612,14 @@ class Store(StoreDb):
 
     async def get_job(self, run_id: str) -> Job:
         rows = list(
-            await self._db.execute_fetchall(
+            await self.reader.execute_fetchall(
                 "SELECT run_id FROM jobs WHERE run_id = ?",
                 (run_id,),
             )
         )
         if not rows:
             raise NotFound(f"there is no Job with run id {run_id!r}. Check it with `tp ls`.")
-        return (await self._job_views([run_id], full=True))[0]
+        return (await self.job_views([run_id], full=True))[0]
 
     async def list_jobs(
         self, project: str = "", state: str = "", owner: str = "", limit: int = 100
@@ -631,17 +631,17 @@ class Store(StoreDb):
                 clauses.append(f"{column} = ?")
                 args.append(value)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = await self._db.execute_fetchall(
+        rows = await self.reader.execute_fetchall(
             f"SELECT run_id FROM jobs {where} ORDER BY created_at_ms DESC, run_id LIMIT ?",
             (*args, limit),
         )
-        return await self._job_views([str(r[0]) for r in rows], full=False)
+        return await self.job_views([str(r[0]) for r in rows], full=False)
 
-    async def _job_views(self, run_ids: Sequence[str], full: bool) -> list[Job]:
+    async def job_views(self, run_ids: Sequence[str], full: bool) -> list[Job]:
         views = []
         for run_id in run_ids:
-            r = await _first(
-                self._db,
+            r = await first_row(
+                self.reader,
                 "SELECT run_id, project, experiment, owner, state, fleet, profile, method_id, "
                 "preview_id, digest, init_from, created_at_ms, state_reason FROM jobs "
                 "WHERE run_id = ?",
@@ -677,19 +677,19 @@ class Store(StoreDb):
         return views
 
     async def _history(self, sql: str, args: Iterable[Any]) -> tuple[StateChange, ...]:
-        rows = await self._db.execute_fetchall(sql, tuple(args))
+        rows = await self.reader.execute_fetchall(sql, tuple(args))
         return tuple(StateChange(str(s), int(t), str(why)) for s, t, why in rows)
 
     async def _attempt_views(self, run_id: str) -> tuple[Attempt, ...]:
         attempts = []
-        rows = await self._db.execute_fetchall(
+        rows = await self.reader.execute_fetchall(
             "SELECT number, decision, master_addr, master_port, created_at_ms FROM attempts "
             "WHERE run_id = ? ORDER BY number",
             (run_id,),
         )
         for number, decision, addr, port, created in rows:
             members = []
-            mrows = await self._db.execute_fetchall(
+            mrows = await self.reader.execute_fetchall(
                 "SELECT m.member_index, m.node_id, m.state, m.has_exit, m.exit_code, m.signal, "
                 "m.out_dir, m.gpu_indexes_json, m.ended_at_ms, n.name, m.output_manifest_json "
                 "FROM members m "
@@ -720,8 +720,8 @@ class Store(StoreDb):
                     )
                 )
             state = {None: "preparing", lc.COMMIT: "committed", lc.ABORT: "aborted"}[decision]
-            if await _first(
-                self._db,
+            if await first_row(
+                self.reader,
                 "SELECT 1 FROM attempt_stops WHERE run_id = ? AND attempt = ? AND kind = 'cancel'",
                 (run_id, number),
             ):
@@ -740,8 +740,8 @@ class Store(StoreDb):
         (:func:`~tuneplane.coordinator.store.fleet.queued_requests`) and this only for the Jobs
         it launches.
         """
-        r = await _first(
-            self._db,
+        r = await first_row(
+            self.reader,
             "SELECT j.run_id, j.fleet, j.series, j.gpus, j.members_wanted, j.gpus_per_member, "
             "p.resolved_json, j.digest, j.owner FROM jobs j JOIN previews p ON p.id = j.preview_id "
             "WHERE j.run_id = ? AND j.state = ?",
@@ -763,7 +763,7 @@ class Store(StoreDb):
 
     async def offers(self, fleet: str, series: str) -> list[NodeOffer]:
         """Connected, schedulable Nodes of ``fleet`` and their free healthy GPUs of ``series``."""
-        nodes = await self._db.execute_fetchall(
+        nodes = await self.reader.execute_fetchall(
             "SELECT id, inventory_json FROM nodes WHERE fleet = ? AND connected = 1 "
             "AND scheduling = 'schedulable' ORDER BY id",
             (fleet,),
@@ -773,7 +773,7 @@ class Store(StoreDb):
             inventory = Inventory.from_json(str(inventory_json))
             taken = {
                 int(r[0])
-                for r in await self._db.execute_fetchall(
+                for r in await self.reader.execute_fetchall(
                     "SELECT gpu_index FROM reservations WHERE node_id = ?", (node_id,)
                 )
             }
@@ -802,11 +802,11 @@ class Store(StoreDb):
         """
 
         async def work() -> list[PrepareOrder] | None:
-            async with self._txn() as db:
-                row = await _first(db, "SELECT state FROM jobs WHERE run_id = ?", (job.run_id,))
+            async with self.transaction() as db:
+                row = await first_row(db, "SELECT state FROM jobs WHERE run_id = ?", (job.run_id,))
                 if row is None or row[0] != lc.QUEUED:
                     return None
-                (last,) = await _first(
+                (last,) = await first_row(
                     db,
                     "SELECT COALESCE(MAX(number), 0) FROM attempts WHERE run_id = ?",
                     (job.run_id,),
@@ -852,7 +852,7 @@ class Store(StoreDb):
                             "member_index, created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
                             (m.node_id, gpu, job.run_id, number, m.index, now),
                         )
-                await self._log(
+                await self.log_decision(
                     db,
                     now,
                     "reservation",
@@ -865,7 +865,7 @@ class Store(StoreDb):
                     },
                     run_id=job.run_id,
                 )
-                await self._refresh_job(db, job.run_id, now)
+                await self.refresh_job(db, job.run_id, now)
                 # The same decision issues member 0's Prepare (the others follow its
                 # PrepareReply): it is in the store from now on, sent below, and sent again to a
                 # Node that (re)connects or asks.
@@ -880,7 +880,7 @@ class Store(StoreDb):
                 return prepares
 
         try:
-            return await self._shielded(work)
+            return await self.shielded(work)
         except IntegrityViolation as exc:
             log.warning("reservation refused run_id=%s why=%s", job.run_id, exc)
             return None
@@ -905,8 +905,8 @@ class Store(StoreDb):
         """
 
         async def work() -> list[Order]:
-            async with self._txn() as db:
-                facts = await self._attempt_facts(db, member.run_id, member.attempt)
+            async with self.transaction() as db:
+                facts = await self.attempt_facts(db, member.run_id, member.attempt)
                 event: launch.Event
                 if not ok:
                     event = launch.PrepareFailed(node_id, member.member_index, reason)
@@ -914,7 +914,7 @@ class Store(StoreDb):
                     hostname = ""
                     if member.member_index == 0 and not master_addr:
                         # The Node left the address to us: its reported host name is the best bet.
-                        (hostname,) = await _first(
+                        (hostname,) = await first_row(
                             db, "SELECT hostname FROM nodes WHERE id = ?", (node_id,)
                         )
                     event = launch.Prepared(
@@ -939,20 +939,20 @@ class Store(StoreDb):
                     )  # fmt: skip
                 return await self._apply_launch(db, member.run_id, member.attempt, facts, step, now)
 
-        return await self._shielded(work)
+        return await self.shielded(work)
 
-    async def _launch_event(
+    async def launch_event(
         self, db: Handle, run_id: str, attempt: int, event: launch.Event, now: int
     ) -> list[Order]:
         """Inside a transaction: apply one launch event (coordinator/launch.py) to an attempt."""
-        facts = await self._attempt_facts(db, run_id, attempt)
+        facts = await self.attempt_facts(db, run_id, attempt)
         if facts is None:
             return []
         return await self._apply_launch(db, run_id, attempt, facts, launch.step(facts, event), now)
 
-    async def _attempt_facts(self, db: Handle, run_id: str, attempt: int) -> launch.Attempt | None:
+    async def attempt_facts(self, db: Handle, run_id: str, attempt: int) -> launch.Attempt | None:
         """What :func:`launch.step` reads about an attempt; None when there is no such attempt."""
-        row = await _first(
+        row = await first_row(
             db,
             "SELECT decision, decision_reason, master_addr, master_port, rendezvous_nonce "
             "FROM attempts WHERE run_id = ? AND number = ?",
@@ -1012,15 +1012,15 @@ class Store(StoreDb):
         released = set(step.releases)
         for change in step.changes:
             key = MemberKey(run_id, attempt, change.member_index)
-            await self._set_member_state(
+            await self.set_member_state(
                 db, key, change.state, now, change.reason, known=change.state
             )
             if change.member_index in released:
-                await self._release(db, key, now, "the launch was aborted")
+                await self.release_member(db, key, now, "the launch was aborted")
         if step.decided == lc.COMMIT:
             await self._decide(db, run_id, attempt, after, now)
         if step.changes or step.decided:
-            await self._refresh_job(db, run_id, now)
+            await self.refresh_job(db, run_id, now)
         prepares = {s.member_index for s in step.sends if s.kind == "prepare"}
         rows = await self._prepare_rows(db, run_id, attempt, prepares) if prepares else {}
         orders: list[Order] = []
@@ -1049,7 +1049,7 @@ class Store(StoreDb):
             }
         else:
             detail = {"attempt": attempt, "reason": after.reason}
-        await self._log(db, now, str(after.decision), detail, run_id=run_id)
+        await self.log_decision(db, now, str(after.decision), detail, run_id=run_id)
 
     async def _prepare_rows(
         self, db: Handle, run_id: str, attempt: int, indexes: set[int]
@@ -1064,15 +1064,15 @@ class Store(StoreDb):
     async def abort_expired_prepares(self, now: int) -> list[Order]:
         """Abort every undecided attempt whose prepare deadline has passed."""
         # Every scheduling pass asks; a read answers "none" without taking the write lock.
-        if not await _first(
-            self._db,
+        if not await first_row(
+            self.reader,
             "SELECT 1 FROM attempts WHERE decision IS NULL AND prepare_deadline_ms <= ? LIMIT 1",
             (now,),
         ):
             return []
 
         async def work() -> list[Order]:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 rows = list(
                     await db.execute_fetchall(
                         "SELECT run_id, number FROM attempts WHERE decision IS NULL "
@@ -1082,12 +1082,12 @@ class Store(StoreDb):
                 )
                 orders: list[Order] = []
                 for run_id, number in rows:
-                    orders += await self._launch_event(
+                    orders += await self.launch_event(
                         db, str(run_id), int(number), launch.PrepareTimedOut(), now
                     )
                 return orders
 
-        return await self._shielded(work)
+        return await self.shielded(work)
 
     async def decision_for(self, node_id: str, member: MemberKey) -> Order | None:
         """The recorded decision for a member this Node holds; None while undecided.
@@ -1095,7 +1095,7 @@ class Store(StoreDb):
         A member the coordinator has no record of (or that is another Node's) gets Abort, so the
         Node can release what it reserved.
         """
-        facts = await self._attempt_facts(self._db, member.run_id, member.attempt)
+        facts = await self.attempt_facts(self.reader, member.run_id, member.attempt)
         query = launch.DecisionQueried(node_id, member.member_index)
         if facts is None:
             return AbortOrder(node_id, member, launch.NO_RECORD)
@@ -1114,7 +1114,7 @@ class Store(StoreDb):
         )
         orders: list[Order] = []
         for run_id, number in attempts:
-            orders += await self._launch_event(
+            orders += await self.launch_event(
                 db, str(run_id), int(number), launch.NodeReconnected(node_id), 0
             )
         return orders
@@ -1130,9 +1130,9 @@ class Store(StoreDb):
         """
 
         async def work() -> ReportOutcome:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 key = report.member
-                row = await _first(
+                row = await first_row(
                     db,
                     "SELECT m.node_id, m.state, m.known_state, m.out_dir, a.decision, "
                     "m.declared_lost FROM members m JOIN attempts a ON a.run_id = m.run_id "
@@ -1159,7 +1159,7 @@ class Store(StoreDb):
                 if isinstance(verdict, lc.RefuseReport):
                     # Audited against the reporting Node only: the member it named may be
                     # another user's, and this row must not read as that Job's history.
-                    await self._log(
+                    await self.log_decision(
                         db, now, "report refused",
                         {"reason": verdict.reason, "member": str(key), "state": report.state,
                          "report_seq": report.report_seq, "journal_id": report.journal_id},
@@ -1173,15 +1173,15 @@ class Store(StoreDb):
                 if isinstance(verdict, lc.StaleReport):
                     if str(row[1]) == lc.M_UNKNOWN:
                         # Its Node is talking again: the member shows its last real state.
-                        await self._set_member_state(
+                        await self.set_member_state(
                             db, key, known, now, f"reported {report.state} by its Node",
                             known=known,
                         )  # fmt: skip
-                        await self._refresh_job(db, key.run_id, now)
+                        await self.refresh_job(db, key.run_id, now)
                     return ReportOutcome(ended=known in lc.TERMINAL_MEMBER_STATES)
                 moved = verdict.state
                 why = report.reason or f"reported {moved} by its Node"
-                await self._set_member_state(db, key, moved, now, why, known=moved)
+                await self.set_member_state(db, key, moved, now, why, known=moved)
                 if report.has_exit and moved == lc.M_EXITED:
                     await db.execute(
                         "UPDATE members SET has_exit = 1, exit_code = ?, signal = ? "
@@ -1208,11 +1208,11 @@ class Store(StoreDb):
                         "AND member_index = ?",
                         (report.at_ms or now, key.run_id, key.attempt, key.member_index),
                     )
-                    await self._release(db, key, now, f"the member {moved}")
-                await self._refresh_job(db, key.run_id, now)
+                    await self.release_member(db, key, now, f"the member {moved}")
+                await self.refresh_job(db, key.run_id, now)
                 return ReportOutcome(applied=True, ended=moved in lc.TERMINAL_MEMBER_STATES)
 
-        return await self._shielded(work)
+        return await self.shielded(work)
 
     # ----- helpers inside a transaction --------------------------------------------------------
 
@@ -1225,7 +1225,7 @@ class Store(StoreDb):
             (key.run_id, key.attempt, key.member_index, state, reason, now),
         )
 
-    async def _set_member_state(
+    async def set_member_state(
         self,
         db: Handle,
         key: MemberKey,
@@ -1241,17 +1241,19 @@ class Store(StoreDb):
         )
         await self._member_history(db, key, state, reason, now)
 
-    async def _release(self, db: Handle, key: MemberKey, now: int, why: str) -> None:
+    async def release_member(self, db: Handle, key: MemberKey, now: int, why: str) -> None:
         cursor = await db.execute(
             "DELETE FROM reservations WHERE run_id = ? AND attempt = ? AND member_index = ?",
             (key.run_id, key.attempt, key.member_index),
         )
         if cursor.rowcount:
-            await self._log(db, now, "release", {"why": why, "gpus": cursor.rowcount}, member=key)
+            await self.log_decision(
+                db, now, "release", {"why": why, "gpus": cursor.rowcount}, member=key
+            )
 
-    async def _refresh_job(self, db: Handle, run_id: str, now: int) -> None:
+    async def refresh_job(self, db: Handle, run_id: str, now: int) -> None:
         """Derive the Job's state from its latest attempt; record a change with its reason."""
-        (current,) = await _first(db, "SELECT state FROM jobs WHERE run_id = ?", (run_id,))
+        (current,) = await first_row(db, "SELECT state FROM jobs WHERE run_id = ?", (run_id,))
         attempt = list(
             await db.execute_fetchall(
                 "SELECT number, decision, decision_reason FROM attempts WHERE run_id = ? "
@@ -1280,7 +1282,7 @@ class Store(StoreDb):
                         int(idx), str(state), bool(has_exit), code, sig, str(why or ""), str(lost)
                     )
                 )
-            cancel = await _first(
+            cancel = await first_row(
                 db,
                 "SELECT reason FROM attempt_stops WHERE run_id = ? AND attempt = ? "
                 "AND kind = 'cancel'",
@@ -1299,7 +1301,7 @@ class Store(StoreDb):
             "INSERT INTO job_states (run_id, state, reason, at_ms) VALUES (?, ?, ?, ?)",
             (run_id, new, reason, now),
         )
-        await self._log(
+        await self.log_decision(
             db, now, "state change", {"from": current, "to": new, "reason": reason}, run_id=run_id
         )
         log.info("job state run_id=%s from=%s to=%s reason=%s", run_id, current, new, reason)

@@ -6,9 +6,9 @@ Rules:
   (:mod:`store_sqlite`) or a PostgreSQL database, where each store class keeps its tables in
   its own schema (:attr:`StoreDb.SCHEMA`; :mod:`store_postgres`). Store code never sees which:
   it writes ``?`` SQL against a :class:`~tuneplane.coordinator.store.handle.Handle`, from
-  :meth:`StoreDb._txn` for writes and :attr:`StoreDb._db` for reads.
-- A write is a zero-argument async callable run by :meth:`StoreDb._shielded`: one transaction
-  (``async with self._txn() as db``), one at a time in this process, serialised across
+  :meth:`StoreDb.transaction` for writes and :attr:`StoreDb.reader` for reads.
+- A write is a zero-argument async callable run by :meth:`StoreDb.shielded`: one transaction
+  (``async with self.transaction() as db``), one at a time in this process, serialised across
   processes by the backend. It runs to the end even when the caller's deadline passes, and
   :meth:`StoreDb.close` waits for it. When the database aborts it to resolve a conflict
   (serialisation failure, deadlock) it is run again whole, at most :data:`MAX_ATTEMPTS` times:
@@ -122,7 +122,7 @@ class StoreDb:
 
     def __init__(self, backend: Backend, where: Where) -> None:
         self._backend = backend
-        self._db: Handle = backend.reader
+        self.reader: Handle = backend.reader
         self.where = where
         self._lock = anyio.Lock()
         self._inflight: set[asyncio.Task[Any]] = set()
@@ -164,7 +164,7 @@ class StoreDb:
         await self._backend.close()
 
     async def schema_version(self) -> int:
-        rows = await self._db.execute_fetchall(f"SELECT version FROM {self.VERSION_TABLE}")
+        rows = await self.reader.execute_fetchall(f"SELECT version FROM {self.VERSION_TABLE}")
         return int(rows[0][0])
 
     @property
@@ -186,7 +186,7 @@ class StoreDb:
         table = self.VERSION_TABLE
 
         async def start() -> int:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 await self._backend.prepare_home(db)
                 await db.execute(f"CREATE TABLE IF NOT EXISTS {table} (version BIGINT NOT NULL)")
                 if not await db.fetchone(f"SELECT version FROM {table}"):
@@ -201,7 +201,7 @@ class StoreDb:
             async def step(
                 version: int = version, statements: tuple[str, ...] = statements
             ) -> bool:
-                async with self._txn() as db:
+                async with self.transaction() as db:
                     if await self._version(db) >= version:
                         return False  # another process applied it meanwhile
                     for sql in statements:
@@ -215,7 +215,7 @@ class StoreDb:
                 )
 
     @asynccontextmanager
-    async def _txn(self) -> AsyncIterator[Handle]:
+    async def transaction(self) -> AsyncIterator[Handle]:
         """One write transaction (this process's one at a time, then the backend's lock)."""
         async with self._lock, self._backend.transaction() as db:
             yield db
@@ -242,7 +242,7 @@ class StoreDb:
                     observe(event)
                 attempt += 1
 
-    async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
+    async def shielded(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work()`` (a whole transaction, re-run on a conflict) to completion even if the
         caller is cancelled (a deadline passed)."""
         task = asyncio.ensure_future(self._retrying(work))
@@ -251,7 +251,7 @@ class StoreDb:
         return await asyncio.shield(task)
 
     async def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
-        return await self._db.execute_fetchall(sql, tuple(args))
+        return await self.reader.execute_fetchall(sql, tuple(args))
 
     async def _read_snapshot(self, work: Callable[[SnapshotReader], T]) -> T:
         """``work`` in a worker thread, reading one snapshot on a connection of its own: a
@@ -267,7 +267,7 @@ class StoreDb:
 
     async def columns(self, table: str) -> list[str]:
         """``table``'s columns in their declared order."""
-        return await self._backend.columns(self._known(table, await self.tables()))
+        return await self._backend.columns(self.known_column(table, await self.tables()))
 
     async def read_rows(self, table: str, size: int = COPY_BATCH) -> AsyncIterator[list[Row]]:
         """Every row of ``table`` (all columns, in :meth:`columns` order), in batches."""
@@ -282,19 +282,19 @@ class StoreDb:
         included, in one transaction; returns how many were inserted."""
         known = await self.columns(table)
         for column in columns:
-            self._known(column, known)
+            self.known_column(column, known)
         names = ", ".join(f'"{c}"' for c in columns)
         marks = ", ".join("?" for _ in columns)
 
         async def work() -> int:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 done = await db.executemany(
                     f'INSERT INTO "{table}" ({names}) VALUES ({marks})', rows
                 )
                 await self._backend.after_insert(db, table)
                 return done.rowcount
 
-        return await self._shielded(work)
+        return await self.shielded(work)
 
     async def read_snapshot(self, work: Callable[[SnapshotReader], T]) -> T:
         """``work`` in a worker thread, reading every table as of one moment (a copy and the
@@ -307,12 +307,12 @@ class StoreDb:
         (:meth:`Loader.insert`, any number of times, any tables). When the block ends, each
         identity column numbers on past the largest id and the transaction commits; an error in
         the block keeps nothing of it."""
-        async with self._txn() as db:
+        async with self.transaction() as db:
             yield Loader(self, db)
             for table in await self.tables():
                 await self._backend.after_insert(db, table)
 
-    def _known(self, name: str, known: Sequence[str]) -> str:
+    def known_column(self, name: str, known: Sequence[str]) -> str:
         if name not in known:
             raise StoreError(
                 f"the {self.LABEL} {self.where} has no table or column {name!r}. Name one of: "
@@ -337,7 +337,7 @@ class Loader:
             self._columns[table] = await self._store.columns(table)
         known = self._columns[table]
         for column in columns:
-            self._store._known(column, known)
+            self._store.known_column(column, known)
         names = ", ".join(f'"{c}"' for c in columns)
         marks = ", ".join("?" for _ in columns)
         done = await self._db.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({marks})', rows)

@@ -53,7 +53,7 @@ def _inventory(text: str) -> Inventory:
 
 
 async def _rows(store: Store, sql: str, args: Sequence[Any] = ()) -> list[Any]:
-    return list(await store._db.execute_fetchall(sql, tuple(args)))
+    return list(await store.reader.execute_fetchall(sql, tuple(args)))
 
 
 # ----- reads ------------------------------------------------------------------------------------
@@ -382,14 +382,14 @@ async def set_wait_reasons(
         return
 
     async def work() -> None:
-        async with store._txn() as db:
+        async with store.transaction() as db:
             await db.executemany(
                 "UPDATE jobs SET state_reason = ?, updated_at_ms = ? "
                 "WHERE run_id = ? AND state = ?",
                 [(why, now, run_id, lc.QUEUED) for run_id, why in sorted(changed.items())],
             )
 
-    await store._shielded(work)
+    await store.shielded(work)
 
 
 async def state_reasons(store: Store, run_ids: Sequence[str]) -> dict[str, str]:
@@ -420,7 +420,7 @@ async def set_scheduling(
         raise ValueError(f"cannot request scheduling state {wanted!r}")
 
     async def work() -> None:
-        async with store._txn() as db:
+        async with store.transaction() as db:
             rows = list(
                 await db.execute_fetchall("SELECT scheduling FROM nodes WHERE id = ?", (node_id,))
             )
@@ -433,7 +433,7 @@ async def set_scheduling(
             if wanted == DRAINING and not await _holds_members(db, node_id):
                 await _move(store, db, node_id, DRAINING, DRAINED, by, "it holds no members", now)
 
-    await store._shielded(work)
+    await store.shielded(work)
 
 
 async def cordon_in(store: Store, db: Any, node_id: str, by: str, reason: str, now: int) -> bool:
@@ -464,7 +464,7 @@ async def _move(
     now: int,
 ) -> None:
     await db.execute("UPDATE nodes SET scheduling = ? WHERE id = ?", (new, node_id))
-    await store._log(
+    await store.log_decision(
         db,
         now,
         _DECISION_KIND[new],
@@ -487,7 +487,7 @@ async def mark_drained(store: Store, now: int) -> list[str]:
 
     async def work() -> list[str]:
         done = []
-        async with store._txn() as db:
+        async with store.transaction() as db:
             for (node_id,) in candidates:
                 row = list(
                     await db.execute_fetchall(
@@ -509,7 +509,7 @@ async def mark_drained(store: Store, now: int) -> list[str]:
                 done.append(str(node_id))
         return done
 
-    return await store._shielded(work)
+    return await store.shielded(work)
 
 
 # ----- users ------------------------------------------------------------------------------------
@@ -524,7 +524,7 @@ async def create_user(
     expires_at_ms: int | None = None,
 ) -> None:
     async def work() -> None:
-        async with store._txn() as db:
+        async with store.transaction() as db:
             rows = await db.execute_fetchall("SELECT 1 FROM users WHERE name = ?", (name,))
             if list(rows):
                 raise Conflict(f"the user {name!r} already exists. Pick another name.")
@@ -533,14 +533,14 @@ async def create_user(
                 "VALUES (?, ?, ?, ?, ?)",
                 (name, token_hash, role, now, expires_at_ms),
             )
-            await store._log(
+            await store.log_decision(
                 db,
                 now,
                 "user created",
                 {"user": name, "role": role, "expires_at_ms": expires_at_ms},
             )
 
-    await store._shielded(work)
+    await store.shielded(work)
 
 
 async def users(store: Store) -> list[User]:

@@ -59,7 +59,7 @@ async def _one(db: Handle, sql: str, *args: Any) -> Any:
 
 async def read_gauges(store: Store, now: int) -> StoreGauges:
     """The counts the gauges show, read from ``store`` at ``now`` (epoch ms)."""
-    db = store._db
+    db = store.reader
     jobs: dict[str, int] = {}
     for state in LIVE_JOB_STATES:
         (count,) = await _one(db, "SELECT COUNT(*) FROM jobs WHERE state = ?", state)

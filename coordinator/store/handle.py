@@ -39,7 +39,7 @@ class StoreUnavailable(StoreError):
 
 class TransactionConflict(StoreError):
     """The database aborted a transaction to resolve a conflict with another writer; it is
-    re-run whole (:meth:`~tuneplane.coordinator.store.db.StoreDb._shielded`).
+    re-run whole (:meth:`~tuneplane.coordinator.store.db.StoreDb.shielded`).
 
     ``reason``: ``serialization`` (SQLSTATE 40001) or ``deadlock`` (40P01).
     """

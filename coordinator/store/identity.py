@@ -33,7 +33,7 @@ def _int(value: Any) -> int | None:
 
 
 async def _rows(store: Store, sql: str, args: Sequence[Any] = ()) -> list[Any]:
-    return list(await store._db.execute_fetchall(sql, tuple(args)))
+    return list(await store.reader.execute_fetchall(sql, tuple(args)))
 
 
 async def _lives(store: Store, sql: str) -> dict[str, CredentialLife]:
@@ -85,14 +85,14 @@ async def start_lifetime(store: Store, node_id: str, now: int, expires_at_ms: in
     """A credential issued before credentials expired gets its lifetime at its first Connect."""
 
     async def work() -> None:
-        async with store._txn() as db:
+        async with store.transaction() as db:
             await db.execute(
                 "UPDATE nodes SET credential_issued_at_ms = ?, credential_expires_at_ms = ? "
                 "WHERE id = ? AND credential_expires_at_ms IS NULL",
                 (now, expires_at_ms, node_id),
             )
 
-    await store._shielded(work)
+    await store.shielded(work)
 
 
 async def issue_next_credential(
@@ -104,7 +104,7 @@ async def issue_next_credential(
     """
 
     async def work() -> bool:
-        async with store._txn() as db:
+        async with store.transaction() as db:
             cursor = await db.execute(
                 "UPDATE nodes SET next_credential_hash = ?, next_credential_issued_at_ms = ?, "
                 "next_credential_expires_at_ms = ? WHERE id = ? AND revoked_at_ms IS NULL",
@@ -112,7 +112,7 @@ async def issue_next_credential(
             )
             if cursor.rowcount != 1:
                 return False
-            await store._log(
+            await store.log_decision(
                 db,
                 issued_at_ms,
                 "node credential issued",
@@ -121,7 +121,7 @@ async def issue_next_credential(
             )
             return True
 
-    return await store._shielded(work)
+    return await store.shielded(work)
 
 
 async def confirm_rotation(
@@ -134,7 +134,7 @@ async def confirm_rotation(
     """
 
     async def work() -> CredentialLife | None:
-        async with store._txn() as db:
+        async with store.transaction() as db:
             rows = list(
                 await db.execute_fetchall(
                     "SELECT next_credential_issued_at_ms, next_credential_expires_at_ms "
@@ -154,7 +154,7 @@ async def confirm_rotation(
                 "next_credential_expires_at_ms = NULL WHERE id = ?",
                 (node_id,),
             )
-            await store._log(
+            await store.log_decision(
                 db,
                 now,
                 "node credential rotated",
@@ -163,14 +163,14 @@ async def confirm_rotation(
             )
             return CredentialLife(issued, expires)
 
-    return await store._shielded(work)
+    return await store.shielded(work)
 
 
 async def revoke_node(store: Store, node_id: str, by: str, reason: str, now: int) -> bool:
     """Refuse the Node's credentials from now on; False when it was already revoked."""
 
     async def work() -> bool:
-        async with store._txn() as db:
+        async with store.transaction() as db:
             rows = list(
                 await db.execute_fetchall(
                     "SELECT revoked_at_ms FROM nodes WHERE id = ?", (node_id,)
@@ -186,10 +186,12 @@ async def revoke_node(store: Store, node_id: str, by: str, reason: str, now: int
                 "WHERE id = ?",
                 (now, node_id),
             )
-            await store._log(db, now, "node revoked", {"by": by, "reason": reason}, node_id=node_id)
+            await store.log_decision(
+                db, now, "node revoked", {"by": by, "reason": reason}, node_id=node_id
+            )
             return True
 
-    revoked = await store._shielded(work)
+    revoked = await store.shielded(work)
     log.info("node revoke node=%s by=%s changed=%s", node_id, by, revoked)
     return revoked
 
@@ -210,7 +212,7 @@ async def reenroll(
     """
 
     async def work() -> str:
-        async with store._txn() as db:
+        async with store.transaction() as db:
             rows = list(
                 await db.execute_fetchall("SELECT fleet FROM nodes WHERE id = ?", (node_id,))
             )
@@ -242,7 +244,7 @@ async def reenroll(
                     node_id,
                 ),
             )
-            await store._log(
+            await store.log_decision(
                 db,
                 now,
                 "node re-enrolled",
@@ -251,7 +253,7 @@ async def reenroll(
             )
             return fleet
 
-    return await store._shielded(work)
+    return await store.shielded(work)
 
 
 async def credential_lives(store: Store) -> dict[str, CredentialLife]:
@@ -289,7 +291,7 @@ async def issue_user_token(
     """Give an existing user a new token (the old one stops working; a revocation is lifted)."""
 
     async def work() -> None:
-        async with store._txn() as db:
+        async with store.transaction() as db:
             rows = list(await db.execute_fetchall("SELECT 1 FROM users WHERE name = ?", (name,)))
             if not rows:
                 raise NotFound(
@@ -301,21 +303,21 @@ async def issue_user_token(
                 "WHERE name = ?",
                 (token_hash, expires_at_ms, name),
             )
-            await store._log(
+            await store.log_decision(
                 db,
                 now,
                 "user token issued",
                 {"user": name, "by": by, "expires_at_ms": expires_at_ms},
             )
 
-    await store._shielded(work)
+    await store.shielded(work)
 
 
 async def revoke_user(store: Store, name: str, by: str, now: int) -> bool:
     """Refuse the user's token from the next call on; False when it was already revoked."""
 
     async def work() -> bool:
-        async with store._txn() as db:
+        async with store.transaction() as db:
             rows = list(
                 await db.execute_fetchall("SELECT revoked_at_ms FROM users WHERE name = ?", (name,))
             )
@@ -327,10 +329,10 @@ async def revoke_user(store: Store, name: str, by: str, now: int) -> bool:
             if rows[0][0] is not None:
                 return False
             await db.execute("UPDATE users SET revoked_at_ms = ? WHERE name = ?", (now, name))
-            await store._log(db, now, "user revoked", {"user": name, "by": by})
+            await store.log_decision(db, now, "user revoked", {"user": name, "by": by})
             return True
 
-    return await store._shielded(work)
+    return await store.shielded(work)
 
 
 async def user_token_lives(store: Store) -> dict[str, CredentialLife]:

@@ -37,7 +37,7 @@ from ..values.lifecycle import (
 )
 from ..values.orders import CancelOrder, HeldMember, Order
 from . import fleet as store_fleet
-from .core import Conflict, NotFound, Store, _first
+from .core import Conflict, NotFound, Store, first_row
 from .handle import Handle
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def _may_change(run_id: str, owner: str, who: str, is_admin: bool, what: str) ->
 
 
 async def _grace_period_s(db: Handle, run_id: str) -> int:
-    row = await _first(
+    row = await first_row(
         db,
         "SELECT p.resolved_json FROM jobs j JOIN previews p ON p.id = j.preview_id "
         "WHERE j.run_id = ?",
@@ -91,7 +91,7 @@ async def _record_stop(
     now: int,
 ) -> bool:
     """Write the stop decision once; False when this attempt already had one of this kind."""
-    row = await _first(
+    row = await first_row(
         db,
         "SELECT 1 FROM attempt_stops WHERE run_id = ? AND attempt = ? AND kind = ?",
         (run_id, attempt, kind),
@@ -103,7 +103,7 @@ async def _record_stop(
         "requested_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
         (run_id, attempt, kind, reason, grace, who, now),
     )
-    await store._log(
+    await store.log_decision(
         db,
         now,
         kind,
@@ -139,8 +139,8 @@ async def cancel_job(
     """
 
     async def work() -> CancelResult:
-        async with store._txn() as db:
-            row = await _first(db, "SELECT state, owner FROM jobs WHERE run_id = ?", (run_id,))
+        async with store.transaction() as db:
+            row = await first_row(db, "SELECT state, owner FROM jobs WHERE run_id = ?", (run_id,))
             if row is None:
                 raise NotFound(f"there is no Job with run id {run_id!r}. Check it with `tp ls`.")
             state, owner = str(row[0]), str(row[1])
@@ -153,7 +153,7 @@ async def cancel_job(
             if state == lc.QUEUED:
                 await _cancel_queued(store, db, run_id, state, why, now)
                 return CancelResult(CANCELLED)
-            (number, decision) = await _first(
+            (number, decision) = await first_row(
                 db,
                 "SELECT number, decision FROM attempts WHERE run_id = ? "
                 "ORDER BY number DESC LIMIT 1",
@@ -163,14 +163,14 @@ async def cancel_job(
             grace = await _grace_period_s(db, run_id)
             fresh = await _record_stop(store, db, run_id, number, CANCEL, why, grace, who, now)
             if decision is None:
-                aborts = await store._launch_event(db, run_id, number, launch.Cancelled(why), now)
+                aborts = await store.launch_event(db, run_id, number, launch.Cancelled(why), now)
                 return CancelResult(CANCELLED, tuple(aborts))
             live = await _live_members(db, run_id, number)
-            await store._refresh_job(db, run_id, now)
+            await store.refresh_job(db, run_id, now)
             stops = tuple(CancelOrder(node, key, why, grace) for key, node in live)
             return CancelResult(CANCELLING if fresh else ALREADY_CANCELLING, stops)
 
-    return await store._shielded(work)
+    return await store.shielded(work)
 
 
 async def _cancel_queued(
@@ -185,7 +185,7 @@ async def _cancel_queued(
         "INSERT INTO job_states (run_id, state, reason, at_ms) VALUES (?, ?, ?, ?)",
         (run_id, lc.CANCELLED, why, now),
     )
-    await store._log(
+    await store.log_decision(
         db, now, "state change", {"from": state, "to": lc.CANCELLED, "reason": why}, run_id=run_id
     )
     log.info("job cancelled while queued run_id=%s reason=%s", run_id, why)
@@ -207,8 +207,8 @@ async def stop_siblings(store: Store, member: MemberKey, now: int) -> list[Order
     """
 
     async def work() -> list[Order]:
-        async with store._txn() as db:
-            row = await _first(
+        async with store.transaction() as db:
+            row = await first_row(
                 db,
                 "SELECT state, has_exit, exit_code, signal FROM members WHERE run_id = ? "
                 "AND attempt = ? AND member_index = ?",
@@ -216,7 +216,7 @@ async def stop_siblings(store: Store, member: MemberKey, now: int) -> list[Order
             )
             if row is None or not _failure(str(row[0]), bool(row[1]), int(row[2]), int(row[3])):
                 return []
-            cancelled = await _first(
+            cancelled = await first_row(
                 db,
                 "SELECT 1 FROM attempt_stops WHERE run_id = ? AND attempt = ? AND kind = ?",
                 (member.run_id, member.attempt, CANCEL),
@@ -225,7 +225,7 @@ async def stop_siblings(store: Store, member: MemberKey, now: int) -> list[Order
                 return []
             return await _stop_siblings_of(store, db, member, _describe(row), now)
 
-    return await store._shielded(work)
+    return await store.shielded(work)
 
 
 async def _stop_siblings_of(
@@ -259,7 +259,7 @@ async def stops_to_resend(store: Store, node_id: str) -> list[CancelOrder]:
     Sent after every Hello, so a Node that was disconnected when the stop was decided still
     stops its members. A member whose Node already reported it ended gets nothing.
     """
-    rows = await store._db.execute_fetchall(
+    rows = await store.reader.execute_fetchall(
         "SELECT m.run_id, m.attempt, m.member_index, s.reason, s.grace_period_s FROM members m "
         "JOIN attempt_stops s ON s.run_id = m.run_id AND s.attempt = m.attempt "
         f"WHERE m.node_id = ? AND m.{_LIVE} ORDER BY m.run_id, m.attempt, m.member_index, s.kind",
@@ -282,8 +282,8 @@ async def retry_job(store: Store, run_id: str, who: str, is_admin: bool, now: in
     """
 
     async def work() -> int:
-        async with store._txn() as db:
-            row = await _first(db, "SELECT state, owner FROM jobs WHERE run_id = ?", (run_id,))
+        async with store.transaction() as db:
+            row = await first_row(db, "SELECT state, owner FROM jobs WHERE run_id = ?", (run_id,))
             if row is None:
                 raise NotFound(f"there is no Job with run id {run_id!r}. Check it with `tp ls`.")
             state, owner = str(row[0]), str(row[1])
@@ -292,7 +292,7 @@ async def retry_job(store: Store, run_id: str, who: str, is_admin: bool, now: in
                 lc.check_retry(run_id, state)
             except lc.NotRetryable as exc:
                 raise Conflict(str(exc)) from None
-            (last,) = await _first(
+            (last,) = await first_row(
                 db, "SELECT COALESCE(MAX(number), 0) FROM attempts WHERE run_id = ?", (run_id,)
             )
             number = int(last) + 1
@@ -305,13 +305,13 @@ async def retry_job(store: Store, run_id: str, who: str, is_admin: bool, now: in
                 "INSERT INTO job_states (run_id, state, reason, at_ms) VALUES (?, ?, ?, ?)",
                 (run_id, lc.QUEUED, why, now),
             )
-            await store._log(
+            await store.log_decision(
                 db, now, "retry", {"from": state, "attempt": number, "by": who}, run_id=run_id
             )
             log.info("job retry queued run_id=%s attempt=%d by=%s", run_id, number, who)
             return number
 
-    return await store._shielded(work)
+    return await store.shielded(work)
 
 
 # ----- a Node that never comes back -------------------------------------------------------------
@@ -355,8 +355,8 @@ async def declare_node_lost(
     declaration = node_loss.declared(by, why)
 
     async def work() -> NodeLoss:
-        async with store._txn() as db:
-            row = await _first(db, "SELECT connected FROM nodes WHERE id = ?", (node_id,))
+        async with store.transaction() as db:
+            row = await first_row(db, "SELECT connected FROM nodes WHERE id = ?", (node_id,))
             if row is None:
                 raise NotFound(f"there is no Node {node_id!r}. List the Nodes with `tp node ls`.")
             try:
@@ -389,7 +389,7 @@ async def declare_node_lost(
                 cordoned,
             )
             if result.changed:
-                await store._log(
+                await store.log_decision(
                     db, now, "node declared lost",
                     {"by": by, "reason": why, "cordoned": cordoned,
                      "members": [k.text for k in lost]},
@@ -397,7 +397,7 @@ async def declare_node_lost(
                 )  # fmt: skip
             return result
 
-    result = await store._shielded(work)
+    result = await store.shielded(work)
     log.info(
         "node declared lost node=%s by=%s changed=%s members=%d runs=%s cordoned=%s reason=%s",
         node_id, by, result.changed, len(result.lost), ",".join(result.runs) or "-",
@@ -421,22 +421,22 @@ async def _end_member(
         "AND member_index = ?",
         (declaration, key.run_id, key.attempt, key.member_index),
     )
-    await store._log(db, now, "member declared lost", {"why": declaration}, member=key)
+    await store.log_decision(db, now, "member declared lost", {"why": declaration}, member=key)
     fate = node_loss.member_fate(None if decision is None else str(decision))
     if fate == node_loss.ABORT_ATTEMPT:
         why = node_loss.abort_reason(key.member_index, node_id, declaration)
-        return await store._launch_event(db, key.run_id, key.attempt, launch.NodeLost(why), now)
-    await store._set_member_state(db, key, lc.M_LOST, now, declaration, known=lc.M_LOST)
-    await store._release(db, key, now, declaration)
+        return await store.launch_event(db, key.run_id, key.attempt, launch.NodeLost(why), now)
+    await store.set_member_state(db, key, lc.M_LOST, now, declaration, known=lc.M_LOST)
+    await store.release_member(db, key, now, declaration)
     orders: list[Order] = []
-    cancelled = await _first(
+    cancelled = await first_row(
         db,
         "SELECT 1 FROM attempt_stops WHERE run_id = ? AND attempt = ? AND kind = ?",
         (key.run_id, key.attempt, CANCEL),
     )
     if cancelled is None and decision == lc.COMMIT:
         orders = await _stop_siblings_of(store, db, key, declaration, now)
-    await store._refresh_job(db, key.run_id, now)
+    await store.refresh_job(db, key.run_id, now)
     return orders
 
 
@@ -460,14 +460,14 @@ async def _declared_lost_orders(
 ) -> list[CancelOrder]:
     orders: list[CancelOrder] = []
     for key in members:
-        row = await _first(
-            store._db,
+        row = await first_row(
+            store.reader,
             "SELECT declared_lost FROM members WHERE run_id = ? AND attempt = ? "
             "AND member_index = ? AND node_id = ? AND declared_lost <> ''",
             (key.run_id, key.attempt, key.member_index, node_id),
         )
         if row is not None:
-            grace = await _grace_period_s(store._db, key.run_id)
+            grace = await _grace_period_s(store.reader, key.run_id)
             orders.append(CancelOrder(node_id, key, str(row[0]), grace, declared_lost=True))
     return orders
 
@@ -486,7 +486,7 @@ async def disconnected_holders(store: Store, fleets: list[str]) -> list[Disconne
     if not fleets:
         return []
     marks = ", ".join("?" for _ in fleets)
-    rows = await store._db.execute_fetchall(
+    rows = await store.reader.execute_fetchall(
         "SELECT n.id, n.fleet, n.disconnected_since_ms FROM nodes n "
         f"WHERE n.connected = 0 AND n.fleet IN ({marks}) AND EXISTS (SELECT 1 FROM members m "
         f"WHERE m.node_id = n.id AND m.{_LIVE}) ORDER BY n.id",

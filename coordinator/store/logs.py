@@ -117,7 +117,7 @@ class LogStore(StoreDb):
         check_stream(stream)
 
         async def work() -> Appended:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 key = _key_args(member, stream)
                 rows = list(
                     await db.execute_fetchall(
@@ -160,7 +160,7 @@ class LogStore(StoreDb):
                 )
                 return Appended(next_offset, complete)
 
-        return await self._shielded(work)
+        return await self.shielded(work)
 
     async def _trim(self, db: Handle, key: tuple[Any, ...], kept: int) -> int:
         """Drop the oldest chunks until at most KEEP_BYTES remain; returns the bytes kept."""

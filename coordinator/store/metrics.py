@@ -247,7 +247,7 @@ class TelemetryStore(StoreDb):
         """Record ``(token hash, member, node id)`` grants, valid until ``now + ttl_ms``."""
 
         async def work() -> None:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 await db.executemany(
                     "INSERT INTO collector_credentials (token_hash, run_id, attempt, "
                     "member_index, node_id, issued_at_ms, expires_at_ms) "
@@ -258,11 +258,11 @@ class TelemetryStore(StoreDb):
                     ],
                 )
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     async def grant_for(self, token_hash: str) -> CollectorGrant | None:
         rows = list(
-            await self._db.execute_fetchall(
+            await self.reader.execute_fetchall(
                 "SELECT run_id, attempt, member_index, node_id, issued_at_ms, expires_at_ms, "
                 "ended_at_ms FROM collector_credentials WHERE token_hash = ?",
                 (token_hash,),
@@ -290,7 +290,7 @@ class TelemetryStore(StoreDb):
         """
 
         async def work() -> int:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 # executemany: one trip to the database thread; rowcount sums the rows.
                 cursor = await db.executemany(
                     "UPDATE collector_credentials SET expires_at_ms = ? WHERE node_id = ? "
@@ -302,13 +302,13 @@ class TelemetryStore(StoreDb):
                 )
                 return int(cursor.rowcount)
 
-        return await self._shielded(work)
+        return await self.shielded(work)
 
     async def member_ended(self, member: MemberKey, now: int, drain_ms: int) -> None:
         """The member reached a terminal state: its credentials last ``drain_ms`` more, once."""
 
         async def work() -> None:
-            async with self._txn() as db:
+            async with self.transaction() as db:
                 await db.execute(
                     "UPDATE collector_credentials SET ended_at_ms = ?, expires_at_ms = ? "
                     "WHERE run_id = ? AND attempt = ? AND member_index = ? "
@@ -316,7 +316,7 @@ class TelemetryStore(StoreDb):
                     (now, now + drain_ms, member.run_id, member.attempt, member.member_index),
                 )
 
-        await self._shielded(work)
+        await self.shielded(work)
 
     # ----- shipping ----------------------------------------------------------------------------
 
@@ -359,7 +359,7 @@ class TelemetryStore(StoreDb):
 
         async def work() -> ShipResult:
             try:
-                async with self._txn() as db:
+                async with self.transaction() as db:
                     await self._store_restarts(db, member, restarts)
                     await self._store_hparams(db, member, hparams)
                     return await self._ship(db, member, batches, len(points), report, now)
@@ -368,7 +368,7 @@ class TelemetryStore(StoreDb):
                 self._series_ids.clear()
                 raise
 
-        return await self._shielded(work)
+        return await self.shielded(work)
 
     async def _ship(
         self,
@@ -564,13 +564,13 @@ class TelemetryStore(StoreDb):
 
     async def hparams(self, run_id: str) -> dict[tuple[int, int], list[RunHParams]]:
         """Each member's (attempt, member index) recorded hparams, by source."""
-        values = await self._db.execute_fetchall(
+        values = await self.reader.execute_fetchall(
             "SELECT attempt, member_index, source, name, value_json FROM run_hparams "
             "WHERE run_id = ? ORDER BY attempt, member_index, source, source_offset, "
             "value_index, name",
             (run_id,),
         )
-        metrics = await self._db.execute_fetchall(
+        metrics = await self.reader.execute_fetchall(
             "SELECT attempt, member_index, source, metric FROM run_hparam_metrics "
             "WHERE run_id = ? ORDER BY attempt, member_index, source, metric",
             (run_id,),
@@ -593,13 +593,13 @@ class TelemetryStore(StoreDb):
         hparams = await self.hparams(run_id)
         orphaned = {
             (int(r[0]), int(r[1])): int(r[2])
-            for r in await self._db.execute_fetchall(
+            for r in await self.reader.execute_fetchall(
                 "SELECT attempt, member_index, SUM(orphaned) FROM metric_series "
                 "WHERE run_id = ? GROUP BY attempt, member_index",
                 (run_id,),
             )
         }
-        rows = await self._db.execute_fetchall(
+        rows = await self.reader.execute_fetchall(
             "SELECT attempt, member_index, points_stored, spool_points, backpressure, drained, "
             "last_point_wall_ms, last_contact_ms, warnings, data_loss_warnings "
             "FROM telemetry_delivery WHERE run_id = ? ORDER BY attempt, member_index",
@@ -626,7 +626,7 @@ class TelemetryStore(StoreDb):
         if selector.attempt:
             return selector.attempt
         rows = list(
-            await self._db.execute_fetchall(
+            await self.reader.execute_fetchall(
                 "SELECT COALESCE(MAX(attempt), 0) FROM metric_series WHERE run_id = ?",
                 (selector.run_id,),
             )
@@ -648,7 +648,7 @@ class TelemetryStore(StoreDb):
         """The attempt read and its tags (canonical) or series (raw), ordered by tag."""
         attempt = await self._attempt(selector)
         where, args = self._where(selector, attempt)
-        rows = await self._db.execute_fetchall(
+        rows = await self.reader.execute_fetchall(
             "SELECT tag, member_index, source, points, last_step, last_value, last_wall_time "
             f"FROM metric_series WHERE {where} AND points > 0 "
             "ORDER BY tag, member_index, source",
@@ -708,7 +708,7 @@ class TelemetryStore(StoreDb):
         attempt = await self._attempt(selector)
         where, args = self._where(selector, attempt)
         rows = list(
-            await self._db.execute_fetchall(
+            await self.reader.execute_fetchall(
                 f"SELECT id, points FROM metric_series WHERE {where} AND tag = ? AND points > 0",
                 [*args, tag],
             )

@@ -141,7 +141,7 @@ class StoreBesideTable(RuleBasedStateMachine):
         )
         assert orders is not None
         self.attempt = orders[0].member.attempt
-        facts = await store._attempt_facts(store._db, RUN, self.attempt)
+        facts = await store.attempt_facts(store.reader, RUN, self.attempt)
         assert facts is not None
         # The table starts from what was reserved: every member reserved, nobody prepared.
         start = launch.Attempt(
@@ -231,7 +231,7 @@ class StoreBesideTable(RuleBasedStateMachine):
             return
         # The store words the reason (which member, which Node, who declared it): the table
         # takes it as given. Orders go to the members on the other Nodes only.
-        facts = self.run(self.db._attempt_facts(self.db._db, RUN, self.attempt))
+        facts = self.run(self.db.attempt_facts(self.db.reader, RUN, self.attempt))
         assert facts is not None
         out = launch.step(self.model, launch.NodeLost(facts.reason))
         assert _sends(list(loss.orders)) == [s for s in out.sends if s.node_id != node]
@@ -246,7 +246,7 @@ class StoreBesideTable(RuleBasedStateMachine):
     def store_records_what_the_table_says(self) -> None:
         if self.store is None or self.model is None:
             return
-        facts = self.run(self.db._attempt_facts(self.db._db, RUN, self.attempt))
+        facts = self.run(self.db.attempt_facts(self.db.reader, RUN, self.attempt))
         assert facts == self.model
 
 

@@ -68,14 +68,14 @@ def test_the_schema_makes_gpu_over_commit_impossible(tmp_path: Path) -> None:
             for run_id in ("run-1", "run-2"):
 
                 async def reserve(run_id: str = run_id) -> None:
-                    async with store._txn() as db:
+                    async with store.transaction() as db:
                         await db.execute(row, (run_id,))
 
                 if run_id == "run-1":
-                    await store._shielded(reserve)
+                    await store.shielded(reserve)
                     continue
                 with pytest.raises(IntegrityViolation):
-                    await store._shielded(reserve)
+                    await store.shielded(reserve)
         finally:
             await store.close()
 

@@ -129,7 +129,7 @@ def test_question_marks_in_literals_stay_text_and_big_values_keep_every_bit(
 
     async def work(store: Store) -> list[Any]:
         async def txn() -> None:
-            async with store._txn() as db:
+            async with store.transaction() as db:
                 await db.execute(
                     "INSERT INTO fleets (name, kind, created_at_ms) VALUES ('what?', 'node', ?)",
                     (big_ms,),
@@ -140,12 +140,12 @@ def test_question_marks_in_literals_stay_text_and_big_values_keep_every_bit(
                     (big_ms, big_ms),
                 )
 
-        await store._shielded(txn)
-        fleet = await store._db.fetchone(
+        await store.shielded(txn)
+        fleet = await store.reader.fetchone(
             "SELECT name, created_at_ms FROM fleets WHERE name = 'what?' AND kind = ?", ("node",)
         )
         assert fleet is not None and fleet["name"] == "what?" and fleet[1] == big_ms
-        return await store._db.execute_fetchall(
+        return await store.reader.execute_fetchall(
             "SELECT kind, attempt, detail_json, at_ms FROM decisions WHERE kind = 'why?'"
         )
 
@@ -190,14 +190,14 @@ def test_a_broken_rule_is_one_integrity_error_and_nothing_of_it_is_kept(
         ):
 
             async def txn(sql: str = sql) -> None:
-                async with store._txn() as db:
+                async with store.transaction() as db:
                     await db.execute(
                         "INSERT INTO fleets (name, kind, created_at_ms) VALUES ('kept?', 'node', 2)"
                     )
                     await db.execute(sql)
 
             with pytest.raises(IntegrityViolation) as refused:
-                await store._shielded(txn)
+                await store.shielded(txn)
             assert "refused a write that breaks a rule of its schema" in str(refused.value)
         return await store.fleet_names()
 
@@ -288,9 +288,9 @@ def test_a_store_copies_table_by_table_onto_the_other_backend(
                 async for batch in old.read_rows(table, size=2):
                     await new.insert_rows(table, columns, [tuple(r) for r in batch])
                 copied[table] = sorted(
-                    tuple(r) for r in await new._db.execute_fetchall(f"SELECT * FROM {table}")
+                    tuple(r) for r in await new.reader.execute_fetchall(f"SELECT * FROM {table}")
                 )
-                original = await old._db.execute_fetchall(f"SELECT * FROM {table}")
+                original = await old.reader.execute_fetchall(f"SELECT * FROM {table}")
                 assert copied[table] == sorted(tuple(r) for r in original), table
             # Ids go on past the copied ones: the next decision gets a new id.
             await new.create_fleet("after-copy", "node", 4)
@@ -400,7 +400,7 @@ def test_a_conflict_that_keeps_coming_back_is_given_up_on(
 
     async def work(store: Store) -> None:
         async def txn() -> None:
-            async with store._txn() as db:
+            async with store.transaction() as db:
                 runs.append(1)
                 await db.execute(
                     "INSERT INTO fleets (name, kind, created_at_ms) VALUES ('never', 'node', 1)"
@@ -408,7 +408,7 @@ def test_a_conflict_that_keeps_coming_back_is_given_up_on(
                 raise TransactionConflict("forced", "serialization")
 
         with pytest.raises(StoreUnavailable) as gave_up:
-            await store._shielded(txn)
+            await store.shielded(txn)
         assert f"aborted the same change {MAX_ATTEMPTS} times" in str(gave_up.value)
 
     _run(where, work)
