@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import attrs
 
-from .api.fleet import ADMIN_ROLE
 from .auth import PermissionDenied
 from .values.users import User
 
@@ -31,7 +30,7 @@ class JobAccess:
 
 def may_read(job: JobAccess, user: User) -> bool:
     """True when ``user`` may read ``job``: its owner, a user it is shared with, or an admin."""
-    return user.role == ADMIN_ROLE or user.name == job.owner or user.name in job.share_with
+    return user.is_admin or user.name == job.owner or user.name in job.share_with
 
 
 def check_read(job: JobAccess, user: User, what: str) -> None:

@@ -12,8 +12,8 @@ Rules:
 - Only members that failed count: a zero exit, a member still running or cancelled is never
   chosen. The sentence saying what happened is :mod:`~tuneplane.coordinator.lifecycle`'s, the
   same one the Job's reason uses.
-- :func:`choose_first` and :func:`tail_lines` are pure; :func:`first_failure` reads the stored
-  stderr through :class:`~tuneplane.coordinator.store.logs.LogStore`.
+- Everything here is pure: :func:`culprit` names the member whose stderr to read, the caller
+  reads it (``api/jobs.py``, from the log store) and :func:`first_failure` puts them together.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from collections.abc import Sequence
 import attrs
 
 from . import lifecycle as lc
-from .store.logs import LogStore
 from .values.jobs import FirstFailure, Job, Member, MemberKey
 
 #: At most this many lines of the failed member's stderr are shown ...
@@ -124,8 +123,17 @@ def tail_lines(data: bytes, started_at_zero: bool) -> tuple[str, bool]:
     return b"".join(lines).decode("utf-8", errors="replace"), cut
 
 
-async def first_failure(job: Job, logs: LogStore | None) -> FirstFailure | None:
-    """For a failed Job: its latest attempt's first failed member and its stderr's last lines."""
+@attrs.frozen
+class Culprit:
+    """The member a failed Job's latest attempt failed first, and how."""
+
+    key: MemberKey
+    member: Member
+    failed: Failed
+
+
+def culprit(job: Job) -> Culprit | None:
+    """For a failed Job: its latest attempt's first failed member; None otherwise."""
     if job.state != lc.FAILED or not job.attempts:
         return None
     attempt = job.attempts[-1]
@@ -133,13 +141,17 @@ async def first_failure(job: Job, logs: LogStore | None) -> FirstFailure | None:
     if chosen is None:
         return None
     member = next(m for m in attempt.members if m.index == chosen.index)
-    text, cut = "", False
-    if logs is not None:
-        key = MemberKey(job.run_id, attempt.number, member.index)
-        data, start = await logs.tail(key, "stderr", TAIL_BYTES + 1)
-        text, cut = tail_lines(data, start == 0)
+    return Culprit(MemberKey(job.run_id, attempt.number, member.index), member, chosen)
+
+
+def first_failure(found: Culprit, stderr: bytes, from_start: bool) -> FirstFailure:
+    """What ``tp job show`` says of ``found``, with the last lines of ``stderr`` (the end of
+    the member's stored stderr, at most ``TAIL_BYTES + 1`` bytes; ``from_start`` when that is
+    all of it)."""
+    member, chosen = found.member, found.failed
+    text, cut = tail_lines(stderr, from_start)
     return FirstFailure(
-        attempt=attempt.number,
+        attempt=found.key.attempt,
         member_index=member.index,
         node_id=member.node_id,
         state=member.state,

@@ -24,9 +24,9 @@ from tuneplane.proto import v1
 
 from ..auth import PermissionDenied, bearer_token, hash_credential
 from ..clock import now_ms
+from ..faultpoint import faultpoint
 from ..gateways.heartbeats import HeartbeatBook
 from ..queue_plan import PoolKey
-from ..server.faultpoint import faultpoint
 from ..store import fleet as store_fleet
 from ..store import identity as store_identity
 from ..store.core import Store
@@ -42,7 +42,6 @@ from ..wire.status import grpc_errors
 
 log = logging.getLogger(__name__)
 
-ADMIN_ROLE = "admin"
 MAX_REASON = 500
 
 
@@ -56,7 +55,7 @@ async def admin_caller(store: Store, stream: Any, may_not: str) -> User:
     """The calling user when it has the admin role; :class:`PermissionDenied` saying it ``may_not``
     (what it tried, as "revoke Nodes") otherwise."""
     user = await caller(store, stream)
-    if user.role != ADMIN_ROLE:
+    if not user.is_admin:
         raise PermissionDenied(
             f"the user {user.name!r} may not {may_not}; only an admin user may. Ask the "
             "coordinator's operator."

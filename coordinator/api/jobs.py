@@ -39,7 +39,7 @@ from ..gateways.message_limits import (
     pre_encoded,
 )
 from ..job_access import check_read, may_read
-from ..lifecycle_failure import first_failure
+from ..lifecycle_failure import TAIL_BYTES, culprit, first_failure
 from ..placement import Request
 from ..server.metrics_export import ADMISSIONS
 from ..store import access as store_access
@@ -47,7 +47,7 @@ from ..store import fleet as store_fleet
 from ..store import identity as store_identity
 from ..store.core import NotFound, Store
 from ..store.logs import LogStore
-from ..values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, Preview
+from ..values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, FirstFailure, Job, Preview
 from ..values.users import User
 from ..wire.jobs import (
     job_to_wire,
@@ -244,8 +244,18 @@ class ApiService:
                 )
             check_read(await store_access.job_access(self._store, request.run_id), user, "state")
             job = await self._store.get_job(request.run_id)
-            failed = await first_failure(job, self._logs)
+            failed = await self._first_failure(job)
             await stream.send_message(job_to_wire(attrs.evolve(job, first_failure=failed)))
+
+    async def _first_failure(self, job: Job) -> FirstFailure | None:
+        """A failed Job's first failed member, with the end of its stored stderr."""
+        found = culprit(job)
+        if found is None:
+            return None
+        data, start = b"", 0
+        if self._logs is not None:
+            data, start = await self._logs.tail(found.key, "stderr", TAIL_BYTES + 1)
+        return first_failure(found, data, start == 0)
 
     async def _list_jobs(self, stream: Any) -> None:
         with grpc_errors():

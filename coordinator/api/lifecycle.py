@@ -38,7 +38,7 @@ from ..values.lifecycle import (
 )
 from ..wire.lifecycle import cancel_to_wire, logs_to_wire, retry_to_wire
 from ..wire.status import grpc_errors
-from .fleet import ADMIN_ROLE, caller, check_reason
+from .fleet import caller, check_reason
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class LifecycleApi:
                 self._store,
                 request.run_id,
                 user.name,
-                user.role == ADMIN_ROLE,
+                user.is_admin,
                 request.reason.strip(),
                 now_ms(),
             )
@@ -107,7 +107,7 @@ class LifecycleApi:
             request: v1.RetryJobRequest = await stream.recv_message()
             _require_run_id(request.run_id, "RetryJobRequest")
             number = await store_lifecycle.retry_job(
-                self._store, request.run_id, user.name, user.role == ADMIN_ROLE, now_ms()
+                self._store, request.run_id, user.name, user.is_admin, now_ms()
             )
             self._wake()
             job = await self._store.get_job(request.run_id)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..api.fleet import ADMIN_ROLE
 from ..job_access import JobAccess, may_read
 from ..values.jobs import Job
 from ..values.users import User
@@ -52,7 +51,7 @@ async def readable_jobs(
 ) -> list[Job]:
     """The newest ``limit`` Jobs ``user`` may read (only their own with ``mine``), filtered by
     ``project`` and ``state`` when set."""
-    if user.role == ADMIN_ROLE or mine:
+    if user.is_admin or mine:
         return await store.list_jobs(
             project=project, state=state, owner=user.name if mine else "", limit=limit
         )

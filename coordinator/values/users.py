@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import attrs
 
+#: The role that may administer the coordinator (and read every Job); any other is a user.
+ADMIN_ROLE = "admin"
+
 
 @attrs.frozen
 class User:
     name: str
     role: str
     created_at_ms: int
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == ADMIN_ROLE

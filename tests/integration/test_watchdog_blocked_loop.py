@@ -10,7 +10,7 @@ the Job still succeeds. A pinging thread would have kept pinging through the win
 would have stopped every thread and proved nothing.
 
 The coordinator pings with the same ``ServiceNotifier.keep_watchdog`` on its own loop; its fault
-points (coordinator/server/faultpoint.py) only raise, so it is not blocked here.
+points (coordinator/faultpoint.py) only raise, so it is not blocked here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 must have 7), with a real coordinator.
 
 The coordinator is started with ``TUNEPLANE_FAULTPOINT=list-fleets``
-(``coordinator/server/faultpoint.py``), so its first ListFleets raises an error nobody expects,
+(``coordinator/faultpoint.py``), so its first ListFleets raises an error nobody expects,
 after authentication and before the store is read. The caller gets INTERNAL with a sentence holding
 an error id; the same id is in serve.log with the traceback; the coordinator keeps serving (the
 next ListFleets, a GetNode, a Node's stream that stays connected) and nothing it holds changed.
@@ -29,7 +29,7 @@ from tests.coordinator.grpc_client import (
 )
 from tests.security.raw_calls import call
 from tests.support.coordinator import start_coordinator
-from tuneplane.coordinator.server.faultpoint import ENV
+from tuneplane.coordinator.faultpoint import ENV
 from tuneplane.proto import v1
 
 LIST_FLEETS = "/tuneplane.v1.Api/ListFleets"
