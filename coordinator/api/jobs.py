@@ -29,6 +29,7 @@ from ..capacity import never_fits
 from ..catalogue import Catalogue
 from ..clock import now_ms
 from ..config import CoordinatorConfig
+from ..counters import ADMISSIONS
 from ..derivation import SourceRun, resolve_source
 from ..gateways.message_limits import (
     INLINE_DECODE_BYTES,
@@ -41,7 +42,6 @@ from ..gateways.message_limits import (
 from ..job_access import check_read, may_read
 from ..lifecycle_failure import TAIL_BYTES, culprit, first_failure
 from ..placement import Request
-from ..server.metrics_export import ADMISSIONS
 from ..store import access as store_access
 from ..store import fleet as store_fleet
 from ..store import identity as store_identity

@@ -27,7 +27,7 @@ from tuneplane.proto import v1
 
 from ..auth import AuthError, PermissionDenied, bearer_token
 from ..clock import now_ms
-from ..server.metrics_export import observe_ship
+from ..counters import observe_ship
 from ..store.core import Store
 from ..values.telemetry import (
     RefusedPoint,

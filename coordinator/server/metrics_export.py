@@ -1,10 +1,12 @@
-"""The coordinator's Prometheus metrics (served by :mod:`tuneplane.agent.metrics_listener`).
+"""The coordinator's Prometheus metrics as ``serve`` exposes them (served by
+:mod:`tuneplane.agent.metrics_listener`): the store's gauges and every RPC's timing, added to
+the counters of :mod:`~tuneplane.coordinator.counters`.
 
 Rules:
 - A scrape reads only memory (the listener serves it from its own threads). Counters
   and histograms move where things happen; the gauges that need the store come from a snapshot
-  :func:`refresh_gauges` reads every :data:`REFRESH_S` (:mod:`store_gauges`: a few indexed
-  counts), never from a query per scrape.
+  :func:`refresh_gauges` reads every :data:`REFRESH_S` (:mod:`~tuneplane.coordinator.store.gauges`:
+  a few indexed counts), never from a query per scrape.
 - Labels are bounded: an outcome, an RPC method (the fixed set of paths this coordinator
   serves), a gRPC code, a state. A run id, Node id or user name is never a label.
 - Names follow Prometheus: ``tuneplane_coordinator_*`` (``tuneplane_node_*`` on a Node), base
@@ -22,13 +24,11 @@ from typing import Any
 import anyio
 from grpclib import GRPCError
 from grpclib.const import Handler
-from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tuneplane.agent.metrics_listener import new_registry
-
 from ..clock import now_ms
+from ..counters import REGISTRY, RPC_DURATION, STORE_RETRIES
 from ..store.core import Store
 from ..store.db import StoreRetry
 from ..store.gauges import (
@@ -43,83 +43,10 @@ log = logging.getLogger(__name__)
 #: Seconds between two reads of the store's counts.
 REFRESH_S = 5.0
 
-# Latencies from a loopback call (about a millisecond) to a long-lived stream (hours).
-RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60, 3600)
-PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-ADMISSION_OUTCOMES = ("admitted", "repeated", "refused")
-
-
-# --- the coordinator's metrics -----------------------------------------------------------------
-
-REGISTRY = new_registry()
-
-ADMISSIONS = Counter(
-    "tuneplane_coordinator_admissions",
-    "Commit calls by outcome: admitted (a new Job), repeated (the same confirmation again, "
-    "answered with the earlier receipt) or refused (unknown preview, changed digest, retry key "
-    "reused for another preview).",
-    ["outcome"],
-    registry=REGISTRY,
-)
-for _outcome in ADMISSION_OUTCOMES:
-    ADMISSIONS.labels(_outcome)
-
-SCHEDULING_PASS = Histogram(
-    "tuneplane_coordinator_scheduling_pass_seconds",
-    "How long one scheduling pass took (abort expired Prepares, plan the queue, reserve).",
-    buckets=PASS_BUCKETS,
-    registry=REGISTRY,
-)
-
-STORE_RETRIES = Counter(
-    "tuneplane_coordinator_store_retries",
-    "Write transactions the database aborted for a conflict with another writer and that ran "
-    "again, by store (store, telemetry store, log store) and reason (serialization, deadlock). "
-    "Only a PostgreSQL store has them; a steady rise means something else writes to it.",
-    ["store", "reason"],
-    registry=REGISTRY,
-)
-for _store in ("store", "telemetry store", "log store"):
-    for _reason in ("serialization", "deadlock"):
-        STORE_RETRIES.labels(_store, _reason)
-
 
 def count_store_retry(event: StoreRetry) -> None:
     """A store's retry observer (:attr:`StoreDb.retry_observers`): count the re-run."""
     STORE_RETRIES.labels(event.store, event.reason).inc()
-
-
-RPC_DURATION = Histogram(
-    "tuneplane_coordinator_rpc_duration_seconds",
-    "How long each gRPC call took, by method (Service/Method) and gRPC status code; a stream "
-    "(Control/Connect) is observed once, when it ends.",
-    ["method", "code"],
-    buckets=RPC_BUCKETS,
-    registry=REGISTRY,
-)
-
-POINTS_INGESTED = Counter(
-    "tuneplane_coordinator_points_ingested",
-    "Telemetry points the telemetry gateway stored (a point shipped again is not counted).",
-    registry=REGISTRY,
-)
-POINTS_DUPLICATE = Counter(
-    "tuneplane_coordinator_points_duplicate",
-    "Telemetry points shipped again after they were stored (a collector's retry), not stored.",
-    registry=REGISTRY,
-)
-POINTS_REFUSED = Counter(
-    "tuneplane_coordinator_points_refused",
-    "Telemetry points the gateway refused for good (each with a reason sent back).",
-    registry=REGISTRY,
-)
-
-
-def observe_ship(stored: int, duplicates: int, refused: int) -> None:
-    """Count one Ship call's points."""
-    POINTS_INGESTED.inc(stored)
-    POINTS_DUPLICATE.inc(duplicates)
-    POINTS_REFUSED.inc(refused)
 
 
 class _StoreGaugesCollector(Collector):

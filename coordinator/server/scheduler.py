@@ -23,6 +23,7 @@ from tuneplane.proto.contract import jobspec
 from .. import capsule
 from ..catalogue import Catalogue
 from ..clock import now_ms
+from ..counters import SCHEDULING_PASS
 from ..gateways import outputs_grants
 from ..gateways.message_limits import PROCESS_TEXT_CHARS, in_process
 from ..gateways.sessions import SessionRegistry
@@ -32,7 +33,6 @@ from ..queue_plan import PoolKey, plan_pass
 from ..store import fleet as store_fleet
 from ..store.core import Store
 from ..store.lifecycle import cancel_job
-from .metrics_export import SCHEDULING_PASS
 
 log = logging.getLogger(__name__)
 

@@ -39,6 +39,7 @@ from ..api.node_loss import MaxDisconnectWatch, NodeLossApi, NodeLossDesk
 from ..catalogue import Catalogue
 from ..clock import now_ms
 from ..config import CoordinatorConfig, Limits, load_config, store_setting
+from ..counters import REGISTRY
 from ..gateways.collector_credentials import CollectorCredentials
 from ..gateways.control import ControlGateway
 from ..gateways.heartbeats import HeartbeatBook, HeartbeatFlusher
@@ -50,8 +51,8 @@ from ..store.core import Store
 from ..store.location import PostgresUrl, store_where
 from ..store.logs import DB_NAME as LOGS_DB
 from ..store.logs import LogStore
-from ..store.metrics import DB_NAME as TELEMETRY_DB
-from ..store.metrics import TelemetryStore
+from ..store.telemetry import DB_NAME as TELEMETRY_DB
+from ..store.telemetry import TelemetryStore
 from ..wire.status import grpc_errors
 from .advertise import (
     Advertised,
@@ -63,7 +64,6 @@ from .advertise import (
 )
 from .control_address import ControlAddressApi, ControlAddressDesk
 from .metrics_export import (
-    REGISTRY,
     count_store_retry,
     refresh_gauges,
     timed_handlers,

@@ -14,7 +14,8 @@ from grpclib.const import Cardinality, Handler, Status
 from tests.support.store_backend import current
 from tuneplane.agent.metrics_listener import MetricsListener
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, parse_config
-from tuneplane.coordinator.server.metrics_export import REGISTRY, method_label, timed_handlers
+from tuneplane.coordinator.counters import REGISTRY
+from tuneplane.coordinator.server.metrics_export import method_label, timed_handlers
 from tuneplane.coordinator.store.core import Store
 from tuneplane.coordinator.store.gauges import LIVE_JOB_STATES, StoreGauges, read_gauges
 

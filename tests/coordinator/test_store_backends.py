@@ -24,7 +24,8 @@ import pytest
 
 from tests.support.postgres import PostgresServer
 from tests.support.store_backend import StoreBackend, open_at_version, read, write
-from tuneplane.coordinator.server.metrics_export import STORE_RETRIES, count_store_retry
+from tuneplane.coordinator.counters import STORE_RETRIES
+from tuneplane.coordinator.server.metrics_export import count_store_retry
 from tuneplane.coordinator.store.core import SchemaTooNew, Store
 from tuneplane.coordinator.store.db import MAX_ATTEMPTS, StoreRetry, dependency_order
 from tuneplane.coordinator.store.handle import IntegrityViolation, StoreUnavailable
