@@ -26,6 +26,7 @@ from ..auth import PermissionDenied, bearer_token, hash_credential
 from ..clock import now_ms
 from ..faultpoint import faultpoint
 from ..gateways.heartbeats import HeartbeatBook
+from ..gateways.status import grpc_errors
 from ..queue_plan import PoolKey
 from ..store import fleet as store_fleet
 from ..store import identity as store_identity
@@ -38,7 +39,6 @@ from ..wire.fleet import (
     node_to_wire,
     nodes_to_wire,
 )
-from ..wire.status import grpc_errors
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from tuneplane.proto import v1
 
 from ..clock import now_ms
 from ..gateways.sessions import SessionRegistry
+from ..gateways.status import grpc_errors
 from ..store import fleet as store_fleet
 from ..store import identity as store_identity
 from ..store.core import Store
 from ..wire.fleet import node_to_wire
-from ..wire.status import grpc_errors
 from .fleet import admin_caller, check_reason, require_node_id
 
 log = logging.getLogger(__name__)

@@ -39,6 +39,7 @@ from ..gateways.message_limits import (
     in_thread,
     pre_encoded,
 )
+from ..gateways.status import grpc_errors
 from ..job_access import check_read, may_read
 from ..lifecycle_failure import TAIL_BYTES, culprit, first_failure
 from ..placement import Request
@@ -55,7 +56,6 @@ from ..wire.jobs import (
     preview_to_wire,
     receipt_to_wire,
 )
-from ..wire.status import grpc_errors
 from .fleet import caller
 
 log = logging.getLogger(__name__)

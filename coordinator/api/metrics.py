@@ -20,17 +20,17 @@ from grpclib.const import Cardinality, Handler, Status
 from tuneplane.proto import v1
 
 from ..clock import now_ms
+from ..gateways.status import grpc_errors
 from ..job_access import check_read
 from ..store.access import job_access
 from ..store.core import Store
-from ..store.metrics import TelemetryStore
+from ..store.telemetry import TelemetryStore
 from ..wire.metrics import (
     delivery_to_wire,
     selector_from_wire,
     series_to_wire,
     tags_to_wire,
 )
-from ..wire.status import grpc_errors
 from .fleet import caller
 
 log = logging.getLogger(__name__)

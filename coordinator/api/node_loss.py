@@ -28,12 +28,12 @@ from ..clock import now_ms
 from ..config import FleetSettings
 from ..gateways.collector_credentials import CollectorCredentials
 from ..gateways.sessions import SessionRegistry
+from ..gateways.status import grpc_errors
 from ..store import fleet as store_fleet
 from ..store import lifecycle as store_lifecycle
 from ..store.core import Conflict, Store
 from ..values.lifecycle import NodeLossOutcome
 from ..wire.lifecycle import node_loss_to_wire
-from ..wire.status import grpc_errors
 from .fleet import admin_caller, check_reason, require_node_id
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from ..values.telemetry import (
     ShippedRestart,
 )
 from ..wire.members import member_key
-from ..wire.status import grpc_errors
+from .status import grpc_errors
 from ..wire.telemetry import (
     hparams_from_wire,
     point_from_wire,
@@ -49,7 +49,8 @@ from .collector_credentials import (
     CollectorCredentials,
     is_collector_credential,
 )
-from .message_limits import MAX_SHIP_MARKS, in_thread
+from .bounded_decode import MAX_SHIP_MARKS
+from .message_limits import in_thread
 
 log = logging.getLogger(__name__)
 

@@ -46,6 +46,7 @@ from ..gateways.heartbeats import HeartbeatBook, HeartbeatFlusher
 from ..gateways.message_limits import bounded_handlers
 from ..gateways.rate_limit import PeerRateLimit
 from ..gateways.sessions import SessionRegistry
+from ..gateways.status import grpc_errors
 from ..gateways.telemetry import TelemetryGateway
 from ..store.core import Store
 from ..store.location import PostgresUrl, store_where
@@ -53,7 +54,6 @@ from ..store.logs import DB_NAME as LOGS_DB
 from ..store.logs import LogStore
 from ..store.telemetry import DB_NAME as TELEMETRY_DB
 from ..store.telemetry import TelemetryStore
-from ..wire.status import grpc_errors
 from .advertise import (
     Advertised,
     AdvertiseError,

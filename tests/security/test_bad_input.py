@@ -37,7 +37,7 @@ from tests.coordinator.grpc_client import (
 from tests.security.raw_calls import call, frame
 from tests.support.agent import AgentProcess, start_agent
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tuneplane.coordinator.wire.status import grpc_errors
+from tuneplane.coordinator.gateways.status import grpc_errors
 from tuneplane.proto import v1
 
 PREVIEW = "/tuneplane.v1.Api/Preview"

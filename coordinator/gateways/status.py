@@ -2,8 +2,8 @@
 
 Rules: every handler of every listener runs inside :func:`grpc_errors` (the listeners wrap each
 handler, :mod:`~tuneplane.coordinator.gateways.message_limits`), so each typed error leaves as one
-status code with its sentence. Servers only: this imports the store's errors, which ``tp``
-never needs.
+status code with its sentence. It sits with the gateways, not in ``wire/``, because it knows the
+store's errors: ``tp`` shares ``wire/`` and never loads the store.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tuneplane.proto.contract.jobspec import JobSpecError
 from ..auth import AuthError, PermissionDenied
 from ..config import ConfigError
 from ..store.core import Conflict, EnrollRefused, NotFound
-from .errors import BadMessage
+from ..wire.errors import BadMessage
 
 log = logging.getLogger(__name__)
 
