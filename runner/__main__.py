@@ -1,5 +1,5 @@
 """Entry point: ``python -m tuneplane.runner <member_dir>`` (see :mod:`tuneplane.runner.main`)."""
 
-from tuneplane.runner.main import main
+from .main import main
 
 raise SystemExit(main())

@@ -13,7 +13,7 @@ import dataclasses
 import enum
 from collections.abc import Callable, Iterable
 
-from tuneplane.runner.records import ProcessResult
+from .records import ProcessResult
 
 
 class Phase(enum.Enum):

@@ -25,10 +25,10 @@ from types import FrameType
 
 import psutil
 
-from tuneplane.runner import lifecycle as lc
-from tuneplane.runner.durable import create_exclusive, write_json_atomic
-from tuneplane.runner.member_file import Account, MemberFile, MemberFileError, read_member_file
-from tuneplane.runner.records import (
+from . import lifecycle as lc
+from .durable import create_exclusive, write_json_atomic
+from .member_file import Account, MemberFile, MemberFileError, read_member_file
+from .records import (
     CLAIM_FILE,
     EXIT_FILE,
     RUNNER_FILE,
@@ -39,7 +39,7 @@ from tuneplane.runner.records import (
     RunnerRecord,
     read_claim,
 )
-from tuneplane.runner.sdk_path import SdkNotFound, sdk_root, with_sdk_on_path
+from .sdk_path import SdkNotFound, sdk_root, with_sdk_on_path
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tuneplane.runner.durable import read_json
+from .durable import read_json
 
 MEMBER_FILE = "member.json"
 FORMAT = 2

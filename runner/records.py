@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from tuneplane.runner.durable import read_json
+from .durable import read_json
 
 CLAIM_FILE = "launch.claim"
 RUNNER_FILE = "runner.json"
