@@ -16,7 +16,8 @@ from typing import Any
 from ..job_access import JobAccess, may_read
 from ..values.jobs import Job
 from ..values.users import User
-from .core import NotFound, Store, first_row
+from .core import NotFound, Store
+from .handle import first_row
 
 _ACCESS_SQL = (
     "SELECT j.run_id, j.owner, p.resolved_json FROM jobs j JOIN previews p ON p.id = j.preview_id"

@@ -78,6 +78,11 @@ class Handle(Protocol):
     async def fetchone(self, sql: str, args: Sequence[Any] = ()) -> Row | None: ...
 
 
+async def first_row(db: Handle, sql: str, args: Sequence[Any] = ()) -> Any:
+    """The first row of a query, or None."""
+    return await db.fetchone(sql, args)
+
+
 class SnapshotCursor(Protocol):
     """The rows of one statement of a :class:`SnapshotReader` (a subset of a DB-API cursor)."""
 

@@ -37,8 +37,8 @@ from ..values.lifecycle import (
 )
 from ..values.orders import CancelOrder, HeldMember, Order
 from . import fleet as store_fleet
-from .core import Conflict, NotFound, Store, first_row
-from .handle import Handle
+from .core import Conflict, NotFound, Store
+from .handle import Handle, first_row
 
 log = logging.getLogger(__name__)
 

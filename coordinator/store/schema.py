@@ -269,7 +269,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
         13,
         (
-            # A Node's display name, chosen once at enrollment (store_fleet.free_node_name): the
+            # A Node's display name, chosen once at enrollment (enrollment.free_node_name): the
             # host name it reported, numbered within its Fleet in enrollment order when taken
             # (gpu-a, gpu-a-2). It stays when the host name later changes, so people and
             # scripts can keep using it. Nodes enrolled before are named by the same rule here.

@@ -68,7 +68,7 @@ class Node:
     credential_issued_at_ms: int = 0
     credential_expires_at_ms: int = 0
     revoked_at_ms: int = 0
-    # The display name chosen at enrollment (store_fleet.free_node_name); unique per Fleet.
+    # The display name chosen at enrollment (store.enrollment.free_node_name); unique per Fleet.
     name: str = ""
     # The control address the Node dialed for its current or last stream; "" before it said.
     dialed_address: str = ""
