@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 
 # What a TUNEPLANE_PARAM_* name and value may be is the JobSpec's rule: the Node checks it too.
-from tuneplane.proto.contract.jobspec import MAX_PARAMETER_CHARS, PARAMETER_ENV_PREFIX
+from tuneplane.proto.contract.jobspec_rules import MAX_PARAMETER_CHARS, PARAMETER_ENV_PREFIX
 
 _PARAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
 _FLAG = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
