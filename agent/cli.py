@@ -40,16 +40,13 @@ from .cli_support import state_dir_option as _state_dir_option
 from .credential_renewal import credential_health, renewal_deadline_ms
 from .daemon import INVENTORY_INTERVAL_S, Daemon, run_daemon
 from .inventory import (
-    PROBE_LIMIT_S,
-    RELEASE_REQUEST,
     Inventory,
     InventoryError,
-    InventorySource,
     SimulatedGpus,
     default_node_name,
     parse_simulate_gpus,
-    read_release,
 )
+from .inventory_source import PROBE_LIMIT_S, RELEASE_REQUEST, InventorySource, read_release
 from .journal import Journal
 from .journal_cli import journal_group
 from .journal_owner import owner_problem, stamped_node_id

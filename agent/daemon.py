@@ -42,17 +42,18 @@ from .atomic_file import write_json_atomic
 from .collectors import COLLECTORS_DIR, CollectorSupervisor
 from .config import WorkloadPolicy
 from .crashpoint import crashpoint
-from .inventory import Inventory, InventoryError, InventorySource, probe
-from .journal import (
+from .inventory import Inventory, InventoryError
+from .inventory_source import InventorySource, probe
+from .journal import Journal
+from .journal_owner import open_node_journal
+from .journal_records import (
     AGENT_FAILED,
     AGENT_STOPPED,
     CONTROL_ADDRESS_CHANGED,
-    Journal,
     JournalCorrupt,
     MemberKey,
     PendingReport,
 )
-from .journal_owner import open_node_journal
 from .logship import LogShipper
 from .member_state import MemberState
 from .members import MemberManager, now_ms

@@ -37,8 +37,10 @@ import trio
 
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.config import default_policy
-from tuneplane.agent.inventory import InventorySource, parse_simulate_gpus
-from tuneplane.agent.journal import Exit, Journal, MemberKey, NewMember
+from tuneplane.agent.inventory import parse_simulate_gpus
+from tuneplane.agent.inventory_source import InventorySource
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import Exit, MemberKey, NewMember
 from tuneplane.agent.member_state import MemberEvent
 from tuneplane.agent.members import MemberManager
 from tuneplane.coordinator.catalogue import Catalogue

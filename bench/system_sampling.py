@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import trio
 
-from tuneplane.agent.inventory import load_nvml
+from tuneplane.agent.nvml_source import load_nvml
 from tuneplane.agent.scripted_nvml import write_script
 from tuneplane.collector.points import ScalarPoint
 from tuneplane.collector.spool import Spool

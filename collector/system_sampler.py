@@ -2,7 +2,7 @@
 
 Rules:
 - Every ``interval_s`` the collector reads each of its member's GPUs by UUID through NVML
-  (:func:`tuneplane.agent.inventory.load_nvml`: the real library, or the scripted test double
+  (:func:`tuneplane.agent.nvml_source.load_nvml`: the real library, or the scripted test double
   when the agent runs with ``--scripted-nvml``) and the member's process tree (the runner named
   in ``runner.json`` and its descendants) through psutil. docs/telemetry.md lists the series.
 - The values become points of the source ``system`` under tags ``system/...``; that namespace is
@@ -39,7 +39,9 @@ import pynvml
 import trio
 
 from tuneplane.agent.atomic_file import write_atomic
-from tuneplane.agent.inventory import load_nvml, nvml_error_text, read_release
+from tuneplane.agent.inventory_source import read_release
+from tuneplane.agent.nvml_card import nvml_error_text
+from tuneplane.agent.nvml_source import load_nvml
 from tuneplane.runner.records import RecordError, read_runner_record
 
 from .point_rules import SYSTEM_PREFIX, SYSTEM_SOURCE

@@ -8,11 +8,11 @@ import pytest
 
 from tuneplane.agent.inventory import (
     InventoryError,
-    InventorySource,
     SimulatedGpus,
     parse_simulate_gpus,
     series_of,
 )
+from tuneplane.agent.inventory_source import InventorySource
 from tuneplane.agent.scripted_nvml import write_script
 
 

@@ -19,7 +19,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuneplane.agent.inventory import Inventory, InventorySource, probe
+from tuneplane.agent.inventory import Inventory
+from tuneplane.agent.inventory_source import InventorySource, probe
 from tuneplane.agent.scripted_nvml import write_script
 
 A, B, C = "GPU-aaaa", "GPU-bbbb", "GPU-cccc"
@@ -235,7 +236,7 @@ def test_a_wait_error_is_logged_and_the_event_set_is_made_again(
     source.collect()
     script.top["errors"] = {"nvmlEventSetWait_v2": "UNKNOWN"}
     script.write()
-    with caplog.at_level(logging.ERROR, logger="tuneplane.agent.inventory"):
+    with caplog.at_level(logging.ERROR, logger="tuneplane.agent.nvml_source"):
         source.collect()
     assert "gpu xid wait failed error=Unknown Error (NVML_ERROR_UNKNOWN)" in caplog.text
     assert script.calls_made().count("nvmlEventSetFree") == 1

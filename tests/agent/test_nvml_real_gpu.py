@@ -25,7 +25,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from tuneplane.agent.inventory import Gpu, Inventory, InventorySource
+from tuneplane.agent.inventory import Gpu, Inventory
+from tuneplane.agent.inventory_source import InventorySource
 from tuneplane.agent.launch_plan import ProcessSpec, plan_processes
 
 TIMEOUT_S = 60

@@ -18,7 +18,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from tuneplane.agent.inventory import InventorySource
+from tuneplane.agent.inventory_source import InventorySource
 from tuneplane.agent.scripted_nvml import write_script
 
 UUIDS = ("GPU-a", "GPU-b", "GPU-c")

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import trio
 
-from tuneplane.agent.inventory import load_nvml
+from tuneplane.agent.nvml_source import load_nvml
 from tuneplane.agent.scripted_nvml import write_script
 from tuneplane.collector.point_rules import REFUSED_KIND, PointScreen
 from tuneplane.collector.points import ScalarPoint

@@ -19,7 +19,7 @@ from pathlib import Path
 from tests.support import accounts
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import start_coordinator
-from tuneplane.agent.inventory import RELEASE_REQUEST
+from tuneplane.agent.inventory_source import RELEASE_REQUEST
 from tuneplane.agent.scripted_nvml import write_script
 
 UUIDS = ("GPU-0a0a0a0a-1111-2222-3333-444444444444", "GPU-1b1b1b1b-1111-2222-3333-444444444444")
