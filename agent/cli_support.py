@@ -16,7 +16,7 @@ import click
 
 from . import journal_read
 from .inventory import InventoryError
-from .journal import JournalError
+from .journal_records import JournalError
 from .state_dir import StateDirError
 from .wire import WireError
 

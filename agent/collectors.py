@@ -41,7 +41,8 @@ from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S
 from . import daemon_log
 from . import messages as m
 from .atomic_file import write_atomic, write_json_atomic
-from .journal import Journal, MemberKey, MemberRecord
+from .journal import Journal
+from .journal_records import MemberKey, MemberRecord
 from .member_state import MemberState
 
 log = logging.getLogger(__name__)

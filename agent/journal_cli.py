@@ -18,7 +18,7 @@ import click
 
 from . import journal_read
 from .cli_support import ms_text, sentences, state_dir_option
-from .journal import EVENT_KINDS, MemberKey
+from .journal_records import EVENT_KINDS, MemberKey
 from .state_dir import StateDir
 
 

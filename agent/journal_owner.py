@@ -14,7 +14,8 @@ from pathlib import Path
 
 import trio
 
-from .journal import Journal, JournalCorrupt
+from .journal import Journal
+from .journal_records import JournalCorrupt
 
 log = logging.getLogger(__name__)
 

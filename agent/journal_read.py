@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .journal import (
+from .journal_records import (
     HEALTH_COLUMNS,
     MEMBER_COLUMNS,
     REPORT_COLUMNS,

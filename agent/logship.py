@@ -25,7 +25,8 @@ import attrs
 import trio
 
 from . import messages as m
-from .journal import Journal, MemberKey, MemberRecord
+from .journal import Journal
+from .journal_records import MemberKey, MemberRecord
 from .member_state import TERMINAL, MemberState
 
 log = logging.getLogger(__name__)

@@ -35,13 +35,13 @@ from .crashpoint import crashpoint
 from .init_from import ENV_NAME as INIT_FROM_ENV
 from .init_from import INIT_FROM_DIR, materialise_init_from
 from .inventory import Inventory
-from .journal import (
+from .journal import Journal
+from .journal_records import (
     EXIT_COLLECTED,
     MEMBER_REATTACHED,
     Exit,
     ExtraEvent,
     GpuAlreadyOwned,
-    Journal,
     MemberKey,
     MemberRecord,
     NewMember,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import attrs
 
 from .inventory import Inventory
-from .journal import MemberKey, PendingReport
+from .journal_records import MemberKey, PendingReport
 from .member_state import MemberState
 
 # --- coordinator -> node ------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from . import outputs_wire as ow
 from .config import OutputsSettings
 from .host_port import join_host_port
 from .init_from import SourceUnreadable, open_source_file, read_manifest_file
-from .journal import MemberKey, MemberRecord
+from .journal_records import MemberKey, MemberRecord
 from .member_state import MemberState
 from .messages import OutputsService
 from .outputs_identity import OutputsIdentity

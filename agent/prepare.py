@@ -23,7 +23,7 @@ from tuneplane.proto.contract.input_checks import InputRefused, check_file_name
 from . import runner_pyz
 from .atomic_file import write_atomic
 from .inventory import Inventory
-from .journal import MemberKey
+from .journal_records import MemberKey
 from .runner_pyz import CAPSULE_DIR as CAPSULE_DIR
 from .runner_pyz import WORK_DIR as WORK_DIR
 

@@ -27,7 +27,7 @@ import attrs
 from . import messages as m
 from .credential_renewal import renewal_at_ms
 from .inventory import Inventory
-from .journal import MemberKey, PendingReport
+from .journal_records import MemberKey, PendingReport
 from .member_state import MemberState
 
 #: How long to wait for Welcome after Hello, before the coordinator has told us its timeouts.

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuneplane.agent.inventory import Gpu, Inventory
-from tuneplane.agent.journal import MemberKey
+from tuneplane.agent.journal_records import MemberKey
 from tuneplane.agent.prepare import PrepareRefused, check_gpus, check_launch
 
 KEY = MemberKey("run-1", 1, 0)

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 
 from tuneplane.agent.adapter import open_aio_host
-from tuneplane.agent.journal import (
-    SCHEMA_VERSION,
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import (
     Exit,
     GpuAlreadyOwned,
-    Journal,
     JournalCorrupt,
     JournalTooNew,
     MemberExists,
     MemberKey,
     NewMember,
 )
+from tuneplane.agent.journal_schema import SCHEMA_VERSION
 from tuneplane.agent.member_state import IllegalTransition, MemberEvent, MemberState
 
 E = MemberEvent

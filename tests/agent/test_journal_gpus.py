@@ -14,13 +14,9 @@ import pytest
 
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.inventory import Gpu, Inventory
-from tuneplane.agent.journal import (
-    SCHEMA_VERSION,
-    GpuAlreadyOwned,
-    Journal,
-    MemberKey,
-    NewMember,
-)
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import GpuAlreadyOwned, MemberKey, NewMember
+from tuneplane.agent.journal_schema import SCHEMA_VERSION
 from tuneplane.agent.member_state import MemberEvent, MemberState
 from tuneplane.agent.xid_book import judge
 

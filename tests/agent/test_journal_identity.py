@@ -10,14 +10,9 @@ from tuneplane.agent import journal_read, wire
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
-from tuneplane.agent.journal import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    Journal,
-    MemberKey,
-    NewMember,
-    PendingReport,
-)
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import MemberKey, NewMember, PendingReport
+from tuneplane.agent.journal_schema import MIGRATIONS, SCHEMA_VERSION
 from tuneplane.agent.member_state import MemberEvent, MemberState
 from tuneplane.agent.session import ControlSession, DropReport
 from tuneplane.proto import v1

@@ -15,13 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tuneplane.agent.adapter import open_aio_host
-from tuneplane.agent.journal import (
-    GpuAlreadyOwned,
-    Journal,
-    MemberExists,
-    MemberKey,
-    NewMember,
-)
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import GpuAlreadyOwned, MemberExists, MemberKey, NewMember
 from tuneplane.agent.member_state import (
     OWNS_GPUS,
     TRANSITIONS,

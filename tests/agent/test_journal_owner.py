@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tuneplane.agent.adapter import open_aio_host
-from tuneplane.agent.journal import JournalCorrupt
 from tuneplane.agent.journal_owner import open_node_journal, owner_problem
+from tuneplane.agent.journal_records import JournalCorrupt
 
 
 async def test_a_missing_journal_is_created_and_stamped_then_reopened(tmp_path: Path) -> None:

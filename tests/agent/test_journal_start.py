@@ -17,12 +17,8 @@ from tests.support.agent import node_cli
 from tuneplane.agent import journal_read
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.daemon import _orderly
-from tuneplane.agent.journal import (
-    AGENT_STARTED,
-    AGENT_STOPPED,
-    Journal,
-    judge_previous_stop,
-)
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import AGENT_STARTED, AGENT_STOPPED, judge_previous_stop
 
 FIXTURE_V2 = Path(__file__).parent / "fixtures" / "journal-v2.db"
 

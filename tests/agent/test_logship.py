@@ -7,7 +7,8 @@ from pathlib import Path
 
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
-from tuneplane.agent.journal import Journal, MemberKey, NewMember
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import MemberKey, NewMember
 from tuneplane.agent.logship import (
     CHUNK_BYTES,
     KEEP_BYTES,

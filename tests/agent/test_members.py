@@ -17,7 +17,8 @@ from tuneplane.agent.accounts import read_lease
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.inventory import Inventory, SimulatedGpus, simulated_inventory
-from tuneplane.agent.journal import Journal, MemberKey, NewMember
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import MemberKey, NewMember
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.members import MemberManager
 from tuneplane.coordinator import capsule

@@ -19,7 +19,8 @@ from tuneplane.agent import journal_read, wire
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.init_from import INIT_FROM_DIR, materialise_init_from
-from tuneplane.agent.journal import Exit, Journal, MemberKey, NewMember
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import Exit, MemberKey, NewMember
 from tuneplane.agent.member_state import MemberEvent as E
 from tuneplane.agent.outputs_manifest import read_manifest, write_manifest
 from tuneplane.agent.prepare import PrepareRefused

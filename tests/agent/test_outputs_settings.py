@@ -12,7 +12,7 @@ import pytest
 from tuneplane.agent import config, doctor
 from tuneplane.agent import messages as m
 from tuneplane.agent.inventory import Inventory
-from tuneplane.agent.journal import MemberKey
+from tuneplane.agent.journal_records import MemberKey
 from tuneplane.agent.session import ControlSession, Send
 from tuneplane.agent.wire import from_wire, to_wire
 from tuneplane.proto import v1

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuneplane.agent.inventory import Gpu, Inventory, SimulatedGpus, simulated_inventory
-from tuneplane.agent.journal import MemberKey
+from tuneplane.agent.journal_records import MemberKey
 from tuneplane.agent.prepare import (
     CAPSULE_DIR,
     PrepareRefused,

@@ -16,7 +16,7 @@ import trio
 from tests.agent.test_members import KEY, harness, prepare
 from tuneplane.agent import messages as m
 from tuneplane.agent import rendezvous as rdv
-from tuneplane.agent.journal import MemberKey
+from tuneplane.agent.journal_records import MemberKey
 from tuneplane.agent.member_state import MemberState
 
 S = MemberState

@@ -15,7 +15,8 @@ import pytest
 from tuneplane.agent import config
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.collectors import CollectorSupervisor
-from tuneplane.agent.journal import Journal, MemberKey, NewMember
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import MemberKey, NewMember
 
 UUIDS = ("GPU-1111aaaa-1111-2222-3333-444444444444", "GPU-2222bbbb-1111-2222-3333-444444444444")
 

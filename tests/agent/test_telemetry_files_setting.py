@@ -13,7 +13,8 @@ import pytest
 from tuneplane.agent import config
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.collectors import CollectorSupervisor
-from tuneplane.agent.journal import Journal, MemberKey, NewMember
+from tuneplane.agent.journal import Journal
+from tuneplane.agent.journal_records import MemberKey, NewMember
 
 
 def test_max_files_becomes_the_run_default(tmp_path: Path) -> None:

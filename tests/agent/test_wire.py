@@ -6,7 +6,7 @@ import pytest
 
 from tuneplane.agent import messages as m
 from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
-from tuneplane.agent.journal import Exit, MemberKey, PendingReport
+from tuneplane.agent.journal_records import Exit, MemberKey, PendingReport
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.wire import (
     Endpoint,

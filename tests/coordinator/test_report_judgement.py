@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuneplane.agent.journal import MemberKey
+from tuneplane.agent.journal_records import MemberKey
 from tuneplane.agent.member_state import TRANSITIONS, MemberEvent, MemberState
 from tuneplane.agent.members import out_dir_for
 from tuneplane.coordinator import lifecycle as lc
