@@ -1,8 +1,9 @@
 """The agent's bridge to asyncio libraries (aiosqlite, grpclib), hosted through trio-asyncio.
 
-Rules: this module and :mod:`tuneplane.agent.wire` are the only agent modules that import
-asyncio or trio-asyncio. Trio code calls asyncio coroutine functions through :func:`run_aio`
-inside one :func:`open_aio_host` block, which the daemon (or a CLI command, or a test) opens once.
+Rules: this module and the wire modules (:mod:`tuneplane.agent.wire`, ``wire_convert``,
+``wire_control``) are the only agent modules that import asyncio or trio-asyncio. Trio code
+calls asyncio coroutine functions through :func:`run_aio` inside one :func:`open_aio_host`
+block, which the daemon (or a CLI command, or a test) opens once.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ from .state_dir import (
     StateDirError,
     read_status,
 )
-from .wire import Endpoint, Enrolled, enroll
+from .wire import Endpoint
+from .wire_control import Enrolled, enroll
 from .xid_book import CLEAR_KINDS, XidRecord
 
 

@@ -87,15 +87,8 @@ from .session import (
     backoff_delay,
 )
 from .state_dir import CredentialLife, NodeConfig, StateDir, StateDirError
-from .wire import (
-    ControlStream,
-    CoordinatorUnreachable,
-    Endpoint,
-    UnknownMessage,
-    WireError,
-    control_refusal,
-    open_control_stream,
-)
+from .wire import CoordinatorUnreachable, Endpoint, UnknownMessage, WireError
+from .wire_control import ControlStream, control_refusal, open_control_stream
 from .xid_book import judge
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The control-session messages as the agent's own frozen values (no betterproto here).
 
-Rules: :mod:`tuneplane.agent.wire` converts between these and the generated protobuf classes;
-everything else in the agent speaks only these. Times are epoch milliseconds.
+Rules: :mod:`tuneplane.agent.wire_convert` converts between these and the generated protobuf
+classes; everything else in the agent speaks only these. Times are epoch milliseconds.
 """
 
 from __future__ import annotations

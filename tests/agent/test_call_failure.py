@@ -172,7 +172,7 @@ def test_each_kind_is_one_sentence(failure: CallFailure, text: str) -> None:
 
 def agent_error(exc: BaseException) -> wire.WireError:
     endpoint = wire.Endpoint.parse("10.0.0.5:7444")
-    with pytest.raises(wire.WireError) as caught, wire._translated(endpoint, Path("ca.pem"), "X"):
+    with pytest.raises(wire.WireError) as caught, wire.translated(endpoint, Path("ca.pem"), "X"):
         raise exc
     return caught.value
 
@@ -196,7 +196,7 @@ def test_the_node_maps_each_kind_to_its_wire_error() -> None:
 
 def test_the_node_lets_a_bug_through() -> None:
     endpoint = wire.Endpoint.parse("10.0.0.5:7444")
-    with pytest.raises(ValueError), wire._translated(endpoint, Path("ca.pem"), "X"):
+    with pytest.raises(ValueError), wire.translated(endpoint, Path("ca.pem"), "X"):
         raise ValueError("a bug")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from tuneplane.agent import journal_read, wire
+from tuneplane.agent import journal_read, wire_convert
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
@@ -124,10 +124,12 @@ async def test_the_offline_reader_shows_which_journal_numbered_each_report(tmp_p
 
 def test_the_wire_carries_the_journal_id_out_and_a_refusal_in_to_the_journal() -> None:
     pending = PendingReport(5, KEY, MemberState.RUNNING, 1, "", None, "/o", journal_id="ab" * 16)
-    sent = wire.to_wire(m.Report(pending))
+    sent = wire_convert.to_wire(m.Report(pending))
     assert (sent.report.report_seq, sent.report.journal_id) == (5, "ab" * 16)
     why = "Node node-a reported r-1 attempt 1 member 0 as 'running', but … changed nothing."
-    ack = wire.from_wire(v1.CoordinatorMessage(report_ack=v1.ReportAck(report_seq=5, refused=why)))
+    ack = wire_convert.from_wire(
+        v1.CoordinatorMessage(report_ack=v1.ReportAck(report_seq=5, refused=why))
+    )
     assert ack == m.ReportAck(5, why)
     session = ControlSession("node-a", "test")
     session.start(0.0, simulated_inventory("node-a", SimulatedGpus("h200", 1)), [])

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuneplane.agent import journal_read, wire
+from tuneplane.agent import journal_read, wire_convert
 from tuneplane.agent import messages as m
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.init_from import INIT_FROM_DIR, materialise_init_from
@@ -206,7 +206,7 @@ async def test_the_exit_report_keeps_its_manifest_in_the_journal_and_on_the_wire
             assert pending == report
         finally:
             await journal.close()
-    sent = wire.to_wire(m.Report(pending)).report.output_manifest
+    sent = wire_convert.to_wire(m.Report(pending)).report.output_manifest
     assert (sent.files, sent.bytes, sent.sha256, sent.problem) == (2, 1234, "ab" * 32, "")
     with journal_read.open_readonly(tmp_path / "journal.db") as db:
         (row,) = [r for r in map(journal_read.report_json, journal_read.pending_reports(db))

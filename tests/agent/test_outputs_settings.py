@@ -14,7 +14,7 @@ from tuneplane.agent import messages as m
 from tuneplane.agent.inventory import Inventory
 from tuneplane.agent.journal_records import MemberKey
 from tuneplane.agent.session import ControlSession, Send
-from tuneplane.agent.wire import from_wire, to_wire
+from tuneplane.agent.wire_convert import from_wire, to_wire
 from tuneplane.proto import v1
 
 INV = Inventory("host-a", 8, 1 << 30, (), "simulated")

@@ -8,14 +8,8 @@ from tuneplane.agent import messages as m
 from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
 from tuneplane.agent.journal_records import Exit, MemberKey, PendingReport
 from tuneplane.agent.member_state import MemberState
-from tuneplane.agent.wire import (
-    Endpoint,
-    UnknownMessage,
-    from_wire,
-    inventory_from_wire,
-    inventory_to_wire,
-    to_wire,
-)
+from tuneplane.agent.wire import Endpoint, UnknownMessage
+from tuneplane.agent.wire_convert import from_wire, inventory_from_wire, inventory_to_wire, to_wire
 from tuneplane.proto import v1
 
 KEY = MemberKey("run-1", 2, 1)

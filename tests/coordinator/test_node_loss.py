@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.store_backend import current, read
 from tuneplane.agent import messages as agent_messages
-from tuneplane.agent.wire import from_wire
+from tuneplane.agent.wire_convert import from_wire
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator import node_loss
 from tuneplane.coordinator.api.node_loss import MaxDisconnectWatch, NodeLossDesk

@@ -26,7 +26,8 @@ from grpclib.const import Status
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuneplane.agent.wire import UnknownMessage, from_wire
+from tuneplane.agent.wire import UnknownMessage
+from tuneplane.agent.wire_convert import from_wire
 from tuneplane.collector.jsonl import JsonlDecoder
 from tuneplane.collector.tfevent import TFEventDecoder
 from tuneplane.collector.tfrecord import frame

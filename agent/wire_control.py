@@ -1,0 +1,175 @@
+"""The Control service's calls from the Node: Enroll, and the Connect stream it holds open.
+
+Part of the agent's adapter layer (with :mod:`.adapter`, :mod:`.wire` and :mod:`.wire_convert`):
+every grpclib call here runs through :func:`tuneplane.agent.adapter.run_aio`, its exceptions are
+translated once (:func:`.wire.translated`), and what it sends and receives are the agent's own
+messages (:mod:`.wire_convert`).
+
+Rules: a unary call has a 10 s deadline; leaving a Connect stream always resets it and closes the
+connection, shielded and bounded, so nothing waits on a peer that may be gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from grpclib.client import Channel
+from grpclib.const import Cardinality
+
+from tuneplane.proto import v1
+
+from . import messages as m
+from .adapter import run_aio
+from .grpc_limits import AGENT_RECEIVE_BYTES, guard_client_reads
+from .inventory import Inventory
+from .wire import (
+    UNARY_DEADLINE_S,
+    Endpoint,
+    Refused,
+    WireError,
+    aio_channel,
+    client_tls,
+    translated,
+)
+from .wire_convert import from_wire, inventory_to_wire, to_wire
+
+CONNECT_METHOD = "/tuneplane.v1.Control/Connect"
+ENROLL_METHOD = "/tuneplane.v1.Control/Enroll"
+
+
+@attrs.frozen
+class Enrolled:
+    node_id: str
+    fleet: str
+    node_credential: str = attrs.field(repr=False)
+    credential_issued_at_ms: int = 0
+    credential_expires_at_ms: int = 0
+
+
+async def enroll(
+    endpoint: Endpoint, ca_path: Path, join_token: str, inventory: Inventory, node_id: str = ""
+) -> Enrolled:
+    """Trade a one-time join token for a node id and control credential (unary, 10 s deadline).
+
+    ``node_id`` re-enrolls that existing Node (same id, journal and members) instead.
+    """
+    ctx = client_tls(ca_path)
+    request = v1.EnrollRequest(
+        join_token=join_token,
+        hostname=inventory.hostname,
+        inventory=inventory_to_wire(inventory),
+        node_id=node_id,
+    )
+    with translated(endpoint, ca_path, "Enroll"):
+        channel = await run_aio(aio_channel, endpoint, ctx)
+        try:
+            with trio.fail_after(UNARY_DEADLINE_S + 1):
+                reply = await run_aio(
+                    v1.ControlStub(channel, timeout=UNARY_DEADLINE_S).enroll, request
+                )
+        finally:
+            channel.close()
+    return Enrolled(
+        reply.node_id,
+        reply.fleet,
+        reply.node_credential,
+        reply.credential_issued_at_ms,
+        reply.credential_expires_at_ms,
+    )
+
+
+class ControlStream:
+    """One open ``Connect`` stream. ``send`` and ``receive`` may run in two tasks at once."""
+
+    def __init__(self, stream: Any, endpoint: Endpoint, ca_path: Path) -> None:
+        self._stream = stream
+        self._endpoint = endpoint
+        self._ca_path = ca_path
+        self._send_lock = trio.Lock()
+        # A message over the limit is refused from its length prefix, before it is read.
+        guard_client_reads(stream, AGENT_RECEIVE_BYTES, "CoordinatorMessage")
+
+    async def send(self, msg: m.Outgoing) -> None:
+        async with self._send_lock:
+            with translated(self._endpoint, self._ca_path, "Connect"):
+                await run_aio(self._stream.send_message, to_wire(msg))
+
+    async def receive(self) -> m.Incoming | None:
+        """The next message, or ``None`` when the coordinator ended the stream."""
+        with translated(self._endpoint, self._ca_path, "Connect"):
+            raw = await run_aio(self._stream.recv_message)
+        return None if raw is None else from_wire(raw)
+
+
+async def control_refusal(endpoint: Endpoint, ca_path: Path, credential: str) -> Refused | None:
+    """Why the coordinator refuses ``credential`` on Connect, or None when it does not.
+
+    A refusal that races with the stream reset reaches a live session as a bare reset. This
+    opens Connect and ends it at once, sending no Hello: a refused credential is answered with
+    its status and sentence; an accepted one only with "no Hello", so no session starts.
+    """
+    ctx = client_tls(ca_path)
+    try:
+        with translated(endpoint, ca_path, "Connect"):
+            channel = await run_aio(aio_channel, endpoint, ctx)
+    except WireError:
+        return None
+    try:
+        with trio.fail_after(UNARY_DEADLINE_S), translated(endpoint, ca_path, "Connect"):
+            await run_aio(_probe_connect, channel, credential)
+    except Refused as exc:
+        if exc.status in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            return exc
+    except WireError:
+        pass
+    finally:
+        channel.close()
+    return None
+
+
+async def _probe_connect(channel: Channel, credential: str) -> None:
+    async with channel.request(
+        CONNECT_METHOD,
+        Cardinality.STREAM_STREAM,
+        v1.NodeMessage,
+        v1.CoordinatorMessage,
+        metadata={"authorization": f"Bearer {credential}"},
+    ) as stream:
+        await stream.send_request(end=True)
+        await stream.recv_message()
+
+
+@asynccontextmanager
+async def open_control_stream(
+    endpoint: Endpoint, ca_path: Path, credential: str
+) -> AsyncIterator[ControlStream]:
+    """Open ``Connect`` with the Node's credential; the stream is reset when the block exits."""
+    ctx = client_tls(ca_path)
+    with translated(endpoint, ca_path, "Connect"):
+        channel = await run_aio(aio_channel, endpoint, ctx)
+    stream = channel.request(
+        CONNECT_METHOD,
+        Cardinality.STREAM_STREAM,
+        v1.NodeMessage,
+        v1.CoordinatorMessage,
+        metadata={"authorization": f"Bearer {credential}"},
+    )
+    try:
+        with translated(endpoint, ca_path, "Connect"):
+            await run_aio(stream.__aenter__)
+            with trio.fail_after(UNARY_DEADLINE_S):
+                await run_aio(stream.send_request)
+        yield ControlStream(stream, endpoint, ca_path)
+    finally:
+        # Leaving always resets the stream (an exception tells grpclib not to wait for trailers
+        # from a peer that may be gone) and closes the connection; nothing here may block long.
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            closing = ConnectionResetError("the agent closed the control stream")
+            with suppress(Exception):
+                await run_aio(stream.__aexit__, ConnectionResetError, closing, None)
+        channel.close()
