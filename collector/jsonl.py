@@ -18,7 +18,7 @@ from typing import Any
 
 from .point_rules import encoding_problem
 from .points import Decoded, HParamsMark, Mark, ReadWarning, ScalarPoint
-from .tfevent import bounded_hparams
+from .tb_hparams import bounded_hparams
 
 MAX_LINE_BYTES = 1024 * 1024
 _RESERVED = frozenset({"step", "wall_time", "metrics"})

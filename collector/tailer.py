@@ -55,7 +55,7 @@ from .points import (
     ReadWarning,
     ScalarPoint,
 )
-from .tfevent import opening_state
+from .tb_runs import opening_state
 from .tracking import (
     HEAD_BYTES,
     Adopted,

@@ -2,7 +2,7 @@
 
 Theory of operation:
 - The collector replays TensorBoard's reader over each run directory and ships a restart mark
-  wherever that reader would purge (:class:`tuneplane.collector.tfevent.RunState`). Points and
+  wherever that reader would purge (:class:`tuneplane.collector.tb_runs.RunState`). Points and
   marks reach the store in any order (files are read side by side, batches are retried), so a
   point's fate is decided from its place, never from when it arrived.
 - A point's place is its run directory and its position in TensorBoard's reading order: the

@@ -19,7 +19,7 @@ from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import RecordWriter
 
 from tests.collector.tb_writers import tensorboard_scalars
-from tuneplane.collector.tfevent import RunState, opening_state, parse_file_version
+from tuneplane.collector.tb_runs import RunState, opening_state, parse_file_version
 from tuneplane.coordinator.orphans import Restart, SeriesRule, orphaned, place
 
 TAGS = ("loss", "acc", "lr")
