@@ -54,8 +54,6 @@ arrives with the card's handle (as NVML does for a card that fell off the bus).
 from __future__ import annotations
 
 import json
-import os
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -65,29 +63,15 @@ import attrs
 import pynvml
 
 from .atomic_file import write_atomic
-from .inventory import InventoryError
-
-# Calls recorded in ``calls_log`` (what a test needs to see the agent let go of NVML).
-_LOGGED = frozenset(
-    {
-        "nvmlInit",
-        "nvmlShutdown",
-        "nvmlEventSetCreate",
-        "nvmlEventSetFree",
-        "nvmlDeviceRegisterEvents",
-    }
+from .scripted_nvml_file import (
+    ARCHITECTURES,
+    POLL_S,
+    ScriptedHandle,
+    ScriptError,
+    ScriptFile,
+    nvml_error,
 )
-_ARCHITECTURES = {
-    "kepler": pynvml.NVML_DEVICE_ARCH_KEPLER,
-    "maxwell": pynvml.NVML_DEVICE_ARCH_MAXWELL,
-    "pascal": pynvml.NVML_DEVICE_ARCH_PASCAL,
-    "volta": pynvml.NVML_DEVICE_ARCH_VOLTA,
-    "turing": pynvml.NVML_DEVICE_ARCH_TURING,
-    "ampere": pynvml.NVML_DEVICE_ARCH_AMPERE,
-    "ada": pynvml.NVML_DEVICE_ARCH_ADA,
-    "hopper": pynvml.NVML_DEVICE_ARCH_HOPPER,
-    "blackwell": pynvml.NVML_DEVICE_ARCH_BLACKWELL,
-}
+
 _RECOVERY_ACTIONS = {
     "none": pynvml.NVML_GPU_RECOVERY_ACTION_NONE,
     "gpu_reset": pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
@@ -95,34 +79,11 @@ _RECOVERY_ACTIONS = {
     "drain_p2p": pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P,
     "drain_and_reset": pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET,
 }
-_POLL_S = 0.02
-
-
-class ScriptError(InventoryError):
-    """The script file cannot be used. ``str()`` names the file, what is wrong and the fix."""
 
 
 def write_script(path: Path, script: dict[str, Any]) -> None:
     """Replace the script atomically, so a running process never reads half of it."""
     write_atomic(path, json.dumps(script, indent=1).encode())
-
-
-def _error(name: str, where: str) -> pynvml.NVMLError:
-    code = getattr(pynvml, f"NVML_ERROR_{name}", None)
-    if not isinstance(code, int):
-        raise ScriptError(
-            f"{where}: {name!r} is not an NVML error name; write the NVML_ERROR_ suffix, for "
-            "example GPU_IS_LOST, UNKNOWN or NOT_SUPPORTED."
-        )
-    return pynvml.NVMLError(code)
-
-
-@attrs.frozen
-class ScriptedHandle:
-    """A device handle: a card by its scripted UUID, or MIG device ``mig`` of that card."""
-
-    card: str
-    mig: int = -1
 
 
 @attrs.define
@@ -137,15 +98,10 @@ class ScriptedNvml:
 
     def __init__(self, script: Path) -> None:
         self.script_path = script
-        self._lock = threading.Lock()
-        self._stamp: tuple[int, int, int] | None = None
-        self._script: dict[str, Any] = {}
-        self._init_count = 0
-        self._init_epoch = 0
+        # The script as last read and NVML's initialisation state (read once now).
+        self._file = ScriptFile(script)
         self._event_sets: dict[int, _EventSet] = {}
         self._next_set = 1
-        with self._lock:
-            self._reload()
 
     def __repr__(self) -> str:
         return f"ScriptedNvml({str(self.script_path)!r})"
@@ -159,198 +115,80 @@ class ScriptedNvml:
             f"ScriptedNvml does not script {name}; add it to agent/scripted_nvml.py."
         )
 
-    # --- script -------------------------------------------------------------------------------
-
-    def _reload(self) -> None:
-        try:
-            st = os.stat(self.script_path)
-        except OSError as exc:
-            raise ScriptError(
-                f"The scripted NVML file {self.script_path} cannot be read ({exc.strerror}); "
-                "create it or pass another --scripted-nvml FILE."
-            ) from exc
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if stamp == self._stamp:
-            return
-        try:
-            data = json.loads(self.script_path.read_bytes())
-        except (OSError, ValueError) as exc:
-            raise ScriptError(
-                f"The scripted NVML file {self.script_path} is not valid JSON ({exc}); fix it "
-                "(the format is in agent/scripted_nvml.py)."
-            ) from exc
-        if not isinstance(data, dict) or not isinstance(data.get("gpus", []), list):
-            raise ScriptError(
-                f"The scripted NVML file {self.script_path} must hold an object whose 'gpus' is "
-                "a list; fix it (the format is in agent/scripted_nvml.py)."
-            )
-        for i, card in enumerate(data.get("gpus", [])):
-            if not isinstance(card, dict) or not isinstance(card.get("uuid"), str):
-                raise ScriptError(
-                    f"The scripted NVML file {self.script_path}: gpus[{i}] needs a 'uuid' "
-                    "string; add one."
-                )
-        self._script = data
-        self._stamp = stamp
-
-    def _cards(self) -> list[dict[str, Any]]:
-        cards: list[dict[str, Any]] = self._script.get("gpus", [])
-        return cards
-
-    def _card(self, handle: Any) -> dict[str, Any] | None:
-        if not isinstance(handle, ScriptedHandle):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return next((c for c in self._cards() if c["uuid"] == handle.card), None)
-
-    def _log(self, name: str, detail: str) -> None:
-        target = self._script.get("calls_log")
-        if name in _LOGGED and isinstance(target, str):
-            with open(target, "a", encoding="utf-8") as f:
-                f.write(f"{name} {detail}".rstrip() + "\n")
-
-    def _enter(self, name: str, handle: Any = None, detail: str = "") -> dict[str, Any] | None:
-        """The checks every call makes; returns the handle's card (None for global calls)."""
-        while True:
-            with self._lock:
-                self._reload()
-                card = None if handle is None else self._card(handle)
-                hanging = name in self._script.get("hang", []) or (
-                    card is not None and name in card.get("hang", [])
-                )
-                if not hanging:
-                    self._log(name, detail)
-                    break
-            time.sleep(_POLL_S)
-        with self._lock:
-            if name != "nvmlInit":
-                if self._init_count == 0:
-                    raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
-                if self._script.get("epoch", 0) != self._init_epoch and name != "nvmlShutdown":
-                    raise _error(str(self._script.get("epoch_error", "UNINITIALIZED")), name)
-            failure = self._script.get("errors", {}).get(name)
-            if failure is not None:
-                raise _error(str(failure), f"errors.{name}")
-            if handle is None:
-                return None
-            if card is None:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-            if card.get("lost"):
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-            failure = card.get("errors", {}).get(name)
-            if failure is not None:
-                raise _error(str(failure), f"gpus[{card['uuid']}].errors.{name}")
-            return card
-
-    def _need(self, card: dict[str, Any] | None) -> dict[str, Any]:
-        if card is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return card
-
-    @staticmethod
-    def _value(card: dict[str, Any], key: str, default: Any) -> Any:
-        """``card[key]``, the default when absent; NOT_SUPPORTED when the script says null."""
-        if key in card and card[key] is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return card.get(key, default)
-
-    def _architecture(self, card: dict[str, Any]) -> int:
-        arch = card.get("architecture", pynvml.NVML_DEVICE_ARCH_HOPPER)
-        if isinstance(arch, str):
-            if arch.lower() not in _ARCHITECTURES:
-                raise ScriptError(
-                    f"The scripted NVML file {self.script_path}: architecture {arch!r} is not "
-                    f"one of {', '.join(_ARCHITECTURES)}; use one of them or its number."
-                )
-            return int(_ARCHITECTURES[arch.lower()])
-        return int(arch)
-
-    def _mig(self, card: dict[str, Any]) -> dict[str, Any]:
-        mig = card.get("mig")
-        if not isinstance(mig, dict):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return mig
-
     # --- life-cycle ---------------------------------------------------------------------------
 
     def nvmlInit(self) -> None:
-        self._enter("nvmlInit")
-        with self._lock:
-            failure = self._script.get("init_error")
+        self._file.enter("nvmlInit")
+        with self._file.lock:
+            failure = self._file.data.get("init_error")
             if failure:
-                raise _error(str(failure), "init_error")
-            self._init_count += 1
-            self._init_epoch = int(self._script.get("epoch", 0))
+                raise nvml_error(str(failure), "init_error")
+            self._file.init_count += 1
+            self._file.init_epoch = int(self._file.data.get("epoch", 0))
 
     def nvmlShutdown(self) -> None:
-        self._enter("nvmlShutdown")
-        with self._lock:
-            self._init_count -= 1
-            if self._init_count == 0:
+        self._file.enter("nvmlShutdown")
+        with self._file.lock:
+            self._file.init_count -= 1
+            if self._file.init_count == 0:
                 # As NVML: an event set does not outlive the library's initialisation.
                 for events in self._event_sets.values():
                     events.freed = True
 
     def nvmlSystemGetDriverVersion(self) -> str:
-        self._enter("nvmlSystemGetDriverVersion")
-        return str(self._script.get("driver_version", "550.54.15"))
+        self._file.enter("nvmlSystemGetDriverVersion")
+        return str(self._file.data.get("driver_version", "550.54.15"))
 
     def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
-        self._enter("nvmlSystemGetCudaDriverVersion_v2")
-        return int(self._script.get("cuda_version", 12040))
+        self._file.enter("nvmlSystemGetCudaDriverVersion_v2")
+        return int(self._file.data.get("cuda_version", 12040))
 
     # --- devices ------------------------------------------------------------------------------
 
     def nvmlDeviceGetCount(self) -> int:
-        self._enter("nvmlDeviceGetCount")
-        return len(self._cards())
+        self._file.enter("nvmlDeviceGetCount")
+        return len(self._file.cards())
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> ScriptedHandle:
-        self._enter("nvmlDeviceGetHandleByIndex")
-        cards = self._cards()
+        self._file.enter("nvmlDeviceGetHandleByIndex")
+        cards = self._file.cards()
         if not 0 <= index < len(cards):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         handle = ScriptedHandle(cards[index]["uuid"])
-        self._enter("nvmlDeviceGetHandleByIndex", handle)
+        self._file.enter("nvmlDeviceGetHandleByIndex", handle)
         return handle
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> ScriptedHandle:
-        self._enter("nvmlDeviceGetHandleByUUID")
+        self._file.enter("nvmlDeviceGetHandleByUUID")
         text = uuid.decode() if isinstance(uuid, bytes) else uuid
-        for card in self._cards():
+        for card in self._file.cards():
             if card["uuid"] == text:
                 handle = ScriptedHandle(text)
-                self._enter("nvmlDeviceGetHandleByUUID", handle)
+                self._file.enter("nvmlDeviceGetHandleByUUID", handle)
                 return handle
             for i, dev in enumerate(card.get("mig", {}).get("devices", []) or []):
                 if dev.get("uuid") == text:
                     return ScriptedHandle(card["uuid"], i)
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
-    def _mig_device(self, card: dict[str, Any], handle: ScriptedHandle) -> dict[str, Any]:
-        devices = self._mig(card).get("devices", [])
-        if not 0 <= handle.mig < len(devices):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        device: dict[str, Any] = devices[handle.mig]
-        return device
-
     def nvmlDeviceGetUUID(self, handle: ScriptedHandle) -> str:
-        card = self._need(self._enter("nvmlDeviceGetUUID", handle))
+        card = self._file.need(self._file.enter("nvmlDeviceGetUUID", handle))
         if handle.mig >= 0:
-            return str(self._mig_device(card, handle)["uuid"])
+            return str(self._file.mig_device(card, handle)["uuid"])
         return str(card["uuid"])
 
     def nvmlDeviceGetName(self, handle: ScriptedHandle) -> str:
-        card = self._need(self._enter("nvmlDeviceGetName", handle))
+        card = self._file.need(self._file.enter("nvmlDeviceGetName", handle))
         name = str(card.get("name", "NVIDIA H200"))
         if handle.mig >= 0:
-            dev = self._mig_device(card, handle)
+            dev = self._file.mig_device(card, handle)
             return str(dev.get("name", f"{name} MIG {dev.get('profile', '1g.10gb')}"))
         return name
 
     def nvmlDeviceGetMemoryInfo(self, handle: ScriptedHandle, version: Any = None) -> Any:
-        card = self._need(self._enter("nvmlDeviceGetMemoryInfo", handle))
+        card = self._file.need(self._file.enter("nvmlDeviceGetMemoryInfo", handle))
         if handle.mig >= 0:
-            total = int(self._mig_device(card, handle).get("memory", 10 * 2**30))
+            total = int(self._file.mig_device(card, handle).get("memory", 10 * 2**30))
             used = 0
         else:
             total = int(card.get("memory", 141 * 2**30))
@@ -358,70 +196,64 @@ class ScriptedNvml:
         return SimpleNamespace(total=total, used=used, free=total - used, reserved=0)
 
     def nvmlDeviceGetMinorNumber(self, handle: ScriptedHandle) -> int:
-        card = self._need(self._enter("nvmlDeviceGetMinorNumber", handle))
+        card = self._file.need(self._file.enter("nvmlDeviceGetMinorNumber", handle))
         if "minor" in card:
             return int(card["minor"])
-        return next(i for i, c in enumerate(self._cards()) if c["uuid"] == card["uuid"])
+        return next(i for i, c in enumerate(self._file.cards()) if c["uuid"] == card["uuid"])
 
     def nvmlDeviceGetArchitecture(self, handle: ScriptedHandle) -> int:
-        card = self._need(self._enter("nvmlDeviceGetArchitecture", handle))
-        return self._architecture(card)
+        card = self._file.need(self._file.enter("nvmlDeviceGetArchitecture", handle))
+        return self._file.architecture(card)
 
     def nvmlDeviceGetTotalEccErrors(
         self, handle: ScriptedHandle, error_type: int, counter: int
     ) -> int:
-        card = self._need(self._enter("nvmlDeviceGetTotalEccErrors", handle))
+        card = self._file.need(self._file.enter("nvmlDeviceGetTotalEccErrors", handle))
         key = (
             "ecc_uncorrected"
             if error_type == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
             else "ecc_corrected"
         )
-        return int(self._value(card, key, 0))
+        return int(self._file.value(card, key, 0))
 
     def nvmlDeviceGetRemappedRows(self, handle: ScriptedHandle) -> tuple[int, int, int, int]:
-        card = self._need(self._enter("nvmlDeviceGetRemappedRows", handle))
-        if "remapped_rows" not in card and self._architecture(card) < _ARCHITECTURES["ampere"]:
+        card = self._file.need(self._file.enter("nvmlDeviceGetRemappedRows", handle))
+        if "remapped_rows" not in card and self._file.architecture(card) < ARCHITECTURES["ampere"]:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        corr, unc, pending, failure = self._value(card, "remapped_rows", [0, 0, 0, 0])
+        corr, unc, pending, failure = self._file.value(card, "remapped_rows", [0, 0, 0, 0])
         return int(corr), int(unc), int(pending), int(failure)
 
-    def _retired(self, card: dict[str, Any]) -> dict[str, Any]:
-        if "retired_pages" not in card and self._architecture(card) >= _ARCHITECTURES["ampere"]:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        pages: dict[str, Any] = self._value(card, "retired_pages", {})
-        return pages
-
     def nvmlDeviceGetRetiredPages(self, handle: ScriptedHandle, cause: int) -> list[int]:
-        card = self._need(self._enter("nvmlDeviceGetRetiredPages", handle))
+        card = self._file.need(self._file.enter("nvmlDeviceGetRetiredPages", handle))
         key = (
             "double_bit"
             if cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
             else "single_bit"
         )
-        return [int(a) for a in self._retired(card).get(key, [])]
+        return [int(a) for a in self._file.retired(card).get(key, [])]
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: ScriptedHandle) -> int:
-        card = self._need(self._enter("nvmlDeviceGetRetiredPagesPendingStatus", handle))
-        return int(bool(self._retired(card).get("pending", False)))
+        card = self._file.need(self._file.enter("nvmlDeviceGetRetiredPagesPendingStatus", handle))
+        return int(bool(self._file.retired(card).get("pending", False)))
 
     def nvmlDeviceGetMigMode(self, handle: ScriptedHandle) -> list[int]:
-        card = self._need(self._enter("nvmlDeviceGetMigMode", handle))
-        mig = self._mig(card)
+        card = self._file.need(self._file.enter("nvmlDeviceGetMigMode", handle))
+        mig = self._file.mig(card)
         current = int(mig.get("current", 0))
         return [current, int(mig.get("pending", current))]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: ScriptedHandle) -> int:
-        card = self._need(self._enter("nvmlDeviceGetMaxMigDeviceCount", handle))
-        return max(7, len(self._mig(card).get("devices", [])))
+        card = self._file.need(self._file.enter("nvmlDeviceGetMaxMigDeviceCount", handle))
+        return max(7, len(self._file.mig(card).get("devices", [])))
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: ScriptedHandle, index: int) -> Any:
-        card = self._need(self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle))
+        card = self._file.need(self._file.enter("nvmlDeviceGetMigDeviceHandleByIndex", handle))
         mig_handle = ScriptedHandle(card["uuid"], index)
-        self._mig_device(card, mig_handle)
+        self._file.mig_device(card, mig_handle)
         return mig_handle
 
     def nvmlDeviceGetFieldValues(self, handle: ScriptedHandle, field_ids: list[Any]) -> list[Any]:
-        card = self._need(self._enter("nvmlDeviceGetFieldValues", handle))
+        card = self._file.need(self._file.enter("nvmlDeviceGetFieldValues", handle))
         values = []
         for field in field_ids:
             field_id = field[0] if isinstance(field, tuple) else int(field)
@@ -453,7 +285,7 @@ class ScriptedNvml:
     # --- metrics ------------------------------------------------------------------------------
 
     def _metric(self, name: str, handle: ScriptedHandle, key: str) -> int:
-        card = self._need(self._enter(name, handle))
+        card = self._file.need(self._file.enter(name, handle))
         metrics = card.get("metrics", {})
         if key in metrics and metrics[key] is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -484,7 +316,7 @@ class ScriptedNvml:
         )
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: ScriptedHandle) -> list[Any]:
-        card = self._need(self._enter("nvmlDeviceGetComputeRunningProcesses", handle))
+        card = self._file.need(self._file.enter("nvmlDeviceGetComputeRunningProcesses", handle))
         return [
             SimpleNamespace(
                 pid=int(p["pid"]),
@@ -498,12 +330,12 @@ class ScriptedNvml:
     # --- events -------------------------------------------------------------------------------
 
     def nvmlEventSetCreate(self) -> int:
-        self._enter("nvmlEventSetCreate")
-        with self._lock:
+        self._file.enter("nvmlEventSetCreate")
+        with self._file.lock:
             number = self._next_set
             self._next_set += 1
             # As NVML: a new event set hears only of what happens after it exists.
-            before = {str(x.get("id", i)) for i, x in enumerate(self._script.get("xids", []))}
+            before = {str(x.get("id", i)) for i, x in enumerate(self._file.data.get("xids", []))}
             self._event_sets[number] = _EventSet(delivered=before)
         return number
 
@@ -514,22 +346,22 @@ class ScriptedNvml:
         return events
 
     def nvmlEventSetFree(self, event_set: int) -> None:
-        self._enter("nvmlEventSetFree", detail=str(event_set))
-        with self._lock:
+        self._file.enter("nvmlEventSetFree", detail=str(event_set))
+        with self._file.lock:
             self._events(event_set).freed = True
 
     def nvmlDeviceRegisterEvents(self, handle: ScriptedHandle, types: int, event_set: int) -> None:
-        self._enter("nvmlDeviceRegisterEvents", handle, detail=f"{handle.card} {event_set}")
-        with self._lock:
+        self._file.enter("nvmlDeviceRegisterEvents", handle, detail=f"{handle.card} {event_set}")
+        with self._file.lock:
             self._events(event_set).cards.add(handle.card)
 
     def nvmlEventSetWait_v2(self, event_set: int, timeout_ms: int) -> Any:
         deadline = time.monotonic() + max(0, timeout_ms) / 1000
         while True:
-            self._enter("nvmlEventSetWait_v2")
-            with self._lock:
+            self._file.enter("nvmlEventSetWait_v2")
+            with self._file.lock:
                 events = self._events(event_set)
-                for position, xid in enumerate(self._script.get("xids", [])):
+                for position, xid in enumerate(self._file.data.get("xids", [])):
                     key = str(xid.get("id", position))
                     card = str(xid.get("gpu", ""))
                     if key in events.delivered or card not in events.cards:
@@ -544,4 +376,4 @@ class ScriptedNvml:
                     )
             if time.monotonic() >= deadline:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
