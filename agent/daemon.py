@@ -56,7 +56,8 @@ from .journal_records import (
 )
 from .logship import LogShipper
 from .member_state import MemberState
-from .members import MemberManager, now_ms
+from .members import MemberManager
+from .members_base import now_ms
 from .metrics import CONNECTED as METRIC_CONNECTED
 from .metrics import CREDENTIAL_EXPIRY as METRIC_CREDENTIAL_EXPIRY
 from .metrics import (

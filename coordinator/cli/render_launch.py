@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
-# Set by the Node for each rank at launch (agent/launch_plan.py and agent/members.py): known only
-# once the Job is placed, so a preview names them instead of showing values.
+# Set by the Node for each rank at launch (agent/launch_plan.py and agent/members_launch.py):
+# known only once the Job is placed, so a preview names them instead of showing values.
 AT_LAUNCH = (
     "by the Node, per rank: the rank and rendezvous variables of the recipe's launcher (RANK, "
     "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NNODES, MASTER_ADDR, MASTER_PORT), "

@@ -120,7 +120,7 @@ def is_loader_variable(name: str) -> bool:
     return name in LOADER_VARIABLES or name.startswith(LOADER_PREFIXES)
 
 
-#: Variables the Node sets for every member (agent/members.py), which a Job cannot set.
+#: Variables the Node sets for every member (agent/members_launch.py), which a Job cannot set.
 SET_BY_TUNEPLANE = frozenset({"TENSORBOARD_LOGDIR", "AIP_TENSORBOARD_LOG_DIR"})
 #: What to do instead of setting a ``TUNEPLANE_*`` or :data:`SET_BY_TUNEPLANE` variable.
 SET_BY_TUNEPLANE_FIX = (

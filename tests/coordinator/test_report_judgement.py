@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tuneplane.agent.journal_records import MemberKey
 from tuneplane.agent.member_state import TRANSITIONS, MemberEvent, MemberState
-from tuneplane.agent.members import out_dir_for
+from tuneplane.agent.members_base import out_dir_for
 from tuneplane.coordinator import lifecycle as lc
 
 NODE = "node-a"

@@ -1,0 +1,85 @@
+"""What every layer of the member manager builds on: its state, the report it sends, and the
+paths it gives a member.
+
+Rules: :class:`MemberBase` is the bottom layer of :class:`~tuneplane.agent.members.MemberManager`
+(members.py composes the layers: prepare, launch, exits). It journals nothing itself; the
+daemon's nursery, handed in, owns every task a layer starts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+
+from . import messages as m
+from .config import WorkloadPolicy
+from .inventory import Inventory
+from .journal import Journal
+from .journal_records import MemberKey, PendingReport
+from .members_rendezvous import RendezvousHolds
+
+Publish = Callable[[m.Outgoing], Awaitable[None]]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def out_dir_for(out_root: Path, key: MemberKey) -> Path:
+    """``$TUNEPLANE_OUT_DIR`` of a member: ``<out root>/<run id>/attempt-<n>/member-<i>``."""
+    return out_root / key.run_id / f"attempt-{key.attempt}" / f"member-{key.member_index}"
+
+
+def work_dir_for(work_root: Path, key: MemberKey) -> Path:
+    """The member's work directory (its cwd and HOME): ``<work root>/<member key>``."""
+    return work_root / str(key)
+
+
+class MemberBase:
+    """What every layer of the member manager shares: the journal, the member, work and output
+    directories, the Node's policy, the daemon's nursery, and how to publish a message.
+
+    ``publish`` sends a message if a session is open (and drops it otherwise: reports are
+    replayed from the journal after the next Welcome, and the coordinator repeats Prepare).
+    """
+
+    def __init__(
+        self,
+        journal: Journal,
+        members_dir: Path,
+        out_root: Path,
+        inventory: Callable[[], Inventory],
+        node_address: Callable[[], str],
+        publish: Publish,
+        nursery: trio.Nursery,
+        *,
+        work_root: Path,
+        policy: WorkloadPolicy,
+        refresh: Callable[[], Awaitable[Inventory]] | None = None,
+        node_id: str = "",
+    ) -> None:
+        self.journal = journal
+        # This Node's id: a Derivation whose source it holds itself is copied, not fetched.
+        self.node_id = node_id
+        self.members_dir = members_dir
+        self.state_dir = members_dir.parent
+        self.out_root = out_root
+        self.work_root = work_root
+        self.policy = policy
+        self.inventory = inventory
+        # A fresh probe for launch's re-check (the daemon's, with XIDs applied); without one,
+        # the last inventory.
+        self.refresh = refresh
+        self.publish = publish
+        self.nursery = nursery
+        # The members a watcher follows (members_exits.py): one watcher each.
+        self.watched: set[MemberKey] = set()
+        self.rendezvous = RendezvousHolds(nursery, node_address)
+
+    async def report(self, report: PendingReport | None) -> None:
+        """Send a report the journal queued (None: the transition queued none)."""
+        if report is not None:
+            await self.publish(m.Report(report))

@@ -1,0 +1,253 @@
+"""Prepare, journal-first: a member is journaled in ``preparing`` before anything is checked or
+written for it, and ``prepared`` (owning its GPUs) only once its GPUs, runtime, account lease,
+capsule, Derivation source and rendezvous have all been checked or materialised.
+
+Rules:
+- A repeated Prepare gets the answer the journal already holds (:meth:`prepare_answer`).
+- Any refusal journals ``prepare-failed`` with its sentence before the PrepareReply says so.
+- A member runs as the account its lease names (agent/accounts.py), in a work directory outside
+  the state directory that only that account can enter; the lease is on disk before any of the
+  member's files, so a crash holds the account until replay fails the member.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import trio
+
+from tuneplane.proto.contract import jobspec
+
+from . import accounts, runner_pyz
+from . import messages as m
+from .config import DEFAULT_RUNTIME_PATH, Runtime, WorkloadPolicy
+from .crashpoint import crashpoint
+from .init_from import INIT_FROM_DIR, materialise_init_from
+from .journal_records import GpuAlreadyOwned, MemberKey, MemberRecord, NewMember
+from .launch_plan import LAUNCHERS, UnknownLauncher, refused_loader_variable
+from .member_state import COMMITTED_OR_LATER, TERMINAL, MemberEvent, MemberState
+from .members_base import MemberBase, now_ms, out_dir_for, work_dir_for
+from .prepare import CAPSULE_DIR, PrepareRefused, check_gpus, materialise, read_capsule
+from .workload_checks import resolve_interpreter
+
+log = logging.getLogger(__name__)
+
+E = MemberEvent
+S = MemberState
+
+
+def runtime_of(spec: jobspec.JobSpec, policy: WorkloadPolicy) -> Runtime:
+    """The node.toml runtime a JobSpec's ``host:<name>`` runtime id names, refused (with what
+    this Node offers) when it is not a host runtime or its interpreter is not an executable file
+    here: checked at Prepare, so no GPU is held for a Job this Node cannot start."""
+    kind, _, name = spec.runtime_id.partition(":")
+    if kind != "host" or not name:
+        raise PrepareRefused(
+            f"The runtime {spec.runtime_id!r} is not a host runtime; this Node runs "
+            f"{offered_runtimes(policy)}."
+        )
+    runtime = policy.runtime(name)
+    where = resolve_interpreter(runtime.interpreter, runtime.path)
+    if where is None or not os.access(where, os.X_OK):
+        origin = (
+            f"as [runtimes.{name}] of node.toml defines it"
+            if runtime.configured
+            else f"looked up on {runtime.path}, as node.toml has no [runtimes.{name}]"
+        )
+        raise PrepareRefused(
+            f"This Node cannot run the runtime {spec.runtime_id!r}: its interpreter "
+            f"{runtime.interpreter!r} ({origin}) is not an executable file here. This Node "
+            f"runs {offered_runtimes(policy)}. Submit the Job on one of those, or ask this "
+            f"Node's operator to install the interpreter or define [runtimes.{name}] in node.toml."
+        )
+    return runtime
+
+
+def offered_runtimes(policy: WorkloadPolicy) -> str:
+    """What ``host:<name>`` runtimes this Node runs, in words for a refusal."""
+    configured = sorted(policy.runtimes)
+    tables = (
+        ", ".join(f"host:{name}" for name in configured) + " (node.toml) and " if configured else ""
+    )
+    return f"{tables}host:<program> for a program on {DEFAULT_RUNTIME_PATH}"
+
+
+class MemberPrepares(MemberBase):
+    """Prepare: journal the member in ``preparing``, check and materialise it, then answer."""
+
+    @staticmethod
+    def prepare_answer(record: MemberRecord) -> m.PrepareReply:
+        """The reply a repeated Prepare gets: what the journal says happened the first time."""
+        rendezvous = (
+            m.Rendezvous(record.master_addr, record.master_port) if record.master_port else None
+        )
+        if record.state is S.PREPARED or record.state in COMMITTED_OR_LATER:
+            # This agent holds the port of every member 0 it prepared (again after a restart).
+            return m.PrepareReply(
+                record.key, True, "", rendezvous, rendezvous_held=rendezvous is not None
+            )
+        reason = record.reason or f"the member is {record.state.value} on this Node"
+        return m.PrepareReply(record.key, False, reason, None)
+
+    async def prepare(self, cmd: m.Prepare) -> None:
+        key = cmd.key
+        existing = await self.journal.member(key)
+        if existing is not None:
+            log.info("prepare repeated run_id=%s member=%s state=%s", key.run_id, key,
+                     existing.state.value)  # fmt: skip
+            await self.publish(self.prepare_answer(existing))
+            return
+        spec: jobspec.JobSpec | None = None
+        spec_error = ""
+        try:
+            spec = jobspec.loads(cmd.jobspec_json)
+        except jobspec.JobSpecError as exc:
+            spec_error = f"The JobSpec cannot be read: {exc}"
+        member_dir = self.members_dir / str(key)
+        # One inventory for the whole Prepare: the UUIDs journaled are the ones checked.
+        inventory = self.inventory()
+        uuids = cmd.gpu_uuids or tuple(
+            gpu.uuid if (gpu := inventory.gpu(i)) is not None else "" for i in cmd.gpu_indexes
+        )
+        await self.journal.create_member(
+            NewMember(
+                key=key,
+                member_count=cmd.member_count,
+                gpu_indexes=cmd.gpu_indexes,
+                gpu_uuids=uuids if len(uuids) == len(cmd.gpu_indexes) else (),
+                member_dir=str(member_dir),
+                out_dir=str(out_dir_for(self.out_root, key)),
+                grace_period_s=spec.grace_period_s if spec else 30,
+            ),
+            now_ms(),
+        )
+        rendezvous: m.Rendezvous | None = None
+        try:
+            if spec is None:
+                raise PrepareRefused(spec_error)
+            owners, unnamed = await self.journal.gpu_owners_by_uuid()
+            check_gpus(key, cmd.gpu_indexes, cmd.gpu_uuids, inventory, owners, unnamed)
+            runtime = runtime_of(spec, self.policy)
+            refused = refused_loader_variable(spec.env, runtime.name, runtime.allow_loader_env)
+            if refused:
+                raise PrepareRefused(refused)
+            # The lease is on disk before any file is written for the member, so a crash here
+            # still holds the account until the member is failed on replay.
+            held, ended = await self._pool_leases(key)
+            lease = accounts.lease_for(
+                self.policy, held, work_dir_for(self.work_root, key), cmd.owner
+            )
+            accounts.write_lease(member_dir, lease)
+            log.info("account leased member=%s account=%s uid=%d mode=%s work_dir=%s", key,
+                     lease.account.name, lease.account.uid, lease.mode, lease.work_dir)  # fmt: skip
+            work = await trio.to_thread.run_sync(
+                self._materialise, member_dir, lease, cmd, spec.source_files,
+                ended.get(lease.account.name, []),
+            )  # fmt: skip
+            if spec.init_from_source is not None:
+                await trio.to_thread.run_sync(
+                    self._init_from, key, spec, lease, work, cmd.init_from_fetch
+                )
+            launch = read_capsule(work)
+            if launch.launcher not in LAUNCHERS:
+                raise PrepareRefused(str(UnknownLauncher(launch.launcher)))
+            checked = await self.rendezvous.check(cmd)
+            if cmd.pick_rendezvous:
+                rendezvous = await self.rendezvous.hold(cmd, member_dir)
+            await self.journal.transition(
+                key, E.PREPARE_SUCCEEDED, now_ms(),
+                rendezvous=(rendezvous.master_addr, rendezvous.master_port) if rendezvous else None,
+                details={"gpu_indexes": list(cmd.gpu_indexes), "gpu_uuids": list(uuids),
+                         "runner_sha256": runner_pyz.recorded(work / CAPSULE_DIR), **checked},
+            )  # fmt: skip
+        except (PrepareRefused, GpuAlreadyOwned, accounts.AccountError, OSError) as exc:
+            await self.rendezvous.release(key)
+            reason = str(exc)
+            log.warning("prepare refused run_id=%s member=%s reason=%s", key.run_id, key, reason)
+            _, report = await self.journal.transition(
+                key, E.PREPARE_FAILED, now_ms(), reason=reason
+            )
+            await self.publish(m.PrepareReply(key, False, reason, None))
+            await self.report(report)
+            return
+        log.info("member prepared run_id=%s member=%s gpus=%s", key.run_id, key,
+                 list(cmd.gpu_indexes))  # fmt: skip
+        crashpoint("after-prepare-journaled")
+        await self.publish(
+            m.PrepareReply(key, True, "", rendezvous, rendezvous_held=rendezvous is not None)
+        )
+
+    async def _pool_leases(self, key: MemberKey) -> tuple[set[str], dict[str, list[Path]]]:
+        """Pool accounts held by members that have not ended, and the ended members' paths.
+
+        Both come from the journal and the members' lease files alone, so they are the same
+        after an agent restart. A lease file that cannot be read holds nothing back: its member
+        cannot launch either.
+        """
+        held: set[str] = set()
+        ended: dict[str, list[Path]] = {}
+        for record in await self.journal.members():
+            if record.key == key:
+                continue
+            try:
+                lease = accounts.read_lease(Path(record.member_dir))
+            except accounts.AccountError as exc:
+                log.warning("account lease unreadable member=%s reason=%s", record.key, exc)
+                continue
+            if lease is None or lease.mode != "pool":
+                continue
+            if record.state in TERMINAL:
+                paths = ended.setdefault(lease.account.name, [])
+                paths += [lease.work_dir, Path(record.out_dir)]
+            else:
+                held.add(lease.account.name)
+        return held, ended
+
+    def _materialise(
+        self,
+        member_dir: Path,
+        lease: accounts.Lease,
+        cmd: m.Prepare,
+        sources: Mapping[str, str],
+        previous: list[Path],
+    ) -> Path:
+        """Write the member's files, then give its work directory to its account (0700).
+
+        A pool account's earlier members' directories first go back to root (their runners did
+        that for members that ran), so this member cannot read them.
+        """
+        if lease.mode == "pool":
+            accounts.reclaim(previous, lease.account)
+        self.work_root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        lease.work_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(lease.work_dir, 0o700)
+        work = materialise(
+            member_dir, cmd.jobspec_json, cmd.capsule_files, cmd.capsule_digests, sources,
+            lease.work_dir,
+        )  # fmt: skip
+        if lease.switches_user:
+            accounts.chown_tree(work, lease.account)
+        return work
+
+    def _init_from(
+        self,
+        key: MemberKey,
+        spec: jobspec.JobSpec,
+        lease: accounts.Lease,
+        work: Path,
+        fetch: m.InitFromFetch | None,
+    ) -> None:
+        """Copy (or fetch from the Node that holds it) and verify the Derivation's source into
+        the work dir (agent/init_from.py), then give it to the member's account like the rest
+        of the work dir."""
+        source = spec.init_from_source
+        assert source is not None
+        dest = work / INIT_FROM_DIR
+        copied = materialise_init_from(source, self.out_root, dest, self.node_id, fetch)
+        if lease.switches_user:
+            accounts.chown_tree(dest, lease.account)
+        log.info("init-from materialised member=%s source_run=%s files=%d bytes=%d dir=%s",
+                 key, source.run_id, source.files, copied, dest)  # fmt: skip
