@@ -4,6 +4,9 @@ The public names are re-exported here; the readers are sans-IO and the tailer is
 over them (see docs/telemetry.md).
 """
 
+from .batches import Batch as Batch
+from .batches import Position as Position
+from .batches import TailerStatistics as TailerStatistics
 from .checkpoint import CheckpointError as CheckpointError
 from .files import Layout as Layout
 from .files import ScanLimits as ScanLimits
@@ -15,8 +18,5 @@ from .jsonl import JsonlDecoder as JsonlDecoder
 from .points import Decoded as Decoded
 from .points import ReadWarning as ReadWarning
 from .points import ScalarPoint as ScalarPoint
-from .tailer import Batch as Batch
-from .tailer import Position as Position
 from .tailer import Tailer as Tailer
-from .tailer import TailerStatistics as TailerStatistics
 from .tfevent import TFEventDecoder as TFEventDecoder

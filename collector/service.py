@@ -38,6 +38,7 @@ import trio
 
 from tuneplane.agent.atomic_file import write_atomic
 
+from .batches import Batch
 from .checkpoint import load_checkpoint
 from .files import Layout, ScanLimits, TelemetryPathError
 from .point_rules import REFUSED_KIND, PointScreen, storable
@@ -52,7 +53,7 @@ from .ship_wire import (
 )
 from .spool import DEFAULT_MAX_POINTS, SPOOL_FILE, Spool, SpooledPoint
 from .system_sampler import SystemOptions, SystemSampling
-from .tailer import Batch, Tailer
+from .tailer import Tailer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -14,20 +14,14 @@ Rules:
   with its :class:`Layout`, new files and directories included, within :class:`ScanLimits`.
   A file's tags (and the tags its marks name) get its run in front (``tb/run1`` + ``loss`` is
   ``tb/run1/loss``), so two writers' ``loss`` never merge into one Series name.
-- The directory walk costs CPU in proportion to the tree (a checkpoint directory of 10 000
-  files takes tens of milliseconds): while the writers run it is repeated only once
-  :data:`WALK_COST_FACTOR` times its last cost has passed (at most every poll), so it never
-  takes more than about 2 % of a core; the files already found are looked at every poll, and
-  draining always walks again.
-- A bound that leaves telemetry unread (the file cap, the walk's depth or entries) is said
-  once per member: a log line, and a data-loss warning in the spool, which ``tp job show``
-  counts. The checkpoint remembers it was said once that warning is durable.
+- The files are walked, stat'ed and read in worker threads (:mod:`.poll_io`, which says how
+  often the directory walk is repeated); the files already found are looked at every poll.
+- A bound that leaves telemetry unread is said once per member (:mod:`.bound_notices`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,31 +30,18 @@ from typing import Any
 import attrs
 import trio
 
+from .batches import Batch, Position, TailerStatistics
+from .bound_notices import BoundNotices
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .files import (
-    Discovery,
-    Layout,
-    ScanLimits,
-    discover,
-    make_decoder,
-    mark_in_run,
-    open_under,
-    points_in_run,
-    read_chunks,
-)
+from .files import Layout, ScanLimits, make_decoder, mark_in_run, points_in_run
 from .point_rules import PointScreen, storable
-from .points import (
-    Decoder,
-    Mark,
-    ReadWarning,
-    ScalarPoint,
-)
+from .points import Decoder, Mark, ReadWarning, ScalarPoint
+from .poll_io import Walker, read_new
 from .tb_runs import opening_state
 from .tracking import (
     HEAD_BYTES,
     Adopted,
     Change,
-    FileStat,
     Moved,
     NotFollowed,
     Opened,
@@ -74,52 +55,6 @@ from .tracking import (
 log = logging.getLogger(__name__)
 
 POLL_BYTES = 8 * 1024 * 1024
-#: Warning kinds of the bounds (see the module notes), each said once per member.
-NOT_FOLLOWED = "not-followed"
-WALK_LIMITED = "walk-limited"
-#: A walk that took ``t`` seconds is repeated after ``WALK_COST_FACTOR * t`` at the soonest.
-WALK_COST_FACTOR = 50.0
-# One decoded chunk: points, warnings, position, decoder state there, bytes read, marks.
-_Chunk = tuple[list[ScalarPoint], list[ReadWarning], int, dict[str, Any], int, list[Mark]]
-
-
-@attrs.frozen
-class Position:
-    """Where a stream's decoding stands: byte offset and the decoder state there."""
-
-    offset: int
-    state: Mapping[str, Any]
-
-
-@attrs.frozen
-class Batch:
-    """Points and warnings to make durable, then :meth:`Tailer.commit`. ``seq`` grows by one."""
-
-    seq: int
-    points: list[ScalarPoint]
-    warnings: list[ReadWarning]
-    positions: Mapping[str, Position]
-    marks: list[Mark] = attrs.field(factory=list)
-
-
-@attrs.frozen
-class TailerStatistics:
-    polls: int
-    streams: int
-    live_streams: int
-    points: int
-    warnings: int
-    data_loss_warnings: int
-    truncations: int
-    replacements: int
-    adoptions: int
-    skipped_copies: int
-    batches_sent: int
-    batches_committed: int
-    # Files the last scan found that are not followed (the file cap), and whether it stopped
-    # at the depth or entries bound.
-    files_not_followed: int = 0
-    walk_limited: bool = False
 
 
 @attrs.define
@@ -172,12 +107,9 @@ class Tailer:
                 f"not {str(root)!r}; give each member its own checkpoint file"
             )
         self._tracker = Tracker.from_json(body["tracker"]) if body else Tracker()
-        # Bound warnings that are durable (said for good), and those said by this process.
-        self._noted: set[str] = set(body.get("noted", ())) if body else set()
-        self._logged: set[str] = set(self._noted)
-        # The last directory walk, and when the next one is due (time.monotonic()).
-        self._found: Discovery | None = None
-        self._next_walk = 0.0
+        noted = body.get("noted", ()) if body else ()
+        self._bound_notices = BoundNotices(root, self._limits, noted)
+        self._walker = Walker(root, self._layout, self._limits)
         self._decoders: dict[str, Decoder] = {}
         self._positions: dict[str, Position] = {
             s.source_id: Position(s.committed, s.committed_state)
@@ -241,7 +173,7 @@ class Tailer:
             if stream is not None:
                 stream.committed = position.offset
                 stream.committed_state = dict(position.state)
-        self._noted.update(w.kind for w in batch.warnings if w.kind in (NOT_FOLLOWED, WALK_LIMITED))
+        self._bound_notices.committed(batch.warnings)
         self._committed_seq = batch.seq
         await self._persist()
 
@@ -249,7 +181,7 @@ class Tailer:
         body = {
             "root": str(self._root),
             "tracker": self._tracker.to_json(),
-            "noted": sorted(self._noted),
+            "noted": sorted(self._bound_notices.noted),
         }
         async with self._persist_lock:
             await trio.to_thread.run_sync(save_checkpoint, self._checkpoint, body)
@@ -283,7 +215,7 @@ class Tailer:
 
     async def _poll(self, send: trio.MemorySendChannel[Batch], *, final: bool) -> bool:
         """One pass: scan, update identities, decode new bytes. True when anything advanced."""
-        stats, walk_limited = await trio.to_thread.run_sync(self._scan, final)
+        stats, walk_limited = await trio.to_thread.run_sync(self._walker.scan, final)
         changes = self._tracker.observe(stats, final=final, max_live=self._limits.max_files)
         notices = self._apply(changes)
         notices += self._bounds(changes, walk_limited)
@@ -294,7 +226,9 @@ class Tailer:
         advanced = False
         for stream in self._tracker.live():
             decoder = self._decoder(stream)
-            chunks = await trio.to_thread.run_sync(self._read, stream, decoder, final)
+            chunks = await trio.to_thread.run_sync(
+                read_new, self._root, stream, decoder, final, self._poll_bytes
+            )
             run = self._layout.run(stream.source_id)
             for points, warnings, position, state, seen, marks in chunks:
                 if run:
@@ -399,99 +333,4 @@ class Tailer:
         skipped = [c for c in changes if isinstance(c, NotFollowed)]
         self._counters.not_followed = len(skipped)
         self._counters.walk_limited = walk_limited
-        notices: list[ReadWarning] = []
-        if skipped and NOT_FOLLOWED not in self._logged:
-            self._logged.add(NOT_FOLLOWED)
-            first = skipped[0]
-            log.warning(
-                "telemetry files not followed: the limit of files per member is reached "
-                "limit=%d not_followed=%d first=%s",
-                first.limit,
-                len(skipped),
-                storable(first.path),
-            )
-            if NOT_FOLLOWED not in self._noted:
-                notices.append(
-                    ReadWarning(
-                        first.path,
-                        0,
-                        NOT_FOLLOWED,
-                        f"{len(skipped)} telemetry file(s) are not followed, this one first: "
-                        f"this member already has {first.limit} files followed, the most a "
-                        "collector follows (tuneplane-collector run --max-files). Write fewer "
-                        "event or report files (one SummaryWriter per run, not per step)",
-                    )
-                )
-        if walk_limited and WALK_LIMITED not in self._logged:
-            self._logged.add(WALK_LIMITED)
-            limits = self._limits
-            log.warning(
-                "telemetry search stopped at a bound; files beyond it are not seen "
-                "root=%s max_depth=%d max_entries=%d",
-                self._root,
-                limits.max_depth,
-                limits.max_entries,
-            )
-            if WALK_LIMITED not in self._noted:
-                notices.append(
-                    ReadWarning(
-                        ".",
-                        0,
-                        WALK_LIMITED,
-                        f"the search for telemetry files stopped at a bound (directories at "
-                        f"most {limits.max_depth} deep, {limits.max_entries} entries per look); "
-                        "files beyond it are not read. Write event and report files near the "
-                        "top of $TUNEPLANE_OUT_DIR, e.g. under $TENSORBOARD_LOGDIR",
-                    )
-                )
-        return notices
-
-    def _scan(self, final: bool) -> tuple[list[FileStat], bool]:
-        """The telemetry files as they are now, and whether the walk stopped at a bound (see
-        the module notes for how often the directories are walked)."""
-        started = time.monotonic()
-        found = self._found
-        if final or found is None or started >= self._next_walk:
-            found = discover(self._root, self._layout, self._limits)
-            self._found = found
-            self._next_walk = started + WALK_COST_FACTOR * (time.monotonic() - started)
-        stats: list[FileStat] = []
-        for rel, _ in found.files:
-            handle = open_under(self._root, rel)
-            if handle is None:
-                continue
-            with handle:
-                try:
-                    info = os.fstat(handle.fileno())
-                    head = handle.read(HEAD_BYTES)
-                except OSError:
-                    continue
-            stats.append(FileStat(rel, info.st_dev, info.st_ino, info.st_size, head))
-        return stats, found.depth_limited or found.entries_limited
-
-    def _read(self, stream: Stream, decoder: Decoder, final: bool) -> list[_Chunk]:
-        """Decode new bytes of ``stream`` (in a worker thread): per chunk, its points,
-        warnings, position, decoder state there, how far the file was read, and its marks."""
-        out: list[_Chunk] = []
-        handle = open_under(self._root, stream.path)
-        if handle is None:
-            return out
-        with handle:
-            info = os.fstat(handle.fileno())
-            if (info.st_dev, info.st_ino) != stream.inode:
-                # Renamed or replaced since the scan: the next scan sorts it out.
-                return out
-            for decoded in read_chunks(
-                handle, decoder, stream.position, final=final, limit=self._poll_bytes
-            ):
-                out.append(
-                    (
-                        decoded.points,
-                        decoded.warnings,
-                        decoded.consumed,
-                        decoder.snapshot(),
-                        handle.tell(),
-                        decoded.marks,
-                    )
-                )
-        return out
+        return self._bound_notices.notices(skipped, walk_limited)

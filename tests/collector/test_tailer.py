@@ -17,10 +17,12 @@ import trio
 from tensorboardX.proto import event_pb2, summary_pb2
 
 from tests.collector.tb_writers import tensorboard_scalars
+from tuneplane.collector.batches import Batch
+from tuneplane.collector.bound_notices import NOT_FOLLOWED, WALK_LIMITED
 from tuneplane.collector.checkpoint import CheckpointError
 from tuneplane.collector.files import Layout, ScanLimits
 from tuneplane.collector.points import ReadWarning, ScalarPoint
-from tuneplane.collector.tailer import NOT_FOLLOWED, WALK_LIMITED, Batch, Tailer
+from tuneplane.collector.tailer import Tailer
 from tuneplane.collector.tfrecord import frame
 
 DEADLINE = 20.0
