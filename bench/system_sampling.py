@@ -28,16 +28,12 @@ import trio
 
 from tuneplane.agent.nvml_source import load_nvml
 from tuneplane.agent.scripted_nvml import write_script
+from tuneplane.collector.gpu_reader import GpuReader
 from tuneplane.collector.points import ScalarPoint
+from tuneplane.collector.process_reader import ProcessReader
 from tuneplane.collector.spool import Spool
-from tuneplane.collector.system_sampler import (
-    DEFAULT_INTERVAL_S,
-    GpuReader,
-    ProcessReader,
-    SampleNumbers,
-    SystemOptions,
-    SystemSampling,
-)
+from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S, SystemOptions, SystemSampling
+from tuneplane.collector.system_samples import SampleNumbers
 from tuneplane.runner.durable import write_json_atomic
 from tuneplane.runner.records import RUNNER_FILE
 

@@ -21,17 +21,16 @@ import trio
 
 from tuneplane.agent.nvml_source import load_nvml
 from tuneplane.agent.scripted_nvml import write_script
+from tuneplane.collector.gpu_reader import GpuReader
 from tuneplane.collector.point_rules import REFUSED_KIND, PointScreen
 from tuneplane.collector.points import ScalarPoint
-from tuneplane.collector.system_sampler import (
+from tuneplane.collector.process_reader import ProcessReader
+from tuneplane.collector.system_sampler import SystemOptions, SystemSampling
+from tuneplane.collector.system_samples import (
     GPU_SERIES,
     PROCESS_SERIES,
-    GpuReader,
-    ProcessReader,
     Reading,
     SampleNumbers,
-    SystemOptions,
-    SystemSampling,
     gpu_reading,
     process_reading,
     sample_points,
