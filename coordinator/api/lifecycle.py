@@ -24,12 +24,12 @@ from tuneplane.proto import v1
 
 from ..clock import now_ms
 from ..gateways.sessions import SessionRegistry
+from ..gateways.status import grpc_errors
 from ..job_access import check_read
 from ..store import lifecycle as store_lifecycle
 from ..store.access import job_access
-from ..store.core import NotFound, Store, first_row
+from ..store.core import Store
 from ..store.logs import BadStream, LogStore, check_stream
-from ..values.jobs import MemberKey
 from ..values.lifecycle import (
     CANCELLED,
     CancelOutcome,
@@ -37,7 +37,6 @@ from ..values.lifecycle import (
     RetryOutcome,
 )
 from ..wire.lifecycle import cancel_to_wire, logs_to_wire, retry_to_wire
-from ..wire.status import grpc_errors
 from .fleet import caller, check_reason
 
 log = logging.getLogger(__name__)
@@ -123,7 +122,9 @@ class LifecycleApi:
                 name = check_stream(request.stream or "stdout")
             except BadStream as exc:
                 raise GRPCError(Status.INVALID_ARGUMENT, f"GetLogsRequest.stream: {exc}") from None
-            member, state = await self._member(request)
+            member, state = await self._store.member_for_logs(
+                request.run_id, request.attempt, request.member_index
+            )
             max_bytes = min(request.max_bytes or MAX_LOG_BYTES, MAX_LOG_BYTES)
             read = await self._logs.read(member, name, request.from_offset, max_bytes)
             page = LogPage(
@@ -137,39 +138,6 @@ class LifecycleApi:
                 member_state=state,
             )
             await stream.send_message(logs_to_wire(page))
-
-    async def _member(self, request: v1.GetLogsRequest) -> tuple[MemberKey, str]:
-        """The member a GetLogs names (attempt 0: the latest), with its state; or NotFound."""
-        db = self._store.reader
-        job = await first_row(db, "SELECT 1 FROM jobs WHERE run_id = ?", (request.run_id,))
-        if job is None:
-            raise NotFound(
-                f"there is no Job with run id {request.run_id!r}. Check it with `tp job ls`."
-            )
-        attempt = request.attempt
-        if attempt == 0:
-            (latest,) = await first_row(
-                db,
-                "SELECT COALESCE(MAX(number), 0) FROM attempts WHERE run_id = ?",
-                (request.run_id,),
-            )
-            attempt = int(latest)
-            if attempt == 0:
-                raise NotFound(
-                    f"the Job {request.run_id} has not been placed yet, so it has no logs. "
-                    f"Watch it with `tp job show {request.run_id} --watch`."
-                )
-        row = await first_row(
-            db,
-            "SELECT state FROM members WHERE run_id = ? AND attempt = ? AND member_index = ?",
-            (request.run_id, attempt, request.member_index),
-        )
-        if row is None:
-            raise NotFound(
-                f"the Job {request.run_id} has no member {request.member_index} in attempt "
-                f"{attempt}. See its attempts and members with `tp job show {request.run_id}`."
-            )
-        return MemberKey(request.run_id, attempt, request.member_index), str(row[0])
 
 
 def _require_run_id(run_id: str, message: str) -> None:

@@ -12,7 +12,7 @@ import logging
 
 from tuneplane.proto import v1
 
-from ..store.core import Store, first_row
+from ..store.core import Store
 from ..store.logs import STREAMS, LogStore
 from ..wire.members import member_key, member_ref
 
@@ -25,13 +25,8 @@ async def receive_chunk(
     """Store ``chunk`` from ``node_id`` and return the acknowledgement to send back."""
     member = member_key(chunk.member)
     ref = member_ref(member)
-    held = await first_row(
-        store.reader,
-        "SELECT 1 FROM members WHERE run_id = ? AND attempt = ? AND member_index = ? "
-        "AND node_id = ?",
-        (member.run_id, member.attempt, member.member_index, node_id),
-    )
-    if held is None or chunk.stream not in STREAMS:
+    held = await store.holds_member(node_id, member)
+    if not held or chunk.stream not in STREAMS:
         log.warning(
             "log chunk refused node=%s run_id=%s attempt=%d member=%d stream=%s",
             node_id,

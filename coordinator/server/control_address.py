@@ -1,8 +1,9 @@
 """Telling Nodes a new control address (``tuneplane-coordinator control-address``).
 
 Rules (docs/operator.md, "Moving the coordinator"):
-- One address at a time, kept in the store (``control_address``) with who set it and when, and
-  each change is a decision. Empty means none: Nodes keep dialing what they enrolled with.
+- One address at a time, kept in the store (:mod:`~tuneplane.coordinator.store.control_address`)
+  with who set it and when, and each change is a decision. Empty means none: Nodes keep dialing
+  what they enrolled with.
 - It goes to every connected Node at once (ControlAddress) and in every later Welcome; a Node
   stores it, keeps the one it dialed as a fallback, and dials it at its next connect. Which
   address each Node last dialed is recorded at Hello (``nodes.dialed_address``), so the operator
@@ -28,13 +29,12 @@ from tuneplane.proto.contract.input_checks import InputRefused
 from ..api.fleet import admin_caller
 from ..clock import now_ms
 from ..gateways.sessions import SessionRegistry
-from ..store.core import Store, first_row
-from ..wire.status import grpc_errors
+from ..gateways.status import grpc_errors
+from ..store import control_address as store_control_address
+from ..store.core import Store
 from . import tls
 
 log = logging.getLogger(__name__)
-
-DECISION = "control address set"
 
 
 class BadAddress(InputRefused):
@@ -74,37 +74,6 @@ def check(address: str, server_cert: Path) -> str:
     return address
 
 
-async def current(store: Store) -> str:
-    """The address Nodes are told to dial; "" when none was set."""
-    found = await first_row(store.reader, "SELECT address FROM control_address", ())
-    return str(found[0]) if found else ""
-
-
-async def record(store: Store, address: str, by: str, now: int) -> bool:
-    """Store ``address`` (checked by :func:`check`) as a decision by ``by``; False when it was
-    already the address (nothing written)."""
-
-    async def work() -> bool:
-        async with store.transaction() as db:
-            found = await first_row(db, "SELECT address FROM control_address", ())
-            previous = str(found[0]) if found else ""
-            if previous == address:
-                return False
-            await db.execute("DELETE FROM control_address")
-            if address:
-                await db.execute(
-                    "INSERT INTO control_address (id, address, set_at_ms, set_by) "
-                    "VALUES (1, ?, ?, ?)",
-                    (address, now, by),
-                )
-            await store.log_decision(
-                db, now, DECISION, {"address": address, "previous": previous, "by": by}
-            )
-            return True
-
-    return await store.shielded(work)
-
-
 class ControlAddressDesk:
     """The address in memory for every Welcome, and the one place that changes it."""
 
@@ -115,12 +84,12 @@ class ControlAddressDesk:
         self.address = ""
 
     async def load(self) -> None:
-        self.address = await current(self._store)
+        self.address = await store_control_address.current(self._store)
 
     async def set(self, address: str, by: str) -> int:
         """Check, store and announce ``address``; returns how many connected Nodes were told."""
         checked = check(address, self._server_cert)
-        await record(self._store, checked, by, now_ms())
+        await store_control_address.record(self._store, checked, by, now_ms())
         self.address = checked
         if not checked:
             return 0

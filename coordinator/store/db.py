@@ -250,14 +250,6 @@ class StoreDb:
         task.add_done_callback(self._inflight.discard)
         return await asyncio.shield(task)
 
-    async def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
-        return await self.reader.execute_fetchall(sql, tuple(args))
-
-    async def _read_snapshot(self, work: Callable[[SnapshotReader], T]) -> T:
-        """``work`` in a worker thread, reading one snapshot on a connection of its own: a
-        million rows neither stall the event loop nor wait behind the writer."""
-        return await self._backend.snapshot(work)
-
     # ----- copying a store ---------------------------------------------------------------------
 
     async def tables(self) -> list[str]:
@@ -298,8 +290,9 @@ class StoreDb:
 
     async def read_snapshot(self, work: Callable[[SnapshotReader], T]) -> T:
         """``work`` in a worker thread, reading every table as of one moment (a copy and the
-        check of it read the same rows)."""
-        return await self._read_snapshot(work)
+        check of it read the same rows), on a connection of its own: a million rows neither stall
+        the event loop nor wait behind the writer."""
+        return await self._backend.snapshot(work)
 
     @asynccontextmanager
     async def loading(self) -> AsyncIterator[Loader]:

@@ -188,13 +188,13 @@ class LogStore(StoreDb):
         """Kept bytes at or after ``from_offset``, at most ``max_bytes`` of them, in order."""
         check_stream(stream)
         key = _key_args(member, stream)
-        rows = await self._rows(
+        rows = await self.reader.execute_fetchall(
             f"SELECT next_offset, kept_bytes, complete FROM log_streams WHERE {_WHERE}", key
         )
         if not rows:
             return LogRead((), from_offset, False, 0)
         end, kept, complete = int(rows[0][0]), int(rows[0][1]), bool(rows[0][2])
-        chunks = await self._rows(
+        chunks = await self.reader.execute_fetchall(
             f"SELECT byte_offset, data FROM log_chunks WHERE {_WHERE} "
             "AND byte_offset + length(data) > ? ORDER BY byte_offset",
             (*key, from_offset),
@@ -220,7 +220,7 @@ class LogStore(StoreDb):
         """The last kept bytes of a stream, at most ``max_bytes``, and the offset they start at
         (0: they begin at the stream's first byte)."""
         check_stream(stream)
-        rows = await self._rows(
+        rows = await self.reader.execute_fetchall(
             f"SELECT next_offset FROM log_streams WHERE {_WHERE}", _key_args(member, stream)
         )
         if not rows:
