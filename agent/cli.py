@@ -38,7 +38,8 @@ from .atomic_file import write_atomic, write_json_atomic
 from .cli_support import sentences as _sentences
 from .cli_support import state_dir_option as _state_dir_option
 from .credential_renewal import credential_health, renewal_deadline_ms
-from .daemon import INVENTORY_INTERVAL_S, Daemon, run_daemon
+from .daemon import Daemon, run_daemon
+from .daemon_base import INVENTORY_INTERVAL_S
 from .inventory import (
     Inventory,
     InventoryError,

@@ -50,7 +50,7 @@ AGENT_POINTS = frozenset(
         "after-spawn",
         "after-exit-observed",
         "after-report-sent",
-        # Control credential rotation (agent/daemon.py: Daemon._rotate).
+        # Control credential rotation (agent/daemon_session.py: DaemonSession._rotate).
         "after-credential-issued",
         "after-next-credential-stored",
         "after-credential-swapped",

@@ -13,7 +13,7 @@ from pathlib import Path
 import trio
 
 from tests.support.datagrams import DatagramInbox, notify_fields
-from tuneplane.agent.daemon import Status, service_status
+from tuneplane.agent.daemon_status import Status, service_status
 from tuneplane.agent.sd_notify import (
     NotifySettings,
     ServiceNotifier,
