@@ -1,0 +1,127 @@
+"""What ``coordinator.toml`` says, as frozen values: Series, Profiles, limits, per-Fleet and
+per-runtime settings, addresses and the store, and :class:`ConfigError`.
+
+Rules:
+- A Profile is a preset over exactly one Series; it never invents hardware the Series lacks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import attrs
+
+from tuneplane.agent.metrics_listener import MetricsListener
+
+from ..auth import (
+    DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
+    DEFAULT_USER_TOKEN_LIFETIME_S,
+)
+from ..store.location import PostgresUrl
+
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> int | None:
+    """``30s``, ``15m``, ``1h``, ``7d`` -> seconds (at least 1); ``None`` when it is not one."""
+    match = _DURATION.match(text.strip())
+    if not match or int(match.group(1)) == 0:
+        return None
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+class ConfigError(ValueError):
+    """``coordinator.toml`` is missing or wrong; ``str()`` names the file, the key and the fix."""
+
+
+@attrs.frozen
+class Series:
+    name: str
+    cards: int
+    accelerator: bool
+
+
+@attrs.frozen
+class Profile:
+    name: str
+    series: str
+    fleet: str
+    gpus_per_member: int | None = None
+    env: Mapping[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Limits:
+    """``[limits]``: the largest message each listener reads, and how often one address may
+    call ``Enroll``. Every size is checked before the message is decoded."""
+
+    api_message_bytes: int = 16 * 1024 * 1024
+    control_message_bytes: int = 4 * 1024 * 1024
+    telemetry_message_bytes: int = 3 * 1024 * 1024
+    enroll_message_bytes: int = 64 * 1024
+    enroll_burst: int = 20
+    enroll_per_second: float = 2.0
+
+
+@attrs.frozen
+class RuntimeSettings:
+    """``[runtimes."<runtime id>"]``: the coordinator's policy for Jobs on one runtime."""
+
+    runtime_id: str
+    allow_loader_env: bool = False
+
+
+@attrs.frozen
+class FleetSettings:
+    """``[fleet.<name>]``: per-Fleet settings."""
+
+    name: str
+    # Declare a Node of this Fleet lost once it has been disconnected this long while holding
+    # members (seconds; None: never, the default). ``max_disconnect_text`` is as written.
+    max_disconnect_s: int | None = None
+    max_disconnect_text: str = ""
+    # An absolute directory every Node of the Fleet mounts at this same path as its output
+    # root; outputs under it can seed a Derivation (``--init-from``). "": none declared.
+    shared_output_root: str = ""
+
+
+@attrs.frozen
+class AddressSettings:
+    """``[addresses]``: what serve advertises (``coordinator/server/advertise.py``); "" when
+    unset."""
+
+    host: str = ""
+    api: str = ""
+    control: str = ""
+    telemetry: str = ""
+
+    def with_host(self, host: str | None) -> AddressSettings:
+        """These settings with ``serve --advertise`` (when given) as ``host``."""
+        return self if not host else attrs.evolve(self, host=host)
+
+
+@attrs.frozen
+class CoordinatorConfig:
+    series: Mapping[str, Series]
+    profiles: Mapping[str, Profile]
+    # (fleet, series) -> most GPUs of that Series Jobs may hold at once in that Fleet.
+    quotas: Mapping[tuple[str, str], int] = attrs.field(factory=dict)
+    node_credential_lifetime_s: int = DEFAULT_NODE_CREDENTIAL_LIFETIME_S
+    user_token_lifetime_s: int = DEFAULT_USER_TOKEN_LIFETIME_S
+    limits: Limits = attrs.field(factory=Limits)
+    runtimes: Mapping[str, RuntimeSettings] = attrs.field(factory=dict)
+    fleets: Mapping[str, FleetSettings] = attrs.field(factory=dict)
+    # [metrics]: where the Prometheus listener binds; None: off (the default).
+    metrics: MetricsListener | None = None
+    addresses: AddressSettings = attrs.field(factory=AddressSettings)
+    # [store] url: the PostgreSQL database holding the stores; None: SQLite in the state directory.
+    store_url: PostgresUrl | None = None
+    # Sentences about keys that are still accepted but no longer do anything; `serve` logs them.
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def loader_env_runtimes(self) -> frozenset[str]:
+        """The runtime ids whose JobSpecs may set loader variables (``allow_loader_env``)."""
+        return frozenset(r.runtime_id for r in self.runtimes.values() if r.allow_loader_env)
