@@ -36,7 +36,6 @@ from ..values.telemetry import (
     ShippedRestart,
 )
 from ..wire.members import member_key
-from .status import grpc_errors
 from ..wire.telemetry import (
     hparams_from_wire,
     point_from_wire,
@@ -45,12 +44,13 @@ from ..wire.telemetry import (
     restart_from_wire,
     ship_reply_to_wire,
 )
+from .bounded_decode import MAX_SHIP_MARKS
 from .collector_credentials import (
     CollectorCredentials,
     is_collector_credential,
 )
-from .bounded_decode import MAX_SHIP_MARKS
 from .message_limits import in_thread
+from .status import grpc_errors
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from tests.coordinator.grpc_client import (
 from tests.security.raw_calls import Outcome, call, frame
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, Limits, parse_config
-from tuneplane.coordinator.gateways.message_limits import MAX_INVENTORY_GPUS
+from tuneplane.coordinator.gateways.bounded_decode import MAX_INVENTORY_GPUS
 from tuneplane.coordinator.gateways.rate_limit import PeerRateLimit
 from tuneplane.proto import v1
 

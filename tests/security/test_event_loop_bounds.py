@@ -30,15 +30,17 @@ from grpclib.exceptions import GRPCError
 from tests.coordinator.grpc_client import api_client, enroll, jobspec, node_stream
 from tests.security.raw_calls import call, frame
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tuneplane.coordinator.gateways.bounded_decode import (
+    LARGE_FIELDS,
+    MAX_FIELD_BYTES,
+    FieldTooLarge,
+    check_field_sizes,
+)
 from tuneplane.coordinator.gateways.message_limits import (
     HEAVY_PROCESSES,
     HEAVY_SWITCH_INTERVAL_S,
-    LARGE_FIELDS,
-    MAX_FIELD_BYTES,
     MAX_STATUS_MESSAGE_CHARS,
     PROCESS_TEXT_CHARS,
-    FieldTooLarge,
-    check_field_sizes,
     encode_with,
     in_thread,
     pre_encoded,

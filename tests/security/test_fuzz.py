@@ -3,7 +3,7 @@
 - The JobSpec parser raises :class:`JobSpecError` and nothing else.
 - The JSONL and TensorBoard readers never raise: bad input becomes a ReadWarning.
 - Every RPC's request, decoded the way the listeners decode it
-  (:func:`tuneplane.coordinator.gateways.message_limits.decode`), is a message or a GRPCError with
+  (:func:`tuneplane.coordinator.gateways.bounded_decode.decode`), is a message or a GRPCError with
   INVALID_ARGUMENT or RESOURCE_EXHAUSTED and a sentence; our conversion of what decoded raises
   only the wire edge's documented errors. The same for what the agent accepts.
 
@@ -31,7 +31,7 @@ from tuneplane.agent.wire_convert import from_wire
 from tuneplane.collector.jsonl import JsonlDecoder
 from tuneplane.collector.tfevent import TFEventDecoder
 from tuneplane.collector.tfrecord import frame
-from tuneplane.coordinator.gateways.message_limits import MAX_SHIP_POINTS, decode
+from tuneplane.coordinator.gateways.bounded_decode import MAX_SHIP_POINTS, decode
 from tuneplane.coordinator.wire import control, fleet, telemetry
 from tuneplane.coordinator.wire.errors import BadMessage
 from tuneplane.coordinator.wire.members import member_key
