@@ -67,13 +67,14 @@ COORDINATOR_POINTS = frozenset(
         # coordinator/server/scheduler.py, Scheduler._launch: the reservation is committed, its
         # Prepare not yet sent.
         "after-reservation-written",
-        # coordinator/gateways/control.py, a PrepareReply: the Commit decision is committed, not
-        # yet sent.
+        # coordinator/gateways/node_messages.py, a PrepareReply: the Commit decision is committed,
+        # not yet sent.
         "after-commit-decided",
-        # An Abort is committed, not yet sent: a refused Prepare (control_gateway.py) or a passed
+        # An Abort is committed, not yet sent: a refused Prepare (node_messages.py) or a passed
         # prepare deadline (scheduler.py, Scheduler.step).
         "after-abort-decided",
-        # control_gateway.py, a MemberReport: applied and committed, not yet acknowledged.
+        # coordinator/gateways/node_messages.py, a MemberReport: applied and committed, not yet
+        # acknowledged.
         "after-report-applied",
         # coordinator/store/core.py, Store.node_heartbeats: inside the batch's transaction, its rows
         # written, not committed.
