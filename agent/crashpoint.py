@@ -76,10 +76,10 @@ COORDINATOR_POINTS = frozenset(
         # coordinator/gateways/node_messages.py, a MemberReport: applied and committed, not yet
         # acknowledged.
         "after-report-applied",
-        # coordinator/store/core.py, Store.node_heartbeats: inside the batch's transaction, its rows
-        # written, not committed.
+        # coordinator/store/nodes.py, Store.node_heartbeats: inside the batch's transaction, its
+        # rows written, not committed.
         "mid-heartbeat-batch",
-        # coordinator/store/metrics.py, TelemetryStore.ship: inside the transaction, a series'
+        # coordinator/store/metric_ingest.py, MetricIngest.ship: inside the transaction, a series'
         # points written, not committed.
         "mid-telemetry-ingest",
     }

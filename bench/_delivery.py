@@ -21,7 +21,7 @@ from pathlib import Path
 from tuneplane.coordinator.demo import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
 from tuneplane.coordinator.store import rollups as store_rollups
-from tuneplane.coordinator.store.metrics import TelemetryStore, telemetry_db_path
+from tuneplane.coordinator.store.telemetry import TelemetryStore, telemetry_db_path
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.metrics import MetricSelector
 from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint

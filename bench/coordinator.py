@@ -54,7 +54,9 @@ from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.queue_plan import NodeState, QueuedRequest, plan_pass
 from tuneplane.coordinator.store.core import Store, db_path
 from tuneplane.coordinator.store.location import Where, parse_store_url
-from tuneplane.coordinator.store.metrics import TelemetryStore, raw_buckets, rollup_buckets
+from tuneplane.coordinator.store.postgres import create_database
+from tuneplane.coordinator.store.series_reads import raw_buckets, rollup_buckets
+from tuneplane.coordinator.store.telemetry import TelemetryStore
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.metrics import MetricSelector
 from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint
@@ -205,7 +207,7 @@ class Backend:
         assert self.server is not None
         self._made += 1
         name = f"bench{self._made}"
-        asyncio.run(embedded.create_database(str(self.server.server.get_uri()), name))
+        asyncio.run(create_database(str(self.server.server.get_uri()), name))
         assert self.url is not None
         return _with_database(self.url, name)
 

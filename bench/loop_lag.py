@@ -44,7 +44,7 @@ from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.gateways.collector_credentials import COLLECTOR_PREFIX
 from tuneplane.coordinator.server.serve import ServeOptions, serve
 from tuneplane.coordinator.store.core import Store, db_path
-from tuneplane.coordinator.store.metrics import TelemetryStore, telemetry_db_path
+from tuneplane.coordinator.store.telemetry import TelemetryStore, telemetry_db_path
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.proto import v1
 

@@ -24,7 +24,7 @@ from ..auth import (
     hash_credential,
     new_credential,
 )
-from ..store.metrics import TelemetryStore
+from ..store.telemetry import TelemetryStore
 from ..values.jobs import MemberKey
 from ..values.orders import CommitOrder, Order
 from ..values.telemetry import CollectorGrant

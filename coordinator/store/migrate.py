@@ -64,9 +64,9 @@ from .handle import SnapshotReader, StoreError
 from .location import PostgresUrl
 from .logs import DB_NAME as LOGS_DB
 from .logs import LogStore
-from .metrics import DB_NAME as TELEMETRY_DB
-from .metrics import TelemetryStore
 from .postgres import CONNECT_ERRORS, CONNECT_TIMEOUT_S, connect_sentence
+from .telemetry import DB_NAME as TELEMETRY_DB
+from .telemetry import TelemetryStore
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.support.store_backend import current
 from tuneplane.coordinator.orphans import Restart, orphaned
-from tuneplane.coordinator.store.metrics import TelemetryStore
+from tuneplane.coordinator.store.telemetry import TelemetryStore
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.metrics import MetricSelector
 from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint, ShippedRestart
