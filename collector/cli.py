@@ -312,7 +312,8 @@ def run(
         },
     )
     from .files import ScanLimits
-    from .service import CollectorOptions, followed_root, run_collector
+    from .options import CollectorOptions, followed_root
+    from .service import run_collector
     from .ship_wire import CollectorConfigError, Gateway
     from .spool import SpoolError
     from .system_sampler import SystemOptions
