@@ -28,9 +28,10 @@ from ..faultpoint import faultpoint
 from ..gateways.heartbeats import HeartbeatBook
 from ..gateways.status import grpc_errors
 from ..queue_plan import PoolKey
-from ..store import fleet as store_fleet
 from ..store import identity as store_identity
 from ..store.core import Store
+from ..store.fleet_views import fleet_views, node_view, node_views, resolve_node
+from ..store.node_scheduling import REQUESTABLE, set_scheduling
 from ..values.fleet import Node
 from ..values.users import User
 from ..wire.fleet import (
@@ -124,7 +125,7 @@ class FleetService:
             await caller(self._store, stream)
             await stream.recv_message()
             faultpoint("list-fleets")
-            fleets = await store_fleet.fleet_views(self._store, self._quotas)
+            fleets = await fleet_views(self._store, self._quotas)
             await stream.send_message(fleets_to_wire(fleets))
 
     async def _get_fleet(self, stream: Any) -> None:
@@ -135,7 +136,7 @@ class FleetService:
                 raise GRPCError(
                     Status.INVALID_ARGUMENT, "GetFleetRequest.name is empty. Name a Fleet."
                 )
-            (fleet,) = await store_fleet.fleet_views(self._store, self._quotas, request.name)
+            (fleet,) = await fleet_views(self._store, self._quotas, request.name)
             await stream.send_message(fleet_to_wire(fleet))
 
     async def _list_nodes(self, stream: Any) -> None:
@@ -147,7 +148,7 @@ class FleetService:
                     Status.NOT_FOUND,
                     f"there is no Fleet {request.fleet!r}. List the Fleets with `tp fleet ls`.",
                 )
-            nodes = await store_fleet.node_views(self._store, fleet=request.fleet)
+            nodes = await node_views(self._store, fleet=request.fleet)
             await stream.send_message(nodes_to_wire([self._live(n) for n in nodes]))
 
     async def _get_node(self, stream: Any) -> None:
@@ -155,24 +156,24 @@ class FleetService:
             await caller(self._store, stream)
             request: v1.GetNodeRequest = await stream.recv_message()
             require_node_id(request.node_id, "GetNodeRequest")
-            node_id = await store_fleet.resolve_node(self._store, request.node_id)
-            node = await store_fleet.node_view(self._store, node_id)
+            node_id = await resolve_node(self._store, request.node_id)
+            node = await node_view(self._store, node_id)
             await stream.send_message(node_to_wire(self._live(node)))
 
     async def _set_scheduling(self, stream: Any) -> None:
         with grpc_errors():
             user = await admin_caller(self._store, stream, "cordon, uncordon or drain Nodes")
             request: v1.SetNodeSchedulingRequest = await stream.recv_message()
-            if request.scheduling not in store_fleet.REQUESTABLE:
+            if request.scheduling not in REQUESTABLE:
                 raise GRPCError(
                     Status.INVALID_ARGUMENT,
                     f"SetNodeSchedulingRequest.scheduling {request.scheduling!r} is not one of "
-                    f"{', '.join(store_fleet.REQUESTABLE)}. Use tp node cordon, uncordon or drain.",
+                    f"{', '.join(REQUESTABLE)}. Use tp node cordon, uncordon or drain.",
                 )
             require_node_id(request.node_id, "SetNodeSchedulingRequest")
             check_reason(request.reason, "SetNodeSchedulingRequest")
-            node_id = await store_fleet.resolve_node(self._store, request.node_id)
-            await store_fleet.set_scheduling(
+            node_id = await resolve_node(self._store, request.node_id)
+            await set_scheduling(
                 self._store,
                 node_id,
                 request.scheduling,
@@ -182,5 +183,5 @@ class FleetService:
             )
             # Uncordoning frees capacity; the scheduler should look at the queue again now.
             self._on_change()
-            node = await store_fleet.node_view(self._store, node_id)
+            node = await node_view(self._store, node_id)
             await stream.send_message(node_to_wire(self._live(node)))

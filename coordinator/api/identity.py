@@ -19,9 +19,9 @@ from tuneplane.proto import v1
 from ..clock import now_ms
 from ..gateways.sessions import SessionRegistry
 from ..gateways.status import grpc_errors
-from ..store import fleet as store_fleet
 from ..store import identity as store_identity
 from ..store.core import Store
+from ..store.fleet_views import node_view, resolve_node
 from ..wire.fleet import node_to_wire
 from .fleet import admin_caller, check_reason, require_node_id
 
@@ -48,7 +48,7 @@ class IdentityApi:
             request: v1.RevokeNodeRequest = await stream.recv_message()
             require_node_id(request.node_id, "RevokeNodeRequest")
             check_reason(request.reason, "RevokeNodeRequest")
-            node_id = await store_fleet.resolve_node(self._store, request.node_id)
+            node_id = await resolve_node(self._store, request.node_id)
             changed = await store_identity.revoke_node(
                 self._store, node_id, user.name, request.reason, now_ms()
             )
@@ -63,5 +63,5 @@ class IdentityApi:
                 changed,
                 ended,
             )
-            node = await store_fleet.node_view(self._store, node_id)
+            node = await node_view(self._store, node_id)
             await stream.send_message(node_to_wire(node))

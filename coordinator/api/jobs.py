@@ -44,9 +44,9 @@ from ..job_access import check_read, may_read
 from ..lifecycle_failure import TAIL_BYTES, culprit, first_failure
 from ..placement import Request
 from ..store import access as store_access
-from ..store import fleet as store_fleet
 from ..store import identity as store_identity
 from ..store.core import NotFound, Store
+from ..store.fleet_views import healthy_gpus_per_node, holder
 from ..store.logs import LogStore
 from ..values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, FirstFailure, Job, Preview
 from ..values.users import User
@@ -126,7 +126,7 @@ class ApiService:
                 Request(admitted.gpus, admitted.members, admitted.gpus_per_member),
                 s.fleet,
                 s.series,
-                await store_fleet.healthy_gpus_per_node(self._store, s.fleet, s.series),
+                await healthy_gpus_per_node(self._store, s.fleet, s.series),
                 self._config.quotas.get((s.fleet, s.series)),
             )
             if refusal is not None:
@@ -293,7 +293,7 @@ async def _source_run(store: Store, run_id: str, user: User) -> SourceRun | None
     return SourceRun(
         run_id, job.state, True, job.owner, attempt.number, first.out_dir,
         first.node_name or first.node_id, first.output_manifest,
-        await store_fleet.holder(store, first.node_id) if first.node_id else None,
+        await holder(store, first.node_id) if first.node_id else None,
     )  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 
 Rules:
 - Both go through :class:`NodeLossDesk`: the declaration is on disk
-  (:func:`~tuneplane.coordinator.store.lifecycle.declare_node_lost`) before any order leaves; then
+  (:func:`~tuneplane.coordinator.store.lost_nodes.declare_node_lost`) before any order leaves; then
   the other Nodes get their Cancel or Abort, the lost members' collector credentials start their
   drain window, and the scheduler looks at the queue again (GPUs went back).
 - DeclareNodeLost is for admin users only, checked here whatever the client did, and refuses a
@@ -29,9 +29,9 @@ from ..config import FleetSettings
 from ..gateways.collector_credentials import CollectorCredentials
 from ..gateways.sessions import SessionRegistry
 from ..gateways.status import grpc_errors
-from ..store import fleet as store_fleet
-from ..store import lifecycle as store_lifecycle
 from ..store.core import Conflict, Store
+from ..store.fleet_views import node_view, resolve_node
+from ..store.lost_nodes import NodeLoss, declare_node_lost, disconnected_holders
 from ..values.lifecycle import NodeLossOutcome
 from ..wire.lifecycle import node_loss_to_wire
 from .fleet import admin_caller, check_reason, require_node_id
@@ -56,10 +56,10 @@ class NodeLossDesk:
         self._wake = wake_scheduler
         self._collectors = collectors
 
-    async def declare(self, node_id: str, by: str, reason: str) -> store_lifecycle.NodeLoss:
+    async def declare(self, node_id: str, by: str, reason: str) -> NodeLoss:
         """Declare ``node_id`` lost (refused while it is connected); returns what changed."""
         now = now_ms()
-        loss = await store_lifecycle.declare_node_lost(
+        loss = await declare_node_lost(
             self._store, node_id, by, reason, now, connected=self._registry.is_connected(node_id)
         )
         self._registry.dispatch(list(loss.orders))
@@ -100,9 +100,9 @@ class NodeLossApi:
                     "DeclareNodeLostRequest.reason is empty. Say how you know the machine is "
                     "off; it goes into the decision log.",
                 )
-            node_id = await store_fleet.resolve_node(self._store, request.node_id)
+            node_id = await resolve_node(self._store, request.node_id)
             loss = await self._desk.declare(node_id, user.name, request.reason)
-            node = await store_fleet.node_view(self._store, node_id)
+            node = await node_view(self._store, node_id)
             jobs = tuple([await self._store.get_job(run_id) for run_id in loss.runs])
             await stream.send_message(node_loss_to_wire(NodeLossOutcome(node, loss.lost, jobs)))
 
@@ -148,7 +148,7 @@ class MaxDisconnectWatch:
         """One look; returns the Nodes it declared lost."""
         declared: list[str] = []
         now = now_ms()
-        for node in await store_lifecycle.disconnected_holders(self._store, sorted(self._limits)):
+        for node in await disconnected_holders(self._store, sorted(self._limits)):
             fleet = self._limits[node.fleet]
             assert fleet.max_disconnect_s is not None
             if self._registry.is_connected(node.node_id) or not node_loss.overdue(

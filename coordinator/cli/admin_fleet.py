@@ -16,8 +16,8 @@ import click
 from ..auth import JOIN_PREFIX, hash_credential, new_credential
 from ..clock import now_ms
 from ..config import load_config
-from ..store import fleet as store_fleet
 from ..store.core import NotFound, Store
+from ..store.fleet_views import fleet_views
 from ..values.fleet import Fleet
 from .admin_common import (
     NAME_PATTERN,
@@ -122,7 +122,7 @@ def fleet_ls(state_dir: Path, as_json: bool) -> None:
     config = run_sync(load_config, state_dir)
 
     async def work(store: Store) -> list[Fleet]:
-        return await store_fleet.fleet_views(store, config.quotas)
+        return await fleet_views(store, config.quotas)
 
     fleets = run(with_store, state_dir, work)
     if as_json:

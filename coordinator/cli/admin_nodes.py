@@ -19,11 +19,11 @@ from ..server import control_address
 from ..server.state_dir import TP_CONTEXT, require_initialised
 from ..server.tls import TlsPaths
 from ..store import control_address as store_control_address
-from ..store import fleet as store_fleet
 from ..store import identity as store_identity
-from ..store import lifecycle as store_lifecycle
 from ..store.core import Store
+from ..store.fleet_views import node_view, node_views, resolve_node
 from ..store.location import store_where
+from ..store.lost_nodes import declare_node_lost
 from ..store.telemetry import DB_NAME as TELEMETRY_DB
 from ..store.telemetry import TelemetryStore
 from .admin_common import run, run_sync, serving_pid, state_dir_option, with_store
@@ -66,7 +66,7 @@ def node_revoke(node_id: str, state_dir: Path, reason: str) -> None:
         return
 
     async def work(store: Store) -> tuple[str, bool]:
-        found = await store_fleet.resolve_node(store, node_id)
+        found = await resolve_node(store, node_id)
         changed = await store_identity.revoke_node(
             store, found, "admin CLI", reason or "revoked by the operator", now_ms()
         )
@@ -120,10 +120,8 @@ def node_lost(node_id: str, state_dir: Path, reason: str) -> None:
     else:
 
         async def work(store: Store) -> tuple[str, list[str], list[tuple[str, str, str]], str]:
-            found = await store_fleet.resolve_node(store, node_id)
-            loss = await store_lifecycle.declare_node_lost(
-                store, found, "admin CLI", reason, now_ms()
-            )
+            found = await resolve_node(store, node_id)
+            loss = await declare_node_lost(store, found, "admin CLI", reason, now_ms())
             where = store_where(state_dir, store_setting(state_dir), TELEMETRY_DB)
             telemetry = await TelemetryStore.open(where)
             try:
@@ -136,7 +134,7 @@ def node_lost(node_id: str, state_dir: Path, reason: str) -> None:
             for run_id in loss.runs:
                 job = await store.get_job(run_id)
                 jobs.append((run_id, job.state, job.state_reason))
-            view = await store_fleet.node_view(store, found)
+            view = await node_view(store, found)
             lost = [k.text for k in loss.lost]
             return found, lost, jobs, view.scheduling
 
@@ -209,7 +207,7 @@ def control_address_command(address: str | None, state_dir: Path, clear: bool) -
 
 def _show_control_address(state_dir: Path) -> None:
     async def work(store: Store) -> tuple[str, list[tuple[str, str, str, bool]]]:
-        nodes = await store_fleet.node_views(store)
+        nodes = await node_views(store)
         rows = [(n.id, n.name, n.dialed_address, n.connected) for n in nodes]
         return await store_control_address.current(store), rows
 

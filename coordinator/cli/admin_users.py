@@ -16,9 +16,9 @@ import click
 from ..auth import USER_PREFIX, CredentialLife, hash_credential, new_credential
 from ..clock import now_ms
 from ..config import load_config
-from ..store import fleet as store_fleet
 from ..store import identity as store_identity
 from ..store.core import Store
+from ..store.users import create_user, users
 from ..values.users import User
 from .admin_common import (
     NAME_PATTERN,
@@ -64,7 +64,7 @@ def user_create(
     expires = _token_expiry(state_dir, expires_in, now)
 
     async def work(store: Store) -> None:
-        await store_fleet.create_user(store, name, hash_credential(secret), role, now, expires)
+        await create_user(store, name, hash_credential(secret), role, now, expires)
 
     run(with_store, state_dir, work)
     _print_token(name, role, secret, expires, as_json)
@@ -108,7 +108,7 @@ def user_token(name: str, state_dir: Path, expires_in: str | None, as_json: bool
         await store_identity.issue_user_token(
             store, name, hash_credential(secret), expires, "admin CLI", now
         )
-        return next(u.role for u in await store_fleet.users(store) if u.name == name)
+        return next(u.role for u in await users(store) if u.name == name)
 
     role = run(with_store, state_dir, work)
     _print_token(name, role, secret, expires, as_json)
@@ -140,7 +140,7 @@ def user_ls(state_dir: Path, as_json: bool) -> None:
     """List users, their roles and their tokens' expiry or revocation (never the tokens)."""
 
     async def work(store: Store) -> tuple[list[User], dict[str, CredentialLife]]:
-        return await store_fleet.users(store), await store_identity.user_token_lives(store)
+        return await users(store), await store_identity.user_token_lives(store)
 
     found, lives = run(with_store, state_dir, work)
     if as_json:

@@ -34,8 +34,9 @@ from ..auth import DEFAULT_NODE_CREDENTIAL_LIFETIME_S, CredentialLife, Permissio
 from ..clock import now_ms
 from ..server.control_address import ControlAddressDesk
 from ..store.core import Store
-from ..store.lifecycle import declared_lost_stops, stops_to_resend
+from ..store.lifecycle import stops_to_resend
 from ..store.logs import LogStore
+from ..store.lost_nodes import declared_lost_stops
 from ..values.fleet import NodeRecord
 from ..values.orders import CommitOrder
 from ..wire.control import held_from_wire, inventory_from_wire, outputs_from_wire

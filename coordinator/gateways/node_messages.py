@@ -26,8 +26,9 @@ from tuneplane.proto import v1
 
 from ..clock import now_ms
 from ..store.core import Store
-from ..store.lifecycle import declared_lost_order, stop_siblings
+from ..store.lifecycle import stop_siblings
 from ..store.logs import LogStore
+from ..store.lost_nodes import declared_lost_order
 from ..values.orders import AbortOrder, CommitOrder, Order
 from ..wire.control import inventory_from_wire, report_from_wire
 from ..wire.members import member_key

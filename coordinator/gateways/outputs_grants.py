@@ -29,8 +29,8 @@ from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES, make_grant
 
 from ..derivation import GRANT_TTL_MS
 from ..server.control_address import BadAddress, split
-from ..store import fleet as store_fleet
 from ..store.core import Store
+from ..store.fleet_views import outputs_services
 from ..values.jobs import MemberKey
 from ..values.orders import InitFromFetch, Order, OutputsService, PrepareOrder
 from .message_limits import INLINE_DECODE_BYTES, in_thread
@@ -135,7 +135,7 @@ async def attach(store: Store, orders: Sequence[Order], now: int) -> list[Order]
                 sources[i] = found
     if not sources:
         return list(orders)
-    services = await store_fleet.outputs_services(store, {s.holder for s in sources.values()})
+    services = await outputs_services(store, {s.holder for s in sources.values()})
     out: list[Order] = []
     for i, order in enumerate(orders):
         source = sources.get(i)

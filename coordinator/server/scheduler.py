@@ -30,9 +30,10 @@ from ..gateways.sessions import SessionRegistry
 from ..jobspec import check_loader_policy
 from ..placement import Placement
 from ..queue_plan import PoolKey, plan_pass
-from ..store import fleet as store_fleet
 from ..store.core import Store
 from ..store.lifecycle import cancel_job
+from ..store.node_scheduling import mark_drained
+from ..store.queue_status import gpus_in_use, node_states, queued_requests, set_wait_reasons
 
 log = logging.getLogger(__name__)
 
@@ -89,21 +90,21 @@ class Scheduler:
         if aborts:
             crashpoint("after-abort-decided")
         self._registry.dispatch(aborts)
-        await store_fleet.mark_drained(self._store, now_ms())
-        queue, reasons = await store_fleet.queued_requests(self._store)
+        await mark_drained(self._store, now_ms())
+        queue, reasons = await queued_requests(self._store)
         if not queue:
             return
         plan = plan_pass(
             queue,
-            await store_fleet.node_states(
+            await node_states(
                 self._store, self._registry.is_connected, sorted({j.fleet for j in queue})
             ),
-            await store_fleet.gpus_in_use(self._store),
+            await gpus_in_use(self._store),
             self._quotas,
         )
         for launch in plan.launches:
             await self._launch(launch.run_id, launch.placement)
-        await store_fleet.set_wait_reasons(self._store, plan.waiting, reasons, now_ms())
+        await set_wait_reasons(self._store, plan.waiting, reasons, now_ms())
 
     async def _launch(self, run_id: str, placement: Placement) -> None:
         job = await self._store.queued_job(run_id)

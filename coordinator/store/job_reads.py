@@ -181,8 +181,8 @@ class JobReads(StoreBase):
         """What a launch needs of one Job (its resolved JobSpec too); None unless queued.
 
         The scheduling pass reads the queue without the JobSpecs
-        (:func:`~tuneplane.coordinator.store.fleet.queued_requests`) and this only for the Jobs
-        it launches.
+        (:func:`~tuneplane.coordinator.store.queue_status.queued_requests`) and this only for
+        the Jobs it launches.
         """
         r = await first_row(
             self.reader,

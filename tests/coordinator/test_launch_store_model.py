@@ -34,6 +34,7 @@ from tuneplane.coordinator import launch
 from tuneplane.coordinator.placement import MemberPlacement, Placement
 from tuneplane.coordinator.store import lifecycle as store_lifecycle
 from tuneplane.coordinator.store.core import Store
+from tuneplane.coordinator.store.lost_nodes import declare_node_lost
 from tuneplane.coordinator.values.jobs import MemberKey, Preview, PreviewSummary
 from tuneplane.coordinator.values.orders import (
     AbortOrder,
@@ -222,9 +223,7 @@ class StoreBesideTable(RuleBasedStateMachine):
         # Only a Node whose stream is gone can be declared lost.
         self.run(self.db.node_disconnected(node, self.tick(), "unplugged"))
         loss = self.run(
-            store_lifecycle.declare_node_lost(
-                self.db, node, "ada", "unplugged", self.tick(), connected=False
-            )
+            declare_node_lost(self.db, node, "ada", "unplugged", self.tick(), connected=False)
         )
         if not held:
             assert loss.orders == ()

@@ -23,9 +23,15 @@ from tuneplane.coordinator.clock import now_ms
 from tuneplane.coordinator.config import ConfigError, parse_config
 from tuneplane.coordinator.gateways.sessions import NodeSession, SessionRegistry
 from tuneplane.coordinator.placement import MemberPlacement, Placement
-from tuneplane.coordinator.store import fleet as store_fleet
 from tuneplane.coordinator.store import lifecycle as store_lifecycle
 from tuneplane.coordinator.store.core import Conflict, NotFound, Store
+from tuneplane.coordinator.store.fleet_views import node_view
+from tuneplane.coordinator.store.lost_nodes import (
+    NodeLoss,
+    declare_node_lost,
+    declared_lost_order,
+    declared_lost_stops,
+)
 from tuneplane.coordinator.values.jobs import MemberKey, Preview, PreviewSummary
 from tuneplane.coordinator.values.lifecycle import CANCELLING
 from tuneplane.coordinator.values.orders import (
@@ -249,15 +255,15 @@ def test_declaring_a_node_lost_ends_its_members_fails_the_job_and_stops_the_sibl
 ) -> None:
     path = tmp_path / "coordinator.db"
 
-    async def go(store: Store) -> tuple[store_lifecycle.NodeLoss, str, str]:
+    async def go(store: Store) -> tuple[NodeLoss, str, str]:
         keys = await _world(store)
         assert (await store.get_job(RUN)).state == lc.UNKNOWN
-        loss = await store_lifecycle.declare_node_lost(
+        loss = await declare_node_lost(
             store, NODE_B, "ada", "the machine was powered off at its PDU", 3000, connected=False
         )
         assert loss.lost == (keys[1],)
         job = await store.get_job(RUN)
-        node = await store_fleet.node_view(store, NODE_B)
+        node = await node_view(store, NODE_B)
         return loss, f"{job.state}|{job.state_reason}", node.scheduling
 
     loss, job, scheduling = _run(go, path)
@@ -295,15 +301,13 @@ def test_declaring_a_node_lost_ends_its_members_fails_the_job_and_stops_the_sibl
 def test_declaring_it_again_changes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "coordinator.db"
 
-    async def go(store: Store) -> store_lifecycle.NodeLoss:
+    async def go(store: Store) -> NodeLoss:
         await _world(store)
-        await store_lifecycle.declare_node_lost(store, NODE_B, "ada", "off", 3000, connected=False)
-        return await store_lifecycle.declare_node_lost(
-            store, NODE_B, "ada", "off", 4000, connected=False
-        )
+        await declare_node_lost(store, NODE_B, "ada", "off", 3000, connected=False)
+        return await declare_node_lost(store, NODE_B, "ada", "off", 4000, connected=False)
 
     again = _run(go, path)
-    assert again == store_lifecycle.NodeLoss() and not again.changed
+    assert again == NodeLoss() and not again.changed
     assert _rows(path, "SELECT COUNT(*) FROM decisions WHERE at_ms = 4000") == [(0,)]
     assert _rows(path, "SELECT COUNT(*) FROM job_states WHERE state = 'failed'") == [(1,)]
 
@@ -320,16 +324,14 @@ def test_a_connected_node_is_refused_and_nothing_changes(tmp_path: Path) -> None
     async def go(store: Store) -> None:
         # The serving coordinator holds its stream...
         with pytest.raises(Conflict, match="node-b is connected"):
-            await store_lifecycle.declare_node_lost(store, NODE_B, "ada", "x", 3000, connected=True)
+            await declare_node_lost(store, NODE_B, "ada", "x", 3000, connected=True)
         # ...or the store recorded its Hello since the caller looked.
         with pytest.raises(Conflict, match="node-a is connected"):
-            await store_lifecycle.declare_node_lost(
-                store, NODE_A, "ada", "x", 3000, connected=False
-            )
+            await declare_node_lost(store, NODE_A, "ada", "x", 3000, connected=False)
         with pytest.raises(Conflict, match="--reason"):
-            await store_lifecycle.declare_node_lost(store, NODE_B, "ada", " ", 3000)
+            await declare_node_lost(store, NODE_B, "ada", " ", 3000)
         with pytest.raises(NotFound, match="no Node 'node-z'"):
-            await store_lifecycle.declare_node_lost(store, "node-z", "ada", "x", 3000)
+            await declare_node_lost(store, "node-z", "ada", "x", 3000)
 
     _run(go, path)
     assert (_rows(path, "SELECT * FROM decisions"), _rows(path, "SELECT * FROM members")) == (
@@ -342,12 +344,12 @@ def test_with_no_coordinator_serving_a_stale_connected_flag_does_not_block_it(
 ) -> None:
     path = tmp_path / "coordinator.db"
 
-    async def go(store: Store) -> store_lifecycle.NodeLoss:
+    async def go(store: Store) -> NodeLoss:
         await _world(store)
         # node-a's flag says connected (left from a crash); the admin CLI passes connected=None.
         await store.node_disconnected(NODE_A, 2500, "test")
-        await store_lifecycle.declare_node_lost(store, NODE_B, "ada", "off", 3000)
-        return await store_lifecycle.declare_node_lost(store, NODE_A, "ada", "off", 3000)
+        await declare_node_lost(store, NODE_B, "ada", "off", 3000)
+        return await declare_node_lost(store, NODE_A, "ada", "off", 3000)
 
     loss = _run(go, path)
     assert [k.member_index for k in loss.lost] == [0]
@@ -356,9 +358,9 @@ def test_with_no_coordinator_serving_a_stale_connected_flag_does_not_block_it(
 def test_an_undecided_launch_is_aborted_and_the_other_node_told(tmp_path: Path) -> None:
     path = tmp_path / "coordinator.db"
 
-    async def go(store: Store) -> tuple[store_lifecycle.NodeLoss, str, str]:
+    async def go(store: Store) -> tuple[NodeLoss, str, str]:
         await _world(store, committed=False)
-        loss = await store_lifecycle.declare_node_lost(
+        loss = await declare_node_lost(
             store, NODE_B, "ada", "the machine was powered off at its PDU", 3000, connected=False
         )
         job = await store.get_job(RUN)
@@ -378,15 +380,15 @@ def test_an_undecided_launch_is_aborted_and_the_other_node_told(tmp_path: Path) 
 def test_a_pending_cancel_completes_once_the_node_is_declared_lost(tmp_path: Path) -> None:
     path = tmp_path / "coordinator.db"
 
-    async def go(store: Store) -> tuple[str, str, list[str], store_lifecycle.NodeLoss]:
+    async def go(store: Store) -> tuple[str, str, list[str], NodeLoss]:
         keys = await _world(store)
         await store.node_disconnected(NODE_A, 2000, "test")
         cancel = await store_lifecycle.cancel_job(store, RUN, "ada", False, "", 2500)
         assert cancel.outcome == CANCELLING
         assert (await store.get_job(RUN)).state == lc.CANCELLING
-        loss_b = await store_lifecycle.declare_node_lost(store, NODE_B, "ada", "off", 3000)
+        loss_b = await declare_node_lost(store, NODE_B, "ada", "off", 3000)
         waiting = (await store.get_job(RUN)).state
-        loss_a = await store_lifecycle.declare_node_lost(store, NODE_A, "ada", "off", 3000)
+        loss_a = await declare_node_lost(store, NODE_A, "ada", "off", 3000)
         assert set(loss_a.lost + loss_b.lost) == set(keys)
         job = await store.get_job(RUN)
         return waiting, job.state, [h.state for h in job.history], loss_b
@@ -405,14 +407,14 @@ def test_a_returning_node_is_told_to_stop_and_its_reports_are_refused(tmp_path: 
     async def go(store: Store) -> dict[str, Any]:
         keys = await _world(store, runs=2)
         mine = [k for k in keys if k.member_index == 1]
-        await store_lifecycle.declare_node_lost(store, NODE_B, "ada", "off", 3000, connected=False)
+        await declare_node_lost(store, NODE_B, "ada", "off", 3000, connected=False)
         held = [HeldMember(mine[0], lc.M_RUNNING), HeldMember(mine[1], lc.M_CANCELLING)]
         orders = await store.node_connected(NODE_B, _inventory(NODE_B), held, 4000)
-        stops = await store_lifecycle.declared_lost_stops(store, NODE_B, held)
+        stops = await declared_lost_stops(store, NODE_B, held)
         # Another Node asking about them learns nothing; node-b asking gets the stop.
-        foreign = await store_lifecycle.declared_lost_order(store, NODE_A, mine[0])
-        asked = await store_lifecycle.declared_lost_order(store, NODE_B, mine[0])
-        sibling = await store_lifecycle.declared_lost_order(store, NODE_A, keys[0])
+        foreign = await declared_lost_order(store, NODE_A, mine[0])
+        asked = await declared_lost_order(store, NODE_B, mine[0])
+        sibling = await declared_lost_order(store, NODE_A, keys[0])
         jobs_before = [(await store.get_job(k.run_id)).state for k in mine]
         exited = Report(9, mine[0], lc.M_EXITED, 4000, has_exit=True, signal=15)
         outcome = await store.apply_report(NODE_B, exited, 4000)

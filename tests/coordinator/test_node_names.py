@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from tests.support.store_backend import current, open_at_version, write
-from tuneplane.coordinator.store import fleet as store_fleet
 from tuneplane.coordinator.store.core import Conflict, NotFound, Store
+from tuneplane.coordinator.store.fleet_views import node_views, resolve_node
 from tuneplane.coordinator.store.schema import MIGRATIONS
 from tuneplane.coordinator.values.orders import Gpu, Inventory
 
@@ -45,7 +45,7 @@ async def _enroll(store: Store, node_id: str, hostname: str, fleet: str = "defau
 
 
 async def _names(store: Store) -> dict[str, str]:
-    return {n.id: n.name for n in await store_fleet.node_views(store)}
+    return {n.id: n.name for n in await node_views(store)}
 
 
 def test_names_are_host_names_numbered_per_fleet_in_enrollment_order(tmp_path: Path) -> None:
@@ -77,15 +77,15 @@ def test_commands_accept_a_name_a_fleet_slash_name_or_the_id(tmp_path: Path) -> 
         await _enroll(store, "node-1", "gpu")
         await _enroll(store, "node-2", "gpu", fleet="b")
         await _enroll(store, "node-3", "only")
-        assert await store_fleet.resolve_node(store, "node-1") == "node-1"
-        assert await store_fleet.resolve_node(store, "only") == "node-3"
-        assert await store_fleet.resolve_node(store, "b/gpu") == "node-2"
-        assert await store_fleet.resolve_node(store, "default/gpu") == "node-1"
+        assert await resolve_node(store, "node-1") == "node-1"
+        assert await resolve_node(store, "only") == "node-3"
+        assert await resolve_node(store, "b/gpu") == "node-2"
+        assert await resolve_node(store, "default/gpu") == "node-1"
         with pytest.raises(Conflict) as both:
-            await store_fleet.resolve_node(store, "gpu")
+            await resolve_node(store, "gpu")
         assert "name one of b/gpu, default/gpu, or its id" in str(both.value)
         with pytest.raises(NotFound) as none:
-            await store_fleet.resolve_node(store, "b/only")
+            await resolve_node(store, "b/only")
         assert "there is no Node 'b/only'" in str(none.value)
 
     _run(work, tmp_path / "c.db")

@@ -27,10 +27,10 @@ from tuneplane.coordinator.gateways.outputs_grants import (
     fetch_source,
     grant_for,
 )
-from tuneplane.coordinator.store import fleet as store_fleet
 from tuneplane.coordinator.store import identity as store_identity
-from tuneplane.coordinator.store import lifecycle as store_lifecycle
 from tuneplane.coordinator.store.core import Store, db_path
+from tuneplane.coordinator.store.fleet_views import holder, outputs_services
+from tuneplane.coordinator.store.lost_nodes import declare_node_lost
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.orders import (
     CommitOrder,
@@ -223,7 +223,7 @@ def test_a_malformed_hello_never_overwrites_with_its_parts(tmp_path: Path) -> No
 def test_a_stored_service_is_read_back_whole(tmp_path: Path) -> None:
     async def work(store: Store) -> dict[str, OutputsService]:
         await store.node_connected("node-h", Inventory("node-h"), [], NOW, "", SERVICE)
-        return await store_fleet.outputs_services(store, {"node-h", "node-t", "node-x"})
+        return await outputs_services(store, {"node-h", "node-t", "node-x"})
 
     assert _with_store(tmp_path, work) == {"node-h": SERVICE}
     assert stored_outputs_service(tmp_path, "node-h") == (
@@ -235,20 +235,20 @@ def test_a_stored_service_is_read_back_whole(tmp_path: Path) -> None:
 
 def test_preview_learns_whether_the_holder_serves_is_lost_or_revoked(tmp_path: Path) -> None:
     async def work(store: Store) -> tuple[list[Holder | None], dict[str, OutputsService]]:
-        seen = [await store_fleet.holder(store, "node-h")]
+        seen = [await holder(store, "node-h")]
         await store.node_connected("node-h", Inventory("node-h"), [], NOW, "", SERVICE)
-        seen.append(await store_fleet.holder(store, "node-h"))
+        seen.append(await holder(store, "node-h"))
         await store.node_disconnected("node-h", NOW + 1, "the stream ended")
-        await store_lifecycle.declare_node_lost(
+        await declare_node_lost(
             store, "node-h", "admin", "the machine burned", NOW + 2, connected=False
         )
-        seen.append(await store_fleet.holder(store, "node-h"))
+        seen.append(await holder(store, "node-h"))
         await store.node_connected("node-h", Inventory("node-h"), [], NOW + 3, "", SERVICE)
-        seen.append(await store_fleet.holder(store, "node-h"))
+        seen.append(await holder(store, "node-h"))
         await store_identity.revoke_node(store, "node-h", "admin", "decommissioned", NOW + 4)
-        seen.append(await store_fleet.holder(store, "node-h"))
-        seen.append(await store_fleet.holder(store, "node-gone"))
-        return seen, await store_fleet.outputs_services(store, {"node-h"})
+        seen.append(await holder(store, "node-h"))
+        seen.append(await holder(store, "node-gone"))
+        return seen, await outputs_services(store, {"node-h"})
 
     seen, services = _with_store(tmp_path, work)
     h = Holder("node-h", "node-h")

@@ -1,0 +1,122 @@
+"""What a scheduling pass reads of the store (connected Nodes' free GPUs, GPUs in use per
+pool, the queue) and the queue status it writes back (why each queued Job waits).
+
+Rules:
+- These run on the coordinator :class:`~tuneplane.coordinator.store.core.Store`: each write is
+  one store transaction (one writer at a time), shielded from the caller's deadline. Reads
+  never write.
+- A wait reason is written only where it changed, and only for a Job still queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from .. import lifecycle as lc
+from ..placement import Request
+from ..queue_plan import NodeState, PoolKey, QueuedRequest
+from .core import Store
+from .fleet_rows import fetch_rows, parsed_inventory, reservations_by_node
+
+
+async def node_states(
+    store: Store, is_connected: Callable[[str], bool], fleets: Sequence[str]
+) -> list[NodeState]:
+    """The Nodes of ``fleets`` with their free healthy GPUs per Series; connectivity from the
+    live sessions. Only connected Nodes are read: no other can take a member now."""
+    if not fleets:
+        return []
+    held = await reservations_by_node(store)
+    states = []
+    marks = ", ".join("?" for _ in fleets)
+    for node_id, fleet, inv, scheduling in await fetch_rows(
+        store,
+        f"SELECT id, fleet, inventory_json, scheduling FROM nodes WHERE fleet IN ({marks}) "
+        "AND connected = 1 ORDER BY id",
+        fleets,
+    ):
+        taken = held.get(str(node_id), {})
+        free: dict[str, list[int]] = {}
+        for g in parsed_inventory(str(inv)).gpus:
+            if g.healthy and g.index not in taken:
+                free.setdefault(g.series, []).append(g.index)
+        states.append(
+            NodeState(
+                node_id=str(node_id),
+                fleet=str(fleet),
+                connected=is_connected(str(node_id)),
+                scheduling=str(scheduling),
+                free={s: tuple(sorted(ix)) for s, ix in free.items()},
+            )
+        )
+    return states
+
+
+async def gpus_in_use(store: Store) -> dict[PoolKey, int]:
+    """Reserved GPUs per (Fleet, Series): what quotas count."""
+    return {
+        (str(fleet), str(series)): int(count)
+        for fleet, series, count in await fetch_rows(
+            store,
+            "SELECT j.fleet, j.series, COUNT(*) FROM reservations r JOIN jobs j "
+            "ON j.run_id = r.run_id GROUP BY j.fleet, j.series",
+        )
+    }
+
+
+async def queued_requests(store: Store) -> tuple[list[QueuedRequest], dict[str, str]]:
+    """The queue as a pass reads it, oldest first, and each queued Job's recorded reason.
+
+    One read of ``jobs`` alone (by its state index): the resolved JobSpecs are read only for the
+    Jobs that launch (:meth:`Store.queued_job`). Equal shapes share one :class:`Request`.
+    """
+    shapes: dict[tuple[int, int | None, int | None], Request] = {}
+    queue: list[QueuedRequest] = []
+    reasons: dict[str, str] = {}
+    for run_id, fleet, series, gpus, members, per_member, reason in await fetch_rows(
+        store,
+        "SELECT run_id, fleet, series, gpus, members_wanted, gpus_per_member, state_reason "
+        "FROM jobs WHERE state = ? ORDER BY created_at_ms, run_id",
+        (lc.QUEUED,),
+    ):
+        shape = (int(gpus), members, per_member)
+        request = shapes.get(shape)
+        if request is None:
+            request = shapes[shape] = Request(*shape)
+        queue.append(QueuedRequest(str(run_id), str(fleet), str(series), request))
+        reasons[str(run_id)] = str(reason)
+    return queue, reasons
+
+
+async def set_wait_reasons(
+    store: Store, waiting: Mapping[str, str], recorded: Mapping[str, str], now: int
+) -> None:
+    """Record why each queued Job waits, writing only the reasons that differ from ``recorded``
+    (what :func:`queued_requests` read at the start of the pass). A Job that left the queue
+    meanwhile is not touched: the update names its state."""
+    changed = {r: why for r, why in waiting.items() if r in recorded and recorded[r] != why}
+    if not changed:
+        return
+
+    async def work() -> None:
+        async with store.transaction() as db:
+            await db.executemany(
+                "UPDATE jobs SET state_reason = ?, updated_at_ms = ? "
+                "WHERE run_id = ? AND state = ?",
+                [(why, now, run_id, lc.QUEUED) for run_id, why in sorted(changed.items())],
+            )
+
+    await store.shielded(work)
+
+
+async def state_reasons(store: Store, run_ids: Sequence[str]) -> dict[str, str]:
+    """The recorded reason for each Job's current state."""
+    if not run_ids:
+        return {}
+    marks = ", ".join("?" for _ in run_ids)
+    return {
+        str(r): str(why)
+        for r, why in await fetch_rows(
+            store, f"SELECT run_id, state_reason FROM jobs WHERE run_id IN ({marks})", run_ids
+        )
+    }
