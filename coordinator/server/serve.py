@@ -13,16 +13,11 @@ import logging
 import os
 import signal
 import socket
-import ssl
 from pathlib import Path
-from typing import Any
 
 import anyio
 import attrs
-from anyio.abc import TaskStatus
-from grpclib.server import Server
 
-from tuneplane.agent.host_port import join_host_port
 from tuneplane.agent.metrics_listener import (
     MetricsListenError,
     RunningListener,
@@ -30,6 +25,7 @@ from tuneplane.agent.metrics_listener import (
 )
 from tuneplane.agent.sd_notify import ServiceNotifier
 
+from ..api.control_address import ControlAddressApi
 from ..api.fleet import FleetService
 from ..api.identity import IdentityApi
 from ..api.jobs import ApiService
@@ -38,15 +34,14 @@ from ..api.metrics import MetricsApi
 from ..api.node_loss import MaxDisconnectWatch, NodeLossApi, NodeLossDesk
 from ..catalogue import Catalogue
 from ..clock import now_ms
-from ..config import CoordinatorConfig, Limits, load_config, store_setting
+from ..config import CoordinatorConfig, load_config, store_setting
 from ..counters import REGISTRY
 from ..gateways.collector_credentials import CollectorCredentials
 from ..gateways.control import ControlGateway
+from ..gateways.control_address import ControlAddressDesk
 from ..gateways.heartbeats import HeartbeatBook, HeartbeatFlusher
-from ..gateways.message_limits import bounded_handlers
 from ..gateways.rate_limit import PeerRateLimit
 from ..gateways.sessions import SessionRegistry
-from ..gateways.status import grpc_errors
 from ..gateways.telemetry import TelemetryGateway
 from ..store.core import Store
 from ..store.location import PostgresUrl, store_where
@@ -62,12 +57,8 @@ from .advertise import (
     look_up_all,
     plan,
 )
-from .control_address import ControlAddressApi, ControlAddressDesk
-from .metrics_export import (
-    count_store_retry,
-    refresh_gauges,
-    timed_handlers,
-)
+from .listeners import bounded, run_listener
+from .metrics_export import count_store_retry, refresh_gauges
 from .scheduler import Scheduler
 from .serve_lock import serving
 from .state_dir import (
@@ -80,9 +71,6 @@ from .state_dir import (
 from .tls import TlsError, TlsPaths, cover_names, server_context
 
 log = logging.getLogger(__name__)
-
-ENROLL_METHOD = "/tuneplane.v1.Control/Enroll"
-
 
 # Fixed, documented defaults (docs/operator.md): a Node remembers the control address it
 # enrolled with, so a restart on other ports would strand every Node. Port 0 still means "let the
@@ -132,20 +120,6 @@ def _listen(name: str, host: str, port: int) -> socket.socket:
         ) from None
     sock.setblocking(False)
     return sock
-
-
-def _bounded(listener: str, services: list[Any], limits: Limits) -> list[Any]:
-    """The listener's services with every request bounded before decoding (message_limits)."""
-    size = getattr(limits, f"{listener}_message_bytes")
-    per_method = {}
-    if listener == "control":
-        per_method[ENROLL_METHOD] = (
-            limits.enroll_message_bytes,
-            "[limits] enroll_message_bytes in coordinator.toml",
-        )
-    default = (size, f"[limits] {listener}_message_bytes in coordinator.toml")
-    # Timed outermost: the RPC latency metric sees every call, refusals by the bounds included.
-    return timed_handlers(bounded_handlers(services, per_method, default, grpc_errors))
 
 
 def _start_metrics(config: CoordinatorConfig) -> RunningListener | None:
@@ -205,29 +179,6 @@ async def _advertise(
     if added:
         log.info("server certificate reissued by the dev CA added_names=%s", ",".join(added))
     return advertised
-
-
-async def _run_listener(
-    name: str,
-    handlers: list[Any],
-    host: str,
-    sock: socket.socket,
-    ctx: ssl.SSLContext,
-    *,
-    task_status: TaskStatus[str],
-) -> None:
-    server = Server(handlers)
-    await server.start(sock=sock, ssl=ctx)
-    address = join_host_port(host, sock.getsockname()[1])
-    log.info("listener started name=%s listening=%s", name, address)
-    try:
-        task_status.started(address)
-        await anyio.sleep_forever()
-    finally:
-        with anyio.CancelScope(shield=True):
-            server.close()
-            await server.wait_closed()
-            log.info("listener stopped name=%s", name)
 
 
 async def _watch_signals(scope: anyio.CancelScope, notifier: ServiceNotifier) -> None:
@@ -324,9 +275,9 @@ async def _serve(opts: ServeOptions, state_dir: Path, notifier: ServiceNotifier)
             tg.start_soon(notifier.keep_watchdog)
             try:
                 await tg.start(
-                    _run_listener,
+                    run_listener,
                     "api",
-                    _bounded(
+                    bounded(
                         "api",
                         [api, fleets, metrics, lifecycle, identity, node_loss, address_api],
                         config.limits,
@@ -338,18 +289,18 @@ async def _serve(opts: ServeOptions, state_dir: Path, notifier: ServiceNotifier)
                 # Telemetry before control: every Commit a Node receives names the gateway,
                 # at its advertised address (never the bind address: 0.0.0.0 reaches nobody).
                 await tg.start(
-                    _run_listener,
+                    run_listener,
                     "telemetry",
-                    _bounded("telemetry", [telemetry], config.limits),
+                    bounded("telemetry", [telemetry], config.limits),
                     opts.host,
                     socks["telemetry"],
                     ctx,
                 )
                 collectors.telemetry_address = advertised.telemetry
                 await tg.start(
-                    _run_listener,
+                    run_listener,
                     "control",
-                    _bounded("control", [control], config.limits),
+                    bounded("control", [control], config.limits),
                     opts.host,
                     socks["control"],
                     ctx,
