@@ -12,10 +12,10 @@ from pathlib import Path
 
 import click
 
+from .. import control_address
 from ..clock import now_ms
 from ..config import store_setting
 from ..gateways.collector_credentials import CollectorCredentials
-from ..server import control_address
 from ..server.state_dir import TP_CONTEXT, require_initialised
 from ..server.tls import TlsPaths
 from ..store import control_address as store_control_address

@@ -27,7 +27,7 @@ import attrs
 from tuneplane.agent.host_port import join_host_port
 
 from ..config import AddressSettings
-from .control_address import BadAddress, split
+from ..control_address import BadAddress, split
 
 LISTENERS = ("api", "control", "telemetry")
 WILDCARDS = ("", "0.0.0.0", "::")

@@ -27,6 +27,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tuneplane.agent.atomic_file import write_atomic
 
+from ..certificate_names import covers
+
 TLS_DIR = "tls"
 
 
@@ -146,36 +148,6 @@ def create_dev_ca(state_dir: Path, sans: Iterable[str], valid_days: int = 825) -
     write_atomic(paths.server_key, _key_pem(server_key), 0o600)
     write_atomic(paths.server_cert, server_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return paths
-
-
-def _normal(host: str) -> str:
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host.lower().rstrip(".")
-
-
-def certificate_names(cert: x509.Certificate) -> list[str]:
-    """The DNS names (lower case) and IP addresses (as text) ``cert``'s subjectAltName lists."""
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return []
-    names = [n.lower().rstrip(".") for n in san.get_values_for_type(x509.DNSName)]
-    return names + [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
-
-
-def covers(cert: x509.Certificate, host: str) -> bool:
-    """Whether a client verifying ``cert`` for ``host`` would accept it (subjectAltName only,
-    as TLS clients match: an IP address exactly, a name exactly or by a ``*.`` first label).
-    The one place that decides it: the advertised addresses and ``control-address`` both ask."""
-    wanted = _normal(host)
-    for name in certificate_names(cert):
-        if name == wanted:
-            return True
-        if name.startswith("*.") and "." in wanted and wanted.split(".", 1)[1] == name[2:]:
-            return True
-    return False
 
 
 def cover_names(paths: TlsPaths, hosts: Iterable[str]) -> list[str]:

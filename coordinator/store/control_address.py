@@ -5,7 +5,7 @@ Rules (docs/operator.md, "Moving the coordinator"):
   decision (:data:`DECISION`) in the same transaction; setting the address it already is writes
   nothing.
 - The address is checked before it gets here
-  (:func:`~tuneplane.coordinator.server.control_address.check`); this only stores it.
+  (:func:`~tuneplane.coordinator.control_address.check`); this only stores it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 from tuneplane.agent.host_port import join_host_port, split_host_port
 from tuneplane.collector.ship_wire import CollectorConfigError, Gateway
 from tuneplane.coordinator.cli.connection import ConnectionConfigError, parse_address
-from tuneplane.coordinator.server.control_address import BadAddress, split
+from tuneplane.coordinator.control_address import BadAddress, split
 
 pytestmark = pytest.mark.timeout(30)
 

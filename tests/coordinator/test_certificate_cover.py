@@ -1,4 +1,4 @@
-"""One rule decides whether the coordinator's certificate covers a name: ``tls.covers``, as TLS
+"""One rule decides whether the coordinator's certificate covers a name: ``covers``, as TLS
 clients match (an IP address exactly, a DNS name exactly or by a ``*.`` first label). The
 advertised addresses (``cover_names``) and ``tuneplane-coordinator control-address`` both use it,
 so a site with a wildcard certificate can move its coordinator to any name the wildcard covers.
@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from tuneplane.coordinator.server import control_address, tls
-from tuneplane.coordinator.server.control_address import BadAddress
+from tuneplane.coordinator import control_address
+from tuneplane.coordinator.certificate_names import covers
+from tuneplane.coordinator.control_address import BadAddress
+from tuneplane.coordinator.server import tls
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -40,7 +42,7 @@ def test_control_address_and_advertised_names_agree(
     cert_path: Path, host: str, covered: bool
 ) -> None:
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    assert tls.covers(cert, host) is covered
+    assert covers(cert, host) is covered
     address = f"{host}:7444"
     if covered:
         assert control_address.check(address, cert_path) == address
