@@ -112,6 +112,9 @@ def start(workdir: Path) -> EmbeddedPostgres:
             f"The embedded PostgreSQL did not start in {data} ({type(exc).__name__}: {exc}). "
             "It needs a writable folder and a free Unix socket; its log is data/log there."
         ) from None
+    # Imported here: the demo on SQLite never loads the PostgreSQL driver.
+    from ..store.postgres import create_database
+
     running = EmbeddedPostgres(server, data, _database_url(str(server.get_uri())), spare)
     try:
         asyncio.run(create_database(str(server.get_uri()), DATABASE))
@@ -127,14 +130,3 @@ def _database_url(admin_url: str) -> str:
     parts = urllib.parse.urlsplit(admin_url)
     netloc = parts.netloc.replace(":@", "@")
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc, path=f"/{DATABASE}"))
-
-
-async def create_database(admin_url: str, name: str) -> None:
-    """Make the empty database ``name`` on the server (the demo's, or a bench phase's)."""
-    import asyncpg
-
-    db = await asyncpg.connect(admin_url)
-    try:
-        await db.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await db.close()

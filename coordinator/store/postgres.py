@@ -354,3 +354,13 @@ class PostgresBackend:
                 cursor = await conn.cursor(to_postgres(sql))
                 while chunk := await cursor.fetch(size):
                     yield list(chunk)
+
+
+async def create_database(admin_url: str, name: str) -> None:
+    """Make the empty database ``name`` on the server at ``admin_url`` (an embedded server's,
+    for the demo or a bench phase), for a store to open and migrate."""
+    db = await asyncpg.connect(admin_url)
+    try:
+        await db.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await db.close()
