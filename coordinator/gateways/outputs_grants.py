@@ -27,8 +27,8 @@ import attrs
 
 from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES, make_grant
 
+from ..control_address import BadAddress, split
 from ..derivation import GRANT_TTL_MS
-from ..server.control_address import BadAddress, split
 from ..store.core import Store
 from ..store.fleet_views import outputs_services
 from ..values.jobs import MemberKey
