@@ -58,6 +58,7 @@ def migrate_store(state_dir: Path, to_url: str) -> None:
     both sides, and record [store] url so the next `serve` uses it. Stop `serve` first; the
     SQLite files stay, as a frozen copy."""
     # Imported here: only this command loads the PostgreSQL driver.
+    from ..server.migrate_store import migrate
     from ..store import migrate as store_migrate
     from ..store.digest import report_lines
 
@@ -67,7 +68,7 @@ def migrate_store(state_dir: Path, to_url: str) -> None:
     except StoreUrlError as exc:
         raise click.BadParameter(str(exc), param_hint="--to") from None
     try:
-        done = run(store_migrate.migrate, state_dir, url, click.echo)
+        done = run(migrate, state_dir, url, click.echo)
     except store_migrate.Mismatched as exc:
         click.echo("The copy differs from its source:")
         click.echo("\n".join(report_lines(exc.target)))

@@ -1,13 +1,11 @@
-"""``tuneplane-coordinator migrate-store``: an installation's SQLite stores, copied into a
-PostgreSQL database, checked, and named in coordinator.toml.
+"""The store half of ``tuneplane-coordinator migrate-store``: an installation's SQLite stores,
+copied into a PostgreSQL database and checked (the command around it, with the state directory,
+its lock and coordinator.toml, is :mod:`~tuneplane.coordinator.server.migrate_store`).
 
 Rules:
-- Every refusal is a :class:`MigrateError` (or the state directory's, config's or store's own
-  error) with a sentence naming what and how to fix it, raised before anything is written: a
-  state directory already on PostgreSQL, a ``serve`` running on it (the serve lock,
-  :mod:`serve_lock`, held exclusively from the first check to the last write, so none can start
-  meanwhile), a coordinator.toml that cannot take a ``[store]`` table, a target that cannot be
-  reached or whose stores already hold rows (read in one read-only transaction).
+- Every refusal is a :class:`MigrateError` (or a store's own error) with a sentence naming what
+  and how to fix it, raised before anything is written: a target that cannot be reached or
+  whose stores already hold rows (read in one read-only transaction).
 - A source store at an older schema version is migrated when it is opened, before the copy;
   :attr:`Migration.notes` says so. A store file ``serve`` never made is copied as empty.
 - Each store is read from one snapshot of its file, table by table in dependency order, in
@@ -16,11 +14,7 @@ Rules:
   Identity columns then number on past the copied ids.
 - Then every table is read back from one snapshot of the target and its row count and digest
   (:mod:`store_digest`) compared with the source's. A mismatch is :class:`Mismatched`: the copy
-  stays in the target for the operator to look at and drop (:func:`drop_advice`), and
-  coordinator.toml is left as it was.
-- Only after the check is ``[store] url`` appended to coordinator.toml, atomically, by the code
-  ``init --store`` uses (:func:`~tuneplane.coordinator.config.store_table`). The SQLite files
-  stay where they are, a frozen copy nothing writes any more.
+  stays in the target for the operator to look at and drop (:func:`drop_advice`).
 - The URL shows as :class:`PostgresUrl` prints it: never with its password.
 """
 
@@ -28,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import tomllib
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, closing
 from pathlib import Path
@@ -39,17 +32,6 @@ import anyio.from_thread
 import asyncpg
 import attrs
 
-from tuneplane.agent.atomic_file import write_atomic
-
-from ..config import (
-    CONFIG_NAME,
-    ConfigError,
-    parse_config,
-    store_setting,
-    store_table,
-)
-from ..server.serve_lock import alone
-from ..server.state_dir import require_initialised
 from .core import DB_NAME, Store
 from .db import COPY_BATCH, Loader, StoreDb
 from .digest import (
@@ -135,74 +117,43 @@ def drop_advice(url: PostgresUrl) -> str:
     )
 
 
-async def migrate(
+async def copy_and_check(
     state_dir: Path, url: PostgresUrl, say: Callable[[str], None] = lambda _: None
 ) -> Migration:
-    """Copy the SQLite stores of ``state_dir`` into the database ``url``, check the copy and
-    record ``url`` as ``[store] url``; ``say`` gets a sentence as each step ends."""
-    config_text = _check_source(state_dir)
-    with alone(state_dir, COMMAND):
-        await _check_target_empty(url)
-        say(f"Copying the SQLite stores of {state_dir} into {url}.")
-        pairs = [_Pair(cls, state_dir / name) for cls, name in STORES]
-        notes: list[str] = []
-        async with AsyncExitStack() as stack:
-            for pair in pairs:
-                note = await _open_source(stack, pair)
-                if note:
-                    notes.append(note)
-                    say(note)
-            for pair in pairs:
-                await _open_target(stack, pair, url)
-            await _copy_all(pairs, url)
-            copied = sum(d.rows for p in pairs for d in p.digests)
-            say(f"Copied {copied} rows into {url} in one transaction per store; checking them.")
-            source = [d for p in pairs for d in p.digests]
-            target = await _verify(pairs)
-            mismatches = compare(source, target)
-            if mismatches:
-                first = mismatches[0]
-                raise Mismatched(
-                    f"The copy in {url} differs from the SQLite stores: the {first.store} table "
-                    f"{first.table}: {first.sentence} ({len(mismatches)} table(s) differ). "
-                    "coordinator.toml was not changed: the coordinator still uses the SQLite "
-                    "files. The copy was left in the target for you to inspect. "
-                    + drop_advice(url),
-                    source,
-                    target,
-                    mismatches,
-                )
-        _record_url(state_dir, config_text, url)
-        log.info("stores migrated where=%s tables=%d rows=%d", url, len(source), copied)
-        return Migration(source, notes)
-
-
-def _check_source(state_dir: Path) -> str:
-    """The state directory's coordinator.toml text, once it is known that the stores are SQLite
-    files here and that the file can take a ``[store]`` table."""
-    path = state_dir / CONFIG_NAME
-    already = store_setting(state_dir)
-    if already is not None:
-        raise MigrateError(
-            f"The stores of {state_dir} are already in PostgreSQL ({already}, [store] url in "
-            f"{path}); {COMMAND} copies SQLite stores only, so there is nothing to move."
-        )
-    require_initialised(state_dir)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MigrateError(
-            f"{path} does not exist, so there is nowhere to record the new store. Restore it "
-            "(or copy a fresh one from `tuneplane-coordinator init` into place), then run "
-            f"{COMMAND} again."
-        ) from None
-    parse_config(text, path)
-    if "store" in tomllib.loads(text):
-        raise MigrateError(
-            f"{path} already has a [store] table (with no url), and {COMMAND} appends one. "
-            f"Remove that table, then run {COMMAND} again."
-        )
-    return text
+    """Copy the SQLite stores of ``state_dir`` into the empty database ``url`` and check the
+    copy, table by table; :class:`Mismatched` when it differs. The caller holds the state
+    directory alone (:func:`~tuneplane.coordinator.server.migrate_store.migrate`)."""
+    await _check_target_empty(url)
+    say(f"Copying the SQLite stores of {state_dir} into {url}.")
+    pairs = [_Pair(cls, state_dir / name) for cls, name in STORES]
+    notes: list[str] = []
+    async with AsyncExitStack() as stack:
+        for pair in pairs:
+            note = await _open_source(stack, pair)
+            if note:
+                notes.append(note)
+                say(note)
+        for pair in pairs:
+            await _open_target(stack, pair, url)
+        await _copy_all(pairs, url)
+        copied = sum(d.rows for p in pairs for d in p.digests)
+        say(f"Copied {copied} rows into {url} in one transaction per store; checking them.")
+        source = [d for p in pairs for d in p.digests]
+        target = await _verify(pairs)
+        mismatches = compare(source, target)
+        if mismatches:
+            first = mismatches[0]
+            raise Mismatched(
+                f"The copy in {url} differs from the SQLite stores: the {first.store} table "
+                f"{first.table}: {first.sentence} ({len(mismatches)} table(s) differ). "
+                "coordinator.toml was not changed: the coordinator still uses the SQLite "
+                "files. The copy was left in the target for you to inspect. " + drop_advice(url),
+                source,
+                target,
+                mismatches,
+            )
+    log.info("stores copied where=%s tables=%d rows=%d", url, len(source), copied)
+    return Migration(source, notes)
 
 
 async def _check_target_empty(url: PostgresUrl) -> None:
@@ -397,21 +348,3 @@ async def _verify(pairs: Sequence[_Pair]) -> list[TableDigest]:
 
         found += await pair.target.read_snapshot(work)
     return found
-
-
-def _record_url(state_dir: Path, text: str, url: PostgresUrl) -> None:
-    """Append ``[store] url`` to coordinator.toml, atomically, keeping its mode (0600 when the
-    URL carries a password)."""
-    path = state_dir / CONFIG_NAME
-    updated = text + ("" if text.endswith("\n") else "\n") + store_table(url)
-    try:
-        recorded = parse_config(updated, path).store_url
-    except ConfigError as exc:
-        raise MigrateError(
-            f"The copy is complete and checked, but {path} would not read back with [store] url "
-            f'added ({exc}); it was not changed. Add [store] url = "..." yourself (see '
-            'docs/operator.md, "PostgreSQL store").'
-        ) from None
-    assert recorded is not None and recorded.dsn() == url.dsn()
-    mode = 0o600 if url.has_password else path.stat().st_mode & 0o777
-    write_atomic(path, updated.encode("utf-8"), mode)

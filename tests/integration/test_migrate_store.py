@@ -32,6 +32,7 @@ from tests.support.postgres import postgres_server as postgres_server
 from tests.support.processes import wait_until
 from tests.support.store_backend import open_at_version
 from tuneplane.coordinator.demo.cluster import LocalCluster
+from tuneplane.coordinator.server.migrate_store import migrate
 from tuneplane.coordinator.server.serve_lock import alone
 from tuneplane.coordinator.store import migrate as store_migrate
 from tuneplane.coordinator.store.digest import digest_rows, order_by
@@ -353,7 +354,7 @@ def test_a_copy_that_differs_is_reported_and_not_recorded(
 
     target = parse_store_url(url, "test")
     with pytest.raises(store_migrate.Mismatched) as caught:
-        anyio.run(store_migrate.migrate, sqlite_state, target, say)
+        anyio.run(migrate, sqlite_state, target, say)
     (found,) = caught.value.mismatches
     assert (found.store, found.table) == ("store", "users")
     assert "their digests differ" in found.sentence
