@@ -32,7 +32,6 @@ from tuneplane.proto import v1
 
 from ..auth import DEFAULT_NODE_CREDENTIAL_LIFETIME_S, CredentialLife, PermissionDenied
 from ..clock import now_ms
-from ..server.control_address import ControlAddressDesk
 from ..store.core import Store
 from ..store.lifecycle import stops_to_resend
 from ..store.logs import LogStore
@@ -42,6 +41,7 @@ from ..values.orders import CommitOrder
 from ..wire.control import held_from_wire, inventory_from_wire, outputs_from_wire
 from . import outputs_grants
 from .collector_credentials import CollectorCredentials
+from .control_address import ControlAddressDesk
 from .enroll import EnrollHandler
 from .heartbeats import HeartbeatBook
 from .message_limits import encoded_off_loop
