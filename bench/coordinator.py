@@ -53,7 +53,7 @@ from tuneplane.coordinator.demo import postgres as embedded
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.queue_plan import NodeState, QueuedRequest, plan_pass
 from tuneplane.coordinator.store.core import Store, db_path
-from tuneplane.coordinator.store.location import Where, parse_store_url
+from tuneplane.coordinator.store_location import Where, parse_store_url
 from tuneplane.coordinator.store.postgres import create_database
 from tuneplane.coordinator.store.series_reads import raw_buckets, rollup_buckets
 from tuneplane.coordinator.store.telemetry import TelemetryStore

@@ -32,7 +32,7 @@ from ..server.state_dir import (
 from ..server.tls import TlsError
 from ..store.core import Store, StoreError
 from ..store.decision_log import DecisionLogError
-from ..store.location import PostgresUrl, StoreUrlError, parse_store_url
+from ..store_location import PostgresUrl, StoreUrlError, parse_store_url
 from .api_errors import ApiError
 from .connection import ConnectionConfigError
 

@@ -22,7 +22,7 @@ from ..store import control_address as store_control_address
 from ..store import identity as store_identity
 from ..store.core import Store
 from ..store.fleet_views import node_view, node_views, resolve_node
-from ..store.location import store_where
+from ..store_location import store_where
 from ..store.lost_nodes import declare_node_lost
 from ..store.telemetry import DB_NAME as TELEMETRY_DB
 from ..store.telemetry import TelemetryStore

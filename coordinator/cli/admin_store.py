@@ -17,7 +17,7 @@ from ..clock import now_ms
 from ..config import CONFIG_NAME, store_setting
 from ..server.state_dir import coordinator_where
 from ..store.decision_log import format_row, parse_since, read_decisions
-from ..store.location import StoreUrlError, parse_store_url
+from ..store_location import StoreUrlError, parse_store_url
 from .admin_common import run, run_sync, state_dir_option
 
 

@@ -8,7 +8,7 @@ Rules:
 
 from __future__ import annotations
 
-from ..store.location import PostgresUrl
+from ..store_location import PostgresUrl
 
 CONFIG_NAME = "coordinator.toml"
 

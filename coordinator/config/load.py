@@ -13,7 +13,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from ..store.location import PostgresUrl
+from ..store_location import PostgresUrl
 from .defaults import CONFIG_NAME
 from .tables import (
     check_keys,

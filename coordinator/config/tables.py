@@ -28,7 +28,7 @@ from ..auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
     DEFAULT_USER_TOKEN_LIFETIME_S,
 )
-from ..store.location import PostgresUrl, StoreUrlError, parse_store_url
+from ..store_location import PostgresUrl, StoreUrlError, parse_store_url
 from .values import (
     AddressSettings,
     ConfigError,

@@ -30,7 +30,7 @@ from ..config import (
     store_setting,
     store_table,
 )
-from ..store.location import PostgresUrl
+from ..store_location import PostgresUrl
 from ..store.migrate import COMMAND, MigrateError, Migration, copy_and_check
 from .serve_lock import alone
 from .state_dir import require_initialised

@@ -26,7 +26,7 @@ from ..auth import USER_PREFIX, hash_credential, new_credential
 from ..clock import now_ms
 from ..config import CONFIG_NAME, DEFAULT_CONFIG, store_table
 from ..store.core import DB_NAME, Store, db_path
-from ..store.location import PostgresUrl, Where, store_where
+from ..store_location import PostgresUrl, Where, store_where
 from ..store.users import users
 from .tls import TlsPaths, create_dev_ca, default_sans
 

@@ -2,7 +2,7 @@
 time, transactions a deadline cannot cut in half, and re-runs of the ones a conflict aborted.
 
 Rules:
-- A store opens at a :data:`~tuneplane.coordinator.store.location.Where`: a SQLite file
+- A store opens at a :data:`~tuneplane.coordinator.store_location.Where`: a SQLite file
   (:mod:`store_sqlite`) or a PostgreSQL database, where each store class keeps its tables in
   its own schema (:attr:`StoreDb.SCHEMA`; :mod:`store_postgres`). Store code never sees which:
   it writes ``?`` SQL against a :class:`~tuneplane.coordinator.store.handle.Handle`, from
@@ -44,7 +44,7 @@ from .handle import (
     StoreUnavailable,
     TransactionConflict,
 )
-from .location import PostgresUrl, Where
+from ..store_location import PostgresUrl, Where
 from .sqlite import SqliteBackend
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from .digest import (
     order_by,
 )
 from .handle import SnapshotReader, StoreError
-from .location import PostgresUrl
+from ..store_location import PostgresUrl
 from .logs import DB_NAME as LOGS_DB
 from .logs import LogStore
 from .postgres import CONNECT_ERRORS, CONNECT_TIMEOUT_S, connect_sentence

@@ -17,7 +17,7 @@ Rules:
 - Reads outside a transaction take any pooled connection; they see what is committed.
 - ``?`` SQL is rewritten once per string (:mod:`store_sql`). Errors become the neutral ones of
   :mod:`store_handle`. A connection that cannot be made is one sentence naming the URL without
-  its password (:class:`~tuneplane.coordinator.store.location.PostgresUrl`), what failed and how
+  its password (:class:`~tuneplane.coordinator.store_location.PostgresUrl`), what failed and how
   to fix it.
 """
 
@@ -45,7 +45,7 @@ from .handle import (
     TransactionConflict,
     integrity_sentence,
 )
-from .location import PostgresUrl
+from ..store_location import PostgresUrl
 from .sql import ddl_to_postgres, to_postgres
 
 T = TypeVar("T")

@@ -36,7 +36,7 @@ from tuneplane.coordinator.server.migrate_store import migrate
 from tuneplane.coordinator.server.serve_lock import alone
 from tuneplane.coordinator.store import migrate as store_migrate
 from tuneplane.coordinator.store.digest import digest_rows, order_by
-from tuneplane.coordinator.store.location import parse_store_url
+from tuneplane.coordinator.store_location import parse_store_url
 from tuneplane.coordinator.store.telemetry import TelemetryStore
 
 PASSWORD = "pw-never-shown-7f3a"

@@ -23,7 +23,7 @@ from tests.support.postgres import PostgresServer, run_async
 from tuneplane.coordinator.config import CONFIG_NAME, store_setting
 from tuneplane.coordinator.store.core import Store
 from tuneplane.coordinator.store.db import StoreDb
-from tuneplane.coordinator.store.location import PostgresUrl, Where, parse_store_url, store_where
+from tuneplane.coordinator.store_location import PostgresUrl, Where, parse_store_url, store_where
 from tuneplane.coordinator.store.logs import DB_NAME as LOGS_DB
 from tuneplane.coordinator.store.logs import LogStore
 from tuneplane.coordinator.store.postgres import write_lock_key

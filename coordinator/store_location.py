@@ -1,5 +1,9 @@
 """Where a store lives: a SQLite file in the state directory, or a PostgreSQL database by URL.
 
+Pure, and beside the decision modules rather than in ``store/``: coordinator.toml's reader
+(:mod:`~tuneplane.coordinator.config`) names a store with it, and the pure tier imports nothing
+of the store.
+
 Rules:
 - The default is SQLite, one file per store in the state directory, with nothing to configure.
   A PostgreSQL store is named by a ``postgresql://`` URL (``[store] url`` in coordinator.toml,
