@@ -31,17 +31,11 @@ from ..clock import now_ms
 from ..config import CoordinatorConfig
 from ..counters import ADMISSIONS
 from ..derivation import SourceRun, resolve_source
-from ..gateways.message_limits import (
-    INLINE_DECODE_BYTES,
-    PROCESS_TEXT_CHARS,
-    encode_with,
-    in_process,
-    in_thread,
-    pre_encoded,
-)
+from ..gateways.message_limits import INLINE_DECODE_BYTES, encode_with, pre_encoded
 from ..gateways.status import grpc_errors
 from ..job_access import check_read, may_read
 from ..lifecycle_failure import TAIL_BYTES, culprit, first_failure
+from ..offload import PROCESS_TEXT_CHARS, in_process, in_thread
 from ..placement import Request
 from ..store import access as store_access
 from ..store import identity as store_identity

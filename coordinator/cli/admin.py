@@ -9,6 +9,11 @@ Rules: every failure is one sentence on stderr naming the file or option, what i
 to fix it, with exit status 1 (2 for a malformed command line, as click does). Commands that touch
 the store open the store a running ``serve`` uses (the SQLite files of the state directory, or the
 PostgreSQL database ``[store] url`` names), one writer at a time, so they work while it runs.
+
+Unlike the rest of the package, this module imports its siblings absolutely: ``python -m
+tuneplane.coordinator.cli.admin serve`` makes it the main module, and each worker process of
+:func:`~tuneplane.coordinator.offload.in_process` runs the main module again by its path, as
+multiprocessing does, where a relative import has no package to be relative to.
 """
 
 from __future__ import annotations
@@ -18,12 +23,11 @@ import logging
 import click
 
 from tuneplane.agent import daemon_log
-
-from .admin_fleet import fleet, token
-from .admin_nodes import control_address_command, node
-from .admin_serve import init, serve_command
-from .admin_store import decisions, migrate_store
-from .admin_users import user
+from tuneplane.coordinator.cli.admin_fleet import fleet, token
+from tuneplane.coordinator.cli.admin_nodes import control_address_command, node
+from tuneplane.coordinator.cli.admin_serve import init, serve_command
+from tuneplane.coordinator.cli.admin_store import decisions, migrate_store
+from tuneplane.coordinator.cli.admin_users import user
 
 
 @click.group()

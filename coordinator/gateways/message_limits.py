@@ -1,18 +1,13 @@
-"""Bounds on every incoming gRPC message, and the worker threads and processes that keep large
-ones off the event loop.
+"""Bounds on every incoming gRPC message, checked on raw bytes before anything is decoded.
 
 Rules:
 - A message's size is read from its 5-byte gRPC prefix and refused (RESOURCE_EXHAUSTED, naming
   the limit and its setting) before its body is read; grpclib's flow control then never lets the
   sender push more than one window of it. The body is then decoded within its other bounds
   (:mod:`~tuneplane.coordinator.gateways.bounded_decode`: counts and field sizes on raw bytes).
-- A body larger than :data:`INLINE_DECODE_BYTES` is decoded in a worker thread, so no request
-  holds the event loop for more than a few milliseconds. At most :data:`DECODE_THREADS`
-  threads work at once, whatever the number of callers (:func:`in_thread`).
-- Work on a large body that would hold the interpreter for long single calls (reading a JobSpec
-  of megabytes: JSON, base64, canonical JSON) runs in at most :data:`HEAVY_PROCESSES` worker
-  processes (:func:`in_process`); a worker thread would still stall the loop, as a C call keeps
-  the interpreter lock for its whole length.
+- A body larger than :data:`INLINE_DECODE_BYTES` is decoded in a worker thread
+  (:func:`~tuneplane.coordinator.offload.in_thread`), so no request holds the event loop for
+  more than a few milliseconds.
 
 grpclib has no hook between the length prefix and the body, so :func:`bounded_handlers` wraps each
 handler and gives its stream a ``recv_message`` that reads through grpclib's transport stream
@@ -24,97 +19,28 @@ to it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import struct
-import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar, TypeVarTuple
+from typing import Any, TypeVar
 
-import anyio
-import anyio.to_process
 import betterproto
-from anyio.lowlevel import RunVar
 from grpclib import GRPCError
 from grpclib.const import Handler, Status
 
 from tuneplane.agent.grpc_limits import refuse_size
 
+from ..offload import in_thread
 from .bounded_decode import decode, field_numbers
 
 M = TypeVar("M", bound=betterproto.Message)
 T = TypeVar("T")
-Args = TypeVarTuple("Args")
 
 # Decoding costs about 1.5 ms per KiB of small fields (measured): 2 KiB inline is ~3 ms.
 INLINE_DECODE_BYTES = 2 * 1024
 # The longest status message sent back; a longer one is cut (see shortened).
 MAX_STATUS_MESSAGE_CHARS = 1024
-# Worker threads decoding or checking bodies at once, and worker processes for the heaviest
-# bodies: 50 hostile callers wait their turn instead of making 50 threads or processes.
-DECODE_THREADS = 4
-HEAVY_PROCESSES = 2
-# Text (a JobSpec's JSON) longer than this is read in a worker process: a thread would hold the
-# interpreter lock through each long C call (json, base64) of reading it.
-PROCESS_TEXT_CHARS = 256 * 1024
-
-# While a worker thread works on a large body, the interpreter hands its lock between threads
-# every 0.5 ms instead of Python's 5 ms: a thread running Python code (betterproto decoding,
-# grouping points) otherwise keeps the event loop waiting up to 5 ms each time the loop wants the
-# lock back. Measured with the loop-lag bench: Ship of 5,000 points 10.5-12.6 ms median at 5 ms,
-# 2.5-7.6 at 0.5 ms; Enroll 5.7-8.2 against 2.1-4.3. Only while such work is in flight: set for
-# good, it cost 15-20% of admissions per second (157-170/s against 204-214/s, one in flight).
-HEAVY_SWITCH_INTERVAL_S = 0.0005
-_switching = {"heavy": 0, "saved": 0.0}
-
-_THREADS: RunVar[anyio.CapacityLimiter] = RunVar("tuneplane_decode_threads")
-_PROCESSES: RunVar[anyio.CapacityLimiter] = RunVar("tuneplane_heavy_processes")
-
-
-def _limiter(var: RunVar[anyio.CapacityLimiter], tokens: int) -> anyio.CapacityLimiter:
-    """The event loop's own limiter (a limiter belongs to the loop that first waits on it)."""
-    try:
-        return var.get()
-    except LookupError:
-        limiter = anyio.CapacityLimiter(tokens)
-        var.set(limiter)
-        return limiter
-
-
-@contextlib.contextmanager
-def _fast_switching() -> Iterator[None]:
-    """:data:`HEAVY_SWITCH_INTERVAL_S` while at least one such block runs (event loop only)."""
-    if _switching["heavy"] == 0:
-        _switching["saved"] = sys.getswitchinterval()
-        sys.setswitchinterval(HEAVY_SWITCH_INTERVAL_S)
-    _switching["heavy"] += 1
-    try:
-        yield
-    finally:
-        _switching["heavy"] -= 1
-        if _switching["heavy"] == 0:
-            sys.setswitchinterval(_switching["saved"])
-
-
-async def in_thread(func: Callable[[*Args], T], *args: *Args) -> T:
-    """``func(*args)`` in one of at most :data:`DECODE_THREADS` worker threads, with the
-    interpreter switching threads every :data:`HEAVY_SWITCH_INTERVAL_S` meanwhile."""
-    with _fast_switching():
-        return await anyio.to_thread.run_sync(
-            func, *args, limiter=_limiter(_THREADS, DECODE_THREADS)
-        )
-
-
-async def in_process(func: Callable[[*Args], T], *args: *Args) -> T:
-    """``func(*args)`` in one of at most :data:`HEAVY_PROCESSES` worker processes.
-
-    ``func`` must be a module-level function; arguments and result are pickled, so pass bytes
-    rather than big strings (a str is UTF-8 encoded on the event loop as it is pickled).
-    """
-    return await anyio.to_process.run_sync(
-        func, *args, limiter=_limiter(_PROCESSES, HEAVY_PROCESSES)
-    )
 
 
 async def read_bounded(stream: Any, message_type: type[M], limit: int, setting: str) -> M | None:

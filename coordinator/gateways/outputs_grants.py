@@ -29,11 +29,12 @@ from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES, make_grant
 
 from ..control_address import BadAddress, split
 from ..derivation import GRANT_TTL_MS
+from ..offload import in_thread
 from ..store.core import Store
 from ..store.fleet_views import outputs_services
 from ..values.jobs import MemberKey
 from ..values.orders import InitFromFetch, Order, OutputsService, PrepareOrder
-from .message_limits import INLINE_DECODE_BYTES, in_thread
+from .message_limits import INLINE_DECODE_BYTES
 
 log = logging.getLogger(__name__)
 

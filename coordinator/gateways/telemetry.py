@@ -28,6 +28,7 @@ from tuneplane.proto import v1
 from ..auth import AuthError, PermissionDenied, bearer_token
 from ..clock import now_ms
 from ..counters import observe_ship
+from ..offload import in_thread
 from ..store.core import Store
 from ..values.telemetry import (
     RefusedPoint,
@@ -49,7 +50,6 @@ from .collector_credentials import (
     CollectorCredentials,
     is_collector_credential,
 )
-from .message_limits import in_thread
 from .status import grpc_errors
 
 log = logging.getLogger(__name__)

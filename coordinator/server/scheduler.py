@@ -25,9 +25,9 @@ from ..catalogue import Catalogue
 from ..clock import now_ms
 from ..counters import SCHEDULING_PASS
 from ..gateways import outputs_grants
-from ..gateways.message_limits import PROCESS_TEXT_CHARS, in_process
 from ..gateways.sessions import SessionRegistry
 from ..jobspec import check_loader_policy
+from ..offload import PROCESS_TEXT_CHARS, in_process
 from ..placement import Placement
 from ..queue_plan import PoolKey, plan_pass
 from ..store.core import Store

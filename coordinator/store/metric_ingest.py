@@ -6,7 +6,7 @@ Rules:
   dedup key (source identity, offset, index), and ``INSERT ... ON CONFLICT DO NOTHING``. A Ship
   is one transaction (points, series counters, delivery progress), committed before the reply.
 - A Ship's per-point work (grouping by series, building rows) runs in a worker thread from the
-  bounded pool (:func:`~tuneplane.coordinator.gateways.message_limits.in_thread`) before the
+  bounded pool (:func:`~tuneplane.coordinator.offload.in_thread`) before the
   transaction opens, and the series id is joined to each row in the database's own thread: a
   5,000-point batch is not walked on the event loop.
 - A restarted TensorBoard writer's orphaned points are kept and marked (``orphaned = 1``), never
@@ -30,9 +30,10 @@ import attrs
 
 from tuneplane.agent.crashpoint import crashpoint
 
-from ..gateways.message_limits import in_thread
+from ..offload import in_thread
 from ..orphans import Restart, SeriesRule, is_event_file, place
 from ..rollup_blocks import step_ranges
+from ..store_location import Where
 from ..values.jobs import MemberKey
 from ..values.telemetry import (
     CollectorReport,
@@ -44,7 +45,6 @@ from ..values.telemetry import (
 from . import rollups as store_rollups
 from .db import Backend, StoreDb
 from .handle import Handle
-from .location import Where
 
 
 def _nan_to_null(value: float) -> float | None:

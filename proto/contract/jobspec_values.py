@@ -31,7 +31,7 @@ class JobSpecError(ValueError):
         super().__init__(f"JobSpec field '{field}' = {shown}: {why}. {fix}")
 
     def __reduce__(self) -> tuple[Callable[..., JobSpecError], tuple[str, str, str, str]]:
-        # Raised in a worker process too (the coordinator's message_limits.in_process) and
+        # Raised in a worker process too (the coordinator's offload.in_process) and
         # pickled back to the event loop: the value goes as its shown text, so a refused 15 MiB
         # list costs nothing.
         return (_unpickled_error, (self.field, self.why, self.fix, str(self)))

@@ -37,13 +37,15 @@ from tuneplane.coordinator.gateways.bounded_decode import (
     check_field_sizes,
 )
 from tuneplane.coordinator.gateways.message_limits import (
+    MAX_STATUS_MESSAGE_CHARS,
+    encode_with,
+    pre_encoded,
+)
+from tuneplane.coordinator.offload import (
     HEAVY_PROCESSES,
     HEAVY_SWITCH_INTERVAL_S,
-    MAX_STATUS_MESSAGE_CHARS,
     PROCESS_TEXT_CHARS,
-    encode_with,
     in_thread,
-    pre_encoded,
 )
 from tuneplane.proto import v1
 from tuneplane.proto.contract import jobspec as jobspec_module
