@@ -107,16 +107,3 @@ async def set_wait_reasons(
             )
 
     await store.shielded(work)
-
-
-async def state_reasons(store: Store, run_ids: Sequence[str]) -> dict[str, str]:
-    """The recorded reason for each Job's current state."""
-    if not run_ids:
-        return {}
-    marks = ", ".join("?" for _ in run_ids)
-    return {
-        str(r): str(why)
-        for r, why in await fetch_rows(
-            store, f"SELECT run_id, state_reason FROM jobs WHERE run_id IN ({marks})", run_ids
-        )
-    }
