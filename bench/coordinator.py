@@ -53,10 +53,10 @@ from tuneplane.coordinator.demo import postgres as embedded
 from tuneplane.coordinator.placement import Request
 from tuneplane.coordinator.queue_plan import NodeState, QueuedRequest, plan_pass
 from tuneplane.coordinator.store.core import Store, db_path
-from tuneplane.coordinator.store_location import Where, parse_store_url
 from tuneplane.coordinator.store.postgres import create_database
 from tuneplane.coordinator.store.series_reads import raw_buckets, rollup_buckets
 from tuneplane.coordinator.store.telemetry import TelemetryStore
+from tuneplane.coordinator.store_location import Where, parse_store_url
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.metrics import MetricSelector
 from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint

@@ -22,10 +22,10 @@ from ..store import control_address as store_control_address
 from ..store import identity as store_identity
 from ..store.core import Store
 from ..store.fleet_views import node_view, node_views, resolve_node
-from ..store_location import store_where
 from ..store.lost_nodes import declare_node_lost
 from ..store.telemetry import DB_NAME as TELEMETRY_DB
 from ..store.telemetry import TelemetryStore
+from ..store_location import store_where
 from .admin_common import run, run_sync, serving_pid, state_dir_option, with_store
 from .api_client import ApiClient
 from .connection import resolve_connection

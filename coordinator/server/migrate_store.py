@@ -30,8 +30,8 @@ from ..config import (
     store_setting,
     store_table,
 )
-from ..store_location import PostgresUrl
 from ..store.migrate import COMMAND, MigrateError, Migration, copy_and_check
+from ..store_location import PostgresUrl
 from .serve_lock import alone
 from .state_dir import require_initialised
 

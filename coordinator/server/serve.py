@@ -44,11 +44,11 @@ from ..gateways.rate_limit import PeerRateLimit
 from ..gateways.sessions import SessionRegistry
 from ..gateways.telemetry import TelemetryGateway
 from ..store.core import Store
-from ..store_location import PostgresUrl, store_where
 from ..store.logs import DB_NAME as LOGS_DB
 from ..store.logs import LogStore
 from ..store.telemetry import DB_NAME as TELEMETRY_DB
 from ..store.telemetry import TelemetryStore
+from ..store_location import PostgresUrl, store_where
 from .advertise import (
     Advertised,
     AdvertiseError,

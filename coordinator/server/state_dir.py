@@ -26,8 +26,8 @@ from ..auth import USER_PREFIX, hash_credential, new_credential
 from ..clock import now_ms
 from ..config import CONFIG_NAME, DEFAULT_CONFIG, store_table
 from ..store.core import DB_NAME, Store, db_path
-from ..store_location import PostgresUrl, Where, store_where
 from ..store.users import users
+from ..store_location import PostgresUrl, Where, store_where
 from .tls import TlsPaths, create_dev_ca, default_sans
 
 ADMIN_TOKEN = "admin.token"

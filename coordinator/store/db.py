@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 import anyio
 import attrs
 
+from ..store_location import PostgresUrl, Where
 from .handle import (
     Handle,
     Row,
@@ -44,7 +45,6 @@ from .handle import (
     StoreUnavailable,
     TransactionConflict,
 )
-from ..store_location import PostgresUrl, Where
 from .sqlite import SqliteBackend
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from typing import Any
 
 import anyio
 
+from ..store_location import PostgresUrl, Where
 from ..values.decisions import DecisionRow
 from .core import Store
-from ..store_location import PostgresUrl, Where
 
 _RELATIVE = re.compile(r"^(\d+)([smhd])$")
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

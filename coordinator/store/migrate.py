@@ -32,6 +32,7 @@ import anyio.from_thread
 import asyncpg
 import attrs
 
+from ..store_location import PostgresUrl
 from .core import DB_NAME, Store
 from .db import COPY_BATCH, Loader, StoreDb
 from .digest import (
@@ -43,7 +44,6 @@ from .digest import (
     order_by,
 )
 from .handle import SnapshotReader, StoreError
-from ..store_location import PostgresUrl
 from .logs import DB_NAME as LOGS_DB
 from .logs import LogStore
 from .postgres import CONNECT_ERRORS, CONNECT_TIMEOUT_S, connect_sentence

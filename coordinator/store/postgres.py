@@ -35,6 +35,7 @@ import anyio
 import anyio.from_thread
 import asyncpg
 
+from ..store_location import PostgresUrl
 from .handle import (
     Handle,
     IntegrityViolation,
@@ -45,7 +46,6 @@ from .handle import (
     TransactionConflict,
     integrity_sentence,
 )
-from ..store_location import PostgresUrl
 from .sql import ddl_to_postgres, to_postgres
 
 T = TypeVar("T")

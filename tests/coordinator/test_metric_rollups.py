@@ -24,8 +24,8 @@ from tests.support import store_backend
 from tests.support.store_backend import open_at_version, read, write
 from tuneplane.coordinator.downsample import Bucket, downsample, every_point
 from tuneplane.coordinator.rollup_blocks import LEVELS, width
-from tuneplane.coordinator.store_location import Where
 from tuneplane.coordinator.store.telemetry import MIGRATIONS, TelemetryStore
+from tuneplane.coordinator.store_location import Where
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.metrics import MetricSelector
 from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint, ShippedRestart

@@ -11,8 +11,8 @@ import pytest
 from tests.support.store_backend import current, open_at_version, read, write
 from tuneplane.coordinator.store.core import SchemaTooNew, Store
 from tuneplane.coordinator.store.handle import IntegrityViolation
-from tuneplane.coordinator.store_location import Where
 from tuneplane.coordinator.store.schema import LATEST_VERSION
+from tuneplane.coordinator.store_location import Where
 
 
 def _at_version(path: Path, version: int) -> Where:

@@ -29,10 +29,10 @@ from tuneplane.coordinator.server.metrics_export import count_store_retry
 from tuneplane.coordinator.store.core import SchemaTooNew, Store
 from tuneplane.coordinator.store.db import MAX_ATTEMPTS, StoreRetry, dependency_order
 from tuneplane.coordinator.store.handle import IntegrityViolation, StoreUnavailable
-from tuneplane.coordinator.store_location import Where, parse_store_url
 from tuneplane.coordinator.store.logs import LogStore
 from tuneplane.coordinator.store.postgres import write_lock_key
 from tuneplane.coordinator.store.sql import ddl_to_postgres, to_postgres
+from tuneplane.coordinator.store_location import Where, parse_store_url
 from tuneplane.coordinator.values.jobs import MemberKey
 from tuneplane.coordinator.values.orders import Gpu, Inventory
 

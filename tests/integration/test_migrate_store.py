@@ -36,8 +36,8 @@ from tuneplane.coordinator.server.migrate_store import migrate
 from tuneplane.coordinator.server.serve_lock import alone
 from tuneplane.coordinator.store import migrate as store_migrate
 from tuneplane.coordinator.store.digest import digest_rows, order_by
-from tuneplane.coordinator.store_location import parse_store_url
 from tuneplane.coordinator.store.telemetry import TelemetryStore
+from tuneplane.coordinator.store_location import parse_store_url
 
 PASSWORD = "pw-never-shown-7f3a"
 SCRIPT = """echo "training starts"

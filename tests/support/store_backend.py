@@ -23,13 +23,13 @@ from tests.support.postgres import PostgresServer, run_async
 from tuneplane.coordinator.config import CONFIG_NAME, store_setting
 from tuneplane.coordinator.store.core import Store
 from tuneplane.coordinator.store.db import StoreDb
-from tuneplane.coordinator.store_location import PostgresUrl, Where, parse_store_url, store_where
 from tuneplane.coordinator.store.logs import DB_NAME as LOGS_DB
 from tuneplane.coordinator.store.logs import LogStore
 from tuneplane.coordinator.store.postgres import write_lock_key
 from tuneplane.coordinator.store.sql import to_postgres
 from tuneplane.coordinator.store.telemetry import DB_NAME as TELEMETRY_DB
 from tuneplane.coordinator.store.telemetry import TelemetryStore
+from tuneplane.coordinator.store_location import PostgresUrl, Where, parse_store_url, store_where
 
 S = TypeVar("S", bound=StoreDb)
 #: Each store class and its SQLite file in a state directory.
