@@ -19,7 +19,7 @@ import click
 from ..values import lifecycle as lm
 from ..values.lifecycle import CancelOutcome, LogPage, RetryOutcome
 from . import render
-from .ops import _HasEndpoint, call, json_option
+from .ops import HasEndpoint, call, json_option
 
 if TYPE_CHECKING:
     from .api_client import ApiClient
@@ -34,7 +34,7 @@ _ENDED = frozenset({"exited", "aborted", "lost"})
 @click.option("--reason", default="", help="Why; recorded in the Job's history.")
 @json_option
 @click.pass_obj
-def job_cancel(options: _HasEndpoint, run_id: str, reason: str, as_json: bool) -> None:
+def job_cancel(options: HasEndpoint, run_id: str, reason: str, as_json: bool) -> None:
     """Cancel a Job: its members get SIGTERM, then SIGKILL after the JobSpec's grace period.
 
     A queued Job is cancelled at once; repeating the command is harmless.
@@ -71,7 +71,7 @@ def _cancel_sentence(run_id: str, done: CancelOutcome) -> str:
 @click.argument("run_id")
 @json_option
 @click.pass_obj
-def job_retry(options: _HasEndpoint, run_id: str, as_json: bool) -> None:
+def job_retry(options: HasEndpoint, run_id: str, as_json: bool) -> None:
     """Run an ended Job again (failed, cancelled or aborted): a new attempt, same JobSpec."""
 
     async def work(api: ApiClient) -> RetryOutcome:
@@ -135,7 +135,7 @@ def _tail(data: bytes, lines: int) -> bytes:
 )
 @click.pass_obj
 def logs_command(
-    options: _HasEndpoint,
+    options: HasEndpoint,
     run_id: str,
     member_index: int | None,
     attempt: int | None,

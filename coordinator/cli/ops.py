@@ -23,11 +23,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class _HasEndpoint(Protocol):
+class HasEndpoint(Protocol):
     def endpoint(self) -> Endpoint: ...
 
 
-def call(options: _HasEndpoint, work: Callable[[ApiClient], Awaitable[T]]) -> T:
+def call(options: HasEndpoint, work: Callable[[ApiClient], Awaitable[T]]) -> T:
     """Run ``work`` against the coordinator the global flags name."""
     # Imported here for the same reason tp does: asyncio and grpclib cost start-up time.
     import asyncio
@@ -58,7 +58,7 @@ def fleet_group() -> None:
 @fleet_group.command("ls")
 @json_option
 @click.pass_obj
-def fleet_ls(options: _HasEndpoint, as_json: bool) -> None:
+def fleet_ls(options: HasEndpoint, as_json: bool) -> None:
     """List Fleets: Nodes, free GPUs per Series, quotas, queued and active Jobs."""
 
     async def work(api: ApiClient) -> list[Fleet]:
@@ -77,7 +77,7 @@ def fleet_ls(options: _HasEndpoint, as_json: bool) -> None:
 @click.argument("fleet")
 @json_option
 @click.pass_obj
-def fleet_show(options: _HasEndpoint, fleet: str, as_json: bool) -> None:
+def fleet_show(options: HasEndpoint, fleet: str, as_json: bool) -> None:
     """Show FLEET: its Nodes counted, GPUs per Series with quota, and its Jobs."""
 
     async def work(api: ApiClient) -> Fleet:
@@ -101,7 +101,7 @@ def node_group() -> None:
 @click.option("--fleet", default="", help="Only Nodes of this Fleet.")
 @json_option
 @click.pass_obj
-def node_ls(options: _HasEndpoint, fleet: str, as_json: bool) -> None:
+def node_ls(options: HasEndpoint, fleet: str, as_json: bool) -> None:
     """List Nodes: scheduling state and control connectivity side by side."""
 
     async def work(api: ApiClient) -> list[Node]:
@@ -120,7 +120,7 @@ def node_ls(options: _HasEndpoint, fleet: str, as_json: bool) -> None:
 @click.argument("node_id", metavar="NODE")
 @json_option
 @click.pass_obj
-def node_show(options: _HasEndpoint, node_id: str, as_json: bool) -> None:
+def node_show(options: HasEndpoint, node_id: str, as_json: bool) -> None:
     """Show NODE: scheduling, connectivity, CPUs, memory, GPUs and who holds them, members."""
 
     async def work(api: ApiClient) -> Node:
@@ -135,7 +135,7 @@ def node_show(options: _HasEndpoint, node_id: str, as_json: bool) -> None:
         out.print(part)
 
 
-def _change(options: _HasEndpoint, node_id: str, wanted: str, reason: str, as_json: bool) -> None:
+def _change(options: HasEndpoint, node_id: str, wanted: str, reason: str, as_json: bool) -> None:
     async def work(api: ApiClient) -> Node:
         return await api.set_node_scheduling(node_id, wanted, reason)
 
@@ -170,7 +170,7 @@ reason_option = click.option("--reason", default="", help="Why; recorded in the 
 @reason_option
 @json_option
 @click.pass_obj
-def node_cordon(options: _HasEndpoint, node_id: str, reason: str, as_json: bool) -> None:
+def node_cordon(options: HasEndpoint, node_id: str, reason: str, as_json: bool) -> None:
     """Stop placing new members on NODE (admin only); what runs there keeps running."""
     _change(options, node_id, "cordoned", reason, as_json)
 
@@ -180,7 +180,7 @@ def node_cordon(options: _HasEndpoint, node_id: str, reason: str, as_json: bool)
 @reason_option
 @json_option
 @click.pass_obj
-def node_uncordon(options: _HasEndpoint, node_id: str, reason: str, as_json: bool) -> None:
+def node_uncordon(options: HasEndpoint, node_id: str, reason: str, as_json: bool) -> None:
     """Let NODE take new members again, after cordon or drain (admin only)."""
     _change(options, node_id, "schedulable", reason, as_json)
 
@@ -190,6 +190,6 @@ def node_uncordon(options: _HasEndpoint, node_id: str, reason: str, as_json: boo
 @reason_option
 @json_option
 @click.pass_obj
-def node_drain(options: _HasEndpoint, node_id: str, reason: str, as_json: bool) -> None:
+def node_drain(options: HasEndpoint, node_id: str, reason: str, as_json: bool) -> None:
     """Stop placing on NODE and show it drained once its members end (admin only)."""
     _change(options, node_id, "draining", reason, as_json)

@@ -52,7 +52,7 @@ def when(ms: int) -> str:
     return stamp.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _pairs(rows: Sequence[tuple[str, str]]) -> Text:
+def pairs(rows: Sequence[tuple[str, str]]) -> Text:
     """Aligned ``key  value`` lines (no table padding, so they copy and grep cleanly)."""
     width = max(len(key) for key, _ in rows) + 2
     text = Text()
@@ -64,7 +64,7 @@ def _pairs(rows: Sequence[tuple[str, str]]) -> Text:
     return text
 
 
-def _heading(title: str) -> Text:
+def heading(title: str) -> Text:
     return Text(title, style="bold")
 
 
@@ -178,7 +178,7 @@ def preview_view(preview: Preview, experiment: str, project: str, saved: str) ->
         ("Digest", preview.digest),
         ("Saved", saved),
     ]
-    return _pairs(rows)
+    return pairs(rows)
 
 
 def receipt_line(receipt: Receipt) -> str:
@@ -216,7 +216,7 @@ def jobs_table(jobs: list[Job]) -> Table:
 def _attempt_heading(attempt: Attempt) -> Text:
     rdv = f", rendezvous {attempt.master_addr}:{attempt.master_port}" if attempt.master_addr else ""
     since = when(attempt.created_at_ms)
-    return _heading(f"Attempt {attempt.number}: {attempt.state} (since {since}{rdv})")
+    return heading(f"Attempt {attempt.number}: {attempt.state} (since {since}{rdv})")
 
 
 def _members_table(attempt: Attempt, node_names: Mapping[str, str]) -> Table:
@@ -250,7 +250,7 @@ def job_view(job: Job) -> list[RenderableType]:
     node_names = {m.node_id: m.node_name for a in job.attempts for m in a.members if m.node_name}
     derivation = f"began from run {job.init_from}" if job.init_from else "none"
     parts: list[RenderableType] = [
-        _pairs(
+        pairs(
             [
                 ("Job", job.run_id),
                 ("State", job.state),
@@ -267,7 +267,7 @@ def job_view(job: Job) -> list[RenderableType]:
             ]
         )
     ]
-    parts.append(_heading("State history"))
+    parts.append(heading("State history"))
     history = Table()
     for column in ("AT", "STATE", "REASON"):
         history.add_column(column)
@@ -303,7 +303,7 @@ def _first_failure_view(
     ]
     more = " (older lines cut)" if f.stderr_cut else ""
     everything = f"tp logs {run_id} --member {f.member_index} --stderr"
-    heading = f"Its stderr, last lines{more}; all of it: {everything}"
-    parts: list[RenderableType] = [_heading("First failure"), _pairs(rows), _heading(heading)]
+    title = f"Its stderr, last lines{more}; all of it: {everything}"
+    parts: list[RenderableType] = [heading("First failure"), pairs(rows), heading(title)]
     parts.append(Text(f.stderr_tail.rstrip("\n") if f.stderr_tail else "(its stderr is empty)"))
     return parts

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..values.fleet import Fleet, Node, SeriesCapacity
-from .render import _heading, _pairs, when
+from .render import heading, pairs, when
 
 
 def _holder(node: Node, index: int) -> str:
@@ -145,7 +145,7 @@ def fleets_table(fleets: list[Fleet]) -> Table:
 
 def fleet_view(fleet: Fleet) -> list[RenderableType]:
     parts: list[RenderableType] = [
-        _pairs(
+        pairs(
             [
                 ("Fleet", fleet.name),
                 ("Kind", fleet.kind),
@@ -158,7 +158,7 @@ def fleet_view(fleet: Fleet) -> list[RenderableType]:
                 ("Jobs", f"{fleet.queued_jobs} queued, {fleet.active_jobs} active"),
             ]
         ),
-        _heading("GPUs per Series"),
+        heading("GPUs per Series"),
     ]
     table = Table()
     for column in ("SERIES", "TOTAL", "HEALTHY", "FREE", "IN USE", "QUOTA"):
@@ -229,7 +229,7 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
             f"{why})"
         )
     parts: list[RenderableType] = [
-        _pairs(
+        pairs(
             [
                 ("Node", node.id),
                 ("Name", node.name or node.id),
@@ -251,7 +251,7 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
                 ),
             ]
         ),
-        _heading("GPUs"),
+        heading("GPUs"),
     ]
     gpus = Table()
     for column in ("INDEX", "UUID", "SERIES", "NAME", "MEMORY", "HEALTH", "HELD BY"):
@@ -269,7 +269,7 @@ def node_view(node: Node, now_ms: int) -> list[RenderableType]:
         )
     if not inv.gpus:
         gpus.add_row("(no GPUs reported)", "", "", "", "", "")
-    parts += [gpus, _heading("Members")]
+    parts += [gpus, heading("Members")]
     members = Table()
     for column in ("RUN ID", "ATTEMPT", "MEMBER", "STATE", "GPUS", "OWNER"):
         members.add_column(column)
