@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.lifecycle_failure import (
     TAIL_BYTES,
@@ -9,10 +11,12 @@ from tuneplane.coordinator.lifecycle_failure import (
     Failed,
     MemberEnd,
     choose_first,
+    culprit,
+    first_failure,
     member_end,
     tail_lines,
 )
-from tuneplane.coordinator.values.jobs import Member, StateChange
+from tuneplane.coordinator.values.jobs import Attempt, Job, Member, MemberKey, StateChange
 
 
 def _exited(index: int, at_ms: int, code: int = 0, signal: int = 0) -> MemberEnd:
@@ -97,3 +101,31 @@ def test_the_tail_drops_a_cut_first_line_and_bounds_long_lines() -> None:
     text, cut = tail_lines(huge, started_at_zero=True)
     assert cut and text == "last\n"
     assert tail_lines(b"caf\xc3\xa9 \xff\n", started_at_zero=True)[0] == "caf\u00e9 \ufffd\n"
+
+
+def _failed_job(state: str = lc.FAILED) -> Job:
+    ok = Member(0, "node-a", lc.M_EXITED, True, 0, 0, "", (), (), ended_at_ms=3_000)
+    bad = Member(1, "node-b", lc.M_EXITED, True, 7, 0, "", (), (), ended_at_ms=2_000)
+    attempt = Attempt(2, "ended", (ok, bad), "", 0, 0)
+    return Job("run-1", "p", "e", "ann", state, "default", "h200", "m", "pv", "d", "", 0,
+               attempts=(attempt,))  # fmt: skip
+
+
+def test_the_culprit_is_the_latest_attempts_first_failed_member() -> None:
+    found = culprit(_failed_job())
+    assert found is not None
+    assert found.key == MemberKey("run-1", 2, 1)
+    assert found.failed == Failed(1, 2_000, "member 1 exited with code 7")
+    assert culprit(_failed_job(lc.SUCCEEDED)) is None
+    assert culprit(attrs.evolve(_failed_job(), attempts=())) is None
+
+
+def test_the_first_failure_carries_the_end_of_the_stderr_read_for_the_culprit() -> None:
+    found = culprit(_failed_job())
+    assert found is not None
+    shown = first_failure(found, b"cut line\nfirst\nsecond\n", from_start=False)
+    assert (shown.attempt, shown.member_index, shown.node_id) == (2, 1, "node-b")
+    assert (shown.exit_code, shown.at_ms, shown.what) == (7, 2_000, "member 1 exited with code 7")
+    assert (shown.stderr_tail, shown.stderr_cut) == ("first\nsecond\n", True)
+    nothing = first_failure(found, b"", from_start=True)
+    assert (nothing.stderr_tail, nothing.stderr_cut) == ("", False)
