@@ -24,9 +24,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping
-from typing import Any
-
-import aiosqlite
+from typing import TYPE_CHECKING, Any
 
 from .journal_db import fetchall, insert_event
 from .journal_gpus import JournalGpus
@@ -51,6 +49,9 @@ from .journal_records import (
     report_from_row,
 )
 from .member_state import OWNS_GPUS, MemberEvent, MemberState, next_state
+
+if TYPE_CHECKING:
+    import aiosqlite
 
 
 class Journal(JournalGpus):

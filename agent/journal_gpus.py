@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-
-import aiosqlite
+from typing import TYPE_CHECKING
 
 from .inventory import Inventory
 from .journal_db import JournalDb, fetchall, insert_event, insert_health
@@ -29,6 +28,9 @@ from .journal_records import (
 )
 from .member_state import TERMINAL
 from .xid_book import NewHealthEvent, NewXid, XidBook, XidRecord
+
+if TYPE_CHECKING:
+    import aiosqlite
 
 
 class JournalGpus(JournalDb):
