@@ -21,14 +21,24 @@ from tests.support import accounts
 SESSION_POOL_SIZE = 8
 
 
+# Set with TUNEPLANE_NODE_CONFIG to the pid that made the pool: a pytest-xdist worker inherits
+# both from the main process and makes a pool of its own, since an agent never leases an account
+# another agent's member still runs as (agent/accounts.py: busy) and workers run side by side.
+_POOL_OWNER = "TUNEPLANE_TEST_POOL_OWNER"
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if not accounts.is_root() or "TUNEPLANE_NODE_CONFIG" in os.environ:
+    if not accounts.is_root():
         return
+    inherited = os.environ.get(_POOL_OWNER) not in (None, str(os.getpid()))
+    if "TUNEPLANE_NODE_CONFIG" in os.environ and not inherited:
+        return  # the caller named its own node.toml
     pool = accounts.make_pool(SESSION_POOL_SIZE)
     path = accounts.traversable_root("session") / "node.toml"
     names = ", ".join(f'"{name}"' for name in pool)
     path.write_text(f'[accounts]\nmode = "pool"\npool = [{names}]\n')
     os.environ["TUNEPLANE_NODE_CONFIG"] = str(path)
+    os.environ[_POOL_OWNER] = str(os.getpid())
 
 
 def _passable(folder: Path) -> None:
