@@ -998,6 +998,14 @@ class Welcome(betterproto.Message):
      it at its next connect.
     """
 
+    coordinators: List[str] = betterproto.string_field(7)
+    """
+    Every coordinator sharing this one's store (high availability), by the control address
+     Nodes dial: this one (the leader) first. A Node keeps the list in node.json and, when the
+     coordinator it uses stops answering, dials the others in turn until the leader welcomes it.
+     Empty with one coordinator.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class ControlAddress(betterproto.Message):
@@ -1182,6 +1190,12 @@ class Commit(betterproto.Message):
     telemetry_address: str = betterproto.string_field(4)
     """
     Where the collector ships points: the telemetry gateway's HOST:PORT (same CA as control).
+    """
+
+    telemetry_fallbacks: List[str] = betterproto.string_field(5)
+    """
+    The other coordinators' telemetry gateways (high availability): the collector tries them
+     in turn when telemetry_address stops answering, and ships to whichever leads.
     """
 
 
