@@ -27,6 +27,8 @@ class Welcome:
     credential_expires_at_ms: int = 0
     # The control address to dial from now on; "" when the coordinator names none.
     control_address: str = ""
+    # Every coordinator sharing the store (high availability), the leader first; empty with one.
+    coordinators: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -183,6 +183,7 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
             body.credential_issued_at_ms,
             body.credential_expires_at_ms,
             body.control_address,
+            tuple(body.coordinators),
         )
     if isinstance(body, v1.ControlAddress):
         return m.ControlAddress(body.address)
