@@ -50,10 +50,13 @@ class CollectorCredentials:
 
     ``telemetry_address`` is the gateway's advertised HOST:PORT, set once its listener accepts;
     every Commit carries it so the Node knows where its collector ships.
+    ``telemetry_fallbacks`` are the other coordinators' gateways sharing the store (HA): the
+    collector tries them in order when ``telemetry_address`` refuses.
     """
 
     store: TelemetryStore
     telemetry_address: str = ""
+    telemetry_fallbacks: tuple[str, ...] = ()
 
     async def attach(self, orders: list[Order], now: int) -> list[Order]:
         """``orders`` with a fresh, durably recorded credential on every Commit order."""
@@ -64,7 +67,10 @@ class CollectorCredentials:
                 token = new_credential(COLLECTOR_PREFIX)
                 minted.append((hash_credential(token), order.member, order.node_id))
                 order = attrs.evolve(
-                    order, collector_credential=token, telemetry_address=self.telemetry_address
+                    order,
+                    collector_credential=token,
+                    telemetry_address=self.telemetry_address,
+                    telemetry_fallbacks=self.telemetry_fallbacks,
                 )
             out.append(order)
         if minted:

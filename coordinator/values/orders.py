@@ -136,6 +136,9 @@ class CommitOrder:
     # Filled in just before sending (collector_credentials.py): never stored in plain text.
     collector_credential: str = attrs.field(default="", repr=False)
     telemetry_address: str = ""
+    # The other coordinators' telemetry gateways (HOST:PORT), tried in order when
+    # telemetry_address refuses: the collector follows whichever coordinator leads.
+    telemetry_fallbacks: tuple[str, ...] = ()
 
 
 @attrs.frozen

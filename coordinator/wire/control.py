@@ -237,6 +237,7 @@ def order_to_wire(order: Order) -> v1.CoordinatorMessage:
                 ),
                 collector_credential=order.collector_credential,
                 telemetry_address=order.telemetry_address,
+                telemetry_fallbacks=list(order.telemetry_fallbacks),
             )
         )
     if isinstance(order, AbortOrder):
@@ -295,6 +296,7 @@ def order_from_wire(node_id: str, msg: v1.CoordinatorMessage) -> Order:
             rdv.master_port if rdv else 0,
             body.collector_credential,
             body.telemetry_address,
+            tuple(body.telemetry_fallbacks),
         )
     if isinstance(body, v1.Abort):
         return AbortOrder(node_id, member_key(body.member), body.reason)
