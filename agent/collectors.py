@@ -3,10 +3,12 @@ deliver, and the private directory that holds its credential, spool and checkpoi
 
 Rules:
 - ``<state dir>/collectors/<run id>.<attempt>.<member>/`` (0700) is the collector's: credential
-  (0600), ``collector.json`` (gateway and CA), spool, checkpoint, log, markers. It is never under
-  the member directory (the workload's cwd) or the out dir; a workload never sees a credential.
+  (0600), ``collector.json`` (the gateway, the other coordinators' gateways it falls back to,
+  the CA), spool, checkpoint, log, markers. It is never under the member directory (the
+  workload's cwd) or the out dir; a workload never sees a credential.
 - The credential a Commit carries is written before the Commit is journaled, so a member that
-  runs always has one on disk; a repeated Commit replaces it (the collector re-reads it).
+  runs always has one on disk; a repeated Commit replaces it (the collector re-reads it) and
+  its gateways (read by the next collector started, also by a restarted agent).
 - A reconciliation loop keeps a collector running for every member that is starting, running
   or cancelling, and, once a member ended, writes ``member-exited`` and keeps its collector
   until it wrote ``drained``. A collector that stops early is restarted with backoff; it runs in
@@ -79,6 +81,17 @@ def _log_of(folder: Path, key: MemberKey) -> str:
     return str(folder / "collector.log")
 
 
+def _gateway_args(config: dict[str, object]) -> list[str]:
+    """``--gateway`` for the Commit's telemetry address, then for each of its fallbacks (a
+    collector.json written before fallbacks existed has none)."""
+    fallbacks = config.get("fallbacks", [])
+    if not isinstance(fallbacks, list):
+        raise TypeError(f"collector.json 'fallbacks' is {fallbacks!r}, not a list")
+    return [
+        arg for gateway in [config["gateway"], *fallbacks] for arg in ("--gateway", str(gateway))
+    ]
+
+
 @attrs.define(eq=False)
 class CollectorSupervisor:
     """Owns the collectors of one Node. ``python`` runs ``tuneplane.collector.cli``."""
@@ -132,16 +145,21 @@ class CollectorSupervisor:
             command.key,
             command.collector_credential,
             command.telemetry_address,
+            command.telemetry_fallbacks,
         )
-        log.info("collector credential stored member=%s gateway=%s", command.key,
-                 command.telemetry_address)  # fmt: skip
+        log.info("collector credential stored member=%s gateway=%s fallbacks=%s", command.key,
+                 command.telemetry_address,
+                 ",".join(command.telemetry_fallbacks) or "-")  # fmt: skip
 
-    def _write_credential(self, key: MemberKey, credential: str, gateway: str) -> None:
+    def _write_credential(
+        self, key: MemberKey, credential: str, gateway: str, fallbacks: tuple[str, ...] = ()
+    ) -> None:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = self.directory(key)
         folder.mkdir(mode=0o700, exist_ok=True)
         folder.chmod(0o700)
-        write_json_atomic(folder / CONFIG_FILE, {"gateway": gateway, "ca": str(self.ca_path)})
+        config = {"gateway": gateway, "fallbacks": list(fallbacks), "ca": str(self.ca_path)}
+        write_json_atomic(folder / CONFIG_FILE, config)
         write_atomic(folder / CREDENTIAL_FILE, (credential + "\n").encode(), 0o600)
 
     async def run(self) -> None:
@@ -178,7 +196,7 @@ class CollectorSupervisor:
             "--out-dir", record.out_dir,
             "--max-files", str(self.max_files),
             "--state-dir", str(folder),
-            "--gateway", str(config["gateway"]),
+            *_gateway_args(config),
             "--ca", str(config["ca"]),
             "--credential-file", str(folder / CREDENTIAL_FILE),
             "--run-id", key.run_id,
@@ -227,7 +245,8 @@ class CollectorSupervisor:
                                 argv, check=False, stdout=out, stderr=subprocess.STDOUT
                             )
                     status = f"exit status {done.returncode}"
-                except (OSError, ValueError, KeyError) as exc:
+                # ValueError, KeyError, TypeError: a collector.json _write_credential never wrote.
+                except (OSError, ValueError, KeyError, TypeError) as exc:
                     status = f"it could not start ({exc})"
                 if (folder / DRAINED_MARKER).exists():
                     log.info("collector delivered everything member=%s", key)

@@ -89,6 +89,9 @@ class Commit:
     # For the member's collector (agent/collectors.py): empty from a coordinator without one.
     collector_credential: str = ""
     telemetry_address: str = ""
+    # The other coordinators' telemetry gateways, tried in order when telemetry_address fails
+    # (coordinators sharing one store); () from a single coordinator.
+    telemetry_fallbacks: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -212,6 +212,7 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
             _rendezvous(body.rendezvous),
             collector_credential=body.collector_credential,
             telemetry_address=body.telemetry_address,
+            telemetry_fallbacks=tuple(body.telemetry_fallbacks),
         )
     if isinstance(body, v1.Abort):
         return m.Abort(_key(body.member), body.reason)

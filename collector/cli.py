@@ -195,7 +195,15 @@ def inspect(path: Path, as_json: bool, output_dir: bool) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Private, host-local directory for the spool, the checkpoint and the markers.",
 )
-@click.option("--gateway", required=True, metavar="HOST:PORT", help="The telemetry gateway.")
+@click.option(
+    "--gateway",
+    "gateways",
+    required=True,
+    multiple=True,
+    metavar="HOST:PORT",
+    help="The telemetry gateway. Repeat it for each coordinator that shares the store: the "
+    "first is called first, and when a call fails the next is tried at once.",
+)
 @click.option(
     "--ca",
     required=True,
@@ -273,7 +281,7 @@ def run(
     max_depth: int,
     max_entries: int,
     state_dir: Path,
-    gateway: str,
+    gateways: tuple[str, ...],
     ca: Path,
     credential_file: Path,
     run_id: str,
@@ -319,10 +327,13 @@ def run(
     from .system_sampler import SystemOptions
 
     try:
+        # A gateway named twice is called once per round, where it was first named.
+        first, *fallbacks = dict.fromkeys(Gateway.parse(text) for text in gateways)
         opts = CollectorOptions(
             telemetry_dir=telemetry_dir.absolute(),
             state_dir=state_dir.absolute(),
-            gateway=Gateway.parse(gateway),
+            gateway=first,
+            fallbacks=tuple(fallbacks),
             ca=ca,
             credential_file=credential_file,
             run_id=run_id,

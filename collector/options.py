@@ -47,10 +47,18 @@ class CollectorOptions:
     # The member's $TUNEPLANE_OUT_DIR, followed as a whole; None: the telemetry directory only.
     out_dir: Path | None = None
     limits: ScanLimits = attrs.field(factory=ScanLimits)
+    # The other coordinators' telemetry gateways, tried in order when ``gateway`` fails
+    # (:mod:`.gateway_ring`); () with one coordinator.
+    fallbacks: tuple[Gateway, ...] = ()
 
     @property
     def member(self) -> tuple[str, int, int]:
         return (self.run_id, self.attempt, self.member_index)
+
+    @property
+    def gateways(self) -> tuple[Gateway, ...]:
+        """Every gateway the collector may ship to, ``gateway`` first."""
+        return (self.gateway, *self.fallbacks)
 
 
 def followed_root(opts: CollectorOptions) -> tuple[Path, Layout]:

@@ -8,9 +8,11 @@ Rules:
   batches, so the tailer stops reading (the files stay on disk) until shipping makes room; the
   collector logs it and reports it with every call (``tp job show`` shows it).
 - Every Ship has a deadline; failures are retried with jittered backoff (0.5 s doubling to 30 s),
-  whatever the reason, and logged with the gateway's own sentence. Points the gateway refused one
-  by one (the reply names them) are never sent again: they leave the spool with the batch and
-  stay recorded as data-loss warnings with their file and offset.
+  whatever the reason, and logged with the gateway's own sentence. Given more than one gateway
+  (coordinators sharing one store), a failed call moves to the next gateway at once and only a
+  whole round of failures backs off (:mod:`.gateway_ring`); it stays on whichever accepted.
+- Points the gateway refused one by one (the reply names them) are never sent again: they leave
+  the spool with the batch and stay recorded as data-loss warnings with their file and offset.
 - The member's end is a file the Node writes (``member-exited`` in the state directory); then
   the tailer drains every file and the spool is shipped to empty, and a last call says
   ``drained``.
@@ -28,6 +30,7 @@ import attrs
 import trio
 
 from .batches import Batch
+from .gateway_ring import GatewayRing
 from .options import CHECKPOINT_FILE, CollectorOptions, followed_root
 from .point_rules import REFUSED_KIND, PointScreen, storable
 from .points import ReadWarning, ScalarPoint
@@ -102,7 +105,7 @@ class Collector:
         )
         async with (
             open_telemetry_client(
-                self.opts.gateway, self.opts.ca, self.opts.credential_file
+                self.opts.gateway, self.opts.ca, self.opts.credential_file, self.opts.fallbacks
             ) as client,
             trio.open_nursery() as nursery,
         ):
@@ -179,6 +182,8 @@ class Collector:
         """Ship until the tailer is done and the spool is empty; the last call says drained."""
         shared = self._shared
         failures = 0
+        ring = GatewayRing(len(client.gateways))
+        shipped_to = 0
         last_call = -float("inf")
         while True:
             shared.wrote = trio.Event()
@@ -200,11 +205,21 @@ class Collector:
             # A spool written before the point rule existed (or under another clock) may hold
             # points the gateway would refuse: they go as data loss, never on the wire.
             sendable, unsendable = screen_spooled(self._screen, batch, time.time())
+            at = ring.current
             try:
                 reply = await client.ship(
-                    self.opts.member, sendable, progress, [m.mark for m in marks]
+                    self.opts.member, sendable, progress, [m.mark for m in marks], at
                 )
             except ShipFailed as exc:
+                if not ring.failed():
+                    log.warning(
+                        "telemetry gateway failed; trying the next one now gateway=%s next=%s "
+                        "reason=%s",
+                        client.gateways[at],
+                        client.gateways[ring.current],
+                        exc,
+                    )
+                    continue
                 failures += 1
                 delay = backoff_s(failures, random.random())
                 log.warning(
@@ -217,6 +232,10 @@ class Collector:
                 )
                 await trio.sleep(delay)
                 continue
+            ring.succeeded()
+            if failures or at != shipped_to:
+                log.info("shipping to telemetry gateway=%s", client.gateways[at])
+            shipped_to = at
             failures = 0
             last_call = trio.current_time()
             if batch or marks:

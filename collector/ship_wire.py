@@ -1,8 +1,10 @@
-"""The collector's wire edge: one ``Ship`` call to the telemetry gateway over verified TLS.
+"""The collector's wire edge: one ``Ship`` call to a telemetry gateway over verified TLS.
 
 Rules:
 - The only collector module that imports grpclib, betterproto or trio-asyncio. Server
   verification is always on (the coordinator's CA); every call has a deadline.
+- One channel per gateway the collector was given; each call names the one it goes to
+  (which one is :mod:`.gateway_ring`'s decision, taken by the shell).
 - The credential file is read again for every call, so a credential the Node replaced (a
   repeated Commit carries a fresh one) is picked up without a restart.
 - Every failure leaves as :class:`ShipFailed` with a sentence (the one wording every client
@@ -163,13 +165,18 @@ def mark_messages(marks: Sequence[Mark]) -> tuple[list[v1.RestartMark], list[v1.
 
 
 class TelemetryClient:
-    """Ships batches for one member. Use inside :func:`open_telemetry_client`."""
+    """Ships batches for one member to any of its gateways (``gateways``: the Commit's
+    telemetry address, then its fallbacks). Use inside :func:`open_telemetry_client`."""
 
     def __init__(
-        self, channel: Channel, gateway: Gateway, ca_path: Path, credential_file: Path
+        self,
+        channels: Sequence[Channel],
+        gateways: Sequence[Gateway],
+        ca_path: Path,
+        credential_file: Path,
     ) -> None:
-        self._channel = channel
-        self._gateway = gateway
+        self._channels = tuple(channels)
+        self.gateways = tuple(gateways)
         self._ca_path = ca_path
         self._credential_file = credential_file
 
@@ -179,9 +186,10 @@ class TelemetryClient:
         points: Sequence[SpooledPoint],
         progress: Progress,
         marks: Sequence[Mark] = (),
+        at: int = 0,
     ) -> v1.ShipReply:
-        """Store ``points`` and ``marks``; returns only once the gateway acknowledged them
-        durably."""
+        """Store ``points`` and ``marks`` through ``gateways[at]``; returns only once that
+        gateway acknowledged them durably."""
         try:
             token = read_credential(self._credential_file)
         except CollectorConfigError as exc:
@@ -203,7 +211,7 @@ class TelemetryClient:
             ),
         )
         stub = v1.TelemetryStub(
-            self._channel, metadata={"authorization": f"Bearer {token}"}, timeout=DEADLINE_S
+            self._channels[at], metadata={"authorization": f"Bearer {token}"}, timeout=DEADLINE_S
         )
         try:
             # Trio's own limit backs up the gRPC deadline if the connection hangs in TLS.
@@ -212,7 +220,7 @@ class TelemetryClient:
         except CALL_ERRORS as exc:
             failure = classify(exc)
             text = failure.sentence(
-                f"the telemetry gateway at {self._gateway}",
+                f"the telemetry gateway at {self.gateways[at]}",
                 "Ship",
                 DEADLINE_S,
                 self._ca_path,
@@ -237,13 +245,18 @@ async def _aio_channel(gateway: Gateway, ctx: ssl.SSLContext) -> Channel:
 
 @asynccontextmanager
 async def open_telemetry_client(
-    gateway: Gateway, ca_path: Path, credential_file: Path
+    gateway: Gateway, ca_path: Path, credential_file: Path, fallbacks: Sequence[Gateway] = ()
 ) -> AsyncIterator[TelemetryClient]:
-    """Host asyncio for grpclib inside this Trio run and open one channel for the block."""
+    """Host asyncio for grpclib inside this Trio run and open one channel per gateway
+    (``gateway``, then ``fallbacks``) for the block; each connects when first called."""
     ctx = tls_context(ca_path)
+    gateways = (gateway, *fallbacks)
     async with trio_asyncio.open_loop():
-        channel = await trio_asyncio.aio_as_trio(_aio_channel)(gateway, ctx)
+        channels: list[Channel] = []
         try:
-            yield TelemetryClient(channel, gateway, ca_path, credential_file)
+            for each in gateways:
+                channels.append(await trio_asyncio.aio_as_trio(_aio_channel)(each, ctx))
+            yield TelemetryClient(channels, gateways, ca_path, credential_file)
         finally:
-            channel.close()
+            for channel in channels:
+                channel.close()
