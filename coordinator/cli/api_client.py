@@ -5,12 +5,17 @@ carries ``authorization: Bearer <token>``; gRPC, TLS and socket errors are trans
 into :class:`~.api_errors.ApiError` subclasses whose ``str()`` is a sentence (the server's own
 when it refused); replies become :mod:`tuneplane.coordinator.values` through
 :mod:`tuneplane.coordinator.wire`, so nothing above imports betterproto.
+With several API addresses (coordinators sharing one store) every call follows the leader as
+:mod:`.failover` decides, starting with the address that last answered in this process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -27,12 +32,17 @@ from ..values.lifecycle import CancelOutcome, LogPage, NodeLossOutcome, RetryOut
 from ..wire.fleet import fleet_from_wire, fleets_from_wire, node_from_wire, nodes_from_wire
 from ..wire.jobs import job_from_wire, jobs_from_wire, preview_from_wire, receipt_from_wire
 from ..wire.lifecycle import cancel_from_wire, logs_from_wire, node_loss_from_wire, retry_from_wire
+from . import failover
 from .api_errors import ApiError, ClientConfigError, CoordinatorUnreachable, RequestRefused
-from .connection import Endpoint
+from .connection import Endpoint, parse_address
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0
 T = TypeVar("T")
+#: The address that last answered, by the list it was one of: tp makes a client for each part
+#: of a command, and each should start where the previous one found the leader.
+_answered: dict[tuple[str, ...], str] = {}
+_ADDRESS_CHECK = "that --coordinator or the context file names its API listener"
 
 
 # -- the client ------------------------------------------------------------------------------
@@ -53,16 +63,30 @@ class ApiClient:
     def __init__(self, endpoint: Endpoint, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self._endpoint = endpoint
         self._timeout_s = timeout_s
-        self._channel = Channel(endpoint.host, endpoint.port, ssl=tls_context(endpoint.ca_path))
-        self._stub = v1.ApiStub(
-            self._channel, metadata={"authorization": f"Bearer {endpoint.token}"}
-        )
+        self._ssl = tls_context(endpoint.ca_path)
+        # One channel (and stub) per address, made when first asked, kept for the next call.
+        self._channels: dict[str, tuple[Channel, v1.ApiStub]] = {}
+        self._address = _answered.get(endpoint.addresses, endpoint.address)
 
     async def __aenter__(self) -> ApiClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._channel.close()
+        for channel, _ in self._channels.values():
+            channel.close()
+
+    @property
+    def _stub(self) -> v1.ApiStub:
+        """The stub for the address being asked now."""
+        return self._open(self._address)[1]
+
+    def _open(self, address: str) -> tuple[Channel, v1.ApiStub]:
+        if address not in self._channels:
+            host, port = parse_address(address, "--coordinator")
+            channel = Channel(host, port, ssl=self._ssl)
+            metadata = {"authorization": f"Bearer {self._endpoint.token}"}
+            self._channels[address] = (channel, v1.ApiStub(channel, metadata=metadata))
+        return self._channels[address]
 
     async def preview(self, jobspec_json: str) -> Preview:
         reply = await self._call(
@@ -171,27 +195,62 @@ class ApiClient:
         return logs_from_wire(reply)
 
     async def _call(self, name: str, call: Callable[[float], Awaitable[T]]) -> T:
-        try:
-            return await call(self._timeout_s)
-        except CALL_ERRORS as exc:
-            raise self._translate(name, classify(exc)) from None
+        """Ask the coordinators for ``name`` (``call`` makes the request with a deadline, through
+        :attr:`_stub`), following the leader as :class:`~.failover.Attempts` decides."""
+        addresses = self._endpoint.addresses
+        attempts = failover.Attempts(
+            failover.starting_with(addresses, self._address),
+            name in failover.RETRY_SAFE,
+            time.monotonic(),
+            self._endpoint.ride_out_s,
+        )
+        while True:
+            self._address = attempts.address
+            reached = False
+            try:
+                if len(addresses) > 1:
+                    # Connect first, on a deadline of its own: a failure here never reached a
+                    # coordinator, so even a call that is not safe to repeat goes on.
+                    channel = self._open(self._address)[0]
+                    deadline = failover.connect_deadline_s(len(addresses), self._timeout_s)
+                    await asyncio.wait_for(channel.__connect__(), deadline)
+                reached = True
+                result = await call(self._timeout_s)
+            except CALL_ERRORS as exc:
+                failure = classify(exc)
+                step = attempts.failed(failure, reached, time.monotonic(), random.random())
+                log.debug(
+                    "api call failed rpc=%s address=%s kind=%s status=%s next=%s",
+                    name,
+                    self._address,
+                    failure.kind.value,
+                    failure.status,
+                    step.address if isinstance(step, failover.Next) else "none",
+                )
+                if isinstance(step, failover.Stop):
+                    raise self._translate(name, step.failure, step.address) from None
+                if isinstance(step, failover.GiveUp):
+                    raise CoordinatorUnreachable(step.sentence(name, _ADDRESS_CHECK)) from None
+                if step.pause_s > 0:
+                    await asyncio.sleep(step.pause_s)
+            else:
+                _answered[addresses] = self._address
+                return result
 
-    def _translate(self, name: str, failure: CallFailure) -> ApiError:
+    def _translate(self, name: str, failure: CallFailure, address: str) -> ApiError:
         """The one place a failed call becomes an error for the researcher, worded by the table
         every client shares (:mod:`tuneplane.agent.call_failure`)."""
-        if failure.status:
-            log.debug("api call failed rpc=%s status=%s", name, failure.status)
         if failure.kind is Kind.REFUSED:
             # The coordinator's own sentence, as it wrote it for the researcher.
             return RequestRefused(failure.status, failure.detail or f"{name} was refused.")
         return CoordinatorUnreachable(
             failure.sentence(
-                f"the coordinator at {self._endpoint.address}",
+                f"the coordinator at {address}",
                 name,
                 self._timeout_s,
                 self._endpoint.ca_path,
                 "Use the CA of that coordinator (its state directory holds tls/ca.pem) with --ca "
                 "or --context",
-                "that --coordinator or the context file names its API listener",
+                _ADDRESS_CHECK,
             )
         )

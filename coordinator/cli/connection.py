@@ -1,8 +1,10 @@
-"""Where ``tp`` finds its coordinator: a context file, overridden piece by piece by flags.
+"""Where ``tp`` finds its coordinators: a context file, overridden piece by piece by flags.
 
 Rules: a flag (or its TUNEPLANE_* variable) wins over the context file; relative paths in a
 context file are relative to that file; anything missing or unreadable is a
-:class:`ConnectionConfigError` that names the flag and the variable to set.
+:class:`ConnectionConfigError` that names the flag and the variable to set. Coordinators that
+share one store are several API addresses (``--coordinator A,B`` or the context file's
+``api_addresses``), tried in order by :mod:`.api_client`; one malformed entry refuses them all.
 """
 
 from __future__ import annotations
@@ -14,19 +16,33 @@ import attrs
 
 from tuneplane.agent.host_port import join_host_port, split_host_port
 
+#: How long a call keeps trying several coordinators before it gives up (a takeover takes a few
+#: seconds); ``--ride-out`` / TUNEPLANE_RIDE_OUT changes it.
+RIDE_OUT_S = 15.0
+_EXAMPLE = "write e.g. 127.0.0.1:7443 or [::1]:7443"
+
 
 @attrs.frozen
 class Endpoint:
-    """A coordinator API address, the CA that must vouch for it, and the caller's token."""
+    """The coordinators' API addresses, the CA that must vouch for them, and the caller's
+    token. ``host``/``port`` are the first address; ``others`` the rest (``HOST:PORT``), asked
+    in order when one does not answer."""
 
     host: str
     port: int
     ca_path: Path
     token: str = attrs.field(repr=False)
+    others: tuple[str, ...] = ()
+    ride_out_s: float = RIDE_OUT_S
 
     @property
     def address(self) -> str:
         return join_host_port(self.host, self.port)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every API address, the first first."""
+        return (self.address, *self.others)
 
 
 class ConnectionConfigError(Exception):
@@ -38,17 +54,59 @@ def parse_address(text: str, source: str) -> tuple[str, int]:
     :func:`tuneplane.agent.host_port.split_host_port`."""
     found = split_host_port(text)
     if found is None:
-        raise ConnectionConfigError(
-            f"{source} {text!r} is not HOST:PORT; write e.g. 127.0.0.1:7443 or [::1]:7443."
-        )
+        raise ConnectionConfigError(f"{source} {text!r} is not HOST:PORT; {_EXAMPLE}.")
     return found
+
+
+def parse_addresses(entries: list[str], source: str) -> tuple[str, ...]:
+    """Each entry as ``HOST:PORT`` (written one way), in order, a repeat dropped. ``source``
+    names where they were written ("--coordinator", "The context file F key 'api_addresses'"),
+    so the sentence for a bad entry says where to fix it."""
+    if not entries:
+        raise ConnectionConfigError(f"{source} names no address; {_EXAMPLE}.")
+    found: list[str] = []
+    several = len(entries) > 1
+    for entry in entries:
+        text = entry.strip()
+        if not text:
+            raise ConnectionConfigError(
+                f"{source} has an empty entry; separate the addresses with single commas, "
+                "e.g. 10.0.0.5:7443,10.0.0.6:7443."
+            )
+        address = join_host_port(*parse_address(text, f"{source} entry" if several else source))
+        if address not in found:
+            found.append(address)
+    return tuple(found)
+
+
+def split_list(text: str) -> list[str]:
+    """``--coordinator`` text: addresses separated by commas."""
+    return text.split(",")
 
 
 @attrs.frozen
 class _Context:
-    coordinator: str | None = None
+    coordinators: tuple[str, ...] = ()
     ca: Path | None = None
     token_file: Path | None = None
+
+
+def _addresses(path: Path, raw: dict[str, object], first: str | None) -> tuple[str, ...]:
+    """The context file's ``coordinator`` (the coordinator that wrote it) then its
+    ``api_addresses`` (every coordinator sharing the store, for readers that follow the leader;
+    older files have none)."""
+    found = parse_addresses([first], f"The context file {path} key 'coordinator'") if first else ()
+    listed = raw.get("api_addresses")
+    if listed is None:
+        return found
+    if not isinstance(listed, list) or not all(isinstance(e, str) for e in listed):
+        raise ConnectionConfigError(
+            f"The context file {path} key 'api_addresses' must be a list of HOST:PORT strings."
+        )
+    if not listed:
+        return found
+    more = parse_addresses([str(e) for e in listed], f"The context file {path} key 'api_addresses'")
+    return found + tuple(a for a in more if a not in found)
 
 
 def _read_context(path: Path) -> _Context:
@@ -79,7 +137,8 @@ def _read_context(path: Path) -> _Context:
     def local(key: str) -> Path | None:
         return base / values[key] if key in values else None
 
-    return _Context(values.get("coordinator"), local("ca"), local("token_file"))
+    coordinators = _addresses(path, raw, values.get("coordinator"))
+    return _Context(coordinators, local("ca"), local("token_file"))
 
 
 def resolve_connection(
@@ -87,17 +146,22 @@ def resolve_connection(
     coordinator: str | None,
     ca: Path | None,
     token_file: Path | None,
+    ride_out_s: float = RIDE_OUT_S,
 ) -> Endpoint:
-    """Combine the context file with the flags; every piece must be known in the end."""
+    """Combine the context file with the flags; every piece must be known in the end.
+    ``coordinator`` (``--coordinator``) is one address or several separated by commas."""
     ctx = _read_context(context) if context is not None else _Context()
-    address = coordinator or ctx.coordinator
-    if address is None:
+    if coordinator:
+        addresses = parse_addresses(split_list(coordinator), "--coordinator")
+    else:
+        addresses = ctx.coordinators
+    if not addresses:
         raise ConnectionConfigError(
             "No coordinator configured: pass --context FILE (or set TUNEPLANE_CONTEXT) to the "
-            "coordinator's tp-context.json, or give --coordinator HOST:PORT "
+            "coordinator's tp-context.json, or give --coordinator HOST:PORT[,HOST:PORT...] "
             "(TUNEPLANE_COORDINATOR)."
         )
-    host, port = parse_address(address, "--coordinator" if coordinator else "context coordinator")
+    host, port = parse_address(addresses[0], "--coordinator")
     ca_path = ca or ctx.ca
     if ca_path is None:
         raise ConnectionConfigError(
@@ -127,4 +191,4 @@ def resolve_connection(
             f"The token file {token_path} does not hold a token (one line, no spaces); "
             "check --token-file or the context file."
         )
-    return Endpoint(host=host, port=port, ca_path=ca_path, token=token)
+    return Endpoint(host, port, ca_path, token, addresses[1:], ride_out_s)

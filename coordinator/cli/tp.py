@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from .api_errors import ApiError, ClientConfigError
-from .connection import ConnectionConfigError
+from .connection import RIDE_OUT_S, ConnectionConfigError
 from .intent import IntentError
 from .jobctl import logs_command
 from .metrics import metrics
@@ -48,8 +48,9 @@ _USAGE_ERRORS = (ConnectionConfigError, IntentError, ClientConfigError)
 @click.option(
     "--coordinator",
     envvar="TUNEPLANE_COORDINATOR",
-    metavar="HOST:PORT",
-    help="The coordinator's API address (env TUNEPLANE_COORDINATOR).",
+    metavar="HOST:PORT[,...]",
+    help="The coordinator's API address; several, comma-separated, when coordinators share a "
+    "store (env TUNEPLANE_COORDINATOR).",
 )
 @click.option(
     "--ca",
@@ -63,6 +64,17 @@ _USAGE_ERRORS = (ConnectionConfigError, IntentError, ClientConfigError)
     type=click.Path(path_type=Path, dir_okay=False),
     help="File holding your API token (env TUNEPLANE_TOKEN_FILE).",
 )
+@click.option(
+    "--ride-out",
+    "ride_out_s",
+    envvar="TUNEPLANE_RIDE_OUT",
+    type=click.FloatRange(min=0),
+    default=RIDE_OUT_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="With several coordinators, how long a call keeps trying them (a takeover) before it "
+    "gives up (env TUNEPLANE_RIDE_OUT).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log what tp does to stderr.")
 @click.version_option(package_name="tuneplane", prog_name="tp")
 @click.pass_context
@@ -72,12 +84,13 @@ def cli(
     coordinator: str | None,
     ca: Path | None,
     token_file: Path | None,
+    ride_out_s: float,
     verbose: bool,
 ) -> None:
     """Submit and follow TunePlane Jobs from a project directory."""
     if verbose:
         logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
-    ctx.obj = Options(context, coordinator, ca, token_file)
+    ctx.obj = Options(context, coordinator, ca, token_file, ride_out_s)
 
 
 for _command in (init, new, recipe, submit, job, logs_command, fleet_group, metrics, node_group):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
-from .connection import Endpoint, resolve_connection
+from .connection import RIDE_OUT_S, Endpoint, resolve_connection
 from .project import Project, find_project
 
 if TYPE_CHECKING:
@@ -31,9 +31,12 @@ class Options:
     coordinator: str | None
     ca: Path | None
     token_file: Path | None
+    ride_out_s: float = RIDE_OUT_S
 
     def endpoint(self) -> Endpoint:
-        return resolve_connection(self.context, self.coordinator, self.ca, self.token_file)
+        return resolve_connection(
+            self.context, self.coordinator, self.ca, self.token_file, self.ride_out_s
+        )
 
 
 def run(endpoint: Endpoint, work: Callable[[ApiClient], Awaitable[T]]) -> T:

@@ -152,11 +152,12 @@ def _commit(options: Options, target: str, as_json: bool) -> None:
     path = submissions.locate(target, project)
     record = submissions.load(path)
     endpoint = options.endpoint()
-    if record.coordinator != endpoint.address:
+    # Coordinators sharing a store share its previews: any of them may commit this one.
+    if record.coordinator not in endpoint.addresses:
         raise ProjectError(
             f"Preview {record.preview.preview_id} was made by the coordinator at "
-            f"{record.coordinator}, but tp is configured for {endpoint.address}; commit it there "
-            "(--context or --coordinator) or preview again here."
+            f"{record.coordinator}, but tp is configured for {', '.join(endpoint.addresses)}; "
+            "commit it there (--context or --coordinator) or preview again here."
         )
 
     async def work(api: ApiClient) -> submissions.Submission:

@@ -42,6 +42,10 @@ class StateDirError(RuntimeError):
     """The state directory cannot be used as asked; ``str()`` says why and what to do."""
 
 
+def _just_this_api(endpoints: Endpoints) -> tuple[str, ...]:
+    return (endpoints.api,)
+
+
 @attrs.frozen
 class Endpoints:
     api: str
@@ -51,6 +55,11 @@ class Endpoints:
     pid: int
     # The Prometheus listener's address ([metrics] in coordinator.toml); "" when it is off.
     metrics: str = ""
+    # Every coordinator's API address when several share the store (this one first), which tp
+    # tries in turn to follow the leader; alone, just ``api``.
+    api_addresses: tuple[str, ...] = attrs.field(
+        default=attrs.Factory(_just_this_api, takes_self=True), converter=tuple
+    )
 
 
 def is_initialised(state_dir: Path) -> bool:
@@ -142,14 +151,21 @@ def coordinator_where(state_dir: Path, url: PostgresUrl | None) -> Where:
 
 
 def publish(state_dir: Path, endpoints: Endpoints) -> None:
-    """Write ``endpoints.json`` and ``tp-context.json`` atomically."""
+    """Write ``endpoints.json`` and ``tp-context.json`` atomically. ``tp-context.json`` keeps
+    ``coordinator`` (this coordinator's API address, for older ``tp``) beside
+    ``api_addresses`` (this one first, then the others sharing the store)."""
     state_dir = state_dir.absolute()
     write_atomic(
         state_dir / ENDPOINTS,
         (json.dumps(attrs.asdict(endpoints), indent=2, sort_keys=True) + "\n").encode("utf-8"),
     )
     context = {
+        # "coordinator": the one address an older tp reads; "api_addresses": the whole list.
         "coordinator": endpoints.api,
+        "api_addresses": [
+            endpoints.api,
+            *(a for a in endpoints.api_addresses if a != endpoints.api),
+        ],
         "ca": str(TlsPaths.under(state_dir).ca_cert),
         "token_file": str(state_dir / ADMIN_TOKEN),
     }
