@@ -1,5 +1,6 @@
-"""The daemon's control session: connect, carry out the session core's effects, reconnect with
-backoff; credential rotation and a new control address as the coordinator asks.
+"""The daemon's control session: connect, carry out the session core's effects, reconnect
+(rounds over every known coordinator, then a jittered wait a probe cuts short:
+agent/reconnect.py); credential rotation and new control addresses as the coordinator asks.
 
 Rules:
 - Effects from the session core (agent/session.py) run in order: journal, then network, then
@@ -20,17 +21,19 @@ import random
 
 import trio
 
-from . import control_address
+from . import control_address, reconnect
 from . import messages as m
 from .crashpoint import crashpoint
-from .daemon_base import AGENT_VERSION, CREDENTIAL_POLL_S, DaemonBase
+from .daemon_base import AGENT_VERSION, DaemonBase
 from .journal_records import CONTROL_ADDRESS_CHANGED, MemberKey, PendingReport
 from .member_state import MemberState
 from .members_base import now_ms
 from .metrics import HEARTBEAT_RTT, RECONNECTS
+from .reconnect_wait import wait_to_redial
 from .rendezvous import advertised_address
 from .session import (
     AdoptControlAddress,
+    AdoptCoordinators,
     Close,
     Connected,
     ControlSession,
@@ -42,7 +45,6 @@ from .session import (
     Phase,
     Send,
     StoreCredential,
-    backoff_delay,
 )
 from .state_dir import CredentialLife, StateDirError
 from .wire import CoordinatorUnreachable, Endpoint, UnknownMessage, WireError
@@ -58,6 +60,11 @@ class SessionClosed(Exception):
 class DaemonSession(DaemonBase):
     """Connect, run one control session at a time, and reconnect with backoff."""
 
+    # The control address that last welcomed this Node ("" before any): dialed first.
+    welcomed_by: str = ""
+    # The longest wait between rounds, from the heartbeat timeout the last Welcome gave.
+    backoff_cap_s: float = reconnect.backoff_cap(None)
+
     def _outputs_service(self) -> m.OutputsService | None:
         """What this session's Hello says of the outputs listener (None when it is off): the
         advertised host, else this Node's own address as the rendezvous uses it."""
@@ -70,71 +77,75 @@ class DaemonSession(DaemonBase):
     # --- connection --------------------------------------------------------------------------
 
     async def connect_loop(self) -> None:
-        """Connect, run the session, and reconnect with backoff when it ends; never returns."""
-        failures = 0
+        """Dial round after round and run each session; never returns.
+
+        A round dials every address of :func:`.control_address.dial_order` in turn, the next at
+        once after a failed one, and ends at the first session that got as far as Welcome (once
+        that session is over). Only then does the Node wait (agent/reconnect.py): a short wait
+        after a welcomed session, a growing one after rounds that all failed, cut short when a
+        probe sees a coordinator come back or the credential file changes.
+        """
+        failed_rounds = 0
+        came_back = ""
         while True:
-            self.welcomed = False
-            ended: BaseException | None = None
-            # The current address first; after failures, the ones it replaced in turn.
-            self.endpoint = Endpoint.parse(control_address.pick(self.node, max(failures - 1, 0)))
-            self.status.coordinator = str(self.endpoint)
-            try:
-                # Read each time: a re-enrolment or a rotation a crash cut short changed it.
-                self.credential = self.state.read_credential()
-                async with open_control_stream(
-                    self.endpoint, self.ca_path, self.credential
-                ) as stream:
-                    await self._run_session(stream)
-            except (WireError, SessionClosed, StateDirError) as exc:
-                ended = exc
-                self._session_ended(exc)
-            except BaseExceptionGroup as group:
-                # The session's nursery groups what its tasks raised; anything other than a
-                # broken stream or a closed session (Cancelled, a bug) propagates.
-                matched, rest = group.split((WireError, SessionClosed))
-                if rest is not None or matched is None:
-                    raise
-                first: BaseException = matched
-                while isinstance(first, BaseExceptionGroup):
-                    first = first.exceptions[0]
-                ended = first
-                self._session_ended(first)
-            finally:
-                self.session = None
-                self.stream = None
-                if self.status.connected:
-                    self.status.connected = False
-                    self.write_status()
-            if isinstance(ended, CoordinatorUnreachable) and not self.welcomed:
-                # A refused Connect can reach us as a bare stream reset; ask once more in a way
-                # that always returns the coordinator's sentence (revoked, expired, unknown).
-                refusal = await control_refusal(self.endpoint, self.ca_path, self.credential)
-                if refusal is not None:
-                    self._session_ended(refusal)
-            # A session that got as far as Welcome starts the backoff over.
-            failures = 1 if self.welcomed else failures + 1
-            self.status.reconnects += 1
-            RECONNECTS.inc()
-            delay = backoff_delay(failures, random.random())
-            log.info("reconnecting coordinator=%s in_s=%.2f attempt=%d", self.endpoint, delay,
-                     failures)  # fmt: skip
-            await self._backoff(delay)
+            welcomed = False
+            for address in control_address.dial_order(self.node, self.welcomed_by, came_back):
+                welcomed = await self._session_at(address)
+                if welcomed:
+                    break
+            # A round that got as far as Welcome starts the backoff over.
+            failed_rounds = 1 if welcomed else failed_rounds + 1
+            delay = reconnect.backoff_delay(failed_rounds, random.random(), self.backoff_cap_s)
+            order = control_address.dial_order(self.node, self.welcomed_by)
+            log.info("reconnecting coordinators=%s in_s=%.2f failed_rounds=%d", ",".join(order),
+                     delay, failed_rounds)  # fmt: skip
+            came_back = await wait_to_redial(delay, order, self.state.control_token)
 
-    async def _backoff(self, delay: float) -> None:
-        """Wait ``delay`` before reconnecting, or less once the credential file changes: a
-        re-enrolment (``enroll --re-enroll``) takes effect within a poll, not a backoff."""
-        before = self._credential_stamp()
-        with trio.move_on_after(delay):
-            while self._credential_stamp() == before:
-                await trio.sleep(CREDENTIAL_POLL_S)
-            log.info("control credential replaced on disk; reconnecting now")
-
-    def _credential_stamp(self) -> tuple[int, int] | None:
+    async def _session_at(self, address: str) -> bool:
+        """Dial ``address`` and run a session there until it ends; whether it got Welcome."""
+        self.welcomed = False
+        ended: BaseException | None = None
         try:
-            found = self.state.control_token.stat()
-        except OSError:
-            return None
-        return found.st_ino, found.st_mtime_ns
+            self.endpoint = Endpoint.parse(address)
+        except ValueError as exc:
+            # node.json edited by hand: say so and go on to the next address.
+            self._session_ended(exc)
+            return False
+        self.status.coordinator = str(self.endpoint)
+        try:
+            # Read each time: a re-enrolment or a rotation a crash cut short changed it.
+            self.credential = self.state.read_credential()
+            async with open_control_stream(self.endpoint, self.ca_path, self.credential) as stream:
+                await self._run_session(stream)
+        except (WireError, SessionClosed, StateDirError) as exc:
+            ended = exc
+            self._session_ended(exc)
+        except BaseExceptionGroup as group:
+            # The session's nursery groups what its tasks raised; anything other than a broken
+            # stream or a closed session (Cancelled, a bug) propagates.
+            matched, rest = group.split((WireError, SessionClosed))
+            if rest is not None or matched is None:
+                raise
+            first: BaseException = matched
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            ended = first
+            self._session_ended(first)
+        finally:
+            self.session = None
+            self.stream = None
+            if self.status.connected:
+                self.status.connected = False
+                self.write_status()
+        if isinstance(ended, CoordinatorUnreachable) and not self.welcomed:
+            # A refused Connect can reach us as a bare stream reset; ask once more in a way that
+            # always returns the coordinator's sentence (revoked, expired, unknown).
+            refusal = await control_refusal(self.endpoint, self.ca_path, self.credential)
+            if refusal is not None:
+                self._session_ended(refusal)
+        self.status.reconnects += 1
+        RECONNECTS.inc()
+        return self.welcomed
 
     def _session_ended(self, exc: BaseException) -> None:
         self.status.last_error = str(exc)
@@ -206,6 +217,8 @@ class DaemonSession(DaemonBase):
                 await self.commands_send.send(effect.command)
             elif isinstance(effect, Connected):
                 self.welcomed = True
+                self.welcomed_by = str(self.endpoint)
+                self.backoff_cap_s = reconnect.backoff_cap(effect.heartbeat_timeout_s)
                 self.status.connected = True
                 self.status.last_connected_ms = now_ms()
                 self.status.last_error = ""
@@ -232,6 +245,8 @@ class DaemonSession(DaemonBase):
                 await self._rotate(effect.issued)
             elif isinstance(effect, AdoptControlAddress):
                 await self._adopt_control_address(effect.address)
+            elif isinstance(effect, AdoptCoordinators):
+                await self._adopt_coordinators(effect.addresses)
             elif isinstance(effect, Close):
                 raise SessionClosed(effect.reason)
 
@@ -259,6 +274,31 @@ class DaemonSession(DaemonBase):
         self.node = changed
         log.info("control address changed old=%s new=%s fallbacks=%s", old, address,
                  ",".join(changed.previous_coordinators))  # fmt: skip
+
+    async def _adopt_coordinators(self, addresses: tuple[str, ...]) -> None:
+        """Store the coordinators Welcome named (node.json, atomically) and journal the change,
+        so the next round dials them after the leader; the stream now open is kept."""
+        try:
+            changed = control_address.adopt_coordinators(self.node, addresses)
+        except control_address.BadControlAddress as exc:
+            log.warning("coordinators refused reason=%s", exc)
+            return
+        if changed is None:
+            return
+        old = self.node.coordinators
+        if self.journal is not None:
+            named = ", ".join(addresses) or "none (one coordinator)"
+            await self.journal.node_event(
+                now_ms(),
+                CONTROL_ADDRESS_CHANGED,
+                f"the coordinator named the coordinators sharing its store: {named}",
+                old_coordinators=list(old),
+                coordinators=list(addresses),
+            )
+        await trio.to_thread.run_sync(self.state.save_node, changed)
+        self.node = changed
+        log.info("coordinators changed old=%s new=%s", ",".join(old),
+                 ",".join(changed.coordinators))  # fmt: skip
 
     async def _rotate(self, issued: m.CredentialIssued) -> None:
         """Store a successor credential durably, switch to it, then confirm it.

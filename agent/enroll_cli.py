@@ -2,6 +2,8 @@
 
 Rules: node.json is written last (its presence is what "enrolled" means); an enrolled state dir
 is enrolled again only with ``--re-enroll``, which keeps the Node's id, journal and members.
+Several ``--coordinator`` addresses (coordinators sharing one store) are asked in turn until one
+answers; node.json dials that one first and keeps them all (agent/control_address.py).
 """
 
 from __future__ import annotations
@@ -20,12 +22,20 @@ from .inventory import Inventory, default_node_name
 from .inventory_source import PROBE_LIMIT_S
 from .journal import Journal
 from .state_dir import AlreadyEnrolled, CredentialLife, NodeConfig, StateDir, StateDirError
-from .wire import Endpoint
+from .wire import CoordinatorUnreachable, Endpoint
 from .wire_control import Enrolled, enroll
 
 
 @click.command("enroll")
-@click.option("--coordinator", required=True, help="The coordinator's control address HOST:PORT.")
+@click.option(
+    "--coordinator",
+    "coordinator",
+    required=True,
+    multiple=True,
+    help="The coordinator's control address HOST:PORT. Coordinators sharing one store (high "
+    "availability): repeat it or give a comma list; enroll asks each in turn until the leader "
+    "answers, and the Node keeps them all to follow the leader.",
+)
 @click.option(
     "--ca",
     "ca",
@@ -46,7 +56,7 @@ from .wire_control import Enrolled, enroll
     "get it a new control credential and keep its id, journal and running members.",
 )
 def enroll_command(
-    coordinator: str,
+    coordinator: tuple[str, ...],
     ca: Path,
     token: str,
     state_dir: Path,
@@ -70,7 +80,7 @@ def enroll_command(
                 "or an expiry) add --re-enroll; to enroll the machine as a new Node use an empty "
                 "--state-dir."
             )
-        endpoint = Endpoint.parse(coordinator)
+        endpoints = _endpoints(coordinator)
         try:
             ca_bytes = ca.read_bytes()
         except OSError as exc:
@@ -81,8 +91,8 @@ def enroll_command(
         node_name = name or (existing.name if existing else default_node_name())
         source = gpu_source(node_name, simulate_gpus, scripted_nvml)
         inventory = source.collect_within(PROBE_LIMIT_S)
-        enrolled = trio.run(
-            _enroll, endpoint, ca, token, inventory, existing.node_id if existing else ""
+        endpoint, enrolled = trio.run(
+            _enroll, endpoints, ca, token, inventory, existing.node_id if existing else ""
         )
         state.create()
         write_atomic(state.ca_path, ca_bytes, 0o644)
@@ -101,6 +111,7 @@ def enroll_command(
                 name=node_name,
                 ca=str(state.ca_path.resolve()),
                 enrolled_at_ms=at_ms,
+                coordinators=_listed(endpoints, existing),
             )
         )
     if existing is not None:
@@ -118,11 +129,43 @@ def enroll_command(
     click.echo(f"start it with: tuneplane-node run --state-dir {state.root}{same}")
 
 
+def _endpoints(given: tuple[str, ...]) -> tuple[Endpoint, ...]:
+    """Every ``--coordinator`` (each may be a comma list), in order, each once. Raises
+    ValueError naming one that is not HOST:PORT."""
+    texts = [t.strip() for each in given for t in each.split(",") if t.strip()]
+    if not texts:
+        raise ValueError(
+            "--coordinator names no address; pass the coordinator's control address HOST:PORT."
+        )
+    return tuple(dict.fromkeys(Endpoint.parse(t) for t in texts))
+
+
+def _listed(endpoints: tuple[Endpoint, ...], existing: NodeConfig | None) -> tuple[str, ...]:
+    """node.json's ``coordinators``: every address given when there are several; with one, what
+    a re-enrolled Node had (the next Welcome names them anyway)."""
+    if len(endpoints) > 1:
+        return tuple(str(e) for e in endpoints)
+    return existing.coordinators if existing is not None else ()
+
+
 async def _enroll(
-    endpoint: Endpoint, ca: Path, token: str, inventory: Inventory, node_id: str
-) -> Enrolled:
+    endpoints: tuple[Endpoint, ...], ca: Path, token: str, inventory: Inventory, node_id: str
+) -> tuple[Endpoint, Enrolled]:
+    """Enroll at the first coordinator that answers: a standby refuses connections until it
+    leads, so an unreachable one is skipped; an answer (even a refusal) is final."""
+    unreachable: list[CoordinatorUnreachable] = []
     async with open_aio_host():
-        return await enroll(endpoint, ca, token, inventory, node_id)
+        for endpoint in endpoints:
+            try:
+                return endpoint, await enroll(endpoint, ca, token, inventory, node_id)
+            except CoordinatorUnreachable as exc:
+                unreachable.append(exc)
+    if len(unreachable) == 1:
+        raise unreachable[0]
+    raise CoordinatorUnreachable(
+        f"None of the {len(endpoints)} coordinators answered: "
+        + " ".join(str(e) for e in unreachable)
+    )
 
 
 async def _journal_enrolment(state: StateDir, node_id: str, at_ms: int, again: bool) -> None:

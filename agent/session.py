@@ -8,6 +8,8 @@ Rules:
   is on); nothing but Welcome is accepted before it. After Welcome every unacknowledged
   report is replayed in sequence order and every prepared member without a decision is asked
   about with DecisionQuery.
+- Welcome's control address and list of coordinators come back as effects for the shell to
+  store (agent/control_address.py); reconnect timing is agent/reconnect.py's.
 - Heartbeat every ``heartbeat_interval``; a peer silent for ``heartbeat_timeout`` closes the
   session. :meth:`ControlSession.next_deadline` says when :meth:`ControlSession.tick` is due.
 - Credential rotation: Welcome says when the stream's credential expires; at the jittered point
@@ -32,20 +34,6 @@ from .member_state import MemberState
 
 #: How long to wait for Welcome after Hello, before the coordinator has told us its timeouts.
 WELCOME_TIMEOUT_S = 10.0
-BACKOFF_FIRST_S = 0.5
-BACKOFF_MAX_S = 30.0
-
-
-def backoff_delay(failures: int, jitter: float) -> float:
-    """Seconds to wait before reconnect number ``failures`` (1, 2, ...).
-
-    0.5 s doubling to 30 s, scaled by ``jitter`` in [0, 1) into the upper half of that window so
-    a fleet that lost its coordinator together does not come back in lockstep.
-    """
-    if failures < 1:
-        return 0.0
-    ceiling = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * float(2 ** min(failures - 1, 16)))
-    return ceiling * (0.5 + jitter / 2)
 
 
 class Phase(enum.Enum):
@@ -127,6 +115,14 @@ class AdoptControlAddress:
 
 
 @attrs.frozen
+class AdoptCoordinators:
+    """Welcome named every coordinator sharing the store, the leader first (empty: one): store
+    the list (node.json, journal) for the next round of dials (agent/control_address.py)."""
+
+    addresses: tuple[str, ...]
+
+
+@attrs.frozen
 class Close:
     """End the session; the daemon reconnects with backoff. ``reason`` is a sentence."""
 
@@ -142,6 +138,7 @@ Effect = (
     | LogAcked
     | StoreCredential
     | AdoptControlAddress
+    | AdoptCoordinators
     | Close
 )
 
@@ -226,9 +223,9 @@ class ControlSession:
                 )
             return self._welcome(now, message, pending, undecided)
         if isinstance(message, m.Welcome):
-            # A repeated Welcome only updates the timing; nothing is replayed twice.
+            # A repeated Welcome only updates the timing and addresses; nothing is replayed twice.
             self._timing(message)
-            return _announced(message.control_address)
+            return [*_announced(message.control_address), AdoptCoordinators(message.coordinators)]
         if isinstance(message, m.ControlAddress):
             return _announced(message.address)
         if isinstance(message, m.HeartbeatAck):
@@ -291,6 +288,7 @@ class ControlSession:
             )
         ]
         effects.extend(_announced(welcome.control_address))
+        effects.append(AdoptCoordinators(welcome.coordinators))
         for report in sorted(pending, key=lambda r: r.report_seq):
             self.report_sent_at[report.report_seq] = now
             effects.append(Send(m.Report(report)))

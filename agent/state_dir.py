@@ -59,6 +59,10 @@ class NodeConfig:
     # Control addresses ``coordinator`` replaced when the coordinator announced a new one,
     # newest first; dialed when it is unreachable (agent/control_address.py).
     previous_coordinators: tuple[str, ...] = ()
+    # Every coordinator sharing the store (high availability), the leader first, as the last
+    # Welcome or ``enroll --coordinator A --coordinator B`` named them; dialed after
+    # ``coordinator`` (agent/control_address.py). Empty with one coordinator.
+    coordinators: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -139,6 +143,7 @@ class StateDir:
                 ca=str(raw["ca"]),
                 enrolled_at_ms=int(raw["enrolled_at_ms"]),
                 previous_coordinators=tuple(str(a) for a in raw.get("previous_coordinators", ())),
+                coordinators=tuple(str(a) for a in raw.get("coordinators", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateDirError(

@@ -41,15 +41,6 @@ def test_moving_back_does_not_list_an_address_twice() -> None:
     assert ca.dial_order(back) == ("10.0.0.1:7444", "b:1")
 
 
-def test_after_failures_each_fallback_is_tried_in_turn() -> None:
-    node = NODE
-    for address in ("b:1", "c:1", "d:1"):
-        moved = ca.adopt(node, address)
-        assert moved is not None
-        node = moved
-    assert [ca.pick(node, n) for n in range(5)] == ["d:1", "c:1", "b:1", "10.0.0.1:7444", "d:1"]
-
-
 ADDRESSES = st.sampled_from(["a:1", "b:2", "c:3", "d:4", "e:5", "10.0.0.1:7444", "[::1]:9"])
 
 

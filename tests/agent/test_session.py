@@ -9,6 +9,7 @@ from tuneplane.agent.inventory import SimulatedGpus, simulated_inventory
 from tuneplane.agent.journal_records import MemberKey, PendingReport
 from tuneplane.agent.member_state import MemberState
 from tuneplane.agent.session import (
+    AdoptCoordinators,
     Close,
     Connected,
     ControlSession,
@@ -17,7 +18,6 @@ from tuneplane.agent.session import (
     HeartbeatAcked,
     Send,
     SessionError,
-    backoff_delay,
 )
 
 INV = simulated_inventory("node-a", SimulatedGpus("h200", 2))
@@ -51,12 +51,13 @@ def test_welcome_replays_reports_in_order_then_asks_for_decisions() -> None:
     effects = s.receive(1.0, WELCOME, pending=[report(7), report(3)], undecided=[other])
     assert effects == [
         Connected(0.5, 3.0),
+        AdoptCoordinators(()),
         Send(m.Report(report(3))),
         Send(m.Report(report(7))),
         Send(m.DecisionQuery(other)),
     ]
     # A second Welcome replays nothing.
-    assert s.receive(1.1, WELCOME, pending=[report(3)]) == []
+    assert s.receive(1.1, WELCOME, pending=[report(3)]) == [AdoptCoordinators(())]
 
 
 def test_anything_before_welcome_closes() -> None:
@@ -132,16 +133,18 @@ def test_outgoing_is_sent_only_while_open() -> None:
 def test_zero_timings_get_floors_instead_of_a_busy_loop() -> None:
     s = ControlSession("node-1", "0.1.0")
     s.start(0.0, INV, [])
-    (connected,) = s.receive(0.0, m.Welcome(0, 0, 0))
+    connected, _coordinators = s.receive(0.0, m.Welcome(0, 0, 0))
     assert connected == Connected(0.05, 0.1)
 
 
-def test_backoff_doubles_from_half_a_second_to_thirty_with_jitter() -> None:
-    assert backoff_delay(0, 0.3) == 0.0
-    assert [backoff_delay(n, 0.999999) for n in (1, 2, 3)] == pytest.approx([0.5, 1.0, 2.0])
-    assert backoff_delay(1, 0.0) == 0.25
-    assert backoff_delay(50, 0.999999) == pytest.approx(30.0)
-    assert all(15.0 <= backoff_delay(50, j / 10) < 30.0 for j in range(10))
+def test_every_welcome_names_the_coordinators_for_the_shell_to_store() -> None:
+    s = ControlSession("node-1", "0.1.0")
+    s.start(0.0, INV, [])
+    both = ("b:7444", "a:7444")
+    first = s.receive(0.0, m.Welcome(500, 3000, 0, coordinators=both))
+    assert AdoptCoordinators(both) in first
+    # A repeated Welcome names them again (empty: one coordinator now, the list is cleared).
+    assert s.receive(1.0, m.Welcome(500, 3000, 0)) == [AdoptCoordinators(())]
 
 
 def test_unacknowledged_reports_are_resent_and_missed_ones_caught_up() -> None:

@@ -1,0 +1,90 @@
+"""When a Node dials the coordinator again (sans-IO): the wait between rounds, and the probe
+that cuts it short when a coordinator comes back.
+
+Rules (docs/operator.md, "How a Node reconnects"):
+- A round dials every address of the dial order (:func:`.control_address.dial_order`), the
+  next one at once after a failed one; only after a whole round failed does the Node wait.
+- The wait is fully jittered (uniform in ``[0, ceiling)``), the ceiling doubling from
+  :data:`BACKOFF_FIRST_S` per failed round up to a cap taken from the heartbeat timeout the
+  last Welcome gave (:func:`backoff_cap`), so a Fleet that lost its coordinator together spreads
+  its returns over the whole window instead of coming back in lockstep.
+- While it waits, the Node probes every address with a plain TCP connect, closed at once,
+  every :func:`probe_delay` (about :data:`PROBE_INTERVAL_S`, jittered). An address a probe saw
+  refusing that then accepts ends the wait and is dialed first (:class:`ProbeWatch`): a
+  coordinator back after a restart, or a standby that took over (standbys refuse connections
+  until they lead). An address that accepted all along (it refused the session, not the
+  connection) never ends a wait: only the backoff paces a coordinator that says no.
+
+Nothing here reads a clock or a socket: jitter (uniform in ``[0, 1)``) and probe results are
+passed in.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+#: The ceiling of the first wait; it doubles per failed round up to the cap.
+BACKOFF_FIRST_S = 0.5
+#: The heartbeat timeout assumed before any Welcome stated one (the coordinator's default).
+DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
+#: The cap never goes below this (a coordinator with a tiny timeout does not make its Fleet
+#: dial in a busy loop) nor above :data:`CAP_CEILING_S` (nor does a huge one strand it).
+CAP_FLOOR_S = 1.0
+CAP_CEILING_S = 30.0
+#: About how often a waiting Node probes each address, and how long one probe may take.
+PROBE_INTERVAL_S = 0.5
+PROBE_TIMEOUT_S = 1.0
+
+
+def backoff_cap(heartbeat_timeout_s: float | None) -> float:
+    """The longest wait between two rounds: a third of the heartbeat timeout the last Welcome
+    gave (:data:`DEFAULT_HEARTBEAT_TIMEOUT_S` when none did), within
+    [:data:`CAP_FLOOR_S`, :data:`CAP_CEILING_S`].
+
+    Why a third of the timeout, not the heartbeat interval: the timeout is how long the
+    coordinator tolerates a silent Node before its Jobs read ``unknown``, so a Node that dials
+    at least three times per timeout is back within about one timeout of the coordinator's
+    return even when no probe could tell (the port accepted all along). The interval is a
+    measurement setting an operator may shrink for finer round-trip times without meaning to
+    speed up a whole Fleet's reconnects. With the defaults (5 s interval, 15 s timeout) the two
+    agree: 5 s.
+    """
+    timeout = DEFAULT_HEARTBEAT_TIMEOUT_S if heartbeat_timeout_s is None else heartbeat_timeout_s
+    return min(CAP_CEILING_S, max(CAP_FLOOR_S, timeout / 3))
+
+
+def backoff_delay(failed_rounds: int, jitter: float, cap: float) -> float:
+    """Seconds to wait after ``failed_rounds`` (1, 2, ...) whole rounds failed in a row.
+
+    Full jitter: ``jitter`` (uniform in [0, 1)) scales the whole window, whose ceiling doubles
+    from :data:`BACKOFF_FIRST_S` per round up to ``cap``. No wait before the first round.
+    """
+    if failed_rounds < 1:
+        return 0.0
+    ceiling = min(cap, BACKOFF_FIRST_S * float(2 ** min(failed_rounds - 1, 16)))
+    return ceiling * min(max(jitter, 0.0), 1.0)
+
+
+def probe_delay(jitter: float) -> float:
+    """Seconds until the next probe: :data:`PROBE_INTERVAL_S` scaled into [0.5, 1.5) of itself
+    by ``jitter`` (uniform in [0, 1)), so Nodes that lost the coordinator together do not
+    probe, nor come back, in step."""
+    return PROBE_INTERVAL_S * (0.5 + min(max(jitter, 0.0), 1.0))
+
+
+@attrs.define
+class ProbeWatch:
+    """What one wait's probes saw: the addresses that refused a TCP connect."""
+
+    refusing: set[str] = attrs.field(factory=set)
+
+    def observe(self, results: dict[str, bool]) -> str | None:
+        """Record one sweep (address -> accepted), in dial order; the first address that a
+        probe saw refusing and that now accepts, or None."""
+        back: str | None = None
+        for address, accepted in results.items():
+            if not accepted:
+                self.refusing.add(address)
+            elif address in self.refusing and back is None:
+                back = address
+        return back
