@@ -19,6 +19,7 @@ from .tables import (
     check_keys,
     read_addresses,
     read_fleets,
+    read_leader,
     read_lifetimes,
     read_limits,
     read_metrics,
@@ -58,6 +59,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
             "metrics",
             "addresses",
             "store",
+            "leader",
         },
         "<top level>",
         path,
@@ -116,6 +118,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         metrics=read_metrics(raw, path),
         addresses=read_addresses(raw.get("addresses", {}), path),
         store_url=read_store(raw.get("store", {}), path),
+        leader=read_leader(raw.get("leader", {}), path),
         warnings=tuple(warnings),
     )
 

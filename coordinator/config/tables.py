@@ -28,6 +28,7 @@ from ..auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
     DEFAULT_USER_TOKEN_LIFETIME_S,
 )
+from ..leadership import LeaseSettings, LeaseSettingsError
 from ..store_location import PostgresUrl, StoreUrlError, parse_store_url
 from .values import (
     AddressSettings,
@@ -93,6 +94,21 @@ def read_addresses(table: Any, path: Path) -> AddressSettings:
                 'surrounding spaces, e.g. host = "coordinator.example.org". Fix the value.'
             )
     return AddressSettings(**table)
+
+
+def read_leader(raw: Any, path: Path) -> LeaseSettings:
+    """``[leader]``: ``ttl_s``, ``renew_s`` and ``poll_s``, seconds (the lease of coordinators
+    sharing a PostgreSQL store; defaults in :class:`LeaseSettings`)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: leader must be a table ([leader] with ttl_s = 5).")
+    check_keys(raw, {"ttl_s", "renew_s", "poll_s"}, "leader", path)
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{path}: [leader] {key} = {value!r} must be a number of seconds.")
+    try:
+        return LeaseSettings(**{k: float(v) for k, v in raw.items()})
+    except LeaseSettingsError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def read_metrics(raw: Mapping[str, Any], path: Path) -> MetricsListener | None:

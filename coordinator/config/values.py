@@ -18,6 +18,7 @@ from ..auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
     DEFAULT_USER_TOKEN_LIFETIME_S,
 )
+from ..leadership import LeaseSettings
 from ..store_location import PostgresUrl
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -118,6 +119,8 @@ class CoordinatorConfig:
     addresses: AddressSettings = attrs.field(factory=AddressSettings)
     # [store] url: the PostgreSQL database holding the stores; None: SQLite in the state directory.
     store_url: PostgresUrl | None = None
+    # [leader]: the lease's timings when coordinators share a PostgreSQL store.
+    leader: LeaseSettings = attrs.field(factory=LeaseSettings)
     # Sentences about keys that are still accepted but no longer do anything; `serve` logs them.
     warnings: tuple[str, ...] = ()
 

@@ -1,14 +1,20 @@
-"""``serve``: the coordinator process - three TLS listeners, the scheduler and the Node sessions.
+"""``serve``: the coordinator process - its listeners' sockets, its signals, and when it leads.
 
 Rules:
-- One anyio task group owns everything long-lived: a task per listener, the scheduler, the
-  heartbeat flusher, the signal watcher. SIGTERM or SIGINT cancels the group; Node sessions are
-  closed (and their Nodes recorded disconnected), the last heartbeats stored, then the store closes.
-- ``endpoints.json`` and ``tp-context.json`` appear only after all three listeners accept.
+- The three listeners' ports are bound before anything else (a taken port stops ``serve`` with
+  one sentence, nothing changed), but accept only while this coordinator leads
+  (:mod:`.lead`); until then a connection is refused at once, which turns Nodes, collectors and
+  ``tp`` to the leader.
+- On SQLite the coordinator leads from the start. On PostgreSQL it stands by until it takes the
+  lease (:mod:`.leadership`), leads until it loses it, and stands by again.
+- One anyio task group owns the signal watcher, systemd's watchdog and the round being run;
+  SIGTERM or SIGINT cancels it: a leader closes its Node sessions and stores and resigns its
+  lease (a standby takes over at its next poll), a standby just leaves.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import signal
@@ -25,30 +31,11 @@ from tuneplane.agent.metrics_listener import (
 )
 from tuneplane.agent.sd_notify import ServiceNotifier
 
-from ..api.control_address import ControlAddressApi
-from ..api.fleet import FleetService
-from ..api.identity import IdentityApi
-from ..api.jobs import ApiService
-from ..api.lifecycle import LifecycleApi
-from ..api.metrics import MetricsApi
-from ..api.node_loss import MaxDisconnectWatch, NodeLossApi, NodeLossDesk
-from ..catalogue import Catalogue
-from ..clock import now_ms
 from ..config import CoordinatorConfig, load_config, store_setting
 from ..counters import REGISTRY
-from ..gateways.collector_credentials import CollectorCredentials
-from ..gateways.control import ControlGateway
-from ..gateways.control_address import ControlAddressDesk
-from ..gateways.heartbeats import HeartbeatBook, HeartbeatFlusher
-from ..gateways.rate_limit import PeerRateLimit
-from ..gateways.sessions import SessionRegistry
-from ..gateways.telemetry import TelemetryGateway
-from ..store.core import Store
-from ..store.logs import DB_NAME as LOGS_DB
-from ..store.logs import LogStore
-from ..store.telemetry import DB_NAME as TELEMETRY_DB
-from ..store.telemetry import TelemetryStore
-from ..store_location import PostgresUrl, store_where
+from ..store.handle import StoreUnavailable
+from ..store.lease import CoordinatorFacts, LeaseDesk
+from ..store_location import PostgresUrl
 from .advertise import (
     Advertised,
     AdvertiseError,
@@ -57,17 +44,12 @@ from .advertise import (
     look_up_all,
     plan,
 )
-from .listeners import bounded, run_listener
-from .metrics_export import count_store_retry, refresh_gauges
-from .scheduler import Scheduler
+from .coordinator_id import coordinator_id
+from .lead import Lease, Setting, lead
+from .leader_metrics import watch_leadership
+from .leadership import Leadership, LeaderView, Peers
 from .serve_lock import serving
-from .state_dir import (
-    Endpoints,
-    coordinator_where,
-    publish,
-    require_initialised,
-    withdraw,
-)
+from .state_dir import require_initialised
 from .tls import TlsError, TlsPaths, cover_names, server_context
 
 log = logging.getLogger(__name__)
@@ -100,8 +82,10 @@ class ServeError(RuntimeError):
     """``serve`` cannot start; ``str()`` says why and what to do."""
 
 
-def _listen(name: str, host: str, port: int) -> socket.socket:
-    """A bound, listening socket for listener ``name``; port 0 lets the kernel pick a free port."""
+def _bind(name: str, host: str, port: int) -> socket.socket:
+    """A bound socket for listener ``name``, not yet listening: until :func:`_open` a connection
+    to it is refused at once, which is how a standby turns clients to the leader. Port 0 lets
+    the kernel pick a free port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio and grpclib turn Nagle off only on sockets whose proto is
     # IPPROTO_TCP, and accepted sockets copy it. With Nagle on, every reply waited for the
@@ -111,7 +95,6 @@ def _listen(name: str, host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
-        sock.listen(128)
     except OSError as exc:
         sock.close()
         raise ServeError(
@@ -120,6 +103,12 @@ def _listen(name: str, host: str, port: int) -> socket.socket:
         ) from None
     sock.setblocking(False)
     return sock
+
+
+def _open(socks: dict[str, socket.socket]) -> None:
+    """Start accepting on every bound socket (this coordinator leads now)."""
+    for sock in socks.values():
+        sock.listen(128)
 
 
 def _start_metrics(config: CoordinatorConfig) -> RunningListener | None:
@@ -132,22 +121,22 @@ def _start_metrics(config: CoordinatorConfig) -> RunningListener | None:
         raise ServeError(str(exc)) from None
 
 
-def _listen_all(opts: ServeOptions) -> dict[str, socket.socket]:
+def _bind_all(host: str, ports: dict[str, int]) -> dict[str, socket.socket]:
     """Bind all three listeners before anything else happens, so a taken port stops ``serve``
     with one sentence and nothing changed (no store touched, no endpoints published)."""
     socks: dict[str, socket.socket] = {}
     try:
-        for name, port in (
-            ("api", opts.api_port),
-            ("telemetry", opts.telemetry_port),
-            ("control", opts.control_port),
-        ):
-            socks[name] = _listen(name, opts.host, port)
+        for name in ("api", "telemetry", "control"):
+            socks[name] = _bind(name, host, ports[name])
     except ServeError:
-        for sock in socks.values():
-            sock.close()
+        _close(socks)
         raise
     return socks
+
+
+def _close(socks: dict[str, socket.socket]) -> None:
+    for sock in socks.values():
+        sock.close()  # already closed by its server when it ran; a no-op then
 
 
 async def _advertise(
@@ -209,148 +198,94 @@ async def _serve(opts: ServeOptions, state_dir: Path, notifier: ServiceNotifier)
     for warning in config.warnings:
         log.warning("config key ignored message=%r", warning)
     tls_paths = TlsPaths.under(state_dir)
-    catalogue = Catalogue.bundled()
-    socks = _listen_all(opts)
+    ports = {"api": opts.api_port, "telemetry": opts.telemetry_port, "control": opts.control_port}
+    socks = _bind_all(opts.host, ports)
     exporter: RunningListener | None = None
+    view = LeaderView(me="")
     try:
         # Before the TLS context is loaded: a dev certificate may be reissued to cover them.
         advertised = await _advertise(opts, config, socks, tls_paths)
+        ports = {name: sock.getsockname()[1] for name, sock in socks.items()}
         ctx = server_context(tls_paths)
         exporter = _start_metrics(config)
-        store = await Store.open(coordinator_where(state_dir, url))
-        store.retry_observers.append(count_store_retry)
-    except BaseException:
-        for sock in socks.values():
-            sock.close()
-        if exporter is not None:
-            exporter.close()
-        raise
-    telemetry_store: TelemetryStore | None = None
-    log_store: LogStore | None = None
-    try:
-        telemetry_store = await TelemetryStore.open(store_where(state_dir, url, TELEMETRY_DB))
-        telemetry_store.retry_observers.append(count_store_retry)
-        log_store = await LogStore.open(store_where(state_dir, url, LOGS_DB))
-        log_store.retry_observers.append(count_store_retry)
-        collectors = CollectorCredentials(telemetry_store)
-        await store.mark_all_disconnected(now_ms())
-        registry = SessionRegistry()
-        scheduler = Scheduler(
-            store,
-            registry,
-            catalogue,
-            opts.prepare_timeout_s,
-            quotas=config.quotas,
-            loader_env_runtimes=config.loader_env_runtimes,
-        )
-        api = ApiService(store, config, catalogue, scheduler.wake, log_store)
-        addresses = ControlAddressDesk(store, registry, tls_paths.server_cert)
-        await addresses.load()
-        heartbeats = HeartbeatBook()
-        flusher = HeartbeatFlusher(heartbeats, store, opts.heartbeat_interval_s, collectors)
-        fleets = FleetService(store, config.quotas, scheduler.wake, heartbeats)
-        control = ControlGateway(
-            store,
-            registry,
-            scheduler.wake,
-            opts.heartbeat_interval_s,
-            opts.heartbeat_timeout_s,
-            collectors,
-            log_store,
-            heartbeats=heartbeats,
-            credential_lifetime_s=config.node_credential_lifetime_s,
-            enroll_limit=PeerRateLimit(config.limits.enroll_burst, config.limits.enroll_per_second),
-            addresses=addresses,
-        )
-        identity = IdentityApi(store, registry)
-        address_api = ControlAddressApi(store, addresses)
-        lifecycle = LifecycleApi(store, log_store, registry, scheduler.wake)
-        loss_desk = NodeLossDesk(store, registry, scheduler.wake, collectors)
-        node_loss = NodeLossApi(store, loss_desk)
-        loss_watch = MaxDisconnectWatch(store, registry, loss_desk, config.fleets)
-        telemetry = TelemetryGateway(store, collectors)
-        metrics = MetricsApi(store, telemetry_store)
+        watch_leadership(view)
+        setting = Setting(
+            state_dir, opts.host, opts.heartbeat_interval_s, opts.heartbeat_timeout_s,
+            opts.prepare_timeout_s, config, url, tls_paths, advertised, ctx, exporter, notifier,
+            Peers(),
+        )  # fmt: skip
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_signals, tg.cancel_scope, notifier)
             tg.start_soon(notifier.keep_watchdog)
-            try:
-                await tg.start(
-                    run_listener,
-                    "api",
-                    bounded(
-                        "api",
-                        [api, fleets, metrics, lifecycle, identity, node_loss, address_api],
-                        config.limits,
-                    ),
-                    opts.host,
-                    socks["api"],
-                    ctx,
-                )
-                # Telemetry before control: every Commit a Node receives names the gateway,
-                # at its advertised address (never the bind address: 0.0.0.0 reaches nobody).
-                await tg.start(
-                    run_listener,
-                    "telemetry",
-                    bounded("telemetry", [telemetry], config.limits),
-                    opts.host,
-                    socks["telemetry"],
-                    ctx,
-                )
-                collectors.telemetry_address = advertised.telemetry
-                await tg.start(
-                    run_listener,
-                    "control",
-                    bounded("control", [control], config.limits),
-                    opts.host,
-                    socks["control"],
-                    ctx,
-                )
-                api_addr, control_addr = advertised.api, advertised.control
-                telemetry_addr = advertised.telemetry
-                tg.start_soon(scheduler.run)
-                if exporter is not None:
-                    tg.start_soon(refresh_gauges, store)
-                tg.start_soon(flusher.run)
-                tg.start_soon(loss_watch.run)
-                publish(
-                    state_dir,
-                    Endpoints(
-                        api=api_addr,
-                        control=control_addr,
-                        telemetry=telemetry_addr,
-                        ca=str(tls_paths.ca_cert),
-                        pid=os.getpid(),
-                        metrics=exporter.address if exporter is not None else "",
-                    ),
-                )
-                log.info(
-                    "coordinator ready api=%s control=%s telemetry=%s state_dir=%s store=%s",
-                    api_addr,
-                    control_addr,
-                    telemetry_addr,
-                    state_dir,
-                    url or "sqlite",
-                )
-                # Every listener accepts and the store is open: systemd may start what needs us.
-                notifier.ready(f"serving api={api_addr} control={control_addr} "
-                               f"telemetry={telemetry_addr}")  # fmt: skip
-                await anyio.sleep_forever()
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await registry.close_all()
-                    # Every session is closed: no heartbeat arrives after this last batch.
-                    await flusher.flush()
+            if url is None:
+                view.role = "single"
+                await lead(setting, socks, None)
+            else:
+                await _stand_by_and_lead(setting, socks, ports, view)
+            tg.cancel_scope.cancel()
     finally:
-        for sock in socks.values():
-            sock.close()  # already closed by its server when it ran; a no-op then
+        _close(socks)
         with anyio.CancelScope(shield=True):
             if exporter is not None:
                 # shutdown() waits for the server thread's poll loop: off the event loop.
                 await anyio.to_thread.run_sync(exporter.close)
-            if telemetry_store is not None:
-                await telemetry_store.close()
-            if log_store is not None:
-                await log_store.close()
-            await store.close()
-            withdraw(state_dir, os.getpid())
         log.info("coordinator stopped state_dir=%s", state_dir)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tuneplane")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+async def _stand_by_and_lead(
+    setting: Setting,
+    socks: dict[str, socket.socket] | None,
+    ports: dict[str, int],
+    view: LeaderView,
+) -> None:
+    """Coordinators sharing a PostgreSQL store: stand by until this one takes the lease, lead
+    until it loses it, stand by again; until cancelled."""
+    assert setting.url is not None
+    advertised = setting.advertised
+    facts = CoordinatorFacts(
+        id=coordinator_id(setting.state_dir),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        version=_version(),
+        api_address=advertised.api,
+        control_address=advertised.control,
+        telemetry_address=advertised.telemetry,
+        metrics_address=setting.exporter.address if setting.exporter is not None else "",
+    )
+    view.me = facts.id
+    first = True
+    while True:
+        try:
+            desk = await LeaseDesk.open(setting.url)
+        except StoreUnavailable as exc:
+            if first:
+                raise ServeError(str(exc)[:1].upper() + str(exc)[1:]) from None
+            log.warning("store unreachable; standing by reason=%s", exc)
+            await anyio.sleep(setting.config.leader.poll_s)
+            continue
+        try:
+            await desk.register(facts)
+            first = False
+            leadership = Leadership(desk, facts, setting.config.leader, view, setting.peers)
+            setting.notifier.ready(f"standing by: another coordinator leads ({facts.id})")
+            won = await leadership.campaign()
+            leadership.took(won)
+            log.info("took the lease over; leading now me=%s term=%d from=%s why=%s", facts.id,
+                     won.term, won.previous or "-", won.why)  # fmt: skip
+            socks = socks or _bind_all(setting.host, ports)
+            why = await lead(setting, socks, Lease(leadership, won))
+            socks = None  # closed by their servers; the next round binds them again
+            view.role = "standby"
+            log.warning("stepped down; standing by me=%s term=%d why=%s", facts.id, won.term, why)
+        except StoreUnavailable as exc:
+            log.warning("lease connection lost; standing by again reason=%s", exc)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await desk.close()

@@ -151,6 +151,20 @@ class StoreDb:
             raise
         return store
 
+    def fence(self, term: int, on_fenced: Callable[[], None]) -> None:
+        """Fence this store with lease ``term`` (PostgreSQL only, :mod:`.lease`): every write
+        transaction from now on first checks that the term still holds, and one that finds
+        another calls ``on_fenced`` and fails with
+        :class:`~tuneplane.coordinator.store.handle.Fenced`, keeping nothing."""
+        from .postgres import PostgresBackend
+
+        if not isinstance(self._backend, PostgresBackend):
+            raise StoreError(
+                f"the {self.LABEL} {self.where} is a SQLite file: only coordinators sharing a "
+                "PostgreSQL store have a lease to fence with."
+            )
+        self._backend.fence(term, on_fenced)
+
     @property
     def path(self) -> Path:
         """The SQLite file (only for a store on SQLite)."""

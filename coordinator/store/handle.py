@@ -37,6 +37,11 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached, refused us, or stayed locked; nothing was changed."""
 
 
+class Fenced(StoreError):
+    """This coordinator's lease was taken over: the write was refused and nothing of it kept.
+    The coordinator stops acting and goes back to standby (:mod:`..leadership`)."""
+
+
 class TransactionConflict(StoreError):
     """The database aborted a transaction to resolve a conflict with another writer; it is
     re-run whole (:meth:`~tuneplane.coordinator.store.db.StoreDb.shielded`).

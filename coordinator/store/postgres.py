@@ -38,6 +38,7 @@ import asyncpg
 from ..store_location import PostgresUrl
 from .handle import (
     Handle,
+    Fenced,
     IntegrityViolation,
     Result,
     Row,
@@ -51,9 +52,16 @@ from .sql import ddl_to_postgres, to_postgres
 T = TypeVar("T")
 CONNECT_TIMEOUT_S = 10.0
 LOCK_TIMEOUT = "10s"
+IDLE_IN_TRANSACTION_TIMEOUT = "30s"
 POOL_SIZE = 8
 STREAM_CHUNK = 10_000
 _DML = ("INSERT", "UPDATE", "DELETE")
+#: The schema of the leader lease (:mod:`.lease`), shared by every store in the database.
+LEASE_SCHEMA = "tuneplane_ha"
+#: Run first in every write transaction of a leading coordinator, with its term: it holds the
+#: lease row shared until the transaction ends, so a takeover (which locks the row for update)
+#: waits for writes in flight, and a write after a takeover finds another term.
+FENCE_SQL = f"SELECT term FROM {LEASE_SCHEMA}.lease WHERE id = 1 AND term = $1 FOR SHARE"
 _CONFLICTS = {"40001": "serialization", "40P01": "deadlock"}
 #: What connecting may raise: unreachable, refused, timed out, or (ValueError) a URL parameter
 #: the driver does not take.
@@ -267,11 +275,27 @@ class PostgresBackend:
         self._mapper = _Mapper(what)
         self._lock_key = write_lock_key(schema)
         self.reader: Handle = PgPoolHandle(pool, self._mapper)
+        #: The lease term every write transaction must still find (None: no fencing, as for the
+        #: admin CLI and a coordinator's opening migrations); set by :meth:`fence`.
+        self.fence_term: int | None = None
+        self._on_fenced: Callable[[], None] | None = None
+
+    def fence(self, term: int, on_fenced: Callable[[], None]) -> None:
+        """From now on every write transaction checks that lease ``term`` still holds; the
+        first one that finds another calls ``on_fenced`` and fails with :class:`Fenced`."""
+        self.fence_term = term
+        self._on_fenced = on_fenced
 
     @classmethod
     async def open(cls, url: PostgresUrl, schema: str, label: str) -> PostgresBackend:
         """The pool for the store called ``label`` in messages, in ``schema`` at ``url``."""
-        settings = {"search_path": schema, "lock_timeout": LOCK_TIMEOUT}
+        settings = {
+            "search_path": schema,
+            "lock_timeout": LOCK_TIMEOUT,
+            # A session holding a transaction open while doing nothing (a leader paused mid-write,
+            # say) is ended, so its lock on the lease row cannot hold off a takeover for ever.
+            "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT,
+        }
         pool = await connect_pool(url, label, settings)
         return cls(pool, url, schema, f"{label} {url}")
 
@@ -283,7 +307,20 @@ class PostgresBackend:
         with self._mapper.mapped():
             async with self._pool.acquire() as conn, conn.transaction(isolation="read_committed"):
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", self._lock_key)
+                if self.fence_term is not None:
+                    await self._check_fence(conn, self.fence_term)
                 yield PgHandle(conn, self._mapper)
+
+    async def _check_fence(self, conn: Any, term: int) -> None:
+        if await conn.fetchval(FENCE_SQL, term) is not None:
+            return
+        if self._on_fenced is not None:
+            self._on_fenced()
+        raise Fenced(
+            f"this coordinator's lease (term {term}) was taken over by another coordinator; "
+            "the write was refused and nothing of it kept. This coordinator stops acting and "
+            "goes back to standby."
+        )
 
     def migration_sql(self, sql: str) -> str:
         return ddl_to_postgres(sql)

@@ -25,7 +25,7 @@ from tuneplane.coordinator.store.core import Store
 from tuneplane.coordinator.store.db import StoreDb
 from tuneplane.coordinator.store.logs import DB_NAME as LOGS_DB
 from tuneplane.coordinator.store.logs import LogStore
-from tuneplane.coordinator.store.postgres import write_lock_key
+from tuneplane.coordinator.store.postgres import LEASE_SCHEMA, write_lock_key
 from tuneplane.coordinator.store.sql import to_postgres
 from tuneplane.coordinator.store.telemetry import DB_NAME as TELEMETRY_DB
 from tuneplane.coordinator.store.telemetry import TelemetryStore
@@ -66,7 +66,8 @@ class StoreBackend:
         the next store, as a new temporary folder is on SQLite. No store may be open there."""
         assert self._server is not None, "a SQLite backend has no databases"
         url = self.url()
-        schemas = ", ".join(f'"{cls.SCHEMA}"' for cls in FILES)
+        # The leader lease's schema too: a store made fresh has never had a leader.
+        schemas = ", ".join(f'"{s}"' for s in (*(cls.SCHEMA for cls in FILES), LEASE_SCHEMA))
         self._server.execute(f"DROP SCHEMA IF EXISTS {schemas} CASCADE", self._databases[0])
         return url
 
