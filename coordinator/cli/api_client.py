@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import ssl
 import time
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import attrs
 from grpclib.client import Channel
 
 from tuneplane.agent.call_failure import CALL_ERRORS, CallFailure, Kind, classify
@@ -43,6 +45,15 @@ T = TypeVar("T")
 #: of a command, and each should start where the previous one found the leader.
 _answered: dict[tuple[str, ...], str] = {}
 _ADDRESS_CHECK = "that --coordinator or the context file names its API listener"
+
+
+def _failure(exc: BaseException) -> CallFailure:
+    """What ``exc`` (one of ``CALL_ERRORS``) says, by the shared table; a socket error is told
+    in its errno's words ("Connection refused"), not asyncio's ("Connect call failed (...)")."""
+    failure = classify(exc)
+    if failure.kind is Kind.UNREACHABLE and isinstance(exc, OSError) and exc.errno:
+        return attrs.evolve(failure, detail=os.strerror(exc.errno))
+    return failure
 
 
 # -- the client ------------------------------------------------------------------------------
@@ -74,6 +85,11 @@ class ApiClient:
     async def __aexit__(self, *exc: object) -> None:
         for channel, _ in self._channels.values():
             channel.close()
+
+    @property
+    def address(self) -> str:
+        """The API address that answered the last call (before any call: the one asked first)."""
+        return self._address
 
     @property
     def _stub(self) -> v1.ApiStub:
@@ -217,7 +233,7 @@ class ApiClient:
                 reached = True
                 result = await call(self._timeout_s)
             except CALL_ERRORS as exc:
-                failure = classify(exc)
+                failure = _failure(exc)
                 step = attempts.failed(failure, reached, time.monotonic(), random.random())
                 log.debug(
                     "api call failed rpc=%s address=%s kind=%s status=%s next=%s",
@@ -230,7 +246,8 @@ class ApiClient:
                 if isinstance(step, failover.Stop):
                     raise self._translate(name, step.failure, step.address) from None
                 if isinstance(step, failover.GiveUp):
-                    raise CoordinatorUnreachable(step.sentence(name, _ADDRESS_CHECK)) from None
+                    check = "that --coordinator or the context file names their API listeners"
+                    raise CoordinatorUnreachable(step.sentence(name, check)) from None
                 if step.pause_s > 0:
                     await asyncio.sleep(step.pause_s)
             else:

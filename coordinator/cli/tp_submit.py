@@ -87,7 +87,7 @@ def submit(
         preview = await api.preview(jobspec.canonical_json(spec))
         record = submissions.Submission(
             format=submissions.FORMAT,
-            coordinator=endpoint.address,
+            coordinator=api.address,
             project=project.name,
             experiment=experiment,
             retry_key=submissions.new_retry_key(),

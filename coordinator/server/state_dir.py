@@ -46,6 +46,10 @@ def _just_this_api(endpoints: Endpoints) -> tuple[str, ...]:
     return (endpoints.api,)
 
 
+def _address_tuple(addresses: Iterable[str]) -> tuple[str, ...]:
+    return tuple(addresses)
+
+
 @attrs.frozen
 class Endpoints:
     api: str
@@ -58,7 +62,7 @@ class Endpoints:
     # Every coordinator's API address when several share the store (this one first), which tp
     # tries in turn to follow the leader; alone, just ``api``.
     api_addresses: tuple[str, ...] = attrs.field(
-        default=attrs.Factory(_just_this_api, takes_self=True), converter=tuple
+        default=attrs.Factory(_just_this_api, takes_self=True), converter=_address_tuple
     )
 
 
