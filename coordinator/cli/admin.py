@@ -26,6 +26,7 @@ from tuneplane.agent import daemon_log
 from tuneplane.coordinator.cli.admin_fleet import fleet, token
 from tuneplane.coordinator.cli.admin_nodes import control_address_command, node
 from tuneplane.coordinator.cli.admin_serve import init, serve_command
+from tuneplane.coordinator.cli.admin_status import status
 from tuneplane.coordinator.cli.admin_store import decisions, migrate_store
 from tuneplane.coordinator.cli.admin_users import user
 
@@ -52,6 +53,7 @@ for _command in (
     decisions,
     migrate_store,
     control_address_command,
+    status,
 ):
     main.add_command(_command)
 

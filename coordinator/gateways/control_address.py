@@ -36,6 +36,9 @@ class ControlAddressDesk:
         self._registry = registry
         self._server_cert = server_cert
         self.address = ""
+        #: Every coordinator's control address when several share the store (this one, the
+        #: leader, first), for every Welcome; () when it serves alone.
+        self.coordinators: tuple[str, ...] = ()
 
     async def load(self) -> None:
         self.address = await store_control_address.current(self._store)

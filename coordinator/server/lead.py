@@ -224,6 +224,7 @@ async def _run(
                 host, socks["telemetry"], ctx,
             )  # fmt: skip
             collectors.telemetry_address = advertised.telemetry
+            _share_peers(setting, collectors, addresses)
             await tg.start(
                 run_listener, "control", bounded("control", [control], config.limits), host,
                 socks["control"], ctx,
@@ -234,6 +235,13 @@ async def _run(
             tg.start_soon(flusher.run)
             tg.start_soon(loss_watch.run)
             _announce(setting)
+            if lease is not None:
+
+                def peers_changed() -> None:
+                    _share_peers(setting, collectors, addresses)
+                    _announce(setting)
+
+                lease.leadership.on_peers = peers_changed
             await anyio.sleep_forever()
         finally:
             with anyio.CancelScope(shield=True):
@@ -243,6 +251,17 @@ async def _run(
                     await flusher.flush()
                 except Fenced as exc:
                     log.warning("last heartbeats not stored reason=%s", exc)
+
+
+def _share_peers(
+    setting: Setting, collectors: CollectorCredentials, addresses: ControlAddressDesk
+) -> None:
+    """Hand every coordinator's addresses out from now on: the control addresses in every
+    Welcome, the other telemetry gateways in every Commit."""
+    own = setting.advertised.telemetry
+    collectors.telemetry_fallbacks = tuple(a for a in setting.peers.telemetry if a != own)
+    control = setting.peers.control
+    addresses.coordinators = control if len(control) > 1 else ()
 
 
 def _announce(setting: Setting) -> None:
@@ -257,6 +276,7 @@ def _announce(setting: Setting) -> None:
             ca=str(setting.tls_paths.ca_cert),
             pid=os.getpid(),
             metrics=exporter.address if exporter is not None else "",
+            api_addresses=setting.peers.api or (advertised.api,),
         ),
     )
     log.info(

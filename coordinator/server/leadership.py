@@ -98,6 +98,8 @@ class Leadership:
         self.settings = settings
         self.view = view
         self.peers = peers
+        #: Called after a roll call that changed :attr:`peers` (the leader republishes them).
+        self.on_peers: Callable[[], None] | None = None
         self._said = ""
 
     def _say(self, text: str, level: int = logging.INFO) -> None:
@@ -163,7 +165,7 @@ class Leadership:
                 with anyio.fail_after(deadline - started):
                     ours = await self.desk.renew(self.facts.id, won.term, settings.ttl_ms)
                     if ours and started >= next_roll_call:
-                        await self._roll_call()
+                        await self.roll_call()
                         next_roll_call = started + ROLL_CALL_S
             except TimeoutError:
                 lost(_late(settings))
@@ -177,11 +179,15 @@ class Leadership:
             renewed = started
             self.view.lease_expires_ms = now_ms() + settings.ttl_ms
 
-    async def _roll_call(self) -> None:
+    async def roll_call(self) -> None:
+        """Read the roll call into :attr:`peers` (and the view's standbys)."""
         await self.desk.seen(self.facts.id)
         rows = await self.desk.roll_call()
+        before = attrs.astuple(self.peers)
         self.peers.update(self.facts, rows, await self.desk.now_ms())
         self.view.standbys = tuple(r.facts.id for r in rows if r.facts.id != self.facts.id)
+        if attrs.astuple(self.peers) != before and self.on_peers is not None:
+            self.on_peers()
 
 
 def _late(settings: LeaseSettings) -> str:

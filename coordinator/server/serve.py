@@ -277,6 +277,7 @@ async def _stand_by_and_lead(
             setting.notifier.ready(f"standing by: another coordinator leads ({facts.id})")
             won = await leadership.campaign()
             leadership.took(won)
+            await leadership.roll_call()  # the lists handed out name every coordinator
             log.info("took the lease over; leading now me=%s term=%d from=%s why=%s", facts.id,
                      won.term, won.previous or "-", won.why)  # fmt: skip
             socks = socks or _bind_all(setting.host, ports)

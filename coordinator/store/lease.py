@@ -121,8 +121,10 @@ class LeaseDesk:
         self.url = url
 
     @classmethod
-    async def open(cls, url: PostgresUrl) -> LeaseDesk:
-        """Connect and make the schema if it is missing; one sentence when it cannot."""
+    async def open(cls, url: PostgresUrl, create: bool = True) -> LeaseDesk:
+        """Connect and (with ``create``) make the schema if it is missing; one sentence when it
+        cannot. Without ``create`` (``status``: it only reads) a missing schema reads as no
+        lease and no coordinators."""
         try:
             conn = await asyncpg.connect(
                 dsn=url.dsn(),
@@ -135,6 +137,8 @@ class LeaseDesk:
         except CONNECT_ERRORS as exc:
             raise StoreUnavailable(connect_sentence(url, "store (leader lease)", exc)) from None
         desk = cls(conn, url)
+        if not create:
+            return desk
         try:
             async with desk._unavailable_said(), conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", _schema_lock_key())
@@ -181,6 +185,12 @@ class LeaseDesk:
                 f"UPDATE {SCHEMA}.coordinators SET seen_ms = {_NOW} WHERE id = $1",
                 coordinator_id,
             )
+
+    async def exists(self) -> bool:
+        """Whether a coordinator ever campaigned here (the lease's tables exist)."""
+        async with self._unavailable_said():
+            found = await self._conn.fetchval("SELECT to_regclass($1)", f"{SCHEMA}.lease")
+            return found is not None
 
     async def read(self) -> LeaseRow | None:
         """The lease as it stands (None: nobody ever held it)."""

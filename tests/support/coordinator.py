@@ -46,7 +46,7 @@ class CoordinatorProcess:
         self.api = ""
         self.control = ""
         self.telemetry = ""
-        self._serve_args = serve_args
+        self.serve_args = serve_args
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -55,11 +55,16 @@ class CoordinatorProcess:
         return self._proc.pid
 
     def start(
-        self, ports: tuple[int, int, int] | None = None, env: Mapping[str, str] | None = None
+        self,
+        ports: tuple[int, int, int] | None = None,
+        env: Mapping[str, str] | None = None,
+        standby: bool = False,
     ) -> None:
         """Start ``serve`` and wait for its endpoints.json (written once all listeners accept).
 
-        ``env``: more environment for this run of ``serve`` only (``TUNEPLANE_CRASHPOINT``)."""
+        ``env``: more environment for this run of ``serve`` only (``TUNEPLANE_CRASHPOINT``).
+        ``standby``: wait only until it stands by (another coordinator on the same PostgreSQL
+        store leads); :meth:`wait_leading` waits for it to take over."""
         # serve defaults to fixed ports (7443-7445); tests always pass theirs, 0 (a free one)
         # unless restarting, so parallel runs never collide. serve_args come last and win.
         api_port, control_port, telemetry_port = ports if ports is not None else (0, 0, 0)
@@ -70,8 +75,9 @@ class CoordinatorProcess:
             str(control_port),
             "--telemetry-port",
             str(telemetry_port),
-            *self._serve_args,
+            *self.serve_args,
         ]
+        offset = len(self.read_log())
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [*self.prefix_argv, *_admin("serve", "--state-dir", str(self.state_dir), *args)],
@@ -81,7 +87,31 @@ class CoordinatorProcess:
                 start_new_session=True,
             )
         track(self._proc)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        if standby:
+            self.wait_log("standing by", START_TIMEOUT_S, offset)
+            return
+        self.wait_leading(START_TIMEOUT_S)
+
+    def wait_log(self, text: str, timeout: float, after: int = 0) -> int:
+        """Wait for ``text`` in serve.log past offset ``after``; the offset just past it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"tuneplane-coordinator serve exited with {self._proc.returncode}; its "
+                    f"log:\n{self.read_log()}"
+                )
+            at = self.read_log().find(text, after)
+            if at >= 0:
+                return at + len(text)
+            time.sleep(0.02)
+        raise RuntimeError(f"no {text!r} in serve.log within {timeout:g} s:\n{self.read_log()}")
+
+    def wait_leading(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Wait until this serve leads: its endpoints.json names its pid (all listeners accept)."""
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
         endpoints = self.state_dir / "endpoints.json"
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -100,11 +130,9 @@ class CoordinatorProcess:
                     data["telemetry"],
                 )
                 return
-            time.sleep(0.05)
+            time.sleep(0.02)
         self.kill()
-        raise RuntimeError(
-            f"the coordinator was not ready in {START_TIMEOUT_S:g} s:\n{self.read_log()}"
-        )
+        raise RuntimeError(f"the coordinator was not ready in {timeout:g} s:\n{self.read_log()}")
 
     def read_log(self) -> str:
         try:

@@ -1,0 +1,41 @@
+"""Coordinators sharing one PostgreSQL store, as an operator sets them up (docs/operator.md).
+
+Rules: the first coordinator is made by ``init --store`` and serves (it leads); each other one
+gets a state directory of its own holding copies of the first one's ``tls/`` (the same CA, so
+Nodes trust it), ``coordinator.toml`` (the same store and settings) and ``admin.token``, and
+nothing else (no ``coordinator-id``: each has its own name), then serves as a standby.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.support.coordinator import CoordinatorProcess
+
+#: What a second coordinator copies from the first one's state directory.
+SHARED = ("tls", "coordinator.toml", "admin.token")
+
+
+def copy_state_dir(first: Path, second: Path) -> None:
+    """Lay out ``second`` from ``first`` as docs/operator.md says."""
+    second.mkdir(parents=True, mode=0o700)
+    for name in SHARED:
+        source = first / name
+        if source.is_dir():
+            shutil.copytree(source, second / name)
+        else:
+            shutil.copy2(source, second / name)
+
+
+def start_standby(
+    first: CoordinatorProcess, root: Path, prefix_argv: Sequence[str] = ()
+) -> CoordinatorProcess:
+    """A second coordinator under ``root/coordinator`` on ``first``'s store, serving with the
+    same options; returns once it stands by."""
+    state_dir = root / "coordinator"
+    copy_state_dir(first.state_dir, state_dir)
+    proc = CoordinatorProcess(state_dir, list(first.serve_args), prefix_argv)
+    proc.start(standby=True)
+    return proc
