@@ -51,9 +51,16 @@ def adopt(node: NodeConfig, announced: str) -> NodeConfig | None:
 
 def adopt_coordinators(node: NodeConfig, named: Sequence[str]) -> NodeConfig | None:
     """node.json after a Welcome named every coordinator sharing the store, the leader first;
-    None when that is the list stored. An empty list (one coordinator) clears it. Raises
-    :class:`BadControlAddress` when one is not HOST:PORT or there are too many."""
+    None when that is the list stored, or when it is empty. Raises :class:`BadControlAddress`
+    when one is not HOST:PORT or there are too many.
+
+    An empty list (one coordinator, or one too old to say) keeps the stored one: the Node may
+    have reached this coordinator only through that list, and a Node that forgot the way back
+    would be stranded at its next start; a stale entry costs one refused connect per round.
+    """
     listed = tuple(dict.fromkeys(named))
+    if not listed:
+        return None
     bad = [a for a in listed if split_host_port(a) is None]
     if bad:
         raise BadControlAddress(

@@ -97,8 +97,8 @@ class DaemonSession(DaemonBase):
             failed_rounds = 1 if welcomed else failed_rounds + 1
             delay = reconnect.backoff_delay(failed_rounds, random.random(), self.backoff_cap_s)
             order = control_address.dial_order(self.node, self.welcomed_by)
-            log.info("reconnecting coordinators=%s in_s=%.2f failed_rounds=%d", ",".join(order),
-                     delay, failed_rounds)  # fmt: skip
+            log.info("reconnecting coordinator=%s coordinators=%s in_s=%.2f failed_rounds=%d",
+                     order[0], ",".join(order), delay, failed_rounds)  # fmt: skip
             came_back = await wait_to_redial(delay, order, self.state.control_token)
 
     async def _session_at(self, address: str) -> bool:

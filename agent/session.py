@@ -117,7 +117,7 @@ class AdoptControlAddress:
 @attrs.frozen
 class AdoptCoordinators:
     """Welcome named every coordinator sharing the store, the leader first (empty: one): store
-    the list (node.json, journal) for the next round of dials (agent/control_address.py)."""
+    a new list (node.json, journal) for the next round of dials (agent/control_address.py)."""
 
     addresses: tuple[str, ...]
 

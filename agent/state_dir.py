@@ -61,7 +61,7 @@ class NodeConfig:
     previous_coordinators: tuple[str, ...] = ()
     # Every coordinator sharing the store (high availability), the leader first, as the last
     # Welcome or ``enroll --coordinator A --coordinator B`` named them; dialed after
-    # ``coordinator`` (agent/control_address.py). Empty with one coordinator.
+    # ``coordinator`` (agent/control_address.py). Empty until a list is named.
     coordinators: tuple[str, ...] = ()
 
 

@@ -24,14 +24,15 @@ JITTER = st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
 # --- which addresses, in which order ------------------------------------------------------------
 
 
-def test_a_welcome_list_is_stored_leader_first_and_an_empty_one_clears_it() -> None:
+def test_a_welcome_list_is_stored_leader_first_and_an_empty_one_keeps_it() -> None:
     listed = ca.adopt_coordinators(NODE, ["b:7444", "10.0.0.1:7444", "b:7444"])
     assert listed is not None
     assert listed.coordinators == ("b:7444", "10.0.0.1:7444")
     assert ca.adopt_coordinators(listed, ["b:7444", "10.0.0.1:7444"]) is None
-    cleared = ca.adopt_coordinators(listed, [])
-    assert cleared is not None and cleared.coordinators == ()
-    assert ca.adopt_coordinators(NODE, []) is None
+    # One coordinator names none: the Node may know this one only through the list it keeps.
+    assert ca.adopt_coordinators(listed, []) is None
+    moved = ca.adopt_coordinators(listed, ["c:7444", "b:7444"])
+    assert moved is not None and moved.coordinators == ("c:7444", "b:7444")
 
 
 @pytest.mark.parametrize("bad", ["coord-b", "coord-b:", ":7444", "coord-b:70000", "a b:1"])
@@ -71,7 +72,9 @@ def test_any_history_dials_each_known_address_once(
     node = NODE
     for address in announced:
         node = ca.adopt(node, address) or node
+    before = node.coordinators
     node = ca.adopt_coordinators(node, listed) or node
+    assert node.coordinators == (tuple(dict.fromkeys(listed)) or before)
     order = ca.dial_order(node, welcomed_by, came_back)
     assert len(order) == len(set(order)) and "" not in order
     known = {node.coordinator, *node.coordinators, *node.previous_coordinators}

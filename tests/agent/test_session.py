@@ -143,7 +143,7 @@ def test_every_welcome_names_the_coordinators_for_the_shell_to_store() -> None:
     both = ("b:7444", "a:7444")
     first = s.receive(0.0, m.Welcome(500, 3000, 0, coordinators=both))
     assert AdoptCoordinators(both) in first
-    # A repeated Welcome names them again (empty: one coordinator now, the list is cleared).
+    # A repeated Welcome names them again (the shell keeps a stored list an empty one meets).
     assert s.receive(1.0, m.Welcome(500, 3000, 0)) == [AdoptCoordinators(())]
 
 
