@@ -24,6 +24,7 @@ from typing import TypeVar
 import attrs
 from grpclib.client import Channel
 
+from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.agent.call_failure import CALL_ERRORS, CallFailure, Kind, classify
 from tuneplane.agent.client_tls import CaFileError, grpc_client_context
 from tuneplane.proto import v1
@@ -77,7 +78,10 @@ class ApiClient:
         self._ssl = tls_context(endpoint.ca_path)
         # One channel (and stub) per address, made when first asked, kept for the next call.
         self._channels: dict[str, tuple[Channel, v1.ApiStub]] = {}
-        self._address = _answered.get(endpoint.addresses, endpoint.address)
+        addresses = endpoint.addresses
+        self._address = _answered.get(addresses) or endpoint.last_leader or endpoint.address
+        # What the leader file holds (or would, the first address, when it holds nothing).
+        self._kept = self._address
 
     async def __aenter__(self) -> ApiClient:
         return self
@@ -252,7 +256,21 @@ class ApiClient:
                     await asyncio.sleep(step.pause_s)
             else:
                 _answered[addresses] = self._address
+                if self._address != self._kept:
+                    await self._keep(self._address)
                 return result
+
+    async def _keep(self, address: str) -> None:
+        """Keep ``address`` in the leader file for the next ``tp``; a failure only costs that
+        ``tp`` the refusals of the addresses before the leader."""
+        self._kept = address
+        path = self._endpoint.leader_file
+        if path is None:
+            return
+        try:
+            await asyncio.to_thread(write_atomic, path, f"{address}\n".encode(), 0o644)
+        except OSError as exc:
+            log.debug("leader not kept path=%s why=%s", path, exc.strerror or exc)
 
     def _translate(self, name: str, failure: CallFailure, address: str) -> ApiError:
         """The one place a failed call becomes an error for the researcher, worded by the table

@@ -16,6 +16,10 @@ import attrs
 
 from tuneplane.agent.host_port import join_host_port, split_host_port
 
+#: Beside the context file (``tp-context.json.leader``): the API address that last answered a
+#: ``tp`` using it, one line, so the next ``tp`` starts with the leader and not with a coordinator
+#: whose host died (that costs a connection deadline). Best effort: unwritable, it is skipped.
+LEADER_SUFFIX = ".leader"
 #: How long a call keeps trying several coordinators before it gives up (a takeover takes a few
 #: seconds); ``--ride-out`` / TUNEPLANE_RIDE_OUT changes it.
 RIDE_OUT_S = 15.0
@@ -34,6 +38,10 @@ class Endpoint:
     token: str = attrs.field(repr=False)
     others: tuple[str, ...] = ()
     ride_out_s: float = RIDE_OUT_S
+    #: Where the address that answered is kept for the next ``tp`` (None: nowhere), and the one
+    #: it held (one of :attr:`addresses`; "" when none).
+    leader_file: Path | None = None
+    last_leader: str = ""
 
     @property
     def address(self) -> str:
@@ -77,6 +85,22 @@ def parse_addresses(entries: list[str], source: str) -> tuple[str, ...]:
         if address not in found:
             found.append(address)
     return tuple(found)
+
+
+def leader_path(context: Path) -> Path:
+    """The file beside ``context`` that keeps the address that last answered."""
+    return context.with_name(context.name + LEADER_SUFFIX)
+
+
+def read_leader(path: Path, addresses: tuple[str, ...]) -> str:
+    """The address ``path`` keeps, if it is one of ``addresses``; else "" (a missing, unreadable
+    or stale file is no error: the list is asked in its own order)."""
+    try:
+        found = split_host_port(path.read_text(encoding="utf-8").strip())
+    except (OSError, UnicodeDecodeError):
+        return ""
+    address = join_host_port(*found) if found is not None else ""
+    return address if address in addresses else ""
 
 
 def split_list(text: str) -> list[str]:
@@ -191,4 +215,7 @@ def resolve_connection(
             f"The token file {token_path} does not hold a token (one line, no spaces); "
             "check --token-file or the context file."
         )
-    return Endpoint(host, port, ca_path, token, addresses[1:], ride_out_s)
+    # Only a list read from a context file is followed across tp processes.
+    leader_file = leader_path(context) if context and not coordinator and addresses[1:] else None
+    last = read_leader(leader_file, addresses) if leader_file is not None else ""
+    return Endpoint(host, port, ca_path, token, addresses[1:], ride_out_s, leader_file, last)

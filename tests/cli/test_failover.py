@@ -82,6 +82,23 @@ def test_the_context_file_names_its_writer_first_then_the_others(
     assert (flagged.addresses, flagged.ride_out_s) == ((C, A), 3)
 
 
+def test_the_address_that_last_answered_is_read_from_beside_the_context_file(
+    tmp_path: Path, secrets: tuple[Path, Path]
+) -> None:
+    path = _context(tmp_path, coordinator=A, api_addresses=[A, B])
+    kept = tmp_path / "tp-context.json.leader"
+    assert resolve_connection(path, None, None, None).leader_file == kept
+    assert resolve_connection(path, None, None, None).last_leader == ""
+    for text, read in ((f"{B}\n", B), ("10.0.0.6:07443", B), (C, ""), ("junk", ""), ("", "")):
+        kept.write_text(text)
+        assert resolve_connection(path, None, None, None).last_leader == read, text
+    # Not for a list from --coordinator, nor for a single address.
+    kept.write_text(B)
+    assert resolve_connection(path, f"{A},{B}", None, None).leader_file is None
+    alone = resolve_connection(_context(tmp_path, coordinator=B), None, None, None)
+    assert (alone.leader_file, alone.last_leader) == (None, "")
+
+
 @pytest.mark.parametrize(
     ("keys", "says"),
     [

@@ -78,6 +78,12 @@ def test_tp_passes_an_address_that_refuses_for_the_coordinator_behind_it(
         assert json.loads(listed.stdout) == []
         assert f"rpc=ListJobs address={standby} kind=unreachable" in listed.stderr
         assert f"next={coordinator.api}" in listed.stderr
+        # The next tp starts with the coordinator that answered, kept beside the context file.
+        kept = tmp_path / "tp-context.json.leader"
+        assert kept.read_text() == f"{coordinator.api}\n"
+        again = run_tp("-v", "job", "ls", "--json", cwd=project.root, env=env)
+        assert again.returncode == 0, again.stderr
+        assert f"address={standby}" not in again.stderr
         # The preview records the coordinator that answered, and any of the list commits it.
         done = run_tp("submit", "hello", "--profile", "h200:1", "--preview", "--json",
                       cwd=project.root, env=env)  # fmt: skip
