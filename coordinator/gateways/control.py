@@ -36,6 +36,7 @@ from ..store.core import Store
 from ..store.lifecycle import stops_to_resend
 from ..store.logs import LogStore
 from ..store.lost_nodes import declared_lost_stops
+from ..store.nodes import ReplacedStream
 from ..values.fleet import NodeRecord
 from ..values.orders import CommitOrder
 from ..wire.control import held_from_wire, inventory_from_wire, outputs_from_wire
@@ -142,16 +143,18 @@ class ControlGateway:
             node, life = await self._credentials.authenticate(stream)
             hello = await self._hello(stream, node)
             session = NodeSession.create(node.id, _peer(stream), now_ms())
-            replaced = self._registry.attach(session)
-            if replaced is not None:
-                await self._store.session_replaced(
-                    node.id, replaced.peer, session.peer, replaced.opened_at_ms, now_ms()
-                )
+            old = self._registry.attach(session)
+            # Audited in the Hello's own transaction (the newer stream wins).
+            replaced = (
+                None
+                if old is None
+                else ReplacedStream(old.peer, session.peer, old.opened_at_ms, now_ms())
+            )
             log.info("control stream opened node=%s agent=%s", node.id, hello.agent_version)
             self._credentials.opened(node.id, life)
             try:
                 with session.scope:
-                    await self._run_session(stream, session, node, hello, life)
+                    await self._run_session(stream, session, node, hello, life, replaced)
             finally:
                 with anyio.CancelScope(shield=True):
                     if self._registry.detach(session):
@@ -175,6 +178,7 @@ class ControlGateway:
         node: NodeRecord,
         hello: v1.Hello,
         life: CredentialLife,
+        replaced: ReplacedStream | None,
     ) -> None:
         connected_at = now_ms()
         held = held_from_wire(hello)
@@ -185,6 +189,7 @@ class ControlGateway:
             connected_at,
             hello.dialed_address,
             outputs_grants.accepted_service(node.id, outputs_from_wire(hello)),
+            replaced,
         )
         self._heartbeats.record(node.id, connected_at)
         # Stops decided while the Node was away go now (members declared lost among them); a
@@ -204,6 +209,7 @@ class ControlGateway:
                     credential_issued_at_ms=life.issued_at_ms or 0,
                     credential_expires_at_ms=life.expires_at_ms or 0,
                     control_address=self._addresses.address if self._addresses else "",
+                    coordinators=list(self._addresses.coordinators) if self._addresses else [],
                 )
             )
         )

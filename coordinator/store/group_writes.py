@@ -1,0 +1,136 @@
+"""Group commit, the store's shell: writes of one kind that arrive together share one
+transaction (:mod:`~tuneplane.coordinator.group_commit` decides which).
+
+Rules:
+- A write is submitted and awaited like any store method; it returns (or raises) only after the
+  transaction that holds it committed, so nothing is acknowledged before it is durable.
+- The first waiter whose ticket is still queued when the turn comes cuts the batch and runs it;
+  the others find their answer. The batch runs *shielded* (:meth:`StoreDb.shielded`): a
+  caller's deadline may stop its waiting, never the batch, and :meth:`StoreDb.close` waits for
+  it. A conflict the database aborted re-runs the whole batch.
+- One bad write never sinks the others: when a batch fails for something one write did (it
+  broke a rule of the schema, the store refused it, a bug), each of its writes runs again alone,
+  in its own transaction, and only the ones that fail alone get their error. An error of the
+  whole store (unreachable, fenced by a newer leader) is every write's answer at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+import anyio
+
+from ..group_commit import MAX_ITEMS, MAX_WEIGHT, GroupCommit, GroupCommitStatistics, Ticket
+from ..group_commit import TicketState as TicketState
+from .base import Conflict, NotFound
+from .db import StoreDb
+from .handle import Handle, IntegrityViolation, StoreError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Writes the items of one batch in the transaction it is given; one result per item, in order.
+BatchWrite = Callable[[Handle, Sequence[T]], Awaitable[list[R]]]
+
+
+class GroupWriter(Generic[T, R]):
+    """One kind of write to ``store``, grouped: :meth:`submit` an item, get its result."""
+
+    def __init__(
+        self,
+        store: StoreDb,
+        write: BatchWrite[T, R],
+        kind: str,
+        weigh: Callable[[T], int] = lambda _item: 1,
+        max_items: int = MAX_ITEMS,
+        max_weight: int = MAX_WEIGHT,
+    ) -> None:
+        self._store = store
+        self._write = write
+        self._kind = kind
+        self._core: GroupCommit[T, R] = GroupCommit(weigh, max_items, max_weight)
+        # Whose turn it is to cut and run the next batch (FIFO, like the store's own lock).
+        self._turn = anyio.Lock()
+        self._answered: dict[Ticket[T, R], anyio.Event] = {}
+
+    def statistics(self) -> GroupCommitStatistics:
+        return self._core.statistics()
+
+    async def submit(self, item: T) -> R:
+        """Write ``item`` in the next batch's transaction; its result once that committed."""
+        ticket = self._core.submit(item)
+        answered = self._answered[ticket] = anyio.Event()
+        try:
+            async with self._turn:
+                if ticket.state is TicketState.QUEUED:
+                    batch = self._core.cut()
+                    await self._store.shielded(functools.partial(self._run, batch))
+            await answered.wait()
+        finally:
+            if ticket.state is TicketState.ANSWERED:
+                self._answered.pop(ticket, None)
+        return ticket.outcome()
+
+    async def _run(self, batch: list[Ticket[T, R]]) -> None:
+        """Write ``batch`` (shielded: it runs to the end), then answer every ticket in it."""
+        try:
+            try:
+                results = await self._store.shielded(functools.partial(self._transaction, batch))
+            except Exception as exc:
+                if len(batch) == 1 or not _one_writes(exc):
+                    for ticket in batch:
+                        self._core.fail(ticket, exc)
+                    return
+                log.warning(
+                    "group commit split kind=%s items=%d error=%s", self._kind, len(batch), exc
+                )
+                await self._one_by_one(batch)
+                return
+            for ticket, result in zip(batch, results, strict=True):
+                self._core.answer(ticket, result)
+        except BaseException as exc:
+            for ticket in batch:
+                if ticket.state is TicketState.RUNNING:
+                    self._core.fail(ticket, exc)
+            raise
+        finally:
+            for ticket in batch:
+                self._wake(ticket)
+
+    async def _one_by_one(self, batch: list[Ticket[T, R]]) -> None:
+        for ticket in batch:
+            try:
+                (result,) = await self._store.shielded(
+                    functools.partial(self._transaction, [ticket])
+                )
+            except Exception as exc:
+                self._core.fail(ticket, exc)
+            else:
+                self._core.answer(ticket, result)
+            self._wake(ticket)
+
+    async def _transaction(self, batch: Sequence[Ticket[T, R]]) -> list[R]:
+        async with self._store.transaction() as db:
+            results = await self._write(db, [t.item for t in batch])
+            if len(results) != len(batch):  # kept nothing: the transaction rolls back
+                raise RuntimeError(
+                    f"a {self._kind} batch of {len(batch)} writes returned {len(results)} results."
+                )
+        return results
+
+    def _wake(self, ticket: Ticket[T, R]) -> None:
+        answered = self._answered.pop(ticket, None)
+        if answered is not None:
+            answered.set()
+
+
+def _one_writes(exc: Exception) -> bool:
+    """Whether ``exc`` may be one write's own fault (then the others are tried without it)."""
+    return not isinstance(exc, StoreError) or isinstance(
+        exc, IntegrityViolation | Conflict | NotFound
+    )
