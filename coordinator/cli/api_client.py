@@ -6,7 +6,8 @@ into :class:`~.api_errors.ApiError` subclasses whose ``str()`` is a sentence (th
 when it refused); replies become :mod:`tuneplane.coordinator.values` through
 :mod:`tuneplane.coordinator.wire`, so nothing above imports betterproto.
 With several API addresses (coordinators sharing one store) every call follows the leader as
-:mod:`.failover` decides, starting with the address that last answered in this process.
+:mod:`.failover` decides, starting with the address that last answered (in this process, or
+the one kept in the leader file beside the context file).
 """
 
 from __future__ import annotations
