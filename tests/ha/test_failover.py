@@ -76,6 +76,13 @@ def test_kill_the_leader_mid_run_and_the_standby_finishes_the_job(tmp_path: Path
             lambda: sum(t["points"] for t in _metrics(leader, run_id)["tags"]) > 0,
         )
 
+        # A second Job's project, ready to submit once the leader is gone.
+        second_root = tmp_path / "proj2"
+        second_root.mkdir()
+        tp(leader, "init", str(second_root), "--name", "second", cwd=second_root)
+        tp(leader, "new", "job", "--method", "custom/custom", cwd=second_root)
+        (second_root / "experiments" / "job" / "train.sh").write_text("true\n")
+
         leader.kill()
         killed = time.monotonic()
         standby.wait_leading(timeout=30)
@@ -88,7 +95,9 @@ def test_kill_the_leader_mid_run_and_the_standby_finishes_the_job(tmp_path: Path
             ),
         )
         reconnected = time.monotonic() - killed
-        second = submit(standby, tmp_path / "proj2", "true\n")
+        # tp with the dead leader's own context: it names both coordinators and follows.
+        out = tp(leader, "submit", "job", "--profile", "h200:1", "--yes", "--json", cwd=second_root)
+        second = str(json.loads(out.strip().splitlines()[-1])["run_id"])
         admitted = time.monotonic() - killed
         print(
             f"\ntakeover after kill -9: lead {took:.2f} s, Node back {reconnected:.2f} s, "
@@ -99,9 +108,11 @@ def test_kill_the_leader_mid_run_and_the_standby_finishes_the_job(tmp_path: Path
         assert wait_job(standby, second)["state"] == "succeeded"
         shown = job(standby, run_id)
         assert len(shown["attempts"]) == 1, "the member was started again"
-        (taken,) = standby.decisions("coordinator took over")
-        detail = taken["detail"]
-        assert detail["term"] == 2 and detail["from"] and detail["coordinator"] != detail["from"]
+        # The first leader's own start is a takeover too (term 1, from nobody).
+        first, taken = (d["detail"] for d in standby.decisions("coordinator took over"))
+        assert (first["term"], first["from"]) == (1, "")
+        assert taken["term"] == 2 and taken["from"] == first["coordinator"]
+        assert taken["coordinator"] != taken["from"] and "session ended" in taken["why"]
 
         def drained() -> Any:
             members = _metrics(standby, run_id, "--delivery")["members"]
