@@ -13,7 +13,8 @@ Rules (docs/operator.md, "How a Node reconnects"):
   refusing that then accepts ends the wait and is dialed first (:class:`ProbeWatch`): a
   coordinator back after a restart, or a standby that took over (standbys refuse connections
   until they lead). An address that accepted all along (it refused the session, not the
-  connection) never ends a wait: only the backoff paces a coordinator that says no.
+  connection) never ends a wait and is not probed again in it: only the backoff paces a
+  coordinator that says no.
 
 Nothing here reads a clock or a socket: jitter (uniform in ``[0, 1)``) and probe results are
 passed in.
@@ -74,9 +75,16 @@ def probe_delay(jitter: float) -> float:
 
 @attrs.define
 class ProbeWatch:
-    """What one wait's probes saw: the addresses that refused a TCP connect."""
+    """What one wait's probes saw: the addresses that refused a TCP connect, and those that
+    accepted one without having refused first (they refuse the session, not the connection:
+    probing them again would only load a coordinator that is saying no, so they are not)."""
 
     refusing: set[str] = attrs.field(factory=set)
+    accepting: set[str] = attrs.field(factory=set)
+
+    def to_probe(self, addresses: tuple[str, ...]) -> tuple[str, ...]:
+        """The addresses the next sweep probes: all but those seen accepting all along."""
+        return tuple(a for a in addresses if a not in self.accepting)
 
     def observe(self, results: dict[str, bool]) -> str | None:
         """Record one sweep (address -> accepted), in dial order; the first address that a
@@ -85,6 +93,8 @@ class ProbeWatch:
         for address, accepted in results.items():
             if not accepted:
                 self.refusing.add(address)
-            elif address in self.refusing and back is None:
-                back = address
+            elif address in self.refusing:
+                back = back or address
+            else:
+                self.accepting.add(address)
         return back

@@ -95,7 +95,10 @@ async def _until_one_comes_back(
 ) -> None:
     watch = reconnect.ProbeWatch()
     while True:
-        found = watch.observe(await probe_all(addresses))
+        wanted = watch.to_probe(addresses)
+        if not wanted:
+            await trio.sleep_forever()  # every address refuses the session: the backoff paces
+        found = watch.observe(await probe_all(wanted))
         if found is not None:
             log.info("coordinator accepting again coordinator=%s; reconnecting now", found)
             back.append(found)
