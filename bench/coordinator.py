@@ -7,7 +7,11 @@
    speaking the control protocol on its own Connect stream, spread over grpclib channels (at
    most 90 streams each) in a few load processes (``bench/_load.py``): acked/offered ratio and
    ack latency p50/p99 over every ack, with the coordinator's CPU% and RSS (psutil). Then the
-   latency of a Preview against that Fleet (admission checks every Node's inventory).
+   latency of a Preview against that Fleet (admission checks every Node's inventory). Then the
+   reconnect storm (``bench/_storm.py``): the same Nodes connected again, reconnecting as real
+   agents do (``bench/_storm_load.py``), the coordinator killed (-9) and served again on the
+   same ports and store, and the time from its readiness until every Node is welcomed again,
+   with Hellos/s, beside the first connect of the same Nodes in the same run.
 4. ``tp metrics`` on a long series: a 1,000,000-point series shipped into a real telemetry store
    in 5,000-point Ships (rollups kept up as a collector's Ships keep them), then the bounded
    query (1000 buckets) read from rollups against the raw computation over every point, both
@@ -62,9 +66,13 @@ from tuneplane.coordinator.values.metrics import MetricSelector
 from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint
 from tuneplane.proto import v1
 
+from ._storm import reconnect_storm
+
 ADMIN = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
 # The serve default: what a production coordinator asks of its Nodes.
 HEARTBEAT_INTERVAL_S = 5.0
+# Long, so a Node slowed down by the load machine is never closed for silence mid-measurement.
+HEARTBEAT_TIMEOUT_S = 120.0
 
 
 def env_int(name: str, default: int) -> int:
@@ -262,7 +270,15 @@ class Coordinator:
             check=True,
             capture_output=True,
         )
-        self.log = open(root / "serve.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.log = open(root / "serve.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.root = root
+        # Free ports, not the fixed defaults, so a bench never collides with a coordinator.
+        self.ready_at = self._serve(0, 0, 0)
+        self.token = (self.state_dir / "admin.token").read_text().strip()
+
+    def _serve(self, api: int, control: int, telemetry: int) -> float:
+        """Start ``serve`` on these ports (0: any free one); the wall-clock time it was ready
+        (its endpoints.json names its pid)."""
         self.proc = subprocess.Popen(
             [
                 *ADMIN,
@@ -272,33 +288,50 @@ class Coordinator:
                 "--heartbeat-interval",
                 str(HEARTBEAT_INTERVAL_S),
                 "--heartbeat-timeout",
-                "120",
-                # Free ports, not the fixed defaults, so a bench never collides with a coordinator.
+                str(HEARTBEAT_TIMEOUT_S),
                 "--api-port",
-                "0",
+                str(api),
                 "--control-port",
-                "0",
+                str(control),
                 "--telemetry-port",
-                "0",
+                str(telemetry),
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         endpoints = self.state_dir / "endpoints.json"
         while True:
             try:
                 data = json.loads(endpoints.read_text())
                 if data.get("pid") == self.proc.pid:
+                    ready_at = time.time()
                     break
             except (FileNotFoundError, ValueError):
                 pass
             if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"the coordinator did not start; see {root / 'serve.log'}")
-            time.sleep(0.05)
+                raise RuntimeError(f"the coordinator did not start; see {self.root / 'serve.log'}")
+            time.sleep(0.02)
         self.api, self.control, self.ca = data["api"], data["control"], Path(data["ca"])
-        self.token = (self.state_dir / "admin.token").read_text().strip()
+        self.telemetry = data.get("telemetry", "")
+        return ready_at
+
+    def restart(self) -> float:
+        """kill -9 the coordinator (as a crash or a lost machine would) and serve again on the
+        same ports and store; the wall-clock time the new one was ready."""
+        self.proc.kill()
+        self.proc.wait()
+        ports = [int(a.rpartition(":")[2]) if a else 0 for a in (self.api, self.control)]
+        telemetry = int(self.telemetry.rpartition(":")[2]) if self.telemetry else 0
+        self.ready_at = self._serve(ports[0], ports[1], telemetry)
+        return self.ready_at
+
+    def where(self) -> Where:
+        """The coordinator's store, for the bench to open beside it (as the admin CLI does)."""
+        if self.store_url is None:
+            return db_path(self.state_dir)
+        return parse_store_url(self.store_url, "bench")
 
     def channel(self, address: str) -> Channel:
         host, _, port = address.rpartition(":")
@@ -390,12 +423,7 @@ def bench_admissions(coord: Coordinator, root: Path, figures: Figures, backend: 
 
 async def enroll_all(coord: Coordinator, count: int) -> list[dict[str, str]]:
     tokens = [new_credential(JOIN_PREFIX) for _ in range(count)]
-    where: Where = (
-        db_path(coord.state_dir)
-        if coord.store_url is None
-        else parse_store_url(coord.store_url, "bench")
-    )
-    store = await Store.open(where)
+    store = await Store.open(coord.where())
     try:
         expires = int(time.time() * 1000) + 3_600_000
         for t in tokens:
@@ -538,6 +566,22 @@ def bench_heartbeats(coord: Coordinator, root: Path, figures: Figures, backend: 
         f"Preview against the Fleet of {count} Nodes (it reads every Node's inventory): "
         f"median {1000 * statistics.median(times):.1f} ms over {len(times)}"
     )
+    # The same Nodes again, for the storm: once the coordinator has recorded the heartbeat
+    # load's streams as ended, so their disconnections are not part of the first connect.
+    asyncio.run(_until_none_connected(coord))
+    reconnect_storm(coord, root, figures, backend, nodes, loaders, start_loaders)
+
+
+async def _until_none_connected(coord: Coordinator, timeout: float = 300) -> None:
+    store = await Store.open(coord.where())
+    try:
+        deadline = time.monotonic() + timeout
+        while await store.reader.fetchone("SELECT 1 FROM nodes WHERE connected = 1 LIMIT 1"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Nodes still read connected {timeout:g} s after they left")
+            await asyncio.sleep(0.2)
+    finally:
+        await store.close()
 
 
 async def _previews(coord: Coordinator, count: int) -> list[float]:
