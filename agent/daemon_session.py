@@ -29,7 +29,7 @@ from .journal_records import CONTROL_ADDRESS_CHANGED, MemberKey, PendingReport
 from .member_state import MemberState
 from .members_base import now_ms
 from .metrics import HEARTBEAT_RTT, RECONNECTS
-from .reconnect_wait import wait_to_redial
+from .reconnect_wait import accepts, wait_to_redial
 from .rendezvous import advertised_address
 from .session import (
     AdoptControlAddress,
@@ -137,9 +137,14 @@ class DaemonSession(DaemonBase):
             if self.status.connected:
                 self.status.connected = False
                 self.write_status()
-        if isinstance(ended, CoordinatorUnreachable) and not self.welcomed:
+        if (
+            isinstance(ended, CoordinatorUnreachable)
+            and not self.welcomed
+            and await accepts(address)
+        ):
             # A refused Connect can reach us as a bare stream reset; ask once more in a way that
-            # always returns the coordinator's sentence (revoked, expired, unknown).
+            # always returns the coordinator's sentence (revoked, expired, unknown). Not of an
+            # address that takes no connection: the round goes on to the next at once.
             refusal = await control_refusal(self.endpoint, self.ca_path, self.credential)
             if refusal is not None:
                 self._session_ended(refusal)
