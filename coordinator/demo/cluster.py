@@ -65,6 +65,12 @@ class ManagedProcess:
                 self.popen.kill()
         return self.popen.wait()
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill ends it: no cleanup runs."""
+        if self.alive():
+            self.popen.kill()
+        self.popen.wait()
+
 
 def _python_cli(module: str) -> list[str]:
     return [sys.executable, "-m", module]
@@ -165,6 +171,11 @@ class LocalCluster:
     # the SQLite files of its state directory.
     store_url: str = ""
     coordinator: ManagedProcess | None = None
+    # The state directory (under ``root``) of the coordinator that ``tp`` and tokens go through.
+    coordinator_name: str = "coordinator"
+    # Every other coordinator process started here (standbys, a killed leader); close() stops
+    # them too.
+    others: list[ManagedProcess] = attrs.field(factory=list)
     endpoints: dict[str, object] = attrs.field(factory=dict)
     agents: list[Agent] = attrs.field(factory=list)
     # A sentence saying why the member root is outside the cluster's folder (None when inside).
@@ -172,7 +183,7 @@ class LocalCluster:
 
     @property
     def coordinator_dir(self) -> Path:
-        return self.root / "coordinator"
+        return self.root / self.coordinator_name
 
     @property
     def context_path(self) -> Path:
@@ -196,17 +207,21 @@ class LocalCluster:
                 "tuneplane-coordinator init",
             )
         (state / "endpoints.json").unlink(missing_ok=True)
-        self.coordinator = self._spawn(
-            "coordinator",
+        self.coordinator = self.serve(self.coordinator_name)
+        self.endpoints = _wait_for_file(state / "endpoints.json", self.coordinator, 60)
+
+    def serve(self, name: str) -> ManagedProcess:
+        """Start ``serve`` on the state directory ``root/name`` (logged as ``name``)."""
+        return self._spawn(
+            name,
             [
-                *COORDINATOR, "serve", "--state-dir", str(state),
+                *COORDINATOR, "serve", "--state-dir", str(self.root / name),
                 "--heartbeat-interval", str(self.heartbeat_interval),
                 "--heartbeat-timeout", str(self.heartbeat_timeout),
                 # Free ports: the demo must not collide with a coordinator on the fixed defaults.
                 "--api-port", "0", "--control-port", "0", "--telemetry-port", "0",
             ],
         )  # fmt: skip
-        self.endpoints = _wait_for_file(state / "endpoints.json", self.coordinator, 60)
 
     def join_token(self, fleet: str = "default") -> str:
         out = _run(
@@ -313,6 +328,8 @@ class LocalCluster:
             agent.process.stop()
         if self.coordinator is not None:
             self.coordinator.stop()
+        for other in self.others:
+            other.stop()
 
     def __enter__(self) -> LocalCluster:
         return self

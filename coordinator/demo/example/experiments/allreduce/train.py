@@ -94,6 +94,9 @@ def report_metrics(steps: int, learning_rate: float) -> None:
     from tuneplane.report import finish, init, log
 
     world = int(os.environ["WORLD_SIZE"])
+    # Seconds between steps (default 0): `tuneplane demo --ha` paces the Job so that it is still
+    # running when the demo kills the leading coordinator.
+    pace = float(os.environ.get("DEMO_STEP_DELAY_S", "0"))
     init({"steps": steps, "learning_rate": learning_rate, "world_size": world})
     for step in range(steps):
         loss = 2.5 * math.exp(-step / 60) + 0.08 + 0.03 * math.sin(step / 5)
@@ -101,6 +104,7 @@ def report_metrics(steps: int, learning_rate: float) -> None:
             loss += 1.5  # a spike, which downsampling must not hide
         lr = learning_rate * min(1.0, (step + 1) / 30)
         log({"train/loss": loss, "train/lr": lr}, step=step)
+        time.sleep(pace)
     finish()
 
 
