@@ -33,10 +33,10 @@ from tuneplane.proto import v1
 from ..auth import DEFAULT_NODE_CREDENTIAL_LIFETIME_S, CredentialLife, PermissionDenied
 from ..clock import now_ms
 from ..store.core import Store
+from ..store.hellos import ReplacedStream
 from ..store.lifecycle import stops_to_resend
 from ..store.logs import LogStore
 from ..store.lost_nodes import declared_lost_stops
-from ..store.nodes import ReplacedStream
 from ..values.fleet import NodeRecord
 from ..values.orders import CommitOrder
 from ..wire.control import held_from_wire, inventory_from_wire, outputs_from_wire
@@ -157,12 +157,16 @@ class ControlGateway:
                     await self._run_session(stream, session, node, hello, life, replaced)
             finally:
                 with anyio.CancelScope(shield=True):
-                    if self._registry.detach(session):
-                        self._credentials.closed(node.id)
-                        await self._store.node_disconnected(
-                            node.id, now_ms(), session.close_reason or "the stream ended"
-                        )
-                    session.finished.set()
+                    try:
+                        if self._registry.detach(session):
+                            self._credentials.closed(node.id)
+                            await self._store.node_disconnected(
+                                node.id, now_ms(), session.close_reason or "the stream ended"
+                            )
+                    finally:
+                        # Even when recording it failed (the store fenced a coordinator that
+                        # lost its lease): whoever waits for this session must not wait forever.
+                        session.finished.set()
                 log.info(
                     "control stream closed node=%s why=%s",
                     node.id,

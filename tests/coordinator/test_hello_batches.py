@@ -16,8 +16,8 @@ from tests.support.store_backend import current, read, write
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.placement import MemberPlacement, Placement
 from tuneplane.coordinator.store.core import Store
+from tuneplane.coordinator.store.hellos import ReplacedStream
 from tuneplane.coordinator.store.lifecycle import cancel_job
-from tuneplane.coordinator.store.nodes import ReplacedStream
 from tuneplane.coordinator.store_location import Where
 from tuneplane.coordinator.values.jobs import MemberKey, Preview, PreviewSummary
 from tuneplane.coordinator.values.orders import (
@@ -72,9 +72,10 @@ async def _running(store: Store, keys: list[MemberKey], nodes: tuple[str, ...]) 
             await store.apply_report(node, Report(lc.MEMBER_RANK[state], key, state, NOW), NOW)
 
 
-async def _world(store: Store) -> dict[str, list[MemberKey]]:
+async def _world(store: Store, disconnected: bool = True) -> dict[str, list[MemberKey]]:
     """Seven Nodes: four hold members of three Jobs (running, preparing, running and being
-    cancelled), three hold none; then every Node's stream ends (members unknown)."""
+    cancelled), three hold none; then (``disconnected``) every Node's stream ends (members
+    unknown)."""
     await store.bootstrap("admin-hash", NOW)
     for i, node in enumerate(HOLDERS + IDLE):
         await store.create_join_token(f"join-{i}", "default", NOW, NOW + 600_000)
@@ -89,8 +90,9 @@ async def _world(store: Store) -> dict[str, list[MemberKey]]:
     await store.record_prepare_reply("node-c", jobs["run-2"][0], True, "", "10.0.0.3", 2901, NOW)
     await _running(store, jobs["run-3"], ("node-a", "node-c"))
     await cancel_job(store, "run-3", "ada", False, "no longer needed", NOW + 1)
-    for node in HOLDERS + IDLE:
-        await store.node_disconnected(node, NOW + 2, "the coordinator restarted")
+    if disconnected:
+        for node in HOLDERS + IDLE:
+            await store.node_disconnected(node, NOW + 2, "the coordinator restarted")
     return jobs
 
 
@@ -146,17 +148,20 @@ def _tables(where: Where) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def _play(
-    where: Where, storm: Callable[[Store, list[dict[str, Any]]], Awaitable[list[list[Order]]]]
+    where: Where,
+    storm: Callable[[Store, list[dict[str, Any]]], Awaitable[list[list[Order]]]],
+    disconnected: bool = True,
 ) -> tuple[list[list[Order]], int]:
     async def go() -> tuple[list[list[Order]], int]:
         store = await Store.open(where)
         try:
-            jobs = await _world(store)
+            jobs = await _world(store, disconnected)
             # reserve_launch draws each attempt's rendezvous nonce at random: both worlds get
             # the same ones, so only what the Hellos did can differ.
             write(where, Store, "UPDATE attempts SET rendezvous_nonce = 'nonce'")
             orders = await storm(store, _hellos(jobs))
-            return orders, store.hello_statistics().largest
+            grouped = store.hello_statistics() if disconnected else store.goodbye_statistics()
+            return orders, grouped.largest
         finally:
             await store.close()
 
@@ -202,6 +207,36 @@ def test_hellos_together_leave_what_hellos_one_at_a_time_leave(tmp_path: Path) -
     states = read(together_at, Store, "SELECT state FROM members WHERE state = 'unknown'")
     assert states == []
     assert any(isinstance(o, PrepareOrder) for o in together[6])
+
+
+async def _gone_one_at_a_time(store: Store, hellos: list[dict[str, Any]]) -> list[list[Order]]:
+    for h in hellos:
+        await store.node_disconnected(h["node_id"], h["now"], f"stream {h['now']} ended")
+    return []
+
+
+async def _gone_all_at_once(store: Store, hellos: list[dict[str, Any]]) -> list[list[Order]]:
+    async with anyio.create_task_group() as tg:
+        for h in hellos:
+            tg.start_soon(
+                store.node_disconnected, h["node_id"], h["now"], f"stream {h['now']} ended"
+            )
+    return []
+
+
+def test_streams_ending_together_leave_what_streams_ending_one_at_a_time_leave(
+    tmp_path: Path,
+) -> None:
+    alone_at = _where(tmp_path, "alone.db")
+    _, largest_alone = _play(alone_at, _gone_one_at_a_time, disconnected=False)
+    alone_rows = _tables(alone_at)
+    together_at = _where(tmp_path, "together.db")
+    _, largest = _play(together_at, _gone_all_at_once, disconnected=False)
+    assert largest_alone == 1
+    assert largest > 1, "the disconnections were not grouped; the test proves nothing"
+    assert _tables(together_at) == alone_rows
+    unknown = read(together_at, Store, "SELECT COUNT(*) FROM members WHERE state = 'unknown'")
+    assert unknown == [(6,)]  # every member of the three Jobs: none had ended
 
 
 @pytest.mark.parametrize("size", [1, 40])
