@@ -28,6 +28,7 @@ from .adapter import run_aio
 from .grpc_limits import AGENT_RECEIVE_BYTES, guard_client_reads
 from .inventory import Inventory
 from .wire import (
+    CONNECT_DEADLINE_S,
     UNARY_DEADLINE_S,
     Endpoint,
     Refused,
@@ -125,7 +126,9 @@ async def control_refusal(endpoint: Endpoint, ca_path: Path, credential: str) ->
     except Refused as exc:
         if exc.status in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
             return exc
-    except WireError:
+    except (WireError, trio.TooSlowError):
+        # A coordinator that accepts the connection but does not answer (paused, overloaded)
+        # refused nothing: the connect loop moves on to the next coordinator.
         pass
     finally:
         channel.close()
@@ -160,10 +163,12 @@ async def open_control_stream(
         metadata={"authorization": f"Bearer {credential}"},
     )
     try:
-        with translated(endpoint, ca_path, "Connect"):
+        # Connecting (TCP, TLS, HTTP/2) and opening the stream are bounded together: a
+        # coordinator that accepts but never answers (paused, hung) must not hold the Node,
+        # which has other coordinators to try.
+        with translated(endpoint, ca_path, "Connect"), trio.fail_after(CONNECT_DEADLINE_S):
             await run_aio(stream.__aenter__)
-            with trio.fail_after(UNARY_DEADLINE_S):
-                await run_aio(stream.send_request)
+            await run_aio(stream.send_request)
         yield ControlStream(stream, endpoint, ca_path)
     finally:
         # Leaving always resets the stream (an exception tells grpclib not to wait for trailers

@@ -239,7 +239,9 @@ async def _run(
 
                 def peers_changed() -> None:
                     _share_peers(setting, collectors, addresses)
-                    _announce(setting)
+                    _publish(setting)
+                    log.info("coordinators changed; addresses republished api=%s",
+                             ",".join(setting.peers.api))  # fmt: skip
 
                 lease.leadership.on_peers = peers_changed
             await anyio.sleep_forever()
@@ -264,8 +266,8 @@ def _share_peers(
     addresses.coordinators = control if len(control) > 1 else ()
 
 
-def _announce(setting: Setting) -> None:
-    """Publish the endpoints and tell systemd and the log that this coordinator serves."""
+def _publish(setting: Setting) -> None:
+    """Write endpoints.json and tp-context.json, naming every coordinator's API address."""
     advertised, exporter = setting.advertised, setting.exporter
     publish(
         setting.state_dir,
@@ -279,6 +281,12 @@ def _announce(setting: Setting) -> None:
             api_addresses=setting.peers.api or (advertised.api,),
         ),
     )
+
+
+def _announce(setting: Setting) -> None:
+    """Publish the endpoints and tell systemd and the log that this coordinator serves."""
+    advertised = setting.advertised
+    _publish(setting)
     log.info(
         "coordinator ready api=%s control=%s telemetry=%s state_dir=%s store=%s",
         advertised.api,
