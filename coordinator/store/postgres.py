@@ -37,8 +37,8 @@ import asyncpg
 
 from ..store_location import PostgresUrl
 from .handle import (
-    Handle,
     Fenced,
+    Handle,
     IntegrityViolation,
     Result,
     Row,
