@@ -5,8 +5,8 @@ Rules:
   (:mod:`tuneplane.coordinator.store.lease`, read on a connection of its own, nothing created);
   on SQLite, where one coordinator always leads, the state directory's ``endpoints.json``.
 - Times are the database's clock; "seen 0.4 s ago" is measured against it, never against this
-  machine's clock. A coordinator not seen for longer than three lease times is shown as
-  ``gone?``: it stopped, or lost its store.
+  machine's clock. A coordinator whose database session is gone is shown as ``gone``: it
+  stopped, or lost its connection to the store.
 - :func:`render` is pure (tested); ``--json`` prints the same facts as one object.
 """
 
@@ -57,7 +57,7 @@ def as_json(view: ClusterView) -> dict[str, Any]:
                 **attrs.asdict(row.facts),
                 "role": "leader" if leads else "standby",
                 "seen_s_ago": round(seen_s, 3),
-                "gone": seen_s > 3 * view.settings.ttl_s,
+                "gone": not row.alive,
                 "started_ms": row.started_ms,
             }
         )
@@ -92,7 +92,7 @@ def render(view: ClusterView) -> list[str]:
     if not view.coordinators:
         lines.append("Coordinators: none registered.")
     for row in facts["coordinators"]:
-        mark = "gone?" if row["gone"] else row["role"]
+        mark = "gone" if row["gone"] else row["role"]
         lines.append(
             f"  {row['id']:<28} {mark:<8} seen {row['seen_s_ago']:.1f} s ago  host {row['host']} "
             f"pid {row['pid']} version {row['version']}"

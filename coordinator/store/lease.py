@@ -59,17 +59,28 @@ _TABLES = (
         telemetry_address TEXT NOT NULL,
         metrics_address TEXT NOT NULL,
         started_ms BIGINT NOT NULL,
-        seen_ms BIGINT NOT NULL
+        seen_ms BIGINT NOT NULL,
+        backend_pid INTEGER NOT NULL,
+        backend_start_us BIGINT NOT NULL
     )""",
 )
 
+
+def _alive(table: str) -> str:
+    """Whether the database session named in ``table``'s row still exists."""
+    return (
+        f"EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = {table}.backend_pid AND "
+        f"(a.backend_start IS NULL OR (EXTRACT(EPOCH FROM a.backend_start) * 1000000)::BIGINT "
+        f"= {table}.backend_start_us))"
+    )
+
+
 _READ_LEASE = f"""
-    SELECT l.term, l.holder, l.acquired_ms, l.expires_ms, {_NOW} AS now_ms,
-           EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.backend_pid
-                   AND (a.backend_start IS NULL OR
-                        (EXTRACT(EPOCH FROM a.backend_start) * 1000000)::BIGINT
-                        = l.backend_start_us)) AS alive
+    SELECT l.term, l.holder, l.acquired_ms, l.expires_ms, {_NOW} AS now_ms, {_alive("l")} AS alive
     FROM {SCHEMA}.lease l WHERE l.id = 1"""
+_OWN_SESSION = (
+    f"pg_backend_pid(), (SELECT {_START_US} FROM pg_stat_activity WHERE pid = pg_backend_pid())"
+)
 
 
 def _schema_lock_key() -> int:
@@ -98,6 +109,8 @@ class CoordinatorRow:
     facts: CoordinatorFacts
     started_ms: int
     seen_ms: int
+    #: Whether its database session (its lease desk's) still exists: False once it stopped.
+    alive: bool = True
 
 
 def _lease(row: Any) -> LeaseRow | None:
@@ -160,14 +173,16 @@ class LeaseDesk:
         async with self._unavailable_said():
             await self._conn.execute(
                 f"INSERT INTO {SCHEMA}.coordinators (id, host, pid, version, api_address, "
-                "control_address, telemetry_address, metrics_address, started_ms, seen_ms) "
-                f"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, {_NOW}, {_NOW}) "
+                "control_address, telemetry_address, metrics_address, started_ms, seen_ms, "
+                "backend_pid, backend_start_us) "
+                f"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, {_NOW}, {_NOW}, {_OWN_SESSION}) "
                 "ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, "
                 "version = EXCLUDED.version, api_address = EXCLUDED.api_address, "
                 "control_address = EXCLUDED.control_address, "
                 "telemetry_address = EXCLUDED.telemetry_address, "
                 "metrics_address = EXCLUDED.metrics_address, started_ms = EXCLUDED.started_ms, "
-                "seen_ms = EXCLUDED.seen_ms",
+                "seen_ms = EXCLUDED.seen_ms, backend_pid = EXCLUDED.backend_pid, "
+                "backend_start_us = EXCLUDED.backend_start_us",
                 facts.id,
                 facts.host,
                 facts.pid,
@@ -207,8 +222,7 @@ class LeaseDesk:
                 await self._conn.execute(
                     f"INSERT INTO {SCHEMA}.lease (id, term, holder, acquired_ms, renewed_ms, "
                     f"expires_ms, backend_pid, backend_start_us) VALUES (1, 1, $1, {_NOW}, "
-                    f"{_NOW}, {_NOW} + $2, pg_backend_pid(), "
-                    f"(SELECT {_START_US} FROM pg_stat_activity WHERE pid = pg_backend_pid())) "
+                    f"{_NOW}, {_NOW} + $2, {_OWN_SESSION}) "
                     "ON CONFLICT (id) DO NOTHING",
                     me,
                     ttl_ms,
@@ -223,9 +237,9 @@ class LeaseDesk:
                 return None  # renewed since, or its session came back: the leader stays
             term = await self._conn.fetchval(
                 f"UPDATE {SCHEMA}.lease SET term = term + 1, holder = $1, acquired_ms = {_NOW}, "
-                f"renewed_ms = {_NOW}, expires_ms = {_NOW} + $2, backend_pid = pg_backend_pid(), "
-                f"backend_start_us = (SELECT {_START_US} FROM pg_stat_activity "
-                "WHERE pid = pg_backend_pid()) WHERE id = 1 AND term = $3 RETURNING term",
+                f"renewed_ms = {_NOW}, expires_ms = {_NOW} + $2, "
+                f"(backend_pid, backend_start_us) = ({_OWN_SESSION}) "
+                "WHERE id = 1 AND term = $3 RETURNING term",
                 me,
                 ttl_ms,
                 expected.term,
@@ -242,6 +256,10 @@ class LeaseDesk:
                 term,
                 ttl_ms,
             )
+            if done is not None:
+                await self._conn.execute(
+                    f"UPDATE {SCHEMA}.coordinators SET seen_ms = {_NOW} WHERE id = $1", me
+                )
             return done is not None
 
     async def resign(self, me: str, term: int) -> bool:
@@ -261,8 +279,8 @@ class LeaseDesk:
         async with self._unavailable_said():
             rows = await self._conn.fetch(
                 f"SELECT id, host, pid, version, api_address, control_address, "
-                f"telemetry_address, metrics_address, started_ms, seen_ms "
-                f"FROM {SCHEMA}.coordinators ORDER BY seen_ms DESC, id"
+                f"telemetry_address, metrics_address, started_ms, seen_ms, "
+                f"{_alive('c')} AS alive FROM {SCHEMA}.coordinators c ORDER BY seen_ms DESC, id"
             )
         return [
             CoordinatorRow(
@@ -278,6 +296,7 @@ class LeaseDesk:
                 ),
                 int(r["started_ms"]),
                 int(r["seen_ms"]),
+                bool(r["alive"]),
             )
             for r in rows
         ]

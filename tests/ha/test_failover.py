@@ -104,6 +104,14 @@ def test_kill_the_leader_mid_run_and_the_standby_finishes_the_job(tmp_path: Path
             f"admission {admitted:.2f} s"
         )
 
+        shown_status = standby.admin("status")
+        assert shown_status.returncode == 0, shown_status.stderr
+        print(shown_status.stdout)
+        leads = [line for line in shown_status.stdout.splitlines() if line.startswith("Leader:")]
+        assert len(leads) == 1 and "(term 2)" in leads[0] and "expires in" in leads[0]
+        (gone,) = [line for line in shown_status.stdout.splitlines() if " gone " in line]
+        assert "seen" in gone, "the killed leader's session is gone, and status says so"
+
         assert wait_job(standby, run_id)["state"] == "succeeded"
         assert wait_job(standby, second)["state"] == "succeeded"
         shown = job(standby, run_id)
