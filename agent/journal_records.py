@@ -73,6 +73,7 @@ AGENT_FAILED = "agent-failed"
 EVENT_KINDS: frozenset[str] = frozenset(e.value for e in MemberEvent) | {
     "prepare-received", "report-refused", "gpu-uuids-filled", MEMBER_REATTACHED, EXIT_COLLECTED,
     AGENT_STARTED, AGENT_STOPPED, AGENT_FAILED, "enrolled", "re-enrolled", "journal-created",
+    CONTROL_ADDRESS_CHANGED,
 }  # fmt: skip
 
 

@@ -32,7 +32,7 @@ from .host_port import join_host_port, split_host_port
 UNARY_DEADLINE_S = 10.0
 #: Connecting to a coordinator and opening the control stream (TCP, TLS, HTTP/2 headers): a
 #: coordinator that takes longer is treated as unreachable and the next one is tried.
-CONNECT_DEADLINE_S = 5.0
+CONNECT_DEADLINE_S = 3.0
 
 
 class WireError(Exception):
