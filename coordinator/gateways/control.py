@@ -33,12 +33,12 @@ from tuneplane.proto import v1
 from ..auth import DEFAULT_NODE_CREDENTIAL_LIFETIME_S, CredentialLife, PermissionDenied
 from ..clock import now_ms
 from ..store.core import Store
-from ..store.hellos import ReplacedStream
+from ..store.hellos import NodeHello, ReplacedStream
 from ..store.lifecycle import stops_to_resend
 from ..store.logs import LogStore
 from ..store.lost_nodes import declared_lost_stops
 from ..values.fleet import NodeRecord
-from ..values.orders import CommitOrder
+from ..values.orders import CancelOrder, CommitOrder
 from ..wire.control import held_from_wire, inventory_from_wire, outputs_from_wire
 from . import outputs_grants
 from .collector_credentials import CollectorCredentials
@@ -186,23 +186,28 @@ class ControlGateway:
     ) -> None:
         connected_at = now_ms()
         held = held_from_wire(hello)
-        orders = await self._store.node_connected(
-            node.id,
-            inventory_from_wire(hello.inventory, node.hostname),
-            held,
-            connected_at,
-            hello.dialed_address,
-            outputs_grants.accepted_service(node.id, outputs_from_wire(hello)),
-            replaced,
+        welcomed = await self._store.hello(
+            NodeHello(
+                node.id,
+                inventory_from_wire(hello.inventory, node.hostname),
+                tuple(held),
+                connected_at,
+                hello.dialed_address,
+                outputs_grants.accepted_service(node.id, outputs_from_wire(hello)),
+                replaced,
+            )
         )
         self._heartbeats.record(node.id, connected_at)
         # Stops decided while the Node was away go now (members declared lost among them); a
-        # member being stopped gets no Commit.
-        stops = await stops_to_resend(self._store, node.id)
-        stops += await declared_lost_stops(self._store, node.id, held)
+        # member being stopped gets no Commit. A Node with no member row has none to stop: in a
+        # reconnect storm most Nodes skip these two reads.
+        stops: list[CancelOrder] = []
+        if welcomed.holds_members:
+            stops = await stops_to_resend(self._store, node.id)
+            stops += await declared_lost_stops(self._store, node.id, held)
         stopping = {s.member for s in stops}
         orders = [
-            o for o in orders if not (isinstance(o, CommitOrder) and o.member in stopping)
+            o for o in welcomed.orders if not (isinstance(o, CommitOrder) and o.member in stopping)
         ] + list(stops)
         await stream.send_message(
             v1.CoordinatorMessage(

@@ -19,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import ssl
@@ -49,7 +50,7 @@ from ..gateways.rate_limit import PeerRateLimit
 from ..gateways.sessions import SessionRegistry
 from ..gateways.telemetry import TelemetryGateway
 from ..store.core import Store
-from ..store.handle import Fenced, StoreError
+from ..store.handle import Fenced, StoreError, StoreUnavailable
 from ..store.leadership_log import record_takeover
 from ..store.logs import DB_NAME as LOGS_DB
 from ..store.logs import LogStore
@@ -65,6 +66,9 @@ from .state_dir import Endpoints, coordinator_where, publish, withdraw
 from .tls import TlsPaths
 
 log = logging.getLogger(__name__)
+
+#: How long a coordinator stepping down waits for its Node sessions to close.
+STEP_DOWN_S = 3.0
 
 
 @attrs.frozen
@@ -134,14 +138,13 @@ async def _lead(
                 )
             await record_takeover(store, lease.won, lease.leadership.facts.id, now_ms())
         with scope:
-            await _run(setting, socks, lease, store, telemetry_store, log_store, step_down)
+            await _run(setting, socks, lease, store, telemetry_store, log_store, step_down, lost)
     finally:
         with anyio.CancelScope(shield=True):
-            if telemetry_store is not None:
-                await telemetry_store.close()
-            if log_store is not None:
-                await log_store.close()
-            await store.close()
+            # Stepping down, the database may be out of reach too: drop the connections.
+            for opened in (telemetry_store, log_store, store):
+                if opened is not None:
+                    await (opened.abandon() if lost else opened.close())
             withdraw(state_dir, os.getpid())
             if lease is not None and not lost:
                 await _resign(lease)
@@ -164,6 +167,7 @@ async def _run(
     telemetry_store: TelemetryStore,
     log_store: LogStore,
     step_down: Callable[[str], None],
+    lost: list[str],
 ) -> None:
     config, advertised, tls_paths = setting.config, setting.advertised, setting.tls_paths
     catalogue = Catalogue.bundled()
@@ -246,12 +250,17 @@ async def _run(
                 lease.leadership.on_peers = peers_changed
             await anyio.sleep_forever()
         finally:
-            with anyio.CancelScope(shield=True):
+            # A stop waits for every session's bookkeeping; stepping down (the lease lost, the
+            # database perhaps out of reach, every write refused anyway) waits a bounded time.
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(STEP_DOWN_S if lost else math.inf),
+            ):
                 await registry.close_all()
                 # Every session is closed: no heartbeat arrives after this last batch.
                 try:
                     await flusher.flush()
-                except Fenced as exc:
+                except (Fenced, StoreUnavailable) as exc:
                     log.warning("last heartbeats not stored reason=%s", exc)
 
 

@@ -261,15 +261,19 @@ async def _stand_by_and_lead(
     )
     view.me = facts.id
     first = True
+    said = ""
     while True:
         try:
             desk = await LeaseDesk.open(setting.url)
         except StoreUnavailable as exc:
             if first:
                 raise ServeError(str(exc)[:1].upper() + str(exc)[1:]) from None
-            log.warning("store unreachable; standing by reason=%s", exc)
+            if str(exc) != said:  # once per cause, not once per poll
+                log.warning("store unreachable; standing by reason=%s", exc)
+                said = str(exc)
             await anyio.sleep(setting.config.leader.poll_s)
             continue
+        said = ""
         try:
             await desk.register(facts)
             first = False

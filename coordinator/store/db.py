@@ -76,6 +76,8 @@ class Backend(Protocol):
 
     async def close(self) -> None: ...
 
+    async def abandon(self) -> None: ...
+
     def transaction(self) -> AbstractAsyncContextManager[Handle]: ...
 
     def migration_sql(self, sql: str) -> str: ...
@@ -176,6 +178,14 @@ class StoreDb:
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
         await self._backend.close()
+
+    async def abandon(self) -> None:
+        """Close at once, waiting for nothing: a coordinator that lost its lease (and perhaps
+        its link to the database) must stop, and whatever it still had in flight would be
+        refused by its fence anyway. Transactions in flight are rolled back by the database."""
+        for task in list(self._inflight):
+            task.cancel()
+        await self._backend.abandon()
 
     async def schema_version(self) -> int:
         rows = await self.reader.execute_fetchall(f"SELECT version FROM {self.VERSION_TABLE}")

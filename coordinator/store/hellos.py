@@ -52,6 +52,10 @@ class NodeHellos(LaunchSteps):
         order they came; this returns once that transaction committed.
         """
         hello = NodeHello(node_id, inventory, tuple(held), now, dialed_address, outputs, replaced)
+        return (await self.hello(hello)).orders
+
+    async def hello(self, hello: NodeHello) -> Welcomed:
+        """:meth:`node_connected`, saying too whether the Node holds any member at all."""
         return await self._hellos.submit(hello)
 
     def hello_statistics(self) -> GroupCommitStatistics:
@@ -59,23 +63,23 @@ class NodeHellos(LaunchSteps):
         return self._hellos.statistics()
 
     @functools.cached_property
-    def _hellos(self) -> GroupWriter[NodeHello, list[Order]]:
+    def _hellos(self) -> GroupWriter[NodeHello, Welcomed]:
         return GroupWriter(self, self._write_hellos, "hello", weigh=lambda h: 1 + len(h.held))
 
-    async def _write_hellos(self, db: Handle, hellos: Sequence[NodeHello]) -> list[list[Order]]:
+    async def _write_hellos(self, db: Handle, hellos: Sequence[NodeHello]) -> list[Welcomed]:
         """Record ``hellos`` in order in one transaction. A Node with no member rows has no
         unknown member and is owed no order, so a run of such Hellos is two statements."""
         holders = await _nodes_holding_members(db, sorted({h.node_id for h in hellos}))
-        results: list[list[Order]] = []
+        results: list[Welcomed] = []
         plain: list[NodeHello] = []
         for hello in hellos:
             if hello.node_id not in holders:
                 plain.append(hello)
-                results.append([])
+                results.append(Welcomed([], holds_members=False))
                 continue
             await self._record_hellos(db, plain)
             plain = []
-            results.append(await self._hello_of_holder(db, hello))
+            results.append(Welcomed(await self._hello_of_holder(db, hello), holds_members=True))
         await self._record_hellos(db, plain)
         return results
 
@@ -142,6 +146,16 @@ class ReplacedStream:
             "new_peer": self.new_peer,
             "old_opened_at_ms": self.old_opened_at_ms,
         }
+
+
+@attrs.frozen
+class Welcomed:
+    """What a Hello's write returns: the orders to (re)send, and whether the Node had any member
+    row when it was written (one that had none is owed no stop either: the gateway need not
+    look)."""
+
+    orders: list[Order]
+    holds_members: bool
 
 
 @attrs.frozen

@@ -34,6 +34,7 @@ from .postgres import CONNECT_ERRORS, LEASE_SCHEMA, connect_sentence
 
 SCHEMA = LEASE_SCHEMA
 LOCK_TIMEOUT = "2s"
+CLOSE_TIMEOUT_S = 2.0
 _NOW = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT"
 _START_US = "(EXTRACT(EPOCH FROM backend_start) * 1000000)::BIGINT"
 
@@ -163,7 +164,9 @@ class LeaseDesk:
         return desk
 
     async def close(self) -> None:
-        await self._conn.close()
+        """Close the connection (dropped after :data:`CLOSE_TIMEOUT_S` when the database does
+        not answer: a cut link)."""
+        await self._conn.close(timeout=CLOSE_TIMEOUT_S)
 
     def _unavailable_said(self) -> Any:
         return _Unavailable(self.url)

@@ -302,6 +302,10 @@ class PostgresBackend:
     async def close(self) -> None:
         await self._pool.close()
 
+    async def abandon(self) -> None:
+        """Drop every connection now, without the goodbye a cut link would never deliver."""
+        self._pool.terminate()
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Handle]:
         with self._mapper.mapped():

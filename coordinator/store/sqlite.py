@@ -123,6 +123,10 @@ class SqliteBackend:
     async def close(self) -> None:
         await self._conn.close()
 
+    async def abandon(self) -> None:
+        """A SQLite file has no link to lose: the same as :meth:`close`."""
+        await self._conn.close()
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Handle]:
         await self.reader.execute("BEGIN IMMEDIATE")

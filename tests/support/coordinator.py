@@ -158,10 +158,10 @@ class CoordinatorProcess:
         another environment (a moved clock: :func:`tests.support.processes.faketime_env`)."""
         for_node = ["--node", node] if node is not None else []
         out = subprocess.run(
-            _admin(
+            [*self.prefix_argv, *_admin(
                 "token", "create", "--state-dir", str(self.state_dir), "--fleet", fleet,
                 "--ttl", ttl, *for_node, "--json",
-            ),
+            )],
             check=True,
             capture_output=True,
             timeout=30,
@@ -187,7 +187,7 @@ class CoordinatorProcess:
     def admin(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run another ``tuneplane-coordinator`` command against this state directory."""
         return subprocess.run(
-            _admin(*args, "--state-dir", str(self.state_dir)),
+            [*self.prefix_argv, *_admin(*args, "--state-dir", str(self.state_dir))],
             capture_output=True,
             text=True,
             timeout=30,
@@ -271,7 +271,8 @@ def start_coordinator(
     """``init`` a state directory under ``tmp_path`` and ``serve`` it.
 
     ``prefix_argv`` runs ``serve`` under a prefix (``host.prefix()`` from tests/support/netns.py
-    puts it in a network namespace); the other commands work on its files and run here.
+    puts it in a network namespace), and the admin commands it runs later too (a store reached
+    over the network is reached from the coordinator's host); ``init`` runs here.
     ``config`` is TOML appended to the fresh coordinator.toml (a ``[limits]`` table, say); a state
     directory that already exists keeps its own. ``env``: more environment for this first
     ``serve`` only (a crash point). Extra keyword options become ``serve`` flags:
