@@ -253,6 +253,7 @@ commit_orders = st.builds(
     master_port=u32,
     collector_credential=text,
     telemetry_address=text,
+    telemetry_fallbacks=st.lists(text, max_size=3).map(tuple),
 )
 abort_orders = st.builds(AbortOrder, node_id=text, member=member_keys, reason=text)
 cancel_orders = st.builds(
