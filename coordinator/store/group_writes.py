@@ -4,10 +4,12 @@ transaction (:mod:`~tuneplane.coordinator.group_commit` decides which).
 Rules:
 - A write is submitted and awaited like any store method; it returns (or raises) only after the
   transaction that holds it committed, so nothing is acknowledged before it is durable.
-- The first waiter whose ticket is still queued when the turn comes cuts the batch and runs it;
-  the others find their answer. The batch runs *shielded* (:meth:`StoreDb.shielded`): a
-  caller's deadline may stop its waiting, never the batch, and :meth:`StoreDb.close` waits for
-  it. A conflict the database aborted re-runs the whole batch.
+- One batch at a time. A waiter whose ticket is still queued when no batch runs cuts the next
+  one (everything queued) and runs it; the others wait for that batch to end, all woken at once.
+  The batch runs *shielded* (:meth:`StoreDb.shielded`): a caller's deadline may stop its
+  waiting, never the batch, and :meth:`StoreDb.close` waits for it. A conflict the database
+  aborted re-runs the whole batch. A waiter that gives up while its ticket is still queued
+  withdraws it: nothing of that write is ever written.
 - One bad write never sinks the others: when a batch fails for something one write did (it
   broke a rule of the schema, the store refused it, a bug), each of its writes runs again alone,
   in its own transaction, and only the ones that fail alone get their error. An error of the
@@ -54,9 +56,8 @@ class GroupWriter(Generic[T, R]):
         self._write = write
         self._kind = kind
         self._core: GroupCommit[T, R] = GroupCommit(weigh, max_items, max_weight)
-        # Whose turn it is to cut and run the next batch (FIFO, like the store's own lock).
-        self._turn = anyio.Lock()
-        self._answered: dict[Ticket[T, R], anyio.Event] = {}
+        # Set when the batch now running is written; None while none runs.
+        self._running: anyio.Event | None = None
 
     def statistics(self) -> GroupCommitStatistics:
         return self._core.statistics()
@@ -64,20 +65,33 @@ class GroupWriter(Generic[T, R]):
     async def submit(self, item: T) -> R:
         """Write ``item`` in the next batch's transaction; its result once that committed."""
         ticket = self._core.submit(item)
-        answered = self._answered[ticket] = anyio.Event()
         try:
-            async with self._turn:
-                if ticket.state is TicketState.QUEUED:
-                    batch = self._core.cut()
-                    await self._store.shielded(functools.partial(self._run, batch))
-            await answered.wait()
-        finally:
-            if ticket.state is TicketState.ANSWERED:
-                self._answered.pop(ticket, None)
+            while ticket.state is not TicketState.ANSWERED:
+                running = self._running
+                if running is not None:
+                    # One wake per batch for every waiter, not one lock handoff each: with
+                    # thousands of streams on the loop, a handoff per waiter cost seconds.
+                    await running.wait()
+                    continue
+                batch = self._core.cut()
+                self._running = done = anyio.Event()
+                await self._store.shielded(functools.partial(self._run, batch, done))
+        except BaseException:
+            # Gave up before any batch took it: nothing of it is written, ever.
+            self._core.withdraw(ticket)
+            raise
         return ticket.outcome()
 
-    async def _run(self, batch: list[Ticket[T, R]]) -> None:
-        """Write ``batch`` (shielded: it runs to the end), then answer every ticket in it."""
+    async def _run(self, batch: list[Ticket[T, R]], done: anyio.Event) -> None:
+        """Write ``batch`` (shielded: it runs to the end), answer every ticket in it, and wake
+        every waiter for the next turn."""
+        try:
+            await self._write_batch(batch)
+        finally:
+            self._running = None
+            done.set()
+
+    async def _write_batch(self, batch: list[Ticket[T, R]]) -> None:
         try:
             try:
                 results = await self._store.shielded(functools.partial(self._transaction, batch))
@@ -98,9 +112,6 @@ class GroupWriter(Generic[T, R]):
                 if ticket.state is TicketState.RUNNING:
                     self._core.fail(ticket, exc)
             raise
-        finally:
-            for ticket in batch:
-                self._wake(ticket)
 
     async def _one_by_one(self, batch: list[Ticket[T, R]]) -> None:
         for ticket in batch:
@@ -112,7 +123,6 @@ class GroupWriter(Generic[T, R]):
                 self._core.fail(ticket, exc)
             else:
                 self._core.answer(ticket, result)
-            self._wake(ticket)
 
     async def _transaction(self, batch: Sequence[Ticket[T, R]]) -> list[R]:
         async with self._store.transaction() as db:
@@ -122,11 +132,6 @@ class GroupWriter(Generic[T, R]):
                     f"a {self._kind} batch of {len(batch)} writes returned {len(results)} results."
                 )
         return results
-
-    def _wake(self, ticket: Ticket[T, R]) -> None:
-        answered = self._answered.pop(ticket, None)
-        if answered is not None:
-            answered.set()
 
 
 def _one_writes(exc: Exception) -> bool:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from tests.support.store_backend import current, read, write
+from tests.support.store_backend import current, read, write, write_lock
 from tuneplane.coordinator import lifecycle as lc
 from tuneplane.coordinator.placement import MemberPlacement, Placement
 from tuneplane.coordinator.store.core import Store
@@ -279,3 +280,45 @@ def test_a_failing_hello_fails_alone(tmp_path: Path, size: int) -> None:
     assert outcomes[bad] == "IntegrityViolation"
     assert outcomes[:bad] + outcomes[bad + 1 :] == ["ok"] * (size - 1)
     assert [r[0] for r in connected] == [f"node-{i:02d}" for i in range(size) if i != bad]
+
+
+def test_a_hello_given_up_on_while_queued_is_never_written_one_being_written_is(
+    tmp_path: Path,
+) -> None:
+    """A caller's deadline may stop its waiting: a Hello whose batch had begun is written all
+    the same (shielded), one still queued is withdrawn and never written, even by a later
+    batch."""
+    where = current().where(tmp_path / "c.db")
+
+    async def go() -> None:
+        store = await Store.open(where)
+        try:
+            await store.bootstrap("admin-hash", NOW)
+            for i, node in enumerate(("node-x", "node-y", "node-z")):
+                await store.create_join_token(f"join-{i}", "default", NOW, NOW + 600_000)
+                await store.enroll(f"join-{i}", node, _inventory(node), f"cred-{i}", NOW)
+            scopes = {"node-x": anyio.CancelScope(), "node-y": anyio.CancelScope()}
+
+            async def hello(node: str) -> None:
+                with scopes[node]:
+                    await store.node_connected(node, _inventory(node), [], NOW + 1)
+
+            with ExitStack() as lock:
+                lock.enter_context(write_lock(where))  # every batch waits for the store
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(hello, "node-x")  # its batch begins, and waits
+                    await anyio.wait_all_tasks_blocked()
+                    tg.start_soon(hello, "node-y")  # queued behind node-x's batch
+                    await anyio.wait_all_tasks_blocked()
+                    for scope in scopes.values():
+                        scope.cancel()
+                lock.close()
+            await store.node_connected("node-z", _inventory("node-z"), [], NOW + 2)
+        finally:
+            await store.close()
+
+    anyio.run(go)
+    rows = read(where, Store, "SELECT id FROM nodes WHERE connected = 1 ORDER BY id")
+    assert rows == [("node-x",), ("node-z",)]
+    kinds = read(where, Store, "SELECT node_id FROM decisions WHERE kind = 'node connected'")
+    assert sorted(kinds) == [("node-x",), ("node-z",)]
