@@ -1,6 +1,6 @@
-"""What ``bench/takeover.py`` needs before it kills anything: Nodes enrolled for real, and the
-JobSpec of a bench admission (a custom Job in the profile ``bench``, whose Fleet has no Nodes, so
-admitted Jobs wait and never touch the simulated Nodes).
+"""What ``bench/takeover.py`` asks of the coordinators besides the Nodes' streams: Nodes enrolled
+for real before anything is killed, and the admission it times from each kill (a custom Job in
+the profile ``bench``, whose Fleet has no Nodes, so admitted Jobs wait and touch no Node).
 """
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import random
+import threading
 import time
 from pathlib import Path
 
@@ -16,9 +18,13 @@ from grpclib.client import Channel
 from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.coordinator.auth import JOIN_PREFIX, hash_credential, new_credential
 from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.cli.failover import pause_s
 from tuneplane.coordinator.store.core import Store
 from tuneplane.coordinator.store_location import parse_store_url
 from tuneplane.proto import v1
+
+#: How long an admission is asked for before the bench says what the last try said.
+WAIT_S = 120.0
 
 
 async def enroll(url: str, control: str, ca: Path, count: int) -> list[dict[str, str]]:
@@ -71,3 +77,45 @@ def jobspec(i: int) -> str:
             "source_files": {"train.sh": base64.b64encode(b"echo hi\n").decode()},
         }
     )
+
+
+async def _admit(apis: list[str], ca: Path, token: str) -> str:
+    """Preview + Commit as ``tp`` asks: each address in turn, a jittered pause after a round.
+    "" once admitted; what the last try said when none succeeded within :data:`WAIT_S`."""
+    rounds = 0
+    said = ""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        for address in apis:
+            host, _, port = address.rpartition(":")
+            channel = Channel(host, int(port), ssl=grpc_client_context(ca))
+            stub = v1.ApiStub(channel, metadata={"authorization": f"Bearer {token}"}, timeout=10)
+            try:
+                preview = await stub.preview(v1.PreviewRequest(jobspec_json=jobspec(rounds)))
+                key = f"rk-{time.monotonic_ns()}"
+                await stub.commit(v1.CommitRequest(preview.preview_id, preview.digest, key))
+            except Exception as exc:  # any failure: ask the next, as tp does when it may
+                said = f"{address}: {type(exc).__name__}: {exc}"
+            else:
+                return ""
+            finally:
+                channel.close()
+        rounds += 1
+        await asyncio.sleep(pause_s(rounds, random.random()))
+    return said
+
+
+class Admission(threading.Thread):
+    """The admission asked from the kill on, in a thread of its own: ``done_at`` (monotonic)
+    when it succeeded, else NaN and ``said`` tells why."""
+
+    def __init__(self, apis: list[str], ca: Path, token: str) -> None:
+        super().__init__(daemon=True)
+        self.asked = (apis, ca, token)
+        self.done_at = float("nan")
+        self.said = ""
+
+    def run(self) -> None:
+        self.said = asyncio.run(_admit(*self.asked))
+        if not self.said:
+            self.done_at = time.monotonic()

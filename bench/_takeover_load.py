@@ -29,15 +29,18 @@ from typing import Any
 import betterproto
 from grpclib.client import Channel
 from grpclib.const import Cardinality
+from grpclib.exceptions import GRPCError
 
 from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.agent.reconnect import backoff_cap, backoff_delay, probe_delay
+from tuneplane.agent.session import WELCOME_TIMEOUT_S
 from tuneplane.proto import v1
 
 from ._load import gpu_inventory, heartbeats
 
-#: A dial that has no Welcome in this time failed (a coordinator too busy to answer counts).
-DIAL_TIMEOUT_S = 10.0
+#: A dial that has no Welcome in this time failed (a coordinator too busy to answer counts),
+#: as the real agent's session counts it.
+DIAL_TIMEOUT_S = WELCOME_TIMEOUT_S
 PROBE_TIMEOUT_S = 1.0
 
 
@@ -54,11 +57,11 @@ class Fleet:
                 Channel(host, int(port), ssl=ctx) for _ in range(config["channels"])
             ]
         self.nodes: list[dict[str, str]] = config["nodes"]
-        # The monotonic time of each Node's latest Welcome, and of its latest stream that got
-        # through to a coordinator (TLS handshake done, request sent): the gap is the Hello's
-        # turn in the coordinator.
+        # The monotonic time of each Node's latest Welcome, and when the stream that Welcome
+        # came on got through to the coordinator (TLS handshake done, request sent): the gap is
+        # the Hello's turn in the coordinator.
         self.welcomed: dict[str, float] = {}
-        self.connected: dict[str, float] = {}
+        self.through: dict[str, float] = {}
         self.dials = 0
         self.failures: collections.Counter[str] = collections.Counter()
         self.cap = backoff_cap(None)
@@ -79,7 +82,7 @@ class Fleet:
             ) as stream:
                 async with asyncio.timeout(DIAL_TIMEOUT_S):
                     await stream.send_request()
-                    self.connected[node_id] = time.monotonic()
+                    through = time.monotonic()
                     hello = v1.Hello(
                         node_id=node_id, agent_version="bench", inventory=gpu_inventory(node_id)
                     )
@@ -90,6 +93,7 @@ class Fleet:
                     return False
                 welcomed = True
                 self.welcomed[node_id] = time.monotonic()
+                self.through[node_id] = through
                 welcome = first.welcome
                 if welcome.heartbeat_timeout_ms:
                     self.cap = backoff_cap(welcome.heartbeat_timeout_ms / 1000)
@@ -101,9 +105,12 @@ class Fleet:
                         pass
                 finally:
                     beater.cancel()
-        except Exception as exc:
+        except Exception as exc:  # every way a dial fails is counted, by kind
             # A welcomed stream's end (its coordinator died) is told apart from a failed dial.
-            self.failures[("stream ended: " if welcomed else "") + type(exc).__name__] += 1
+            kind = type(exc).__name__
+            if isinstance(exc, GRPCError):
+                kind += f" {exc.status.name} {exc.message or ''}".rstrip()
+            self.failures[("stream ended: " if welcomed else "") + kind] += 1
         return welcomed
 
     async def wait(self, failed_rounds: int) -> None:
@@ -140,7 +147,7 @@ class Fleet:
             await asyncio.sleep(0.01)
         back = [t - since for t in self.welcomed.values() if t > since]
         # When each Node welcomed again got through to the coordinator that welcomed it.
-        through = [self.connected[n] - since for n, t in self.welcomed.items() if t > since]
+        through = [self.through[n] - since for n, t in self.welcomed.items() if t > since]
         report = {
             "back_s": sorted(back),
             "through_s": sorted(through),

@@ -14,10 +14,11 @@ Each repetition SIGKILLs whichever coordinator leads and measures, from the kill
   failover`), started at the kill;
 - **Nodes back**: every Node has been welcomed again (the reconnect storm: p50 and all).
 The killed one is started again on its own ports as the new standby, and the next kill hits the
-other. The baseline, in the same run on the same Fleet: one coordinator (the standby stopped)
-killed and restarted on the same ports, which is what a site without a standby gets from a
-supervisor that restarts it at once. The last table gives takeover / restart and takeover / the
-lease's ttl_s.
+other once every Node is back (a series whose Nodes are not all back within four WAIT_S stops:
+the next figures would measure the tail of this storm). The baseline, in the same run on the
+same Fleet: one coordinator (the standby stopped) killed and restarted on the same ports, which
+is what a site without a standby gets from a supervisor that restarts it at once. The last table
+gives takeover / restart and takeover / the lease's ttl_s.
 
 Knobs: ``TUNEPLANE_BENCH_TAKEOVER_NODES`` (1000), ``TUNEPLANE_BENCH_TAKEOVER_RUNS`` kills of each
 kind (3), ``TUNEPLANE_BENCH_LOADERS`` load processes (2).
@@ -27,28 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
-import random
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from grpclib.client import Channel
-
-from tuneplane.agent.client_tls import grpc_client_context
-from tuneplane.coordinator.cli.failover import pause_s
 from tuneplane.coordinator.demo import postgres as embedded
 from tuneplane.coordinator.leadership import LeaseSettings
-from tuneplane.proto import v1
 
-from ._takeover_enroll import enroll, jobspec
+from ._takeover_clients import Admission, enroll
 
 ADMIN = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
 SHARED = ("tls", "coordinator.toml", "admin.token")
@@ -160,48 +155,6 @@ def lead_and_stand_by(first: Serve, second: Serve) -> None:
     second.learn_addresses()
 
 
-async def _admit(apis: list[str], ca: Path, token: str) -> str:
-    """Preview + Commit as ``tp`` asks: each address in turn, a jittered pause after a round.
-    "" once admitted; what the last try said when none succeeded within :data:`WAIT_S`."""
-    rounds = 0
-    said = ""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        for address in apis:
-            host, _, port = address.rpartition(":")
-            channel = Channel(host, int(port), ssl=grpc_client_context(ca))
-            stub = v1.ApiStub(channel, metadata={"authorization": f"Bearer {token}"}, timeout=10)
-            try:
-                preview = await stub.preview(v1.PreviewRequest(jobspec_json=jobspec(rounds)))
-                key = f"rk-{time.monotonic_ns()}"
-                await stub.commit(v1.CommitRequest(preview.preview_id, preview.digest, key))
-            except Exception as exc:  # any failure: ask the next, as tp does when it may
-                said = f"{address}: {type(exc).__name__}: {exc}"
-            else:
-                return ""
-            finally:
-                channel.close()
-        rounds += 1
-        await asyncio.sleep(pause_s(rounds, random.random()))
-    return said
-
-
-class Admission(threading.Thread):
-    """The admission asked from the kill on, in a thread of its own: ``done_at`` (monotonic)
-    when it succeeded, else NaN and ``said`` tells why."""
-
-    def __init__(self, apis: list[str], ca: Path, token: str) -> None:
-        super().__init__(daemon=True)
-        self.asked = (apis, ca, token)
-        self.done_at = float("nan")
-        self.said = ""
-
-    def run(self) -> None:
-        self.said = asyncio.run(_admit(*self.asked))
-        if not self.said:
-            self.done_at = time.monotonic()
-
-
 def _kill_and_time(
     killed: Serve,
     successor: Serve,
@@ -222,17 +175,12 @@ def _kill_and_time(
     admission.join(WAIT_S + 15)
     if admission.said:
         print(f"    no admission within {WAIT_S:.0f} s; the last try said {admission.said}")
-    reports = []
-    for p in loaders:
-        assert p.stdin is not None and p.stdout is not None
-        p.stdin.write(f"since {at}\n")
-        p.stdin.flush()
-    for p in loaders:
-        assert p.stdout is not None
-        reports.append(json.loads(p.stdout.readline()))
-    back = sorted(t for r in reports for t in r["back_s"])
-    through = sorted(t for r in reports for t in r["through_s"])
+    reports = _ask(loaders, at)
     missing = sum(r["missing"] for r in reports)
+    # A Node not back counts as never: half of them must be back for a p50.
+    never = [math.inf] * missing
+    back = sorted([t for r in reports for t in r["back_s"]] + never)
+    through = sorted([t for r in reports for t in r["through_s"]] + never)
     failures: dict[str, int] = {}
     for r in reports:
         for kind, n in r["failures"].items():
@@ -240,19 +188,54 @@ def _kill_and_time(
     figures = {
         "leads": leads,
         "admission": admission.done_at - at,
-        "nodes_p50": back[len(back) // 2] if back else float("nan"),
-        "nodes_all": back[-1] if back and not missing else float("nan"),
-        "through_p50": through[len(through) // 2] if through else float("nan"),
+        "nodes_p50": back[len(back) // 2],
+        "nodes_all": back[-1],
+        "through_p50": through[len(through) // 2],
         "dials": sum(r["dials"] for r in reports),
     }
     print(
-        f"    leads {figures['leads']:.2f} s, admission {figures['admission']:.2f} s, Nodes back "
-        f"p50 {figures['nodes_p50']:.2f} s (their Connect through at p50 "
-        f"{figures['through_p50']:.2f} s), all {figures['nodes_all']:.2f} s"
-        f"{f' ({missing} not back)' if missing else ''}; {figures['dials']} dials "
-        f"({', '.join(f'{k} {v}' for k, v in sorted(failures.items())) or 'none failed'})"
+        f"    leads {_s(leads)}, admission {_s(figures['admission'])}, Nodes back p50 "
+        f"{_s(figures['nodes_p50'])} (their Connect through at p50 "
+        f"{_s(figures['through_p50'])}), all {_s(figures['nodes_all'])}"
+        f"{f' ({missing} not back within {WAIT_S:.0f} s)' if missing else ''}; "
+        f"{figures['dials']} dials ("
+        f"{', '.join(f'{k} {v}' for k, v in sorted(failures.items())) or 'none failed'})"
     )
+    figures["settled"] = float(_settle(loaders, at, missing))
     return figures
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.2f} s" if math.isfinite(seconds) else "never"
+
+
+def _ask(loaders: list[subprocess.Popen[str]], since: float) -> list[dict[str, Any]]:
+    """Every load process's report on its Nodes welcomed after ``since`` (each waits until all
+    are, or :data:`WAIT_S`)."""
+    for p in loaders:
+        assert p.stdin is not None
+        p.stdin.write(f"since {since}\n")
+        p.stdin.flush()
+    reports = []
+    for p in loaders:
+        assert p.stdout is not None
+        reports.append(json.loads(p.stdout.readline()))
+    return reports
+
+
+def _settle(loaders: list[subprocess.Popen[str]], at: float, missing: int) -> bool:
+    """Whether every Node is back, waiting up to three more :data:`WAIT_S` for the last ones:
+    a next kill before then would measure this storm's tail."""
+    for _ in range(3):
+        if not missing:
+            return True
+        missing = sum(r["missing"] for r in _ask(loaders, at))
+        if not missing:
+            print(f"    every Node was back {time.monotonic() - at:.0f} s after that kill")
+    if missing:
+        print(f"    {missing} Nodes were still not welcomed again {4 * WAIT_S:.0f} s after that "
+              "kill: no more kills on this Fleet")  # fmt: skip
+    return not missing
 
 
 def _start_loaders(
@@ -319,15 +302,21 @@ def bench_takeover(root: Path, url: str, count: int, runs: int, loaders: int) ->
         apis = [a.api, b.api]
         print(f"  takeover (kill -9 of the leader; the standby leads), {runs} kills:")
         leader, standby = a, b
-        took = []
-        for _ in range(runs):
+        took: list[dict[str, float]] = []
+        restarted: list[dict[str, float]] = []
+        while len(took) < runs and all(r["settled"] for r in took):
             took.append(_kill_and_time(leader, standby, procs, apis, ca, token))
             leader.stand_by()  # on its own ports: the new standby
             leader, standby = standby, leader
         standby.stop()
-        print(f"  restart (baseline: one coordinator, kill -9 and serve again at once), {runs}:")
-        restarted = [_kill_and_time(leader, leader, procs, apis, ca, token) for _ in range(runs)]
-        _report(_medians(took), _medians(restarted))
+        if took[-1]["settled"]:
+            print(f"  restart (baseline: one coordinator, kill -9 and serve again at once), "
+                  f"{runs}:")  # fmt: skip
+        while (
+            took[-1]["settled"] and len(restarted) < runs and all(r["settled"] for r in restarted)
+        ):
+            restarted.append(_kill_and_time(leader, leader, procs, apis, ca, token))
+        _report(_medians(took), _medians(restarted) if restarted else None)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -336,7 +325,8 @@ def bench_takeover(root: Path, url: str, count: int, runs: int, loaders: int) ->
         b.stop()
 
 
-def _report(took: dict[str, float], restarted: dict[str, float]) -> None:
+def _report(took: dict[str, float], restarted: dict[str, float] | None) -> None:
+    """The medians side by side (the restart column "-" when the baseline was not run)."""
     ttl = LeaseSettings().ttl_s
     print("\n  medians, seconds from the kill   takeover    restart   takeover/restart")
     names = {
@@ -347,8 +337,9 @@ def _report(took: dict[str, float], restarted: dict[str, float]) -> None:
         "nodes_all": "every Node welcomed again",
     }
     for key, label in names.items():
-        ratio = took[key] / restarted[key] if restarted[key] else float("nan")
-        print(f"  {label:<32} {took[key]:>8.2f} {restarted[key]:>10.2f} {ratio:>12.2f}")
+        base = restarted[key] if restarted is not None else math.nan
+        ratio = took[key] / base if base else math.nan
+        print(f"  {label:<32} {took[key]:>8.2f} {base:>10.2f} {ratio:>12.2f}")
     print(f"  takeover against the lease's ttl_s ({ttl:g} s): leads at {took['leads'] / ttl:.2f} "
           f"of it, every Node back at {took['nodes_all'] / ttl:.2f}")  # fmt: skip
 
