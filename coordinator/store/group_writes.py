@@ -51,7 +51,11 @@ class GroupWriter(Generic[T, R]):
         weigh: Callable[[T], int] = lambda _item: 1,
         max_items: int = MAX_ITEMS,
         max_weight: int = MAX_WEIGHT,
+        *,
+        reads_only: bool = False,
     ) -> None:
+        # reads_only: the batch reads on the store's reader, outside any write transaction.
+        self._reads_only = reads_only
         self._store = store
         self._write = write
         self._kind = kind
@@ -125,12 +129,19 @@ class GroupWriter(Generic[T, R]):
                 self._core.answer(ticket, result)
 
     async def _transaction(self, batch: Sequence[Ticket[T, R]]) -> list[R]:
+        if self._reads_only:
+            return self._checked(
+                batch, await self._write(self._store.reader, [t.item for t in batch])
+            )
         async with self._store.transaction() as db:
-            results = await self._write(db, [t.item for t in batch])
-            if len(results) != len(batch):  # kept nothing: the transaction rolls back
-                raise RuntimeError(
-                    f"a {self._kind} batch of {len(batch)} writes returned {len(results)} results."
-                )
+            # A wrong count raises here, so the transaction keeps nothing.
+            return self._checked(batch, await self._write(db, [t.item for t in batch]))
+
+    def _checked(self, batch: Sequence[Ticket[T, R]], results: list[R]) -> list[R]:
+        if len(results) != len(batch):
+            raise RuntimeError(
+                f"a {self._kind} batch of {len(batch)} items returned {len(results)} results."
+            )
         return results
 
 
