@@ -31,7 +31,9 @@ def tests(session: nox.Session) -> None:
     As root (CI), bubblewrap, faketime and prometheus (for promtool) are installed from the
     distribution when missing, so the sandbox tests, the skewed-clock telemetry test and the
     alert-rule tests run instead of skipping (under CI=true a missing prerequisite fails them).
-    torch (CPU build) is installed for the PyTorch DDP example's test.
+    torch (CPU build) is installed for the PyTorch DDP example's test. Without arguments the
+    suite runs on every core (``-n auto --dist loadfile``); ``nox -s tests -- tests/ha -x`` runs
+    what you name, in one process.
     """
     session.install("-e", ".[test]")
     session.install(*TORCH_CPU)
@@ -41,7 +43,10 @@ def tests(session: nox.Session) -> None:
         quiet = {"DEBIAN_FRONTEND": "noninteractive"}
         session.run("apt-get", "update", "-q", external=True, env=quiet)
         session.run("apt-get", "install", "-y", "-q", *missing, external=True, env=quiet)
-    session.run("pytest", *session.posargs)
+    # The whole suite runs on every core (pytest-xdist), each test file on one worker so a
+    # file's shared coordinator or network is made once; most tests wait on real processes, so
+    # two workers finish a 2-core machine's run well before one would. Arguments replace this.
+    session.run("pytest", *(session.posargs or ("-n", "auto", "--dist", "loadfile")))
 
 
 @nox.session
