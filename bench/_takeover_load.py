@@ -21,6 +21,7 @@ import asyncio
 import collections
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -109,7 +110,9 @@ class Fleet:
             # A welcomed stream's end (its coordinator died) is told apart from a failed dial.
             kind = type(exc).__name__
             if isinstance(exc, GRPCError):
-                kind += f" {exc.status.name} {exc.message or ''}".rstrip()
+                # Counted by what it says, without the error id each one carries.
+                said = re.sub(r"\(error id \w+\) ", "", exc.message or "")
+                kind += f" {exc.status.name} {said}".rstrip()
             self.failures[("stream ended: " if welcomed else "") + kind] += 1
         return welcomed
 

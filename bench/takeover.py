@@ -276,7 +276,8 @@ def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
-def bench_takeover(root: Path, url: str, count: int, runs: int, loaders: int) -> None:
+def bench_takeover(root: Path, url: str, count: int, runs: int, loaders: int) -> bool:
+    """Both series and the table; whether every kill's Nodes all came back."""
     a, b = Serve(root / "a"), Serve(root / "b")
     subprocess.run([*ADMIN, "init", "--state-dir", str(a.state_dir), "--store", url], check=True,
                    capture_output=True)  # fmt: skip
@@ -317,10 +318,15 @@ def bench_takeover(root: Path, url: str, count: int, runs: int, loaders: int) ->
         ):
             restarted.append(_kill_and_time(leader, leader, procs, apis, ca, token))
         _report(_medians(took), _medians(restarted) if restarted else None)
+        return all(r["settled"] for r in took + restarted)
     finally:
         for p in procs:
             if p.poll() is None:
-                p.communicate("stop\n", timeout=30)
+                try:
+                    p.communicate("stop\n", timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
         a.stop()
         b.stop()
 
@@ -352,9 +358,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tp-bench-takeover-") as tmp:
         server = embedded.start(Path(tmp))
         try:
-            bench_takeover(Path(tmp), server.url, count, runs, loaders)
+            settled = bench_takeover(Path(tmp), server.url, count, runs, loaders)
         finally:
             server.stop()
+        if not settled:
+            kept = Path(tempfile.mkdtemp(prefix="tp-bench-takeover-logs-"))
+            for log in Path(tmp).glob("*.log"):
+                shutil.copy2(log, kept / log.name)
+            print(f"  Nodes did not all come back; the coordinators' logs are kept in {kept}")
+            return 1
     return 0
 
 
