@@ -14,10 +14,8 @@ Rules:
 - A batch is never empty and holds at most ``max_items`` tickets and ``max_weight`` weight
   (a ticket weighs what its write costs, e.g. 1 + the members a Hello holds); the oldest ticket
   goes even when it alone weighs more, so nothing waits forever.
-- A ticket moves queued -> running (cut) -> answered (a result or an error) and never back, or
-  queued -> answered when its waiter withdraws it before any batch took it (nothing of it is
-  written). Answering a ticket twice, or one that was never cut, is a
-  :class:`GroupCommitMisuse`.
+- A ticket moves queued -> running (cut) -> answered (a result or an error) and never back;
+  answering a ticket twice, or one that was never cut, is a :class:`GroupCommitMisuse`.
 - Nothing here reads a clock, waits or touches the store: the store's shell
   (:mod:`~tuneplane.coordinator.store.hello_batches`) awaits, writes and wakes the waiters.
 """
@@ -41,10 +39,6 @@ MAX_WEIGHT = 2000
 
 class GroupCommitMisuse(RuntimeError):
     """A shell answered a ticket that was not running (a bug in the shell, never the user's)."""
-
-
-class GroupCommitWithdrawn(RuntimeError):
-    """The outcome of a withdrawn ticket: its waiter gave up before its batch was cut."""
 
 
 class TicketState(enum.Enum):
@@ -134,15 +128,6 @@ class GroupCommit(Generic[T, R]):
             self._tickets += len(batch)
             self._largest = max(self._largest, len(batch))
         return batch
-
-    def withdraw(self, ticket: Ticket[T, R]) -> bool:
-        """Take ``ticket`` out of the queue if no batch has taken it yet (its waiter gave up
-        before its transaction began: nothing of it is written); whether it was withdrawn."""
-        if ticket.state is not TicketState.QUEUED:
-            return False
-        self._queue.remove(ticket)
-        ticket._settle(None, GroupCommitWithdrawn("the write was withdrawn before it began."))
-        return True
 
     def answer(self, ticket: Ticket[T, R], result: R) -> None:
         """``ticket``'s write is durable and this is what it returned."""

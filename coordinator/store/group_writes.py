@@ -6,10 +6,10 @@ Rules:
   transaction that holds it committed, so nothing is acknowledged before it is durable.
 - One batch at a time. A waiter whose ticket is still queued when no batch runs cuts the next
   one (everything queued) and runs it; the others wait for that batch to end, all woken at once.
-  The batch runs *shielded* (:meth:`StoreDb.shielded`): a caller's deadline may stop its
-  waiting, never the batch, and :meth:`StoreDb.close` waits for it. A conflict the database
-  aborted re-runs the whole batch. A waiter that gives up while its ticket is still queued
-  withdraws it: nothing of that write is ever written.
+  Each write, with its waiting and any batch it runs, is *shielded* (:meth:`StoreDb.shielded`):
+  once called it is written, whatever happens to the caller (a deadline, or grpclib cancelling
+  the handler of a dropped connection, which a disconnection must survive), and
+  :meth:`StoreDb.close` waits for it. A conflict the database aborted re-runs the whole batch.
 - One bad write never sinks the others: when a batch fails for something one write did (it
   broke a rule of the schema, the store refused it, a bug), each of its writes runs again alone,
   in its own transaction, and only the ones that fail alone get their error. An error of the
@@ -67,23 +67,25 @@ class GroupWriter(Generic[T, R]):
         return self._core.statistics()
 
     async def submit(self, item: T) -> R:
-        """Write ``item`` in the next batch's transaction; its result once that committed."""
+        """Write ``item`` in the next batch's transaction; its result once that committed.
+
+        Shielded as a whole, like any store write: once called, the write happens, even when the
+        caller is cancelled meanwhile (grpclib cancels a handler whose connection dropped, and a
+        disconnection must still be recorded)."""
+        return await self._store.shielded(functools.partial(self._submitted, item))
+
+    async def _submitted(self, item: T) -> R:
         ticket = self._core.submit(item)
-        try:
-            while ticket.state is not TicketState.ANSWERED:
-                running = self._running
-                if running is not None:
-                    # One wake per batch for every waiter, not one lock handoff each: with
-                    # thousands of streams on the loop, a handoff per waiter cost seconds.
-                    await running.wait()
-                    continue
-                batch = self._core.cut()
-                self._running = done = anyio.Event()
-                await self._store.shielded(functools.partial(self._run, batch, done))
-        except BaseException:
-            # Gave up before any batch took it: nothing of it is written, ever.
-            self._core.withdraw(ticket)
-            raise
+        while ticket.state is not TicketState.ANSWERED:
+            running = self._running
+            if running is not None:
+                # One wake per batch for every waiter, not one lock handoff each: with thousands
+                # of streams on the loop, a handoff per waiter cost seconds.
+                await running.wait()
+                continue
+            batch = self._core.cut()
+            self._running = done = anyio.Event()
+            await self._run(batch, done)
         return ticket.outcome()
 
     async def _run(self, batch: list[Ticket[T, R]], done: anyio.Event) -> None:

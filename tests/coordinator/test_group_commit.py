@@ -21,7 +21,6 @@ from tuneplane.coordinator.group_commit import (
     GroupCommit,
     GroupCommitMisuse,
     GroupCommitStatistics,
-    GroupCommitWithdrawn,
     Ticket,
     TicketState,
 )
@@ -109,19 +108,6 @@ def test_only_a_running_ticket_is_answered_and_only_once() -> None:
     assert ticket.outcome() == "once"
 
 
-def test_a_queued_ticket_is_withdrawn_and_never_cut() -> None:
-    core = weighed()
-    a, b = core.submit(1), core.submit(1)
-    assert core.withdraw(a)
-    with pytest.raises(GroupCommitWithdrawn, match="withdrawn before it began"):
-        a.outcome()
-    assert core.cut() == [b]
-    assert not core.withdraw(b)  # taken by a batch: too late, it is being written
-    assert not core.withdraw(a)  # answered already
-    core.answer(b, "written")
-    assert core.statistics() == GroupCommitStatistics(0, 0, 1, 1, 1)
-
-
 @pytest.mark.parametrize(("items", "weight"), [(0, 5), (5, 0), (-1, -1)])
 def test_limits_leave_room_for_one_write(items: int, weight: int) -> None:
     with pytest.raises(ValueError, match="room for one write"):
@@ -168,7 +154,6 @@ class GroupCommitMachine(RuleBasedStateMachine):
         self.waiting: deque[Ticket[int, str]] = deque()
         self.running: list[Ticket[int, str]] = []
         self.answered: dict[Ticket[int, str], str | None] = {}
-        self.withdrawn: list[Ticket[int, str]] = []
         self.batches = 0
         self.largest = 0
 
@@ -203,22 +188,6 @@ class GroupCommitMachine(RuleBasedStateMachine):
             self.core.fail(ticket, LookupError("gone"))
             self.answered[ticket] = None
 
-    @precondition(lambda self: self.waiting)
-    @rule(data=st.data())
-    def withdraw(self, data: st.DataObject) -> None:
-        ticket = data.draw(st.sampled_from(list(self.waiting)))
-        assert self.core.withdraw(ticket)
-        self.waiting.remove(ticket)
-        self.withdrawn.append(ticket)
-
-    @precondition(lambda self: self.running or self.answered)
-    @rule(data=st.data())
-    def withdrawing_a_cut_ticket_does_nothing(self, data: st.DataObject) -> None:
-        ticket = data.draw(st.sampled_from(self.running + sorted(self.answered, key=id)))
-        state = ticket.state
-        assert not self.core.withdraw(ticket)
-        assert ticket.state is state
-
     @precondition(lambda self: self.answered)
     @rule(data=st.data())
     def answering_again_is_refused(self, data: st.DataObject) -> None:
@@ -237,10 +206,6 @@ class GroupCommitMachine(RuleBasedStateMachine):
                     ticket.outcome()
             else:
                 assert ticket.outcome() == result
-        for ticket in self.withdrawn:
-            assert ticket.state is TicketState.ANSWERED
-            with pytest.raises(GroupCommitWithdrawn):
-                ticket.outcome()
         tickets = len(self.running) + len(self.answered)
         assert self.core.statistics() == GroupCommitStatistics(
             len(self.waiting), len(self.running), self.batches, self.largest, tickets
