@@ -75,7 +75,8 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """A real coordinator and two real agents on loopback running the bundled example job
-    (``nox -s demo -- --store postgresql``: on an embedded PostgreSQL)."""
-    postgres = any(arg.endswith("postgresql") for arg in session.posargs)
+    (``nox -s demo -- --store postgresql``: on an embedded PostgreSQL; ``-- --ha``: with a
+    standby coordinator there, the leader killed mid-Job)."""
+    postgres = any(arg.endswith("postgresql") or arg == "--ha" for arg in session.posargs)
     session.install("-e", ".[postgresql]" if postgres else ".")
     session.run("tuneplane", "demo", *session.posargs)
