@@ -38,6 +38,8 @@ from tuneplane.agent.reconnect import (
     backoff_delay,
     probe_delay,
 )
+from tuneplane.agent.session import WELCOME_TIMEOUT_S
+from tuneplane.agent.wire import CONNECT_DEADLINE_S
 from tuneplane.proto import v1
 
 from ._load import gpu_inventory, heartbeats
@@ -114,12 +116,15 @@ async def _node(channel: Channel, node: dict[str, str], storm: Storm, prober: Pr
                 v1.CoordinatorMessage,
                 metadata={"authorization": f"Bearer {node['credential']}"},
             ) as stream:
-                await stream.send_request()
+                # The agent's deadlines: a coordinator that takes longer to connect, or to
+                # answer Hello, is given up on and dialed again (a connection caught by a
+                # listener going away could otherwise hang its whole channel).
+                await asyncio.wait_for(stream.send_request(), CONNECT_DEADLINE_S)
                 hello = v1.Hello(
                     node_id=node_id, agent_version="bench", inventory=gpu_inventory(node_id)
                 )
                 await stream.send_message(v1.NodeMessage(hello=hello))
-                first = await stream.recv_message()
+                first = await asyncio.wait_for(stream.recv_message(), WELCOME_TIMEOUT_S)
                 if first is None or betterproto.which_one_of(first, "body")[0] != "welcome":
                     raise ConnectionError("the coordinator answered Hello without Welcome")
                 failed_rounds = 0
