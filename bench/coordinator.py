@@ -35,6 +35,7 @@ import functools
 import json
 import os
 import random
+import select
 import signal
 import sqlite3
 import statistics
@@ -71,6 +72,8 @@ from ._storm import reconnect_storm
 ADMIN = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
 # The serve default: what a production coordinator asks of its Nodes.
 HEARTBEAT_INTERVAL_S = 5.0
+# How long the load processes may take to have every Node welcomed once.
+READY_TIMEOUT_S = 600.0
 # Long, so a Node slowed down by the load machine is never closed for silence mid-measurement.
 HEARTBEAT_TIMEOUT_S = 120.0
 
@@ -503,10 +506,20 @@ def start_loaders(
                 text=True,
             )
         )
+    deadline = time.monotonic() + READY_TIMEOUT_S
     for p in procs:
-        line = p.stdout.readline() if p.stdout else ""
+        assert p.stdout is not None
+        left = deadline - time.monotonic()
+        line = p.stdout.readline() if select.select([p.stdout], [], [], max(left, 0))[0] else ""
         if not line.startswith("ready"):
-            raise RuntimeError(f"a load process failed before it was ready: {line!r}")
+            for q in procs:
+                q.kill()
+                q.wait()
+            raise RuntimeError(
+                f"the load processes' Nodes were not all welcomed within {READY_TIMEOUT_S:g} s "
+                f"(a load process said {line!r}); on a machine this loaded, try fewer Nodes "
+                "(TUNEPLANE_BENCH_NODES)."
+            )
     return procs
 
 
