@@ -34,7 +34,10 @@ class LeaseSettingsError(ValueError):
 class LeaseSettings:
     """The lease's timings, in seconds (coordinator.toml ``[leader]``)."""
 
-    ttl_s: float = 5.0
+    # Ten seconds: long enough that a leader whose event loop is saturated (thousands of Nodes
+    # reconnecting at once) still renews in time; a killed leader is replaced at the next poll
+    # anyway, by its vanished session.
+    ttl_s: float = 10.0
     renew_s: float = 1.0
     poll_s: float = 0.5
 

@@ -33,6 +33,8 @@ def pytest_configure(config: pytest.Config) -> None:
     inherited = os.environ.get(_POOL_OWNER) not in (None, str(os.getpid()))
     if "TUNEPLANE_NODE_CONFIG" in os.environ and not inherited:
         return  # the caller named its own node.toml
+    if not inherited:
+        accounts.sweep_stale()  # once per run, in the main process: a killed run's leftovers
     pool = accounts.make_pool(SESSION_POOL_SIZE)
     path = accounts.traversable_root("session") / "node.toml"
     names = ", ".join(f'"{name}"' for name in pool)

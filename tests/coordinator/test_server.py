@@ -48,6 +48,7 @@ def test_init_lays_out_the_state_directory(coord: CoordinatorProcess) -> None:
     context = json.loads(coord.context_path.read_text())
     assert context == {
         "coordinator": coord.api,
+        "api_addresses": [coord.api],  # alone: just this one (several share a store: all)
         "ca": str(coord.ca_path),
         "token_file": str(d / "admin.token"),
     }

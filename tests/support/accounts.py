@@ -1,7 +1,9 @@
 """Real Unix accounts and traversable folders for tests that run members as an account pool.
 
 Rules: accounts are created with ``useradd --system --no-create-home`` (root only) under names
-unique to this test process and removed with ``userdel`` when it exits; members' work and output
+unique to this test process (``tpt<pid>x<n>``) and removed with ``userdel`` when it exits, and
+those of a test process that died without removing them are removed by the next run
+(:func:`sweep_stale`); members' work and output
 roots live under one folder in /tmp that the accounts can pass through (pytest's own temporary
 folders are 0700 root), removed at exit too. Tests that need root skip outside root with a
 sentence, except under ``CI=true``, where a missing prerequisite fails them.
@@ -12,6 +14,8 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -78,4 +82,27 @@ def _remove_all() -> None:
     _CREATED.clear()
 
 
-__all__ = ["cluster_pool", "is_root", "make_pool", "require", "require_root", "traversable_root"]
+_NAME = re.compile(r"^tpt(\d+)x\d+$")
+
+
+def sweep_stale() -> None:
+    """Remove accounts left by a test run whose process is gone (killed before its exit hooks
+    ran): system account ids are few (about 900), and leftovers would use them up."""
+    stale = []
+    for entry in pwd.getpwall():
+        match = _NAME.match(entry.pw_name)
+        if match and not Path(f"/proc/{match.group(1)}").exists():
+            stale.append(entry.pw_name)
+    for problem in demo_accounts.remove(stale):
+        print(problem, file=sys.stderr)
+
+
+__all__ = [
+    "cluster_pool",
+    "is_root",
+    "make_pool",
+    "require",
+    "require_root",
+    "sweep_stale",
+    "traversable_root",
+]
