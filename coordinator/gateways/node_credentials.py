@@ -29,7 +29,6 @@ from ..auth import (
 from ..clock import now_ms
 from ..store import identity as store_identity
 from ..store.core import Store
-from ..store.credential_lookups import CredentialLookups
 from ..values.fleet import NodeRecord
 from .collector_credentials import is_collector_credential
 from .sessions import SessionRegistry
@@ -43,8 +42,6 @@ class NodeCredentials:
 
     def __init__(self, store: Store, registry: SessionRegistry, lifetime_s: int) -> None:
         self._store = store
-        # Connects that arrive together (a reconnect storm) share one lookup query.
-        self._lookups = CredentialLookups(store)
         self._registry = registry
         self.lifetime_ms = lifetime_s * 1000
         # node id -> (request id, hash) of the successor credential handed out on its stream.
@@ -62,7 +59,7 @@ class NodeCredentials:
                 "gateway. Connect with the Node's control credential (credentials/control.token)."
             )
         credential_hash = hash_credential(token)
-        match = await self._lookups.node_for_credential(credential_hash)
+        match = await store_identity.node_for_credential(self._store, credential_hash)
         if match is None:
             raise AuthError(
                 "this Node is not enrolled with this coordinator (its control credential is "
