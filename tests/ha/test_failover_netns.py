@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.agent import start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess
-from tests.support.ha import copy_state_dir
+from tests.support.ha import copy_state_dir, wait_listed
 from tests.support.netns import Host, open_network, require_netns
 from tests.support.postgres import PostgresServer
 from tests.support.store_backend import StoreBackend
@@ -110,6 +110,7 @@ def test_the_leaders_cable_pulled_the_standby_leads_and_the_healed_leader_stands
             new = CoordinatorProcess(dir_b, [*SERVE, "--advertise", "coord-b"], host_b.prefix())
             coords.append(new)
             new.start(standby=True)
+            wait_listed(old, 2)
             assert old.control.startswith("coord-a:")
 
             node_host = net.host("node-a")

@@ -8,11 +8,13 @@ nothing else (no ``coordinator-id``: each has its own name), then serves as a st
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 from tests.support.coordinator import CoordinatorProcess
+from tests.support.processes import wait_until
 
 #: What a second coordinator copies from the first one's state directory.
 SHARED = ("tls", "coordinator.toml", "admin.token")
@@ -38,4 +40,19 @@ def start_standby(
     copy_state_dir(first.state_dir, state_dir)
     proc = CoordinatorProcess(state_dir, list(first.serve_args), prefix_argv)
     proc.start(standby=True)
+    wait_listed(first, 2)
     return proc
+
+
+def wait_listed(leader: CoordinatorProcess, count: int, timeout: float = 30) -> None:
+    """Wait until ``leader`` hands out ``count`` coordinators (its roll call, read every few
+    seconds, reached its tp-context.json): a Node welcomed from then on learns them all."""
+
+    def listed() -> bool:
+        try:
+            context = json.loads(leader.context_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return len(context.get("api_addresses", [])) >= count
+
+    wait_until(f"the leader to list {count} coordinators", listed, timeout)
