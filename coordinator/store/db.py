@@ -272,6 +272,9 @@ class StoreDb:
         task = asyncio.ensure_future(self._retrying(work))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+        # A caller cancelled meanwhile never reads the outcome: its failure (a fenced write of a
+        # coordinator stepping down) is the caller's business, not asyncio's "never retrieved".
+        task.add_done_callback(_retrieved)
         return await asyncio.shield(task)
 
     # ----- copying a store ---------------------------------------------------------------------
@@ -336,6 +339,11 @@ class StoreDb:
                 f"{', '.join(known)}."
             )
         return name
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class Loader:
