@@ -121,10 +121,16 @@ async def _lead(
     log_store: LogStore | None = None
     scope = anyio.CancelScope()
 
-    def step_down(why: str) -> None:
+    def step_down(why: str, reachable: bool = True) -> None:
         if not lost:
             lost.append(why)
         scope.cancel()
+        if not reachable:
+            # Cut off from the database: writes in flight (a Node session's last record, say)
+            # would each wait on a dead link and hold the listeners open.
+            for opened in (store, telemetry_store, log_store):
+                if opened is not None:
+                    opened.cut_off()
 
     try:
         telemetry_store = await TelemetryStore.open(store_where(state_dir, url, TELEMETRY_DB))
@@ -166,7 +172,7 @@ async def _run(
     store: Store,
     telemetry_store: TelemetryStore,
     log_store: LogStore,
-    step_down: Callable[[str], None],
+    step_down: Callable[[str, bool], None],
     lost: list[str],
 ) -> None:
     config, advertised, tls_paths = setting.config, setting.advertised, setting.tls_paths

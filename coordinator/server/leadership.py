@@ -148,9 +148,9 @@ class Leadership:
         self.view.lease_expires_ms = now_ms() + self.settings.ttl_ms
         self.view.takeovers += 1
 
-    async def keep(self, won: Won, lost: Callable[[str], None]) -> None:
+    async def keep(self, won: Won, lost: Callable[[str, bool], None]) -> None:
         """Renew the lease of ``won`` until cancelled; when it is lost, call ``lost`` with why
-        and return."""
+        and whether the store is still reachable, and return."""
         settings = self.settings
         renewed = won.started
         next_roll_call = 0.0
@@ -159,7 +159,7 @@ class Leadership:
             deadline = must_step_down_at(renewed, settings)
             started = anyio.current_time()
             if started >= deadline:
-                lost(_late(settings))
+                lost(_late(settings), False)
                 return
             try:
                 with anyio.fail_after(deadline - started):
@@ -168,13 +168,13 @@ class Leadership:
                         await self.roll_call()
                         next_roll_call = started + ROLL_CALL_S
             except TimeoutError:
-                lost(_late(settings))
+                lost(_late(settings), False)
                 return
             except StoreUnavailable as exc:
                 log.warning("lease renewal failed; retrying reason=%s", exc)
                 continue
             if not ours:
-                lost(f"another coordinator took the lease over (term {won.term} ended)")
+                lost(f"another coordinator took the lease over (term {won.term} ended)", True)
                 return
             renewed = started
             self.view.lease_expires_ms = now_ms() + settings.ttl_ms

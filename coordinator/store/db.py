@@ -179,6 +179,17 @@ class StoreDb:
             await asyncio.gather(*self._inflight, return_exceptions=True)
         await self._backend.close()
 
+    def cut_off(self) -> None:
+        """The database is out of reach and this coordinator is stepping down: fail every
+        write in flight now (PostgreSQL: its connections are dropped) rather than let each wait
+        on a dead link."""
+        from .postgres import PostgresBackend
+
+        for task in list(self._inflight):
+            task.cancel()
+        if isinstance(self._backend, PostgresBackend):
+            self._backend.terminate_now()
+
     async def abandon(self) -> None:
         """Close at once, waiting for nothing: a coordinator that lost its lease (and perhaps
         its link to the database) must stop, and whatever it still had in flight would be

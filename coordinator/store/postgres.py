@@ -306,6 +306,10 @@ class PostgresBackend:
         """Drop every connection now, without the goodbye a cut link would never deliver."""
         self._pool.terminate()
 
+    def terminate_now(self) -> None:
+        """:meth:`abandon`, from code that cannot wait."""
+        self._pool.terminate()
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Handle]:
         with self._mapper.mapped():
