@@ -48,6 +48,7 @@ def test_the_takeover_bench_reports_takeover_against_restart() -> None:
         assert row, out
         takeover, restart, ratio = (float(x) for x in row.groups())
         assert 0 < takeover < 60 and 0 < restart < 60
-        assert ratio == pytest.approx(takeover / restart, abs=0.01)
+        # The times are printed rounded, the ratio from the unrounded ones: allow for that.
+        assert ratio == pytest.approx(takeover / restart, rel=0.05, abs=0.01)
     assert f"takeover against the lease's ttl_s ({LeaseSettings().ttl_s:g} s)" in out
     print(out)
