@@ -29,6 +29,8 @@ from .metrics_export import timed_handlers
 log = logging.getLogger(__name__)
 
 ENROLL_METHOD = "/tuneplane.v1.Control/Enroll"
+#: How long a closing listener waits for its calls still running.
+CLOSE_GRACE_S = 10.0
 
 
 def bounded(listener: str, services: list[Any], limits: Limits) -> list[Any]:
@@ -66,5 +68,11 @@ async def run_listener(
     finally:
         with anyio.CancelScope(shield=True):
             server.close()
-            await server.wait_closed()
+            # Handlers end with their sessions; one stuck on a dead link (a coordinator cut off
+            # from its database, stepping down) must not keep the listener for ever.
+            with anyio.move_on_after(CLOSE_GRACE_S) as waited:
+                await server.wait_closed()
+            if waited.cancelled_caught:
+                log.warning("listener stopped with calls still running name=%s grace_s=%g",
+                            name, CLOSE_GRACE_S)  # fmt: skip
             log.info("listener stopped name=%s", name)
