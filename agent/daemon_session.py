@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import random
+from typing import Any
 
 import trio
 
@@ -46,7 +47,7 @@ from .session import (
     Send,
     StoreCredential,
 )
-from .state_dir import CredentialLife, StateDirError
+from .state_dir import CredentialLife, NodeConfig, StateDirError
 from .wire import CoordinatorUnreachable, Endpoint, UnknownMessage, WireError
 from .wire_control import ControlStream, control_refusal, open_control_stream
 
@@ -266,17 +267,12 @@ class DaemonSession(DaemonBase):
         if changed is None:
             return
         old = self.node.coordinator
-        if self.journal is not None:
-            await self.journal.node_event(
-                now_ms(),
-                CONTROL_ADDRESS_CHANGED,
-                f"the coordinator named {address} as the control address; {old} is kept as "
-                "a fallback",
-                old=old,
-                new=address,
-            )
-        await trio.to_thread.run_sync(self.state.save_node, changed)
-        self.node = changed
+        await self._store_node(
+            changed,
+            f"the coordinator named {address} as the control address; {old} is kept as a fallback",
+            old=old,
+            new=address,
+        )
         log.info("control address changed old=%s new=%s fallbacks=%s", old, address,
                  ",".join(changed.previous_coordinators))  # fmt: skip
 
@@ -291,19 +287,23 @@ class DaemonSession(DaemonBase):
         if changed is None:
             return
         old = self.node.coordinators
-        if self.journal is not None:
-            named = ", ".join(addresses) or "none (one coordinator)"
-            await self.journal.node_event(
-                now_ms(),
-                CONTROL_ADDRESS_CHANGED,
-                f"the coordinator named the coordinators sharing its store: {named}",
-                old_coordinators=list(old),
-                coordinators=list(addresses),
-            )
-        await trio.to_thread.run_sync(self.state.save_node, changed)
-        self.node = changed
+        named = ", ".join(addresses) or "none (one coordinator)"
+        await self._store_node(
+            changed,
+            f"the coordinator named the coordinators sharing its store: {named}",
+            old_coordinators=list(old),
+            coordinators=list(addresses),
+        )
         log.info("coordinators changed old=%s new=%s", ",".join(old),
                  ",".join(changed.coordinators))  # fmt: skip
+
+    async def _store_node(self, changed: NodeConfig, reason: str, **detail: Any) -> None:
+        """Journal a change the coordinator named (``control-address-changed``), then write
+        node.json atomically and use it: journal before acting."""
+        if self.journal is not None:
+            await self.journal.node_event(now_ms(), CONTROL_ADDRESS_CHANGED, reason, **detail)
+        await trio.to_thread.run_sync(self.state.save_node, changed)
+        self.node = changed
 
     async def _rotate(self, issued: m.CredentialIssued) -> None:
         """Store a successor credential durably, switch to it, then confirm it.
