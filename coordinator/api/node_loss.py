@@ -8,7 +8,8 @@ Rules:
 - DeclareNodeLost is for admin users only, checked here whatever the client did, and refuses a
   Node this coordinator holds a live stream of.
 - The watch runs only when some Fleet sets ``max_disconnect`` and counts a Node's silence from
-  this process's start at the earliest (:func:`~tuneplane.coordinator.node_loss.overdue`).
+  this process's start at the earliest (:func:`~tuneplane.coordinator.node_loss.overdue`). A look
+  that cannot reach the store is logged and tried again at the next tick.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..gateways.sessions import SessionRegistry
 from ..gateways.status import grpc_errors
 from ..store.core import Conflict, Store
 from ..store.fleet_views import node_view, resolve_node
+from ..store.handle import StoreUnavailable
 from ..store.lost_nodes import NodeLoss, declare_node_lost, disconnected_holders
 from ..values.lifecycle import NodeLossOutcome
 from ..wire.lifecycle import node_loss_to_wire
@@ -141,7 +143,10 @@ class MaxDisconnectWatch:
                 "max_disconnect on fleet=%s max_disconnect=%s", name, fleet.max_disconnect_text
             )
         while True:
-            await self.step()
+            try:
+                await self.step()
+            except StoreUnavailable as exc:
+                log.warning("max_disconnect look failed; the next tick tries again reason=%s", exc)
             await anyio.sleep(self._tick_s)
 
     async def step(self) -> list[str]:

@@ -5,6 +5,10 @@ Rules:
   reservation key would refuse an over-commit anyway.
 - It wakes on events (a Job admitted, a Node connected, GPUs released) and at least every tick;
   wakes that arrive during a pass are coalesced into one more pass, not one pass each.
+- A pass that cannot reach the store (:class:`StoreUnavailable`: the database gone, or a lock
+  held past its timeout) is logged and the next wake or tick tries again: the scheduler never ends
+  the coordinator's round by itself. On PostgreSQL the lease decides whether this coordinator still
+  leads (:mod:`.leadership`), on its own deadline.
 - A pass is the pure :func:`tuneplane.coordinator.queue_plan.plan_pass` over the whole queue
   (placement, cordoned and draining Nodes, quotas); this shell only reads its inputs, writes each
   reservation, sends Prepare and records why the other Jobs wait.
@@ -31,6 +35,7 @@ from ..offload import PROCESS_TEXT_CHARS, in_process
 from ..placement import Placement
 from ..queue_plan import PoolKey, plan_pass
 from ..store.core import Store
+from ..store.handle import StoreUnavailable
 from ..store.lifecycle import cancel_job
 from ..store.node_scheduling import mark_drained
 from ..store.queue_status import gpus_in_use, node_states, queued_requests, set_wait_reasons
@@ -60,6 +65,7 @@ class Scheduler:
         self._tick_s = tick_s
         self._wake = anyio.Event()
         self._passes = 0
+        self._failed = 0
 
     def wake(self) -> None:
         """Ask for a scheduling pass soon (safe to call from any coordinator task).
@@ -73,6 +79,11 @@ class Scheduler:
         """How many passes this scheduler has started."""
         return self._passes
 
+    @property
+    def failed_passes(self) -> int:
+        """How many passes ended because the store could not be reached."""
+        return self._failed
+
     async def run(self) -> None:
         """Schedule until cancelled."""
         while True:
@@ -80,8 +91,12 @@ class Scheduler:
                 await self._wake.wait()
             # A fresh event before the pass: a wake during the pass sets it, and only once.
             self._wake = anyio.Event()
-            with SCHEDULING_PASS.time():
-                await self.step()
+            try:
+                with SCHEDULING_PASS.time():
+                    await self.step()
+            except StoreUnavailable as exc:
+                self._failed += 1
+                log.warning("scheduling pass failed; the next pass tries again reason=%s", exc)
 
     async def step(self) -> None:
         """One pass: abort expired launches, mark drained Nodes, then plan the whole queue."""

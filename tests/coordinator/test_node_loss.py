@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
-from tests.support.store_backend import current, read
+from tests.support.store_backend import current, read, write_lock
 from tuneplane.agent import messages as agent_messages
 from tuneplane.agent.wire_convert import from_wire
 from tuneplane.coordinator import lifecycle as lc
@@ -468,6 +469,42 @@ def test_max_disconnect_declares_only_overdue_nodes_that_hold_members(tmp_path: 
     assert reason.startswith("member 1 was declared lost by coordinator (max_disconnect)")
     (by,) = _rows(path, "SELECT detail_json FROM decisions WHERE kind = 'node declared lost'")
     assert json.loads(by[0])["by"] == node_loss.MAX_DISCONNECT_ACTOR
+
+
+def test_a_look_the_store_refuses_is_logged_and_the_next_tick_declares(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The declaration's write waits on a lock held past the store's lock timeout and fails with
+    StoreUnavailable: the watch logs it and keeps watching, and once the lock is gone the next
+    tick declares the Node lost."""
+    path = tmp_path / "coordinator.db"
+    config = parse_config('[fleet.default]\nmax_disconnect = "1s"\n', Path("coordinator.toml"))
+    caplog.set_level(logging.WARNING, logger="tuneplane.coordinator.api.node_loss")
+
+    def failed() -> bool:
+        return any("max_disconnect look failed" in r.getMessage() for r in caplog.records)
+
+    async def go(store: Store) -> str:
+        await _world(store)
+        registry = SessionRegistry()
+        registry.attach(NodeSession.create(NODE_A))
+        desk = NodeLossDesk(store, registry, lambda: None)
+        watch = MaxDisconnectWatch(store, registry, desk, config.fleets, tick_s=0.05, started_ms=0)
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                with write_lock(current().where(path)):
+                    tg.start_soon(watch.run)
+                    while not failed():
+                        await anyio.sleep(0.05)
+                while not (await store.get_job(RUN)).state_reason.startswith("member 1 was"):
+                    await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+        return (await store.get_job(RUN)).state_reason
+
+    reason = _run(go, path)
+    assert reason.startswith("member 1 was declared lost by coordinator (max_disconnect)")
+    (message,) = [r.getMessage() for r in caplog.records if "look failed" in r.getMessage()]
+    assert "stayed locked" in message
 
 
 def test_max_disconnect_is_off_unless_a_fleet_sets_it(tmp_path: Path) -> None:

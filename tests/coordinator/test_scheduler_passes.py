@@ -85,3 +85,38 @@ def test_wakes_during_a_pass_make_one_more_pass(tmp_path: Path) -> None:
     assert during == 1  # the first pass was still waiting for the lock when the wakes came
     assert after == 2
     assert reason.startswith("waiting: needs 1 h200 GPU(s)")
+
+
+def test_a_pass_the_store_refuses_is_logged_and_the_next_pass_places(tmp_path: Path) -> None:
+    """A write lock held past the store's lock timeout fails a pass with StoreUnavailable; the
+    scheduler keeps running (its coordinator's round goes on) and the pass after the lock writes
+    the Job's wait reason."""
+
+    async def go() -> tuple[int, int, str]:
+        where = current().where(db_path(tmp_path))
+        store = await Store.open(where)
+        try:
+            run_id = await _admit_one(store)
+            scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, tick_s=3600)
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(scheduler.run)
+                    with write_lock(where):
+                        scheduler.wake()
+                        await _wait_until(
+                            "the pass to give up on the lock",
+                            lambda: scheduler.failed_passes == 1,
+                            timeout=30,
+                        )
+                    failed = scheduler.failed_passes
+                    scheduler.wake()
+                    await _wait_until("the pass after the lock", lambda: scheduler.passes == 2)
+                    tg.cancel_scope.cancel()
+            reason = str((await store.get_job(run_id)).state_reason)
+        finally:
+            await store.close()
+        return failed, scheduler.failed_passes, reason
+
+    failed, after, reason = asyncio.run(go())
+    assert (failed, after) == (1, 1)
+    assert reason.startswith("waiting: needs 1 h200 GPU(s)")
