@@ -17,6 +17,7 @@ import trio
 
 from tuneplane.collector.files import DEFAULT_MAX_FILES
 from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
+from tuneplane.proto.contract import control_protocol
 
 from . import messages as m
 from . import prepare
@@ -37,7 +38,7 @@ from .state_dir import NodeConfig, StateDir
 from .wire import Endpoint
 from .wire_control import ControlStream
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = control_protocol.release()
 INVENTORY_INTERVAL_S = 30.0
 STATUS_INTERVAL_S = 1.0
 #: How often a reconnect backoff looks for a credential replaced by a re-enrolment.
@@ -88,6 +89,8 @@ class DaemonBase:
         # A hung NVML at start-up reads "NVML unresponsive" instead of holding the agent.
         self.inventory = source.collect_within()
         self.status = Status(os.getpid(), node.node_id, node.coordinator, now_ms())
+        self.status.agent_version = AGENT_VERSION
+        self.status.protocol = control_protocol.PROTOCOL
         self.status.inventory = inventory_summary(self.inventory)
         self.status.work_root, self.status.out_root = str(work_root), str(out_root)
         if outputs is not None:

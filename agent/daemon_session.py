@@ -231,15 +231,22 @@ class DaemonSession(DaemonBase):
                 if effect.server_time_ms:
                     self.status.clock_skew_ms = effect.server_time_ms - now_ms()
                     self.status.clock_skew_at_ms = now_ms()
+                self.status.coordinator_version = effect.coordinator.version
+                self.status.coordinator_protocol = effect.coordinator.protocol
+                self.status.coordinator_capabilities = sorted(effect.coordinator.capabilities)
+                if effect.skew_warning:
+                    log.warning("coordinator outside the version-skew policy coordinator=%s "
+                                "reason=%s", self.endpoint, effect.skew_warning)  # fmt: skip
                 self.write_status()
                 if self.logship is not None:
                     self.logship.session_opened()
                 self._credential_life(
                     effect.credential_issued_at_ms, effect.credential_expires_at_ms
                 )
-                log.info("connected coordinator=%s heartbeat_interval_s=%.2f timeout_s=%.2f",
-                         self.endpoint, effect.heartbeat_interval_s,
-                         effect.heartbeat_timeout_s)  # fmt: skip
+                log.info("connected coordinator=%s coordinator_version=%s protocol=%d "
+                         "heartbeat_interval_s=%.2f timeout_s=%.2f", self.endpoint,
+                         effect.coordinator.version, effect.coordinator.protocol,
+                         effect.heartbeat_interval_s, effect.heartbeat_timeout_s)  # fmt: skip
             elif isinstance(effect, HeartbeatAcked):
                 self.status.last_heartbeat_ack_ms = now_ms()
                 if effect.rtt_s is not None:

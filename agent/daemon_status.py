@@ -50,6 +50,13 @@ class Status:
     # "" when it is off.
     outputs_listen: str = ""
     outputs_address: str = ""
+    # This agent's release and control protocol, and the coordinator's as its last Welcome said
+    # (proto/contract/control_protocol.py); "" and 0 before the first Welcome.
+    agent_version: str = ""
+    protocol: int = 0
+    coordinator_version: str = ""
+    coordinator_protocol: int = 0
+    coordinator_capabilities: list[str] = attrs.field(factory=list)
 
 
 def inventory_summary(inv: Inventory) -> dict[str, Any]:

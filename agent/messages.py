@@ -29,6 +29,11 @@ class Welcome:
     control_address: str = ""
     # Every coordinator sharing the store (high availability), the leader first; empty with one.
     coordinators: tuple[str, ...] = ()
+    # The coordinator's release, control protocol (0: unversioned, 0.1.x) and capabilities
+    # (proto/contract/control_protocol.py).
+    coordinator_version: str = ""
+    protocol: int = 0
+    capabilities: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -137,9 +142,18 @@ class ControlAddress:
     address: str
 
 
+@attrs.frozen
+class Coordinators:
+    """The coordinators sharing the store changed (the leader first; empty: one): sent only to
+    an agent that announced ``coordinators-update``."""
+
+    addresses: tuple[str, ...]
+
+
 Incoming = (
     Welcome
     | ControlAddress
+    | Coordinators
     | HeartbeatAck
     | ReportAck
     | Prepare
@@ -174,6 +188,9 @@ class Hello:
     dialed_address: str = ""
     # None when node.toml turns the outputs listener off.
     outputs: OutputsService | None = None
+    # The control protocol this agent speaks and what it takes (proto/contract/control_protocol.py).
+    protocol: int = 0
+    capabilities: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -9,7 +9,12 @@ Rules:
   report is replayed in sequence order and every prepared member without a decision is asked
   about with DecisionQuery.
 - Welcome's control address and list of coordinators come back as effects for the shell to
-  store (agent/control_address.py); reconnect timing is agent/reconnect.py's.
+  store (agent/control_address.py), as does a later Coordinators message; reconnect timing is
+  agent/reconnect.py's.
+- Hello says this agent's control protocol and capabilities; Welcome's (the coordinator's
+  release, protocol and capabilities) come back in :class:`Connected`, with a warning when the
+  coordinator is older than the version-skew policy allows
+  (proto/contract/control_protocol.py).
 - Heartbeat every ``heartbeat_interval``; a peer silent for ``heartbeat_timeout`` closes the
   session. :meth:`ControlSession.next_deadline` says when :meth:`ControlSession.tick` is due.
 - Credential rotation: Welcome says when the stream's credential expires; at the jittered point
@@ -25,6 +30,8 @@ import enum
 from collections.abc import Sequence
 
 import attrs
+
+from tuneplane.proto.contract import control_protocol as protocol
 
 from . import messages as m
 from .credential_renewal import renewal_at_ms
@@ -82,6 +89,10 @@ class Connected:
     credential_expires_at_ms: int = 0
     # The coordinator's clock when it sent the Welcome (epoch ms; 0: not stated).
     server_time_ms: int = 0
+    # What the coordinator said of itself in Welcome (an unversioned one: protocol 1).
+    coordinator: protocol.Peer = protocol.UNKNOWN_PEER
+    # A sentence when that coordinator is outside the version-skew policy for this agent.
+    skew_warning: str = ""
 
 
 @attrs.frozen
@@ -116,8 +127,9 @@ class AdoptControlAddress:
 
 @attrs.frozen
 class AdoptCoordinators:
-    """Welcome named every coordinator sharing the store, the leader first (empty: one): store
-    a new list (node.json, journal) for the next round of dials (agent/control_address.py)."""
+    """Welcome (or a Coordinators message) named every coordinator sharing the store, the
+    leader first (empty: one): store a new list (node.json, journal) for the next round of
+    dials (agent/control_address.py)."""
 
     addresses: tuple[str, ...]
 
@@ -197,6 +209,8 @@ class ControlSession:
             tuple(held),
             self.dialed_address,
             self.outputs,
+            protocol.PROTOCOL,
+            protocol.AGENT_CAPABILITIES,
         )
         return [Send(hello)]
 
@@ -228,6 +242,8 @@ class ControlSession:
             return [*_announced(message.control_address), AdoptCoordinators(message.coordinators)]
         if isinstance(message, m.ControlAddress):
             return _announced(message.address)
+        if isinstance(message, m.Coordinators):
+            return [AdoptCoordinators(message.addresses)]
         if isinstance(message, m.HeartbeatAck):
             latest = message.seq == self.beat_seq and self.beat_seq > 0
             return [HeartbeatAcked(message.seq, now - self.beat_sent_at if latest else None)]
@@ -278,6 +294,9 @@ class ControlSession:
         self.next_beat_at = now + self.heartbeat_interval_s
         self.credential_issued_at_ms = welcome.credential_issued_at_ms
         self.credential_expires_at_ms = welcome.credential_expires_at_ms
+        coordinator = protocol.Peer.said(
+            welcome.coordinator_version, welcome.protocol, list(welcome.capabilities)
+        )
         effects: list[Effect] = [
             Connected(
                 self.heartbeat_interval_s,
@@ -285,6 +304,8 @@ class ControlSession:
                 welcome.credential_issued_at_ms,
                 welcome.credential_expires_at_ms,
                 welcome.server_time_ms,
+                coordinator,
+                protocol.coordinator_warning(coordinator, self.agent_version) or "",
             )
         ]
         effects.extend(_announced(welcome.control_address))

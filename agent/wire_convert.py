@@ -95,6 +95,8 @@ def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
                 inventory=inventory_to_wire(msg.inventory),
                 held=held,
                 dialed_address=msg.dialed_address,
+                protocol=msg.protocol,
+                capabilities=list(msg.capabilities),
             )
         )
         if msg.outputs is not None:
@@ -184,9 +186,14 @@ def from_wire(msg: v1.CoordinatorMessage) -> m.Incoming:
             body.credential_expires_at_ms,
             body.control_address,
             tuple(body.coordinators),
+            body.coordinator_version,
+            body.protocol,
+            tuple(body.capabilities),
         )
     if isinstance(body, v1.ControlAddress):
         return m.ControlAddress(body.address)
+    if isinstance(body, v1.Coordinators):
+        return m.Coordinators(tuple(body.addresses))
     if isinstance(body, v1.HeartbeatAck):
         return m.HeartbeatAck(body.seq)
     if isinstance(body, v1.ReportAck):

@@ -11,6 +11,11 @@ Rules:
 - Dead peers are found by silence, not TCP: nothing heard for ``heartbeat_timeout`` closes the
   stream. Whatever ends a stream, the Node is recorded ``disconnected`` and its members
   ``unknown`` (never failed) - unless a newer stream of the same Node already replaced it.
+- Hello says the agent's release, control protocol and capabilities; an agent outside the
+  version-skew policy (:func:`~tuneplane.proto.contract.control_protocol.judge_agent`) is refused
+  with FAILED_PRECONDITION and a sentence naming both versions before anything of the Node is
+  recorded. Welcome says this coordinator's; the session's capabilities decide what the Node is
+  sent (:class:`~tuneplane.coordinator.gateways.sessions.NodeSession`).
 - A Node that comes back after it was declared lost (:mod:`~tuneplane.coordinator.node_loss`)
   gets, after Welcome, a Cancel marked ``declared_lost`` for each such member its Hello still
   holds; its reports about them are refused.
@@ -29,6 +34,7 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import StreamTerminatedError
 
 from tuneplane.proto import v1
+from tuneplane.proto.contract import control_protocol as protocol
 
 from ..auth import DEFAULT_NODE_CREDENTIAL_LIFETIME_S, CredentialLife, PermissionDenied
 from ..clock import now_ms
@@ -53,6 +59,9 @@ from .sessions import NodeSession, SessionRegistry
 from .status import grpc_errors
 
 log = logging.getLogger(__name__)
+
+#: This coordinator's release, said in every Welcome and in every refusal.
+RELEASE = protocol.release()
 
 
 def _peer(stream: Any) -> str:
@@ -142,7 +151,13 @@ class ControlGateway:
         with grpc_errors():
             node, life = await self._credentials.authenticate(stream)
             hello = await self._hello(stream, node)
-            session = NodeSession.create(node.id, _peer(stream), now_ms())
+            agent = protocol.Peer.said(hello.agent_version, hello.protocol, hello.capabilities)
+            refusal = protocol.judge_agent(agent, RELEASE)
+            if refusal is not None:
+                log.warning("node refused: outside the version-skew policy node=%s agent=%s "
+                            "protocol=%d", node.id, agent.version, agent.protocol)  # fmt: skip
+                raise GRPCError(Status.FAILED_PRECONDITION, refusal)
+            session = NodeSession.create(node.id, _peer(stream), now_ms(), agent.capabilities)
             old = self._registry.attach(session)
             # Audited in the Hello's own transaction (the newer stream wins).
             replaced = (
@@ -150,7 +165,8 @@ class ControlGateway:
                 if old is None
                 else ReplacedStream(old.peer, session.peer, old.opened_at_ms, now_ms())
             )
-            log.info("control stream opened node=%s agent=%s", node.id, hello.agent_version)
+            log.info("control stream opened node=%s agent=%s protocol=%d", node.id, agent.version,
+                     agent.protocol)  # fmt: skip
             self._credentials.opened(node.id, life)
             try:
                 with session.scope:
@@ -219,6 +235,9 @@ class ControlGateway:
                     credential_expires_at_ms=life.expires_at_ms or 0,
                     control_address=self._addresses.address if self._addresses else "",
                     coordinators=list(self._addresses.coordinators) if self._addresses else [],
+                    coordinator_version=RELEASE,
+                    protocol=protocol.PROTOCOL,
+                    capabilities=list(protocol.COORDINATOR_CAPABILITIES),
                 )
             )
         )

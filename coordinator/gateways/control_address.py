@@ -9,6 +9,9 @@ Rules (docs/operator.md, "Moving the coordinator"):
   stores it, keeps the one it dialed as a fallback, and dials it at its next connect. Which
   address each Node last dialed is recorded at Hello (``nodes.dialed_address``), so the operator
   sees who has followed before the old address goes away.
+- The coordinators sharing the store (high availability) go in every Welcome and, when they
+  change, to every connected Node whose agent announced ``coordinators-update``
+  (:meth:`ControlAddressDesk.share_coordinators`); an older agent learns them at its next Welcome.
 - The address is checked first (:func:`~tuneplane.coordinator.control_address.check`).
 """
 
@@ -18,6 +21,7 @@ import logging
 from pathlib import Path
 
 from tuneplane.proto import v1
+from tuneplane.proto.contract.control_protocol import Capability
 
 from ..clock import now_ms
 from ..control_address import check
@@ -37,7 +41,8 @@ class ControlAddressDesk:
         self._server_cert = server_cert
         self.address = ""
         #: Every coordinator's control address when several share the store (this one, the
-        #: leader, first), for every Welcome; () when it serves alone.
+        #: leader, first), for every Welcome; () when it serves alone. Changed by
+        #: :meth:`share_coordinators`.
         self.coordinators: tuple[str, ...] = ()
 
     async def load(self) -> None:
@@ -53,4 +58,17 @@ class ControlAddressDesk:
         message = v1.CoordinatorMessage(control_address=v1.ControlAddress(address=checked))
         told = sum(self._registry.send(n, message) for n in self._registry.connected_nodes())
         log.info("control address set address=%s by=%s nodes_told=%d", checked, by, told)
+        return told
+
+    def share_coordinators(self, coordinators: tuple[str, ...]) -> int:
+        """Name ``coordinators`` in every Welcome from now on and, when they changed, tell every
+        connected Node that takes a Coordinators message; returns how many were told."""
+        if coordinators == self.coordinators:
+            return 0
+        self.coordinators = coordinators
+        message = v1.CoordinatorMessage(coordinators=v1.Coordinators(addresses=list(coordinators)))
+        nodes = self._registry.nodes_that_take(Capability.COORDINATORS_UPDATE)
+        told = sum(self._registry.send(n, message) for n in nodes)
+        log.info("coordinators shared coordinators=%s nodes_told=%d",
+                 ",".join(coordinators) or "-", told)  # fmt: skip
         return told

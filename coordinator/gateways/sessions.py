@@ -43,12 +43,26 @@ class NodeSession:
     close_reason: str = ""
     peer: str = ""  # the client's HOST:PORT as the listener saw it, for the audit of takeovers
     opened_at_ms: int = 0
+    # What the agent's Hello announced it takes (proto/contract/control_protocol.py): nothing
+    # else is sent to it.
+    capabilities: frozenset[str] = frozenset()
 
     @classmethod
-    def create(cls, node_id: str, peer: str = "", opened_at_ms: int = 0) -> NodeSession:
+    def create(
+        cls,
+        node_id: str,
+        peer: str = "",
+        opened_at_ms: int = 0,
+        capabilities: frozenset[str] = frozenset(),
+    ) -> NodeSession:
         send, receive = anyio.create_memory_object_stream[v1.CoordinatorMessage](OUTBOX_SIZE)
         return cls(
-            node_id=node_id, outbox=send, inbox=receive, peer=peer, opened_at_ms=opened_at_ms
+            node_id=node_id,
+            outbox=send,
+            inbox=receive,
+            peer=peer,
+            opened_at_ms=opened_at_ms,
+            capabilities=capabilities,
         )
 
     def close(self, reason: str) -> None:
@@ -103,6 +117,10 @@ class SessionRegistry:
     def connected_nodes(self) -> list[str]:
         """The ids of the Nodes with a live session now."""
         return list(self._sessions)
+
+    def nodes_that_take(self, capability: str) -> list[str]:
+        """The ids of the Nodes with a live session whose agent announced ``capability``."""
+        return [n for n, s in self._sessions.items() if capability in s.capabilities]
 
     def send(self, node_id: str, message: v1.CoordinatorMessage) -> bool:
         """Queue ``message`` for the Node; False when it has no session (it will ask again)."""

@@ -278,7 +278,7 @@ def _share_peers(
     own = setting.advertised.telemetry
     collectors.telemetry_fallbacks = tuple(a for a in setting.peers.telemetry if a != own)
     control = setting.peers.control
-    addresses.coordinators = control if len(control) > 1 else ()
+    addresses.share_coordinators(control if len(control) > 1 else ())
 
 
 def _publish(setting: Setting) -> None:

@@ -14,7 +14,6 @@ Rules:
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 import signal
@@ -30,6 +29,7 @@ from tuneplane.agent.metrics_listener import (
     start_listener,
 )
 from tuneplane.agent.sd_notify import ServiceNotifier
+from tuneplane.proto.contract import control_protocol
 
 from ..config import CoordinatorConfig, load_config, store_setting
 from ..counters import REGISTRY
@@ -232,13 +232,6 @@ async def _serve(opts: ServeOptions, state_dir: Path, notifier: ServiceNotifier)
         log.info("coordinator stopped state_dir=%s", state_dir)
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("tuneplane")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 async def _stand_by_and_lead(
     setting: Setting,
     socks: dict[str, socket.socket] | None,
@@ -253,7 +246,7 @@ async def _stand_by_and_lead(
         id=coordinator_id(setting.state_dir),
         host=socket.gethostname(),
         pid=os.getpid(),
-        version=_version(),
+        version=control_protocol.release(),
         api_address=advertised.api,
         control_address=advertised.control,
         telemetry_address=advertised.telemetry,

@@ -929,6 +929,7 @@ class CoordinatorMessage(betterproto.Message):
     log_ack: "LogAck" = betterproto.message_field(8, group="body")
     credential_issued: "CredentialIssued" = betterproto.message_field(9, group="body")
     control_address: "ControlAddress" = betterproto.message_field(10, group="body")
+    coordinators: "Coordinators" = betterproto.message_field(11, group="body")
 
 
 @dataclass(eq=False, repr=False)
@@ -951,6 +952,17 @@ class Hello(betterproto.Message):
     """
     Where this Node serves the outputs of its ended members to other Nodes (an `--init-from`
      whose source ran here), unset when its node.toml turns the listener off ([outputs] listen).
+    """
+
+    protocol: int = betterproto.uint32_field(7)
+    """
+    The control protocol this agent speaks; 0 (unset) means 1, the unversioned 0.1.x agents.
+    """
+
+    capabilities: List[str] = betterproto.string_field(8)
+    """
+    What this agent takes that an older one would not (e.g. "coordinators-update"): the
+     coordinator sends nothing an agent did not announce.
     """
 
 
@@ -1005,6 +1017,27 @@ class Welcome(betterproto.Message):
      coordinator it uses stops answering, dials the others in turn until the leader welcomes it.
      Empty with one coordinator.
     """
+
+    coordinator_version: str = betterproto.string_field(8)
+    """
+    The coordinator's release and control protocol (0, unset: 1, a 0.1.x coordinator), and
+     what it may send or does (e.g. "version-skew-policy"). The agent records them in its
+     status file and uses only what both sides announced.
+    """
+
+    protocol: int = betterproto.uint32_field(9)
+    capabilities: List[str] = betterproto.string_field(10)
+
+
+@dataclass(eq=False, repr=False)
+class Coordinators(betterproto.Message):
+    """
+    Sent to every connected Node that announced "coordinators-update" when the coordinators
+     sharing the store change (one joined, one left): the same list as Welcome.coordinators,
+     without waiting for the next Welcome.
+    """
+
+    addresses: List[str] = betterproto.string_field(1)
 
 
 @dataclass(eq=False, repr=False)

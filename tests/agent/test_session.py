@@ -19,10 +19,21 @@ from tuneplane.agent.session import (
     Send,
     SessionError,
 )
+from tuneplane.proto.contract import control_protocol as protocol
 
 INV = simulated_inventory("node-a", SimulatedGpus("h200", 2))
 KEY = MemberKey("run-1", 1, 0)
-WELCOME = m.Welcome(heartbeat_interval_ms=500, heartbeat_timeout_ms=3000, server_time_ms=0)
+WELCOME = m.Welcome(
+    heartbeat_interval_ms=500,
+    heartbeat_timeout_ms=3000,
+    server_time_ms=0,
+    coordinator_version="9.9.0",
+    protocol=protocol.PROTOCOL,
+    capabilities=protocol.COORDINATOR_CAPABILITIES,
+)
+COORDINATOR = protocol.Peer(
+    "9.9.0", protocol.PROTOCOL, frozenset(protocol.COORDINATOR_CAPABILITIES)
+)
 
 
 def report(seq: int) -> PendingReport:
@@ -39,7 +50,16 @@ def opened(now: float = 0.0) -> ControlSession:
 def test_hello_carries_inventory_and_held_members() -> None:
     s = ControlSession("node-1", "0.1.0")
     (effect,) = s.start(0.0, INV, [(KEY, MemberState.PREPARED)])
-    assert effect == Send(m.Hello("node-1", "0.1.0", INV, ((KEY, MemberState.PREPARED),)))
+    assert effect == Send(
+        m.Hello(
+            "node-1",
+            "0.1.0",
+            INV,
+            ((KEY, MemberState.PREPARED),),
+            protocol=protocol.PROTOCOL,
+            capabilities=protocol.AGENT_CAPABILITIES,
+        )
+    )
     with pytest.raises(SessionError):
         s.start(0.0, INV, [])
 
@@ -50,7 +70,7 @@ def test_welcome_replays_reports_in_order_then_asks_for_decisions() -> None:
     other = MemberKey("run-2", 1, 0)
     effects = s.receive(1.0, WELCOME, pending=[report(7), report(3)], undecided=[other])
     assert effects == [
-        Connected(0.5, 3.0),
+        Connected(0.5, 3.0, coordinator=COORDINATOR),
         AdoptCoordinators(()),
         Send(m.Report(report(3))),
         Send(m.Report(report(7))),
@@ -133,8 +153,10 @@ def test_outgoing_is_sent_only_while_open() -> None:
 def test_zero_timings_get_floors_instead_of_a_busy_loop() -> None:
     s = ControlSession("node-1", "0.1.0")
     s.start(0.0, INV, [])
-    connected, _coordinators = s.receive(0.0, m.Welcome(0, 0, 0))
-    assert connected == Connected(0.05, 0.1)
+    connected, _coordinators = s.receive(0.0, m.Welcome(0, 0, 0, protocol=protocol.PROTOCOL))
+    assert connected == Connected(
+        0.05, 0.1, coordinator=protocol.Peer("unknown", protocol.PROTOCOL)
+    )
 
 
 def test_every_welcome_names_the_coordinators_for_the_shell_to_store() -> None:
@@ -160,3 +182,30 @@ def test_unacknowledged_reports_are_resent_and_missed_ones_caught_up() -> None:
     # After a heartbeat timeout without an ack, report 1 goes again.
     effects = s.tick(3.6, 0, INV, pending=[report(1)])
     assert Send(m.Report(report(1))) in effects
+
+
+def test_welcome_says_who_the_coordinator_is_and_an_older_one_is_warned_of() -> None:
+    """A current coordinator is recorded as it said; an unversioned one (0.1.x) is protocol 1,
+    outside the policy for this agent: the session goes on, with a warning naming both."""
+    s = ControlSession("node-1", "0.2.0")
+    s.start(0.0, INV, [])
+    (connected, _) = s.receive(0.1, WELCOME)
+    assert connected == Connected(0.5, 3.0, coordinator=COORDINATOR)
+    old = ControlSession("node-1", "0.2.0")
+    old.start(0.0, INV, [])
+    unversioned = m.Welcome(heartbeat_interval_ms=500, heartbeat_timeout_ms=3000, server_time_ms=0)
+    (connected, _) = old.receive(0.1, unversioned)
+    assert isinstance(connected, Connected)
+    assert connected.coordinator == protocol.Peer("unknown", 1)
+    assert "control protocol 1" in connected.skew_warning
+    assert (
+        "0.2.0" in connected.skew_warning and "upgrade the coordinators" in connected.skew_warning
+    )
+    assert old.phase.value == "open"
+
+
+def test_a_coordinators_update_mid_session_is_stored_like_welcomes() -> None:
+    s = opened()
+    update = m.Coordinators(("a:1", "b:2"))
+    assert s.receive(1.0, update) == [AdoptCoordinators(("a:1", "b:2"))]
+    assert s.receive(1.1, m.Coordinators(())) == [AdoptCoordinators(())]

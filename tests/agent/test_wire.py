@@ -26,7 +26,10 @@ def test_every_member_state_has_a_wire_value(state: MemberState) -> None:
 
 def test_hello_and_heartbeat_carry_the_inventory() -> None:
     inv = simulated_inventory("node-a", SimulatedGpus("h200", 2))
-    hello = to_wire(m.Hello("n1", "0.1.0", inv, ((KEY, MemberState.RUNNING),))).hello
+    hello = to_wire(
+        m.Hello("n1", "0.1.0", inv, ((KEY, MemberState.RUNNING),), "", None, 2, ("cap-a",))
+    ).hello
+    assert (hello.protocol, hello.capabilities) == (2, ["cap-a"])
     assert inventory_from_wire(hello.inventory) == inv
     assert hello.held[0].state == v1.MemberState.RUNNING
     beat = to_wire(m.Heartbeat(3, 7, None)).heartbeat
@@ -54,6 +57,14 @@ def test_coordinator_messages_become_domain_messages() -> None:
     assert from_wire(cancel) == m.Cancel(KEY, "r", 4)
     welcome = v1.CoordinatorMessage(welcome=v1.Welcome(heartbeat_interval_ms=500))
     assert from_wire(welcome) == m.Welcome(500, 0, 0)
+    welcome = v1.CoordinatorMessage(
+        welcome=v1.Welcome(coordinator_version="0.2.0", protocol=2, capabilities=["x", "y"])
+    )
+    said = from_wire(welcome)
+    assert isinstance(said, m.Welcome)
+    assert (said.coordinator_version, said.protocol, said.capabilities) == ("0.2.0", 2, ("x", "y"))
+    update = v1.CoordinatorMessage(coordinators=v1.Coordinators(addresses=["a:1", "b:2"]))
+    assert from_wire(update) == m.Coordinators(("a:1", "b:2"))
     with pytest.raises(UnknownMessage, match="upgrade tuneplane-node"):
         from_wire(v1.CoordinatorMessage())
 

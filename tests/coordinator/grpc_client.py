@@ -167,6 +167,7 @@ class NodeStream:
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
+        self.welcome: v1.Welcome | None = None
 
     async def send(self, **body: Any) -> None:
         await self.stream.send_message(v1.NodeMessage(**body))
@@ -221,9 +222,13 @@ async def node_stream(
     held: list[v1.HeldMember] | None = None,
     inventory: v1.Inventory | None = None,
     outputs: v1.OutputsService | None = None,
+    protocol: int = 0,
+    capabilities: tuple[str, ...] = (),
+    agent_version: str = "test",
 ) -> AsyncIterator[NodeStream]:
     """Connect, send Hello with ``inventory`` (default: ``gpus`` simulated GPUs) and, when
-    given, the outputs listener it reports, and check the Welcome."""
+    given, the outputs listener it reports, and check the Welcome (kept as ``welcome``).
+    ``protocol`` 0 and no ``capabilities`` is an unversioned (0.1.x) agent's Hello."""
     channel = open_channel(control, ca_path)
     try:
         async with channel.request(
@@ -237,14 +242,16 @@ async def node_stream(
             node = NodeStream(stream)
             hello = v1.Hello(
                 node_id=node_id,
-                agent_version="test",
+                agent_version=agent_version,
                 inventory=inventory or simulated_inventory(hostname, gpus),
                 held=held or [],
+                protocol=protocol,
+                capabilities=list(capabilities),
             )
             if outputs is not None:
                 hello.outputs = outputs
             await node.send(hello=hello)
-            await node.expect("welcome")
+            node.welcome = await node.expect("welcome")
             yield node
             # The coordinator may have closed the stream first; its status is raised on exit.
             if not stream._end_done:  # grpclib offers no public "already ended" check

@@ -1,0 +1,128 @@
+"""The control protocol's version, its capabilities and the version-skew policy.
+
+Rules (docs/operator.md, "Upgrades and version skew"; docs/protocol.md, "Versions"):
+- Hello and Welcome each carry the sender's protocol version and capabilities. A message with no
+  version (0 on the wire) comes from 0.1.x, which speaks protocol 1 and has no capabilities.
+- The policy, as Kubernetes has for kubelets: a Node's agent may be at most
+  :data:`AGENT_SKEW` protocol versions older than the coordinators, and never newer. Coordinators
+  are upgraded first (one at a time, through a failover), then the agents in place. A
+  coordinator refuses an agent outside the policy with a sentence naming both releases and
+  protocols, before anything of the Node is recorded.
+- A capability names something a side may send only to a peer that announced it. A coordinator
+  never sends an agent a message or field the agent did not announce; an agent uses what the
+  coordinator announced, and only that.
+- Pure: no I/O. The agent's and the coordinator's shells call :func:`judge_agent` and
+  :func:`spoken`.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.metadata
+
+import attrs
+
+#: The control protocol this release speaks. Protocol 1 is 0.1.x's (no version on the wire).
+PROTOCOL = 2
+
+#: What a Hello or Welcome without a version speaks: 0.1.x, before versions were carried.
+UNVERSIONED = 1
+
+#: How many protocol versions older than the coordinators an agent may be.
+AGENT_SKEW = 1
+
+#: The oldest agent protocol these coordinators accept.
+OLDEST_AGENT_PROTOCOL = PROTOCOL - AGENT_SKEW
+
+
+class Capability(enum.StrEnum):
+    """Things a side may send only to a peer that announced it."""
+
+    #: The agent takes a ``Coordinators`` message mid-session (the coordinators sharing the
+    #: store changed) and stores the list as it stores Welcome's; an agent without it learns
+    #: the list at its next Welcome.
+    COORDINATORS_UPDATE = "coordinators-update"
+    #: The coordinator judges every Hello by this policy (and says so in Welcome), so a Node
+    #: it welcomed is within it.
+    VERSION_SKEW_POLICY = "version-skew-policy"
+
+
+#: What this release's agent announces in Hello.
+AGENT_CAPABILITIES: tuple[str, ...] = (Capability.COORDINATORS_UPDATE.value,)
+
+#: What this release's coordinator announces in Welcome.
+COORDINATOR_CAPABILITIES: tuple[str, ...] = (
+    Capability.COORDINATORS_UPDATE.value,
+    Capability.VERSION_SKEW_POLICY.value,
+)
+
+
+def release() -> str:
+    """The installed TunePlane release (the package's version), said in Hello and Welcome."""
+    try:
+        return importlib.metadata.version("tuneplane")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def spoken(wire_protocol: int) -> int:
+    """The protocol a Hello or Welcome speaks, from its field (0: unversioned, 0.1.x)."""
+    return wire_protocol or UNVERSIONED
+
+
+@attrs.frozen
+class Peer:
+    """What one side said of itself in Hello or Welcome."""
+
+    version: str
+    protocol: int
+    capabilities: frozenset[str] = frozenset()
+
+    @classmethod
+    def said(cls, version: str, wire_protocol: int, capabilities: list[str]) -> Peer:
+        return cls(version or "unknown", spoken(wire_protocol), frozenset(capabilities))
+
+    def can(self, capability: Capability) -> bool:
+        return capability.value in self.capabilities
+
+    @property
+    def text(self) -> str:
+        return f"{self.version} (control protocol {self.protocol})"
+
+
+#: A peer that has said nothing of itself yet.
+UNKNOWN_PEER = Peer("unknown", UNVERSIONED)
+
+
+def judge_agent(agent: Peer, coordinator_version: str) -> str | None:
+    """None when ``agent`` is within the policy for these coordinators; otherwise the refusal,
+    a sentence naming both releases and protocols and what to upgrade."""
+    here = f"coordinator {coordinator_version} (control protocol {PROTOCOL})"
+    if agent.protocol > PROTOCOL:
+        return (
+            f"This Node's agent {agent.text} is newer than {here}: an agent is never newer than "
+            "the coordinators it connects to. Upgrade the coordinators first, one at a time "
+            'through a failover, then the agents (docs/operator.md, "Upgrades and version '
+            'skew").'
+        )
+    if agent.protocol < OLDEST_AGENT_PROTOCOL:
+        return (
+            f"This Node's agent {agent.text} is too old for {here}, which accepts agents of "
+            f"control protocol {OLDEST_AGENT_PROTOCOL} to {PROTOCOL}. Upgrade tuneplane-node on "
+            'this Node; its members keep running (docs/operator.md, "Upgrades and version '
+            'skew").'
+        )
+    return None
+
+
+def coordinator_warning(coordinator: Peer, agent_version: str) -> str | None:
+    """None when a Welcome's coordinator is within the policy for this agent; otherwise a
+    sentence for the agent's log (a coordinator older than the policy cannot refuse us itself:
+    the session goes on with what both sides speak)."""
+    if coordinator.protocol >= PROTOCOL:
+        return None
+    return (
+        f"The coordinator {coordinator.text} is older than this Node's agent {agent_version} "
+        f"(control protocol {PROTOCOL}), outside the version-skew policy: upgrade the "
+        "coordinators before the agents. The session goes on with what both speak."
+    )

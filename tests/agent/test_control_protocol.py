@@ -1,0 +1,51 @@
+"""The version-skew policy (proto/contract/control_protocol.py), exhaustively over protocols."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuneplane.proto.contract import control_protocol as protocol
+
+
+def test_an_unversioned_hello_or_welcome_speaks_protocol_1() -> None:
+    assert protocol.spoken(0) == 1 == protocol.UNVERSIONED
+    assert protocol.Peer.said("", 0, []) == protocol.UNKNOWN_PEER
+
+
+@given(st.integers(min_value=0, max_value=protocol.PROTOCOL + 5), st.text(max_size=12))
+def test_an_agent_is_accepted_exactly_within_the_skew(wire: int, version: str) -> None:
+    agent = protocol.Peer.said(version, wire, [])
+    refusal = protocol.judge_agent(agent, "7.0.0")
+    within = protocol.PROTOCOL - protocol.AGENT_SKEW <= agent.protocol <= protocol.PROTOCOL
+    assert (refusal is None) == within
+    if refusal is not None:
+        # Both releases and both protocols, and what to upgrade.
+        assert agent.text in refusal and "coordinator 7.0.0" in refusal
+        assert f"control protocol {protocol.PROTOCOL}" in refusal
+        assert "Upgrade" in refusal and refusal.endswith(".")
+
+
+def test_the_previous_release_is_within_the_policy_and_a_newer_agent_is_not() -> None:
+    previous = protocol.Peer.said("0.1.0", 0, [])
+    assert protocol.judge_agent(previous, "0.2.0") is None
+    newer = protocol.Peer.said("9.0.0", protocol.PROTOCOL + 1, [])
+    refusal = protocol.judge_agent(newer, "0.2.0")
+    assert refusal is not None and "Upgrade the coordinators first" in refusal
+
+
+def test_only_a_coordinator_older_than_this_agent_is_warned_of() -> None:
+    current = protocol.Peer.said("0.2.0", protocol.PROTOCOL, [])
+    assert protocol.coordinator_warning(current, "0.2.0") is None
+    old = protocol.Peer.said("0.1.0", 0, [])
+    warning = protocol.coordinator_warning(old, "0.2.0")
+    assert warning is not None and "0.1.0 (control protocol 1)" in warning
+
+
+def test_each_side_announces_only_capabilities_the_protocol_names() -> None:
+    names = {c.value for c in protocol.Capability}
+    assert set(protocol.AGENT_CAPABILITIES) <= names
+    assert set(protocol.COORDINATOR_CAPABILITIES) <= names
+    assert protocol.Peer.said("x", 2, ["coordinators-update"]).can(
+        protocol.Capability.COORDINATORS_UPDATE
+    )

@@ -1,0 +1,121 @@
+"""The version-skew policy at Connect, over real gRPC against a real coordinator: an agent newer
+than the coordinator is refused with a sentence naming both versions and nothing of the Node
+changes; an unversioned (0.1.x) agent is welcomed, and told who the coordinator is."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from grpclib import GRPCError
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import StreamTerminatedError
+
+from tests.agent.jobs import tp
+from tests.coordinator.grpc_client import (
+    NodeStream,
+    bearer,
+    enroll,
+    node_stream,
+    open_channel,
+    simulated_inventory,
+)
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.store_backend import StoreBackend
+from tuneplane.proto import v1
+from tuneplane.proto.contract import control_protocol as protocol
+
+
+@pytest.fixture(scope="module")
+def coord(
+    tmp_path_factory: pytest.TempPathFactory, module_store_backend: StoreBackend
+) -> Iterator[CoordinatorProcess]:
+    with start_coordinator(tmp_path_factory.mktemp("skew")) as c:
+        yield c
+
+
+def _node(coord: CoordinatorProcess, hostname: str) -> v1.EnrollReply:
+    token = coord.create_join_token()
+    return asyncio.run(enroll(coord.control, coord.ca_path, token, hostname, 2))
+
+
+def _shown(coord: CoordinatorProcess, node_id: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(tp(coord, "node", "show", node_id, "--json"))
+    return data
+
+
+async def _hello_refused(coord: CoordinatorProcess, enrolled: v1.EnrollReply, wire: int) -> str:
+    """Connect and say Hello as an agent of protocol ``wire``; the refusal's message."""
+    channel = open_channel(coord.control, coord.ca_path)
+    try:
+        async with channel.request(
+            "/tuneplane.v1.Control/Connect",
+            Cardinality.STREAM_STREAM,
+            v1.NodeMessage,
+            v1.CoordinatorMessage,
+            metadata=bearer(enrolled.node_credential),
+        ) as stream:
+            await stream.send_request()
+            node = NodeStream(stream)
+            hello = v1.Hello(
+                node_id=enrolled.node_id,
+                agent_version="9.0.0",
+                inventory=simulated_inventory("node-new", 2),
+                protocol=wire,
+                capabilities=["something-new"],
+            )
+            await node.send(hello=hello)
+            with pytest.raises(GRPCError) as refused:
+                await node.recv()
+            # A trailers-only answer: our side of the stream is still open.
+            if not stream._end_done:  # grpclib offers no public "already ended" check
+                with contextlib.suppress(StreamTerminatedError):
+                    await stream.end()
+    finally:
+        channel.close()
+    assert refused.value.status is Status.FAILED_PRECONDITION
+    return str(refused.value.message)
+
+
+def test_an_agent_newer_than_the_coordinator_is_refused_and_nothing_changes(
+    coord: CoordinatorProcess,
+) -> None:
+    enrolled = _node(coord, "node-new")
+    before = _shown(coord, enrolled.node_id)
+    logged = len(coord.read_log())
+    message = asyncio.run(_hello_refused(coord, enrolled, protocol.PROTOCOL + 1))
+    assert f"agent 9.0.0 (control protocol {protocol.PROTOCOL + 1})" in message
+    assert f"coordinator {protocol.release()} (control protocol {protocol.PROTOCOL})" in message
+    assert "Upgrade the coordinators first" in message
+    after = _shown(coord, enrolled.node_id)
+    # Nothing of the Node was recorded: not connected, not seen, no inventory from this Hello.
+    assert after == before
+    log = coord.read_log()[logged:]
+    assert f"node refused: outside the version-skew policy node={enrolled.node_id}" in log
+    assert f"control stream opened node={enrolled.node_id}" not in log
+
+
+def test_an_unversioned_agent_is_welcomed_and_told_who_the_coordinator_is(
+    coord: CoordinatorProcess,
+) -> None:
+    enrolled = _node(coord, "node-old")
+
+    async def go() -> v1.Welcome:
+        async with node_stream(
+            coord.control, coord.ca_path, enrolled.node_credential, enrolled.node_id,
+            hostname="node-old", agent_version="0.1.0",
+        ) as node:  # fmt: skip
+            assert node.welcome is not None
+            return node.welcome
+
+    welcome = asyncio.run(go())
+    assert welcome.coordinator_version == protocol.release()
+    assert welcome.protocol == protocol.PROTOCOL
+    assert tuple(welcome.capabilities) == protocol.COORDINATOR_CAPABILITIES
+    assert f"control stream opened node={enrolled.node_id} agent=0.1.0 protocol=1" in (
+        coord.read_log()
+    )
