@@ -6,26 +6,16 @@ by the new leader within the ride-out. The time from the kill to that answer is 
 from __future__ import annotations
 
 import json
-import socket
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.cli.tp_process import run_tp
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tests.support.ha import copy_state_dir
+from tests.support.ha import copy_state_dir, free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-
-def _free_ports(count: int) -> tuple[int, ...]:
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return tuple(sock.getsockname()[1] for sock in socks)
 
 
 @pytest.mark.usefixtures("pg_backend")
@@ -35,7 +25,7 @@ def test_tp_follows_the_leader_through_a_kill_9(tmp_path: Path) -> None:
     second = tmp_path / "b" / "coordinator"
     copy_state_dir(leader.state_dir, second)
     standby = CoordinatorProcess(second, list(leader.serve_args))
-    api_port, control_port, telemetry_port = _free_ports(3)
+    api_port, control_port, telemetry_port = free_ports(3)
     standby.start((api_port, control_port, telemetry_port), standby=True)
     context = tmp_path / "tp-context.json"
     context.write_text(

@@ -28,7 +28,7 @@ import pytest
 from tests.agent.jobs import TERMINAL, journal
 from tests.faults.jobs import held_gpus
 from tests.support.agent import AgentProcess, start_agent, wait_until
-from tests.support.coordinator import CoordinatorProcess, _admin, start_coordinator
+from tests.support.coordinator import CoordinatorProcess, admin_argv, start_coordinator
 from tests.support.netns import Network, open_network, require_netns
 from tuneplane.agent import rendezvous as rdv
 
@@ -137,7 +137,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             assert done.returncode == 0, done.stderr
         state_dir = root / "coordinator"
         subprocess.run(
-            _admin("init", "--state-dir", str(state_dir), "--san", "coord"),
+            admin_argv("init", "--state-dir", str(state_dir), "--san", "coord"),
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip
         with start_coordinator(

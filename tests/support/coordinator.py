@@ -26,7 +26,9 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 
 
-def _admin(*args: str) -> list[str]:
+def admin_argv(*args: str) -> list[str]:
+    """``tuneplane-coordinator ARGS`` as this interpreter runs it (a release's ``prefix`` runs it
+    under another: tests/support/release.py)."""
     return [sys.executable, "-m", "tuneplane.coordinator.cli.admin", *args]
 
 
@@ -80,7 +82,10 @@ class CoordinatorProcess:
         offset = len(self.read_log())
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [*self.prefix_argv, *_admin("serve", "--state-dir", str(self.state_dir), *args)],
+                [
+                    *self.prefix_argv,
+                    *admin_argv("serve", "--state-dir", str(self.state_dir), *args),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
@@ -158,7 +163,7 @@ class CoordinatorProcess:
         another environment (a moved clock: :func:`tests.support.processes.faketime_env`)."""
         for_node = ["--node", node] if node is not None else []
         out = subprocess.run(
-            [*self.prefix_argv, *_admin(
+            [*self.prefix_argv, *admin_argv(
                 "token", "create", "--state-dir", str(self.state_dir), "--fleet", fleet,
                 "--ttl", ttl, *for_node, "--json",
             )],
@@ -187,7 +192,7 @@ class CoordinatorProcess:
     def admin(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run another ``tuneplane-coordinator`` command against this state directory."""
         return subprocess.run(
-            [*self.prefix_argv, *_admin(*args, "--state-dir", str(self.state_dir))],
+            [*self.prefix_argv, *admin_argv(*args, "--state-dir", str(self.state_dir))],
             capture_output=True,
             text=True,
             timeout=30,
@@ -266,6 +271,7 @@ def start_coordinator(
     config: str = "",
     prefix_argv: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    ports: tuple[int, int, int] | None = None,
     **opts: Any,
 ) -> CoordinatorProcess:
     """``init`` a state directory under ``tmp_path`` and ``serve`` it.
@@ -275,13 +281,14 @@ def start_coordinator(
     over the network is reached from the coordinator's host); ``init`` runs here.
     ``config`` is TOML appended to the fresh coordinator.toml (a ``[limits]`` table, say); a state
     directory that already exists keeps its own. ``env``: more environment for this first
-    ``serve`` only (a crash point). Extra keyword options become ``serve`` flags:
+    ``serve`` only (a crash point). ``ports``: (api, control, telemetry) to serve on instead of
+    free ones. Extra keyword options become ``serve`` flags:
     ``prepare_timeout=5`` -> ``--prepare-timeout 5``.
     """
     state_dir = tmp_path / "coordinator"
     if not (state_dir / "admin.token").exists():
         subprocess.run(
-            _admin("init", "--state-dir", str(state_dir), *current().init_args()),
+            admin_argv("init", "--state-dir", str(state_dir), *current().init_args()),
             check=True,
             capture_output=True,
             timeout=60,
@@ -297,11 +304,11 @@ def start_coordinator(
     for name, value in opts.items():
         serve_args += ["--" + name.replace("_", "-"), str(value)]
     proc = CoordinatorProcess(state_dir, serve_args, prefix_argv)
-    proc.start(env=env)
+    proc.start(ports, env=env)
     return proc
 
 
-__all__ = ["CoordinatorProcess", "start_coordinator", "stored_outputs_service"]
+__all__ = ["CoordinatorProcess", "admin_argv", "start_coordinator", "stored_outputs_service"]
 
 
 def stored_outputs_service(state_dir: Path, node_id: str) -> tuple[str, str, str]:
