@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from tuneplane.proto.contract import control_protocol
+
 from . import journal_read, workload_checks
 from .cli_settings import workload_policy
 from .cli_support import sentences, state_dir_option
@@ -79,6 +81,7 @@ def status_command(state_dir: Path, as_json: bool) -> None:
         "journal_problem": journal_problem,
         "workload_warnings": workload_checks.warnings(workload_policy()),
         "credential": credential,
+        "versions": _versions(status),
     }
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -103,6 +106,9 @@ def status_command(state_dir: Path, as_json: bool) -> None:
             )
         if data["last_error"]:
             click.echo(f"last error: {data['last_error']}")
+        click.echo(data["versions"]["summary"])
+        if data["versions"]["skew_warning"]:
+            click.echo(f"WARNING: {data['versions']['skew_warning']}")
     if data["safe_mode"]:
         click.echo(f"SAFE MODE: {data['safe_mode_reason']}")
     for warning in data["workload_warnings"]:
@@ -167,3 +173,29 @@ def _credential_json(state: StateDir) -> dict[str, Any]:
 def gib(size: int) -> str:
     """A size in GiB with one decimal, as status and doctor show memory."""
     return f"{size / 2**30:.1f} GiB"
+
+
+def _versions(status: dict[str, Any]) -> dict[str, Any]:
+    """This agent's release and control protocol and the coordinator's, as the last Welcome
+    said (proto/contract/control_protocol.py), with a sentence for each and any skew warning."""
+    agent = status.get("agent_version") or "unknown"
+    said = status.get("coordinator_protocol") or 0
+    coordinator = control_protocol.Peer.said(
+        status.get("coordinator_version") or "", said, status.get("coordinator_capabilities", [])
+    )
+    mine = f"agent {agent} (control protocol {status.get('protocol') or '?'})"
+    summary = (
+        f"versions: {mine}, coordinator {coordinator.text}"
+        if said
+        else f"versions: {mine}, coordinator not yet heard"
+    )
+    warning = control_protocol.coordinator_warning(coordinator, agent) if said else None
+    return {
+        "agent_version": agent,
+        "protocol": status.get("protocol") or 0,
+        "coordinator_version": coordinator.version if said else "",
+        "coordinator_protocol": said,
+        "coordinator_capabilities": sorted(coordinator.capabilities),
+        "summary": summary,
+        "skew_warning": warning or "",
+    }

@@ -49,3 +49,20 @@ def test_each_side_announces_only_capabilities_the_protocol_names() -> None:
     assert protocol.Peer.said("x", 2, ["coordinators-update"]).can(
         protocol.Capability.COORDINATORS_UPDATE
     )
+
+
+def test_the_status_command_says_both_versions_and_warns_of_an_older_coordinator() -> None:
+    from tuneplane.agent.status_cli import _versions
+
+    assert _versions({})["summary"] == (
+        "versions: agent unknown (control protocol ?), coordinator not yet heard"
+    )
+    current = {"agent_version": "0.2.0", "protocol": 2, "coordinator_version": "0.2.0",
+               "coordinator_protocol": 2, "coordinator_capabilities": ["b", "a"]}  # fmt: skip
+    said = _versions(current)
+    assert said["summary"] == (
+        "versions: agent 0.2.0 (control protocol 2), coordinator 0.2.0 (control protocol 2)"
+    )
+    assert said["coordinator_capabilities"] == ["a", "b"] and not said["skew_warning"]
+    older = _versions({**current, "coordinator_version": "unknown", "coordinator_protocol": 1})
+    assert "unknown (control protocol 1) is older" in older["skew_warning"]

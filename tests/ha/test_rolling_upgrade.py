@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent.jobs import job
 from tests.faults.coordinator_crashes import members_on, spawns
-from tests.faults.jobs import job, project, submit, wait_state
+from tests.faults.jobs import project, submit, wait_state
 from tests.support.agent import start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, admin_argv, start_coordinator
 from tests.support.ha import copy_state_dir, free_ports, wait_listed
@@ -94,6 +95,12 @@ def test_a_rolling_upgrade_from_the_previous_release_keeps_its_member_running_on
                    f"protocol={protocol.PROTOCOL}", timeout=60)  # fmt: skip
         (still,) = members_on(agent)
         assert still["state"] == "running", still
+        shown = agent.cli("status")
+        assert shown.returncode == 0, shown.stderr
+        assert (
+            f"versions: agent {current_version()} (control protocol {protocol.PROTOCOL}), "
+            f"coordinator {current_version()} (control protocol {protocol.PROTOCOL})"
+        ) in shown.stdout
 
         flag.write_text("")
         done = wait_until(
