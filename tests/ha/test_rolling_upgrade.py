@@ -53,8 +53,14 @@ def test_a_rolling_upgrade_from_the_previous_release_keeps_its_member_running_on
         wait_listed(a, 2)
         agent = start_agent(tmp_path, a, "node-a", prefix_argv=old.prefix)
         agent.wait_connected()
-        node = json.loads((agent.state_dir / "node.json").read_text())
-        assert node["coordinators"] == [a.control, f"127.0.0.1:{ports_b[1]}"]
+        # The Welcome named both; node.json is stored right after the status says connected.
+        wait_until(
+            "the Node to keep both coordinators",
+            lambda: (
+                json.loads((agent.state_dir / "node.json").read_text())["coordinators"]
+                == [a.control, f"127.0.0.1:{ports_b[1]}"]
+            ),
+        )
         assert f"control stream opened node={agent.node_id} agent={old.version}" in a.read_log()
         flag = tmp_path / "finish"
         root = project(a, tmp_path / "proj", "custom/custom",
