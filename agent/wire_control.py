@@ -22,6 +22,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 
 from tuneplane.proto import v1
+from tuneplane.proto.contract import control_protocol
 
 from . import messages as m
 from .adapter import run_aio
@@ -41,6 +42,17 @@ from .wire_convert import from_wire, inventory_to_wire, to_wire
 
 CONNECT_METHOD = "/tuneplane.v1.Control/Connect"
 ENROLL_METHOD = "/tuneplane.v1.Control/Enroll"
+
+
+def connect_metadata(credential: str) -> dict[str, str]:
+    """Connect's request metadata: the credential, and this agent's release and control
+    protocol, so a coordinator can refuse an agent outside the version-skew policy before any
+    Hello (and answer :func:`control_refusal`'s probe with that sentence)."""
+    return {
+        "authorization": f"Bearer {credential}",
+        control_protocol.PROTOCOL_HEADER: str(control_protocol.PROTOCOL),
+        control_protocol.VERSION_HEADER: control_protocol.release(),
+    }
 
 
 @attrs.frozen
@@ -111,8 +123,9 @@ async def control_refusal(endpoint: Endpoint, ca_path: Path, credential: str) ->
     """Why the coordinator refuses ``credential`` on Connect, or None when it does not.
 
     A refusal that races with the stream reset reaches a live session as a bare reset. This
-    opens Connect and ends it at once, sending no Hello: a refused credential is answered with
-    its status and sentence; an accepted one only with "no Hello", so no session starts.
+    opens Connect and ends it at once, sending no Hello: a refused credential, or an agent
+    outside the version-skew policy (said in the request metadata), is answered with its status
+    and sentence; an accepted one only with "no Hello", so no session starts.
     """
     ctx = client_tls(ca_path)
     try:
@@ -124,7 +137,7 @@ async def control_refusal(endpoint: Endpoint, ca_path: Path, credential: str) ->
         with trio.fail_after(UNARY_DEADLINE_S), translated(endpoint, ca_path, "Connect"):
             await run_aio(_probe_connect, channel, credential)
     except Refused as exc:
-        if exc.status in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        if exc.status in ("UNAUTHENTICATED", "PERMISSION_DENIED", "FAILED_PRECONDITION"):
             return exc
     except (WireError, trio.TooSlowError):
         # A coordinator that accepts the connection but does not answer (paused, overloaded)
@@ -141,7 +154,7 @@ async def _probe_connect(channel: Channel, credential: str) -> None:
         Cardinality.STREAM_STREAM,
         v1.NodeMessage,
         v1.CoordinatorMessage,
-        metadata={"authorization": f"Bearer {credential}"},
+        metadata=connect_metadata(credential),
     ) as stream:
         await stream.send_request(end=True)
         await stream.recv_message()
@@ -160,7 +173,7 @@ async def open_control_stream(
         Cardinality.STREAM_STREAM,
         v1.NodeMessage,
         v1.CoordinatorMessage,
-        metadata={"authorization": f"Bearer {credential}"},
+        metadata=connect_metadata(credential),
     )
     try:
         # Connecting (TCP, TLS, HTTP/2) and opening the stream are bounded together: a

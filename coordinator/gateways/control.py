@@ -64,6 +64,16 @@ log = logging.getLogger(__name__)
 RELEASE = protocol.release()
 
 
+def _judge(node_id: str, agent: protocol.Peer) -> None:
+    """Refuse (FAILED_PRECONDITION, a sentence naming both versions) an agent outside the
+    version-skew policy; nothing of the Node has been recorded yet."""
+    refusal = protocol.judge_agent(agent, RELEASE)
+    if refusal is not None:
+        log.warning("node refused: outside the version-skew policy node=%s agent=%s protocol=%d",
+                    node_id, agent.version, agent.protocol)  # fmt: skip
+        raise GRPCError(Status.FAILED_PRECONDITION, refusal)
+
+
 def _peer(stream: Any) -> str:
     """The client's ``HOST:PORT`` as the listener saw it ("" when the transport does not say)."""
     try:
@@ -150,13 +160,13 @@ class ControlGateway:
     async def _connect(self, stream: Any) -> None:
         with grpc_errors():
             node, life = await self._credentials.authenticate(stream)
+            said = protocol.from_metadata(dict(stream.metadata or {}))
+            if said is not None:
+                # Before any Hello: the agent's probe for why it was refused ends here too.
+                _judge(node.id, said)
             hello = await self._hello(stream, node)
             agent = protocol.Peer.said(hello.agent_version, hello.protocol, hello.capabilities)
-            refusal = protocol.judge_agent(agent, RELEASE)
-            if refusal is not None:
-                log.warning("node refused: outside the version-skew policy node=%s agent=%s "
-                            "protocol=%d", node.id, agent.version, agent.protocol)  # fmt: skip
-                raise GRPCError(Status.FAILED_PRECONDITION, refusal)
+            _judge(node.id, agent)
             session = NodeSession.create(node.id, _peer(stream), now_ms(), agent.capabilities)
             old = self._registry.attach(session)
             # Audited in the Hello's own transaction (the newer stream wins).

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import importlib.metadata
+from collections.abc import Mapping
 
 import attrs
 
@@ -27,6 +28,11 @@ PROTOCOL = 2
 
 #: What a Hello or Welcome without a version speaks: 0.1.x, before versions were carried.
 UNVERSIONED = 1
+
+#: Connect's request metadata saying the agent's protocol and release, so a coordinator can
+#: refuse it before any Hello (0.1.x agents send neither: they are judged by their Hello).
+PROTOCOL_HEADER = "tuneplane-protocol"
+VERSION_HEADER = "tuneplane-agent-version"
 
 #: How many protocol versions older than the coordinators an agent may be.
 AGENT_SKEW = 1
@@ -63,6 +69,19 @@ def release() -> str:
         return importlib.metadata.version("tuneplane")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+def from_metadata(metadata: Mapping[str, str]) -> Peer | None:
+    """The agent as Connect's request metadata says it (None when it says nothing, as 0.1.x
+    agents do); a protocol that is not a number is taken as unversioned."""
+    said = metadata.get(PROTOCOL_HEADER)
+    if said is None:
+        return None
+    try:
+        wire = max(int(said), 0)
+    except ValueError:
+        wire = 0
+    return Peer.said(metadata.get(VERSION_HEADER, ""), wire, [])
 
 
 def spoken(wire_protocol: int) -> int:

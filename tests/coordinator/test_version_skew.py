@@ -5,19 +5,17 @@ changes; an unversioned (0.1.x) agent is welcomed, and told who the coordinator 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import trio
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Status
-from grpclib.exceptions import StreamTerminatedError
 
 from tests.agent.jobs import tp
 from tests.coordinator.grpc_client import (
-    NodeStream,
     bearer,
     enroll,
     node_stream,
@@ -26,6 +24,9 @@ from tests.coordinator.grpc_client import (
 )
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.store_backend import StoreBackend
+from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.wire import Endpoint, Refused
+from tuneplane.agent.wire_control import control_refusal
 from tuneplane.proto import v1
 from tuneplane.proto.contract import control_protocol as protocol
 
@@ -48,8 +49,15 @@ def _shown(coord: CoordinatorProcess, node_id: str) -> dict[str, Any]:
     return data
 
 
-async def _hello_refused(coord: CoordinatorProcess, enrolled: v1.EnrollReply, wire: int) -> str:
-    """Connect and say Hello as an agent of protocol ``wire``; the refusal's message."""
+async def _refused(
+    coord: CoordinatorProcess, enrolled: v1.EnrollReply, wire: int, hello: bool
+) -> str:
+    """Connect as an agent of protocol ``wire``: saying it in the request metadata only (the
+    agent's probe, no Hello), or in a Hello only (no metadata). Our side ends the stream after
+    what it sends, so the answer is the coordinator's status, never a bare reset."""
+    metadata = bearer(enrolled.node_credential)
+    if not hello:
+        metadata |= {protocol.PROTOCOL_HEADER: str(wire), protocol.VERSION_HEADER: "9.0.0"}
     channel = open_channel(coord.control, coord.ca_path)
     try:
         async with channel.request(
@@ -57,37 +65,36 @@ async def _hello_refused(coord: CoordinatorProcess, enrolled: v1.EnrollReply, wi
             Cardinality.STREAM_STREAM,
             v1.NodeMessage,
             v1.CoordinatorMessage,
-            metadata=bearer(enrolled.node_credential),
+            metadata=metadata,
         ) as stream:
-            await stream.send_request()
-            node = NodeStream(stream)
-            hello = v1.Hello(
-                node_id=enrolled.node_id,
-                agent_version="9.0.0",
-                inventory=simulated_inventory("node-new", 2),
-                protocol=wire,
-                capabilities=["something-new"],
-            )
-            await node.send(hello=hello)
+            if hello:
+                await stream.send_request()
+                said = v1.Hello(
+                    node_id=enrolled.node_id,
+                    agent_version="9.0.0",
+                    inventory=simulated_inventory("node-new", 2),
+                    protocol=wire,
+                    capabilities=["something-new"],
+                )
+                await stream.send_message(v1.NodeMessage(hello=said), end=True)
+            else:
+                await stream.send_request(end=True)
             with pytest.raises(GRPCError) as refused:
-                await node.recv()
-            # A trailers-only answer: our side of the stream is still open.
-            if not stream._end_done:  # grpclib offers no public "already ended" check
-                with contextlib.suppress(StreamTerminatedError):
-                    await stream.end()
+                await stream.recv_message()
     finally:
         channel.close()
     assert refused.value.status is Status.FAILED_PRECONDITION
     return str(refused.value.message)
 
 
+@pytest.mark.parametrize("hello", [True, False], ids=["in-hello", "in-metadata"])
 def test_an_agent_newer_than_the_coordinator_is_refused_and_nothing_changes(
-    coord: CoordinatorProcess,
+    coord: CoordinatorProcess, hello: bool
 ) -> None:
     enrolled = _node(coord, "node-new")
     before = _shown(coord, enrolled.node_id)
     logged = len(coord.read_log())
-    message = asyncio.run(_hello_refused(coord, enrolled, protocol.PROTOCOL + 1))
+    message = asyncio.run(_refused(coord, enrolled, protocol.PROTOCOL + 1, hello))
     assert f"agent 9.0.0 (control protocol {protocol.PROTOCOL + 1})" in message
     assert f"coordinator {protocol.release()} (control protocol {protocol.PROTOCOL})" in message
     assert "Upgrade the coordinators first" in message
@@ -97,6 +104,29 @@ def test_an_agent_newer_than_the_coordinator_is_refused_and_nothing_changes(
     log = coord.read_log()[logged:]
     assert f"node refused: outside the version-skew policy node={enrolled.node_id}" in log
     assert f"control stream opened node={enrolled.node_id}" not in log
+
+
+def test_the_agents_probe_brings_back_the_version_refusal(
+    coord: CoordinatorProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal that reached a session as a bare stream reset is asked for again by the agent
+    (``control_refusal``): an agent newer than the coordinator gets the sentence there. The
+    agent's side runs here with its protocol raised; the coordinator is a real process."""
+    enrolled = _node(coord, "node-probe")
+    monkeypatch.setattr(protocol, "PROTOCOL", protocol.PROTOCOL + 1)
+
+    async def probe() -> Refused | None:
+        async with open_aio_host():
+            return await control_refusal(
+                Endpoint.parse(coord.control), coord.ca_path, enrolled.node_credential
+            )
+
+    refusal = trio.run(probe)
+    assert refusal is not None and refusal.status == "FAILED_PRECONDITION"
+    assert "Upgrade the coordinators first" in str(refusal)
+    monkeypatch.undo()
+    # Within the policy the probe refuses nothing (and opens no session).
+    assert trio.run(probe) is None
 
 
 def test_an_unversioned_agent_is_welcomed_and_told_who_the_coordinator_is(
