@@ -54,6 +54,14 @@ for _store in ("store", "telemetry store", "log store"):
     for _reason in ("serialization", "deadlock"):
         STORE_RETRIES.labels(_store, _reason)
 
+CONNECTS_DEFERRED = Counter(
+    "tuneplane_coordinator_connects_deferred",
+    "Connect streams refused as busy (UNAVAILABLE) because the Hellos already in flight would "
+    "take the coordinator its whole target to welcome (coordinator/hello_gate.py); their Nodes "
+    "dial again after their backoff. Rises in a reconnect storm, never otherwise.",
+    registry=REGISTRY,
+)
+
 
 RPC_DURATION = Histogram(
     "tuneplane_coordinator_rpc_duration_seconds",

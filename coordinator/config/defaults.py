@@ -37,6 +37,9 @@ DEFAULT_CONFIG = """\
 #   enroll_message_bytes = 65536        one Enroll (unauthenticated)
 #   enroll_burst = 20                   Enroll calls one address may make at once,
 #   enroll_per_second = 2.0             and then per second (enroll_burst = 0: no limit)
+#   connects_at_once = 256              Node Connects worked on at once in a reconnect storm;
+#   connect_wait_s = 5.0                the others wait this long for their turn, then are
+#                                       refused as busy and dial again after their backoff
 # [fleet.<name>]     optional: per Fleet
 #   max_disconnect = "2h"     declare a Node lost when it holds members and stays disconnected
 #                             this long (off unless set; docs/operator.md, "A Node that never

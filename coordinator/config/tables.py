@@ -239,6 +239,20 @@ def read_limits(table: Any, path: Path) -> Limits:
                     "to 1000000."
                 )
             values[key] = float(value)
+        elif key == "connects_at_once":
+            if type(value) is not int or not 1 <= value <= 100_000:
+                raise ConfigError(
+                    f"{path}: [limits] connects_at_once = {value!r} must be a whole number from 1 "
+                    "to 100000."
+                )
+            values[key] = value
+        elif key == "connect_wait_s":
+            if type(value) not in (int, float) or not 0 < value <= 9:
+                raise ConfigError(
+                    f"{path}: [limits] connect_wait_s = {value!r} must be a number of seconds "
+                    "above 0 and at most 9: a Node gives up on its Welcome after 10 s."
+                )
+            values[key] = float(value)
         elif key == "enroll_burst":
             if type(value) is not int or not 0 <= value <= 1_000_000:
                 raise ConfigError(

@@ -55,8 +55,9 @@ class Profile:
 
 @attrs.frozen
 class Limits:
-    """``[limits]``: the largest message each listener reads, and how often one address may
-    call ``Enroll``. Every size is checked before the message is decoded."""
+    """``[limits]``: the largest message each listener reads, how often one address may call
+    ``Enroll``, and how many Connects are worked on at once in a reconnect storm
+    (coordinator/hello_gate.py). Every size is checked before the message is decoded."""
 
     api_message_bytes: int = 16 * 1024 * 1024
     control_message_bytes: int = 4 * 1024 * 1024
@@ -64,6 +65,8 @@ class Limits:
     enroll_message_bytes: int = 64 * 1024
     enroll_burst: int = 20
     enroll_per_second: float = 2.0
+    connects_at_once: int = 256
+    connect_wait_s: float = 5.0
 
 
 @attrs.frozen

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import betterproto
@@ -38,6 +38,8 @@ from tuneplane.proto.contract import control_protocol as protocol
 
 from ..auth import DEFAULT_NODE_CREDENTIAL_LIFETIME_S, CredentialLife, PermissionDenied
 from ..clock import now_ms
+from ..counters import CONNECTS_DEFERRED
+from ..hello_gate import GateSettings, HelloGate, Ticket
 from ..store.core import Store
 from ..store.hellos import NodeHello, ReplacedStream
 from ..store.lifecycle import stops_to_resend
@@ -100,6 +102,7 @@ class ControlGateway:
         credential_lifetime_s: int = DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
         enroll_limit: PeerRateLimit | None = None,
         addresses: ControlAddressDesk | None = None,
+        gate: GateSettings | None = None,
     ) -> None:
         # The control address every Welcome names (tuneplane-coordinator control-address).
         self._addresses = addresses
@@ -120,6 +123,11 @@ class ControlGateway:
         self._wake = wake_scheduler
         self._interval = heartbeat_interval_s
         self._timeout = heartbeat_timeout_s
+        # Connects taken on at once in a reconnect storm (coordinator/hello_gate.py).
+        self._gate = HelloGate(gate or GateSettings())
+        self._turns = anyio.Semaphore(self._gate.settings.concurrency)
+        self._deferred_logged_at = 0.0
+        self._deferred_logged = 0
 
     def __mapping__(self) -> dict[str, Handler]:
         return {
@@ -159,47 +167,82 @@ class ControlGateway:
 
     async def _connect(self, stream: Any) -> None:
         with grpc_errors():
-            node, life = await self._credentials.authenticate(stream)
-            said = protocol.from_metadata(dict(stream.metadata or {}))
-            if said is not None:
-                # Before any Hello: the agent's probe for why it was refused ends here too.
-                _judge(node.id, said)
-            hello = await self._hello(stream, node)
-            agent = protocol.Peer.said(hello.agent_version, hello.protocol, hello.capabilities)
-            _judge(node.id, agent)
-            session = NodeSession.create(node.id, _peer(stream), now_ms(), agent.capabilities)
-            old = self._registry.attach(session)
-            # Audited in the Hello's own transaction (the newer stream wins).
-            replaced = (
-                None
-                if old is None
-                else ReplacedStream(old.peer, session.peer, old.opened_at_ms, now_ms())
-            )
-            log.info("control stream opened node=%s agent=%s protocol=%d", node.id, agent.version,
-                     agent.protocol)  # fmt: skip
-            self._credentials.opened(node.id, life)
+            gate = self._gate
+            if not gate.arrive(anyio.current_time()):
+                self._defer()
             try:
-                with session.scope:
-                    await self._run_session(stream, session, node, hello, life, replaced)
+                with anyio.move_on_after(gate.settings.max_wait_s) as waited:
+                    await self._turns.acquire()
+            except BaseException:
+                gate.left(anyio.current_time())
+                raise
+            if waited.cancelled_caught:
+                gate.gave_up(anyio.current_time())
+                self._defer()
+            gate.start(anyio.current_time())
+            ticket = Ticket(gate, anyio.current_time, self._turns.release)
+            try:
+                await self._taken_on(stream, ticket)
             finally:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        if self._registry.detach(session):
-                            self._credentials.closed(node.id)
-                            await self._store.node_disconnected(
-                                node.id, now_ms(), session.close_reason or "the stream ended"
-                            )
-                    finally:
-                        # Even when recording it failed (the store fenced a coordinator that
-                        # lost its lease): whoever waits for this session must not wait forever.
-                        session.finished.set()
-                log.info(
-                    "control stream closed node=%s why=%s",
-                    node.id,
-                    session.close_reason or "the stream ended",
-                )
-            if session.close_reason:
-                raise GRPCError(Status.UNAVAILABLE, session.close_reason)
+                ticket.release()
+
+    def _defer(self) -> NoReturn:
+        """Refuse a Connect as busy (UNAVAILABLE): counted, and said in the log at most once a
+        second."""
+        CONNECTS_DEFERRED.inc()
+        now = anyio.current_time()
+        if now - self._deferred_logged_at >= 1.0:
+            gate = self._gate
+            log.warning("connects deferred: busy welcoming in_flight=%d waiting=%d "
+                        "rate_per_s=%.0f deferred=%d", gate.in_flight, gate.waiting, gate.rate,
+                        gate.deferred - self._deferred_logged)  # fmt: skip
+            self._deferred_logged_at = now
+            self._deferred_logged = gate.deferred
+        raise GRPCError(Status.UNAVAILABLE, self._gate.busy_sentence())
+
+    async def _taken_on(self, stream: Any, ticket: Ticket) -> None:
+        """The Connect, Hello to its end, once the gate took it on."""
+        node, life = await self._credentials.authenticate(stream)
+        said = protocol.from_metadata(dict(stream.metadata or {}))
+        if said is not None:
+            # Before any Hello: the agent's probe for why it was refused ends here too.
+            _judge(node.id, said)
+        hello = await self._hello(stream, node)
+        agent = protocol.Peer.said(hello.agent_version, hello.protocol, hello.capabilities)
+        _judge(node.id, agent)
+        session = NodeSession.create(node.id, _peer(stream), now_ms(), agent.capabilities)
+        old = self._registry.attach(session)
+        # Audited in the Hello's own transaction (the newer stream wins).
+        replaced = (
+            None
+            if old is None
+            else ReplacedStream(old.peer, session.peer, old.opened_at_ms, now_ms())
+        )
+        log.info("control stream opened node=%s agent=%s protocol=%d", node.id, agent.version,
+                 agent.protocol)  # fmt: skip
+        self._credentials.opened(node.id, life)
+        try:
+            with session.scope:
+                await self._run_session(stream, session, node, hello, life, replaced, ticket)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    if self._registry.detach(session):
+                        self._credentials.closed(node.id)
+                        await self._store.node_disconnected(
+                            node.id, now_ms(), session.close_reason or "the stream ended"
+                        )
+                finally:
+                    # Even when recording it failed (the store fenced a coordinator that
+                    # lost its lease): whoever waits for this session must not wait forever.
+                    session.finished.set()
+            log.info(
+                "control stream closed node=%s why=%s",
+                node.id,
+                session.close_reason or "the stream ended",
+            )
+        if session.close_reason:
+            raise GRPCError(Status.UNAVAILABLE, session.close_reason)
 
     async def _run_session(
         self,
@@ -209,6 +252,7 @@ class ControlGateway:
         hello: v1.Hello,
         life: CredentialLife,
         replaced: ReplacedStream | None,
+        ticket: Ticket,
     ) -> None:
         connected_at = now_ms()
         held = held_from_wire(hello)
@@ -251,6 +295,7 @@ class ControlGateway:
                 )
             )
         )
+        ticket.welcomed()
         self._registry.dispatch(await self._messages.with_credentials(orders))
         self._wake()
         async with anyio.create_task_group() as tg:

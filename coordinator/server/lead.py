@@ -49,6 +49,7 @@ from ..gateways.heartbeats import HeartbeatBook, HeartbeatFlusher
 from ..gateways.rate_limit import PeerRateLimit
 from ..gateways.sessions import SessionRegistry
 from ..gateways.telemetry import TelemetryGateway
+from ..hello_gate import GateSettings
 from ..store.core import Store
 from ..store.handle import Fenced, StoreError, StoreUnavailable
 from ..store.leadership_log import record_takeover
@@ -206,6 +207,7 @@ async def _run(
         credential_lifetime_s=config.node_credential_lifetime_s,
         enroll_limit=PeerRateLimit(config.limits.enroll_burst, config.limits.enroll_per_second),
         addresses=addresses,
+        gate=GateSettings(config.limits.connects_at_once, config.limits.connect_wait_s),
     )
     identity = IdentityApi(store, registry)
     address_api = ControlAddressApi(store, addresses)

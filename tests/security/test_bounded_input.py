@@ -205,6 +205,9 @@ def test_the_table_of_peers_is_bounded() -> None:
         ("enroll_burst = -1", "enroll_burst = -1 must be a whole number from 0"),
         ("enroll_per_second = true", "enroll_per_second = True must be a number"),
         ("enroll_rate = 3", "unknown key(s) enroll_rate"),
+        ("connects_at_once = 0", "connects_at_once = 0 must be a whole number from 1"),
+        ("connect_wait_s = 12", "a Node gives up on its Welcome after 10 s"),
+        ('connect_wait_s = "5s"', "connect_wait_s = '5s' must be a number of seconds"),
     ],
 )
 def test_a_wrong_limit_is_a_config_error_naming_the_key(line: str, named: str) -> None:
