@@ -224,6 +224,13 @@ def read_lifetimes(table: Any, path: Path) -> tuple[int, int]:
     return found[0], found[1]
 
 
+#: [limits] keys that are counts: the lowest and highest allowed, and what the lowest means.
+WHOLE_LIMITS = {
+    "enroll_burst": (0, 1_000_000, " (no limit)"),
+    "connects_at_once": (1, 100_000, ""),
+}
+
+
 def read_limits(table: Any, path: Path) -> Limits:
     """``[limits]``: sizes are whole numbers of bytes >= 1024; the Enroll rate is >= 0."""
     if not isinstance(table, dict):
@@ -239,13 +246,6 @@ def read_limits(table: Any, path: Path) -> Limits:
                     "to 1000000."
                 )
             values[key] = float(value)
-        elif key == "connects_at_once":
-            if type(value) is not int or not 1 <= value <= 100_000:
-                raise ConfigError(
-                    f"{path}: [limits] connects_at_once = {value!r} must be a whole number from 1 "
-                    "to 100000."
-                )
-            values[key] = value
         elif key == "connect_wait_s":
             if type(value) not in (int, float) or not 0 < value <= 9:
                 raise ConfigError(
@@ -253,11 +253,12 @@ def read_limits(table: Any, path: Path) -> Limits:
                     "above 0 and at most 9: a Node gives up on its Welcome after 10 s."
                 )
             values[key] = float(value)
-        elif key == "enroll_burst":
-            if type(value) is not int or not 0 <= value <= 1_000_000:
+        elif key in WHOLE_LIMITS:
+            low, high, note = WHOLE_LIMITS[key]
+            if type(value) is not int or not low <= value <= high:
                 raise ConfigError(
-                    f"{path}: [limits] enroll_burst = {value!r} must be a whole number from 0 "
-                    "(no limit) to 1000000."
+                    f"{path}: [limits] {key} = {value!r} must be a whole number from {low}"
+                    f"{note} to {high}."
                 )
             values[key] = value
         else:

@@ -6,6 +6,7 @@ speaks the generated protocol. asyncio code: tests call it through ``asyncio.run
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -211,6 +212,26 @@ class NodeStream:
         return seq + 2
 
 
+def connect_request(
+    channel: Channel, credential: str, metadata: dict[str, str] | None = None
+) -> Any:
+    """A Connect stream on ``channel`` with the Node's credential (and ``metadata``), not yet
+    opened: ``async with`` it, then ``send_request``."""
+    return channel.request(
+        "/tuneplane.v1.Control/Connect",
+        Cardinality.STREAM_STREAM,
+        v1.NodeMessage,
+        v1.CoordinatorMessage,
+        metadata=bearer(credential) | (metadata or {}),
+    )
+
+
+def enrolled_node(coord: CoordinatorProcess, hostname: str, gpus: int = 2) -> v1.EnrollReply:
+    """A Node enrolled for real with a fresh join token (no agent runs for it)."""
+    token = coord.create_join_token()
+    return asyncio.run(enroll(coord.control, coord.ca_path, token, hostname, gpus))
+
+
 @asynccontextmanager
 async def node_stream(
     control: str,
@@ -231,13 +252,7 @@ async def node_stream(
     ``protocol`` 0 and no ``capabilities`` is an unversioned (0.1.x) agent's Hello."""
     channel = open_channel(control, ca_path)
     try:
-        async with channel.request(
-            "/tuneplane.v1.Control/Connect",
-            Cardinality.STREAM_STREAM,
-            v1.NodeMessage,
-            v1.CoordinatorMessage,
-            metadata=bearer(credential),
-        ) as stream:
+        async with connect_request(channel, credential) as stream:
             await stream.send_request()
             node = NodeStream(stream)
             hello = v1.Hello(

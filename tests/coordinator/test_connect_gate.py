@@ -7,23 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 from grpclib import GRPCError
 from grpclib.client import Channel
-from grpclib.const import Cardinality, Status
+from grpclib.const import Status
 
-from tests.agent.jobs import tp
 from tests.coordinator.grpc_client import (
-    bearer,
-    enroll,
+    connect_request,
+    enrolled_node,
     node_stream,
     open_channel,
     simulated_inventory,
 )
+from tests.faults.jobs import node
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.store_backend import StoreBackend
 from tuneplane.proto import v1
@@ -40,23 +38,10 @@ def coord(
         yield c
 
 
-def _node(coord: CoordinatorProcess, hostname: str) -> v1.EnrollReply:
-    token = coord.create_join_token()
-    return asyncio.run(enroll(coord.control, coord.ca_path, token, hostname, 2))
-
-
-def _shown(coord: CoordinatorProcess, node_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(tp(coord, "node", "show", node_id, "--json"))
-    return data
-
-
 @contextlib.asynccontextmanager
 async def _silent(channel: Channel, credential: str) -> AsyncIterator[None]:
     """A Connect that opens its stream and says nothing: it holds a turn."""
-    async with channel.request(
-        "/tuneplane.v1.Control/Connect", Cardinality.STREAM_STREAM, v1.NodeMessage,
-        v1.CoordinatorMessage, metadata=bearer(credential),
-    ) as stream:  # fmt: skip
+    async with connect_request(channel, credential) as stream:
         await stream.send_request()
         yield
         with contextlib.suppress(Exception):
@@ -64,10 +49,7 @@ async def _silent(channel: Channel, credential: str) -> AsyncIterator[None]:
 
 
 async def _hello_refused(channel: Channel, enrolled: v1.EnrollReply) -> GRPCError:
-    async with channel.request(
-        "/tuneplane.v1.Control/Connect", Cardinality.STREAM_STREAM, v1.NodeMessage,
-        v1.CoordinatorMessage, metadata=bearer(enrolled.node_credential),
-    ) as stream:  # fmt: skip
+    async with connect_request(channel, enrolled.node_credential) as stream:
         await stream.send_request()
         hello = v1.Hello(
             node_id=enrolled.node_id,
@@ -84,9 +66,9 @@ async def _hello_refused(channel: Channel, enrolled: v1.EnrollReply) -> GRPCErro
 def test_a_connect_past_every_turn_waits_then_is_refused_as_busy_and_nothing_changes(
     coord: CoordinatorProcess,
 ) -> None:
-    holders = [_node(coord, f"node-hold-{i}") for i in range(2)]
-    late = _node(coord, "node-late")
-    before = _shown(coord, late.node_id)
+    holders = [enrolled_node(coord, f"node-hold-{i}") for i in range(2)]
+    late = enrolled_node(coord, "node-late")
+    before = node(coord, late.node_id)
     logged = len(coord.read_log())
 
     async def go() -> GRPCError:
@@ -105,7 +87,7 @@ def test_a_connect_past_every_turn_waits_then_is_refused_as_busy_and_nothing_cha
     assert refused.status is Status.UNAVAILABLE
     assert "the coordinator is welcoming 2 Nodes" in str(refused.message)
     assert "dials again after its backoff" in str(refused.message)
-    assert _shown(coord, late.node_id) == before
+    assert node(coord, late.node_id) == before
     log = coord.read_log()[logged:]
     assert "connects deferred: busy welcoming in_flight=2" in log
     assert f"control stream opened node={late.node_id}" not in log

@@ -5,23 +5,21 @@ changes; an unversioned (0.1.x) agent is welcomed, and told who the coordinator 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import trio
 from grpclib import GRPCError
-from grpclib.const import Cardinality, Status
+from grpclib.const import Status
 
-from tests.agent.jobs import tp
 from tests.coordinator.grpc_client import (
-    bearer,
-    enroll,
+    connect_request,
+    enrolled_node,
     node_stream,
     open_channel,
     simulated_inventory,
 )
+from tests.faults.jobs import node
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.store_backend import StoreBackend
 from tuneplane.agent.adapter import open_aio_host
@@ -39,34 +37,18 @@ def coord(
         yield c
 
 
-def _node(coord: CoordinatorProcess, hostname: str) -> v1.EnrollReply:
-    token = coord.create_join_token()
-    return asyncio.run(enroll(coord.control, coord.ca_path, token, hostname, 2))
-
-
-def _shown(coord: CoordinatorProcess, node_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(tp(coord, "node", "show", node_id, "--json"))
-    return data
-
-
 async def _refused(
     coord: CoordinatorProcess, enrolled: v1.EnrollReply, wire: int, hello: bool
 ) -> str:
     """Connect as an agent of protocol ``wire``: saying it in the request metadata only (the
     agent's probe, no Hello), or in a Hello only (no metadata). Our side ends the stream after
     what it sends, so the answer is the coordinator's status, never a bare reset."""
-    metadata = bearer(enrolled.node_credential)
+    metadata = {}
     if not hello:
-        metadata |= {protocol.PROTOCOL_HEADER: str(wire), protocol.VERSION_HEADER: "9.0.0"}
+        metadata = {protocol.PROTOCOL_HEADER: str(wire), protocol.VERSION_HEADER: "9.0.0"}
     channel = open_channel(coord.control, coord.ca_path)
     try:
-        async with channel.request(
-            "/tuneplane.v1.Control/Connect",
-            Cardinality.STREAM_STREAM,
-            v1.NodeMessage,
-            v1.CoordinatorMessage,
-            metadata=metadata,
-        ) as stream:
+        async with connect_request(channel, enrolled.node_credential, metadata) as stream:
             if hello:
                 await stream.send_request()
                 said = v1.Hello(
@@ -91,14 +73,14 @@ async def _refused(
 def test_an_agent_newer_than_the_coordinator_is_refused_and_nothing_changes(
     coord: CoordinatorProcess, hello: bool
 ) -> None:
-    enrolled = _node(coord, "node-new")
-    before = _shown(coord, enrolled.node_id)
+    enrolled = enrolled_node(coord, "node-new")
+    before = node(coord, enrolled.node_id)
     logged = len(coord.read_log())
     message = asyncio.run(_refused(coord, enrolled, protocol.PROTOCOL + 1, hello))
     assert f"agent 9.0.0 (control protocol {protocol.PROTOCOL + 1})" in message
     assert f"coordinator {protocol.release()} (control protocol {protocol.PROTOCOL})" in message
     assert "Upgrade the coordinators first" in message
-    after = _shown(coord, enrolled.node_id)
+    after = node(coord, enrolled.node_id)
     # Nothing of the Node was recorded: not connected, not seen, no inventory from this Hello.
     assert after == before
     log = coord.read_log()[logged:]
@@ -112,7 +94,7 @@ def test_the_agents_probe_brings_back_the_version_refusal(
     """A refusal that reached a session as a bare stream reset is asked for again by the agent
     (``control_refusal``): an agent newer than the coordinator gets the sentence there. The
     agent's side runs here with its protocol raised; the coordinator is a real process."""
-    enrolled = _node(coord, "node-probe")
+    enrolled = enrolled_node(coord, "node-probe")
     monkeypatch.setattr(protocol, "PROTOCOL", protocol.PROTOCOL + 1)
 
     async def probe() -> Refused | None:
@@ -132,7 +114,7 @@ def test_the_agents_probe_brings_back_the_version_refusal(
 def test_an_unversioned_agent_is_welcomed_and_told_who_the_coordinator_is(
     coord: CoordinatorProcess,
 ) -> None:
-    enrolled = _node(coord, "node-old")
+    enrolled = enrolled_node(coord, "node-old")
 
     async def go() -> v1.Welcome:
         async with node_stream(
