@@ -141,7 +141,9 @@ async def _lead(
         if lease is not None:
             for fenced in (store, telemetry_store, log_store):
                 fenced.fence(
-                    lease.won.term, lambda: step_down("a write found another coordinator's term")
+                    lease.won.term,
+                    lambda: step_down("a write found another coordinator's term"),
+                    lease.leadership.settings.ttl_s,
                 )
             await record_takeover(store, lease.won, lease.leadership.facts.id, now_ms())
         with scope:

@@ -153,11 +153,13 @@ class StoreDb:
             raise
         return store
 
-    def fence(self, term: int, on_fenced: Callable[[], None]) -> None:
-        """Fence this store with lease ``term`` (PostgreSQL only, :mod:`.lease`): every write
-        transaction from now on first checks that the term still holds, and one that finds
-        another calls ``on_fenced`` and fails with
-        :class:`~tuneplane.coordinator.store.handle.Fenced`, keeping nothing."""
+    def fence(self, term: int, on_fenced: Callable[[], None], ttl_s: float) -> None:
+        """Fence this store with lease ``term`` of ``ttl_s`` seconds (PostgreSQL only,
+        :mod:`.lease`): every write transaction from now on first checks that the term still
+        holds, and one that finds another calls ``on_fenced`` and fails with
+        :class:`~tuneplane.coordinator.store.handle.Fenced`, keeping nothing. One that stalls
+        idle for the lease's time is ended by the database
+        (:func:`~tuneplane.coordinator.store.postgres.stall_limit`)."""
         from .postgres import PostgresBackend
 
         if not isinstance(self._backend, PostgresBackend):
@@ -165,7 +167,7 @@ class StoreDb:
                 f"the {self.LABEL} {self.where} is a SQLite file: only coordinators sharing a "
                 "PostgreSQL store have a lease to fence with."
             )
-        self._backend.fence(term, on_fenced)
+        self._backend.fence(term, on_fenced, ttl_s)
 
     @property
     def path(self) -> Path:

@@ -30,7 +30,7 @@ import attrs
 from ..leadership import LeaseRow
 from ..store_location import PostgresUrl
 from .handle import StoreUnavailable
-from .postgres import CONNECT_ERRORS, LEASE_SCHEMA, connect_sentence
+from .postgres import CONNECT_ERRORS, LEASE_SCHEMA, connect_sentence, stall_limit
 
 SCHEMA = LEASE_SCHEMA
 LOCK_TIMEOUT = "2s"
@@ -220,6 +220,12 @@ class LeaseDesk:
         the new term, or None when it changed meanwhile (another standby was faster, or the
         leader renewed). Waits for the old leader's write transactions in flight."""
         async with self._unavailable_said(), self._conn.transaction():
+            # Paused holding the row locked, this standby would hold off the leader's renewals
+            # and writes: the database ends the transaction after the lease's time.
+            await self._conn.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', $1, true)",
+                stall_limit(ttl_ms / 1000),
+            )
             current = await self._conn.fetchrow(_READ_LEASE + " FOR UPDATE OF l")
             if current is None and expected is None:
                 await self._conn.execute(

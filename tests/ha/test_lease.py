@@ -19,7 +19,7 @@ from tests.support.postgres import run_async
 from tests.support.store_backend import StoreBackend
 from tuneplane.coordinator.leadership import LeaseRow, Verdict, judge
 from tuneplane.coordinator.store.core import Store
-from tuneplane.coordinator.store.handle import Fenced
+from tuneplane.coordinator.store.handle import Fenced, StoreError
 from tuneplane.coordinator.store.lease import CoordinatorFacts, LeaseDesk
 from tuneplane.coordinator.store_location import PostgresUrl, parse_store_url
 
@@ -161,7 +161,7 @@ def test_a_write_under_a_term_taken_over_is_refused_and_changes_nothing(
             old = await Store.open(url)
             try:
                 assert await _campaign_once(a, "coord-a", ttl_ms=1) == 1
-                old.fence(1, lambda: told.append("fenced"))
+                old.fence(1, lambda: told.append("fenced"), TTL_MS / 1000)
                 await _write(old, "before the takeover")
                 await asyncio.sleep(0.01)
                 assert await _campaign_once(b, "coord-b") == 2
@@ -172,7 +172,7 @@ def test_a_write_under_a_term_taken_over_is_refused_and_changes_nothing(
                 assert await _decisions(old, "after the takeover") == 0
                 new = await Store.open(url)
                 try:
-                    new.fence(2, lambda: told.append("wrongly fenced"))
+                    new.fence(2, lambda: told.append("wrongly fenced"), TTL_MS / 1000)
                     await _write(new, "by the new leader")
                     assert await _decisions(new, "by the new leader") == 1
                 finally:
@@ -191,7 +191,7 @@ def test_a_takeover_waits_for_the_old_leaders_write_in_flight(pg_backend: StoreB
             old = await Store.open(url)
             try:
                 assert await _campaign_once(a, "coord-a", ttl_ms=1) == 1
-                old.fence(1, lambda: None)
+                old.fence(1, lambda: None, TTL_MS / 1000)
                 in_flight = asyncio.Event()
                 finish = asyncio.Event()
 
@@ -214,6 +214,45 @@ def test_a_takeover_waits_for_the_old_leaders_write_in_flight(pg_backend: StoreB
                 assert await taking == 2
                 # The write that held the old term committed whole, before the term moved.
                 assert await _decisions(old, "in flight") == 1
+            finally:
+                await old.close()
+
+    run_async(go)
+
+
+def test_a_leader_stalled_mid_write_past_its_lease_does_not_hold_off_the_takeover(
+    pg_backend: StoreBackend,
+) -> None:
+    """A leader paused inside a write transaction (SIGSTOP, a frozen VM) holds the lease row and
+    the write lock; the database ends that transaction after the lease's time, so the standby
+    takes over within its own lock timeout and the stalled write keeps nothing."""
+
+    async def go() -> None:
+        url = _url(pg_backend)
+        async with _desk(url) as a, _desk(url) as b:
+            old = await Store.open(url)
+            try:
+                assert await _campaign_once(a, "coord-a", ttl_ms=1) == 1
+                old.fence(1, lambda: None, ttl_s=0.5)
+                in_flight = asyncio.Event()
+                wake = asyncio.Event()
+
+                async def stalled_write() -> None:
+                    async with old.transaction() as db:
+                        await old.log_decision(db, 1, "stalled", {})
+                        in_flight.set()
+                        await wake.wait()
+
+                writer = asyncio.ensure_future(stalled_write())
+                await in_flight.wait()
+                seen = await b.read()
+                assert seen is not None and judge(seen).verdict is Verdict.TAKE_OVER
+                # b's lock timeout is 2 s: without the stall limit the take fails here.
+                assert await b.take("coord-b", TTL_MS, seen) == 2
+                wake.set()
+                with pytest.raises(StoreError):
+                    await writer
+                assert await _decisions(old, "stalled") == 0
             finally:
                 await old.close()
 
