@@ -1,27 +1,31 @@
-"""The previous tagged TunePlane release, installed from its tag into a virtual environment of its
-own, for tests that run it beside this checkout (rolling upgrades, docs/operator.md).
+"""The previous TunePlane release, installed from its source archive into a virtual environment
+of its own, for tests that run it beside this checkout (rolling upgrades, docs/operator.md).
 
 Rules:
-- Releases are tagged ``vX.Y.Z`` on the commit they were made from (docs/releasing.md). The
-  previous release is the newest tag on this checkout's history older than the version in
-  pyproject.toml.
-- Its source comes from the tag (``git archive``), never from the working tree; it is installed
-  with ``pip install --no-deps`` into a venv whose ``.pth`` line reaches this test environment's
-  dependencies (the pins are the same; nothing is downloaded). The venv is built once per tag
-  commit and kept under the system temporary folder, ready only once its marker is written.
+- Each release is tagged ``vX.Y.Z`` and its source (the tag's tree without tests, docs, bench,
+  examples and tools) is committed as ``tests/releases/tuneplane-X.Y.Z.tar.gz``
+  (docs/releasing.md). The archive, not the tag, is what the test installs: a CI checkout
+  carries the files of its commit but not necessarily its tags or history.
+- The previous release is the newest archive older than the version in pyproject.toml. Its
+  ``pyproject.toml`` must say the version its file name says.
+- It is installed with ``pip install --no-deps`` into a venv whose ``.pth`` line reaches this
+  test environment's dependencies (the pins are the same; nothing is downloaded). The venv is
+  built once per archive (named by its digest) under the system temporary folder, ready only
+  once its marker is written.
 - :attr:`Release.prefix` is a command prefix (the ``prefix_argv`` the process helpers take) that
   runs a command written for this interpreter (``sys.executable -m ...``) under the release's.
-- No git, no checkout history or no such tag: the test skips saying so, and under ``CI=true``
-  fails (CI runs on a clone that has its tags).
+- No archive older than this version: the test skips saying so, and under ``CI=true`` fails.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import tomllib
 from pathlib import Path
@@ -30,13 +34,13 @@ import attrs
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+ARCHIVES = REPO / "tests" / "releases"
 
 
 @attrs.frozen
 class Release:
     """One release installed in its own venv."""
 
-    tag: str
     version: str
     venv: Path
 
@@ -60,55 +64,59 @@ def current_version() -> str:
 
 
 def _unavailable(why: str) -> None:
-    sentence = f"needs the previous tagged TunePlane release: {why}"
+    sentence = f"needs the previous TunePlane release's source archive: {why}"
     if os.environ.get("CI") == "true":
         pytest.fail(sentence)
     pytest.skip(sentence)
 
 
-def _git(*args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=60, check=False
-    )
-    if done.returncode != 0:
-        _unavailable(f"`git {' '.join(args)}` failed: {done.stderr.strip()}")
-    return done.stdout
-
-
-def previous_tag() -> str:
-    """The newest ``vX.Y.Z`` tag on HEAD's history older than pyproject.toml's version."""
-    if shutil.which("git") is None:
-        _unavailable("git is not installed")
+def previous_archive() -> tuple[str, Path]:
+    """The newest ``tests/releases/tuneplane-X.Y.Z.tar.gz`` older than pyproject.toml's
+    version, with its version."""
     ours = _version_tuple(current_version())
-    tags: list[tuple[tuple[int, ...], str]] = []
-    for line in _git("tag", "--list", "v*", "--merged", "HEAD").split():
+    found: list[tuple[tuple[int, ...], str, Path]] = []
+    for path in ARCHIVES.glob("tuneplane-*.tar.gz"):
+        version = path.name.removeprefix("tuneplane-").removesuffix(".tar.gz")
         try:
-            version = _version_tuple(line[1:])
+            numbers = _version_tuple(version)
         except ValueError:
             continue
-        if version < ours:
-            tags.append((version, line))
-    if not tags:
-        _unavailable(f"this checkout has no vX.Y.Z tag older than {current_version()}")
-    return max(tags)[1]
+        if numbers < ours:
+            found.append((numbers, version, path))
+    if not found:
+        _unavailable(
+            f"{ARCHIVES.relative_to(REPO)}/ has no tuneplane-X.Y.Z.tar.gz older than "
+            f"{current_version()} (docs/releasing.md says how to add one)"
+        )
+    _, version, path = max(found)
+    return version, path
+
+
+def _extract(archive: Path, version: str, into: Path) -> Path:
+    """Unpack ``archive`` under ``into``; its source folder, checked to be ``version``'s."""
+    with tarfile.open(archive, "r:gz") as tar:
+        tar.extractall(into, filter="data")
+    source = into / f"tuneplane-{version}"
+    data = tomllib.loads((source / "pyproject.toml").read_text(encoding="utf-8"))
+    said = str(data["project"]["version"])
+    if said != version:
+        raise RuntimeError(
+            f"{archive} holds version {said} in its pyproject.toml, not {version} as its name "
+            "says: rebuild it from the tag (docs/releasing.md)."
+        )
+    return source
 
 
 def previous_release() -> Release:
     """The previous release installed in its own venv (built now, or reused)."""
-    tag = previous_tag()
-    commit = _git("rev-list", "-n", "1", tag).strip()
-    venv = Path(tempfile.gettempdir()) / f"tuneplane-release-{tag}-{commit[:12]}"
-    release = Release(tag, tag[1:], venv)
+    version, archive = previous_archive()
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    venv = Path(tempfile.gettempdir()) / f"tuneplane-release-{version}-{digest[:12]}"
+    release = Release(version, venv)
     if (venv / "ready").exists():
         return release
     building = Path(tempfile.mkdtemp(prefix=f"{venv.name}.", dir=venv.parent))
-    source = building / "source"
-    source.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", commit],
-        capture_output=True, timeout=120, check=True,
-    )  # fmt: skip
-    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+    source = _extract(archive, version, building / "source")
     env_dir = building / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120
@@ -124,13 +132,13 @@ def previous_release() -> Release:
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     if installed.returncode != 0:
-        raise RuntimeError(f"installing {tag} failed:\n{installed.stdout}\n{installed.stderr}")
+        raise RuntimeError(f"installing {version} failed:\n{installed.stdout}\n{installed.stderr}")
     shim = env_dir / "bin" / "as-release"
     # The venv moves into place below: the shim names the final path.
     # -P: the working directory (a checkout's tuneplane.egg-info) is not on sys.path.
     shim.write_text(f'#!/bin/sh\nshift\nexec "{venv}/bin/python" -P "$@"\n')
     shim.chmod(0o755)
-    shutil.rmtree(source)
+    shutil.rmtree(building / "source")
     if venv.exists():
         shutil.rmtree(venv)  # a build cut short before its marker
     try:
@@ -140,5 +148,5 @@ def previous_release() -> Release:
         shutil.rmtree(building, ignore_errors=True)
         return release
     building.rmdir()
-    (venv / "ready").write_text(commit + "\n")
+    (venv / "ready").write_text(digest + "\n")
     return release
