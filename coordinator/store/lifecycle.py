@@ -185,8 +185,8 @@ async def _cancel_queued(
 
 
 def _failure(state: str, has_exit: bool, exit_code: int, signal: int) -> bool:
-    # An aborted member here was committed (an undecided attempt's abort leaves no live sibling,
-    # and a person's cancel is handled before): its Node could not start it.
+    # An aborted member of a committed attempt: its Node could not start it (an undecided or
+    # aborted attempt stops no sibling, and a person's cancel is handled before).
     facts = lc.MemberFacts(0, state, has_exit, exit_code, signal)
     return lc.failure_sentence(facts) is not None
 
@@ -195,7 +195,8 @@ async def stop_siblings(store: Store, member: MemberKey, now: int) -> list[Order
     """After ``member`` reported: if it failed, stop every other live member of its attempt.
 
     Returns Cancel orders the first time (and again on a repeat, which a Node answers from its
-    journal); nothing when the member did not fail, had no live siblings, or the attempt was
+    journal); nothing when the member did not fail, had no live siblings, its attempt was not
+    committed (the launch decides an abort and tells every member itself) or the attempt was
     cancelled by a person (that Cancel is already on its way).
     """
 
@@ -208,6 +209,16 @@ async def stop_siblings(store: Store, member: MemberKey, now: int) -> list[Order
                 (member.run_id, member.attempt, member.member_index),
             )
             if row is None or not _failure(str(row[0]), bool(row[1]), int(row[2]), int(row[3])):
+                return []
+            decided = await first_row(
+                db,
+                "SELECT decision FROM attempts WHERE run_id = ? AND number = ?",
+                (member.run_id, member.attempt),
+            )
+            if decided is None or decided[0] != lc.COMMIT:
+                # Undecided: the member refused Prepare, and its PrepareReply (or the prepare
+                # deadline) decides the abort, which is recorded before any sibling is told;
+                # its report may come first. Aborted: the Abort orders stop everyone.
                 return []
             cancelled = await first_row(
                 db,

@@ -17,6 +17,7 @@ from tuneplane.proto import v1
 
 RUNNING = v1.MemberState(v1.MemberState.RUNNING)
 EXITED = v1.MemberState(v1.MemberState.EXITED)
+ABORTED = v1.MemberState(v1.MemberState.ABORTED)
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +174,49 @@ def test_a_refused_prepare_aborts_the_launch(coord: CoordinatorProcess) -> None:
     assert "GPU 1 busy" in abort.reason
     assert "GPU 1 busy" in job.history[-1].reason
     assert job.attempts[0].state == "aborted"
+
+
+def test_a_refused_members_report_before_its_reply_stops_no_sibling_before_the_abort(
+    coord: CoordinatorProcess,
+) -> None:
+    """A Node that refuses Prepare journals the member aborted and reports it besides replying;
+    the report may be handled first. The launch is still decided by the reply: the sibling on
+    the other Node gets the Abort recorded with the decision, never a Cancel sent before it
+    (which a coordinator crash between the two would have left undecided)."""
+    # Members are indexed by Node id: ``x`` holds member 0.
+    x, y = sorted((_node(coord, "node-sib-x"), _node(coord, "node-sib-y")), key=lambda e: e.node_id)
+
+    async def go() -> tuple[str, Any, v1.Job]:
+        async with (
+            api_client(coord.api, coord.ca_path, coord.admin_token) as api,
+            node_stream(coord.control, coord.ca_path, x.node_credential, x.node_id,
+                        hostname=x.node_id) as on_x,
+            node_stream(coord.control, coord.ca_path, y.node_credential, y.node_id,
+                        hostname=y.node_id) as on_y,
+        ):  # fmt: skip
+            receipt = await api.submit(jobspec(gpus=4, project="sibling"), "key-sibling")
+            # Member 0 first: it holds the rendezvous the others are prepared with.
+            prepared: v1.Prepare = await on_x.expect("prepare")
+            await on_x.send(
+                prepare_reply=v1.PrepareReply(
+                    member=prepared.member,
+                    ok=True,
+                    rendezvous=v1.Rendezvous(master_addr="127.0.0.1", master_port=29500),
+                    rendezvous_held=True,
+                )
+            )
+            refused: v1.Prepare = await on_y.expect("prepare")
+            why = "the work root is not a directory"
+            await on_y.report(1, refused.member, ABORTED, reason=why)
+            await on_y.send(
+                prepare_reply=v1.PrepareReply(member=refused.member, ok=False, reason=why)
+            )
+            kind, body = await on_x.recv()
+            return kind, body, await api.wait_for_state(receipt.run_id, "aborted")
+
+    kind, body, job = asyncio.run(go())
+    assert kind == "abort", (kind, body)
+    assert "the work root is not a directory" in job.history[-1].reason
 
 
 def test_a_prepare_timeout_aborts_and_the_node_can_ask_for_the_decision(
