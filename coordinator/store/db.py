@@ -159,7 +159,7 @@ class StoreDb:
         holds, and one that finds another calls ``on_fenced`` and fails with
         :class:`~tuneplane.coordinator.store.handle.Fenced`, keeping nothing. One that stalls
         idle for the lease's time is ended by the database
-        (:func:`~tuneplane.coordinator.store.postgres.stall_limit`)."""
+        (:mod:`~tuneplane.coordinator.store.fence`)."""
         from .postgres import PostgresBackend
 
         if not isinstance(self._backend, PostgresBackend):

@@ -13,7 +13,7 @@ Rules (the lease's rules are :mod:`tuneplane.coordinator.leadership`'s):
 - The desk runs on a connection of its own, never a pooled one, so its session is the
   coordinator's identity in ``pg_stat_activity``. A lock it waits for past
   :data:`LOCK_TIMEOUT` fails the attempt (the next poll tries again).
-- :data:`.postgres.FENCE_SQL` is what every write transaction of a leading coordinator runs
+- :data:`.fence.FENCE_SQL` is what every write transaction of a leading coordinator runs
   first: it holds the lease row shared until the transaction ends, so a takeover (which locks it
   for update) waits for writes in flight, and a write after a takeover finds another term and
   is refused.
@@ -29,8 +29,9 @@ import attrs
 
 from ..leadership import LeaseRow
 from ..store_location import PostgresUrl
+from .fence import LEASE_SCHEMA, stall_limit
 from .handle import StoreUnavailable
-from .postgres import CONNECT_ERRORS, LEASE_SCHEMA, connect_sentence, stall_limit
+from .postgres import CONNECT_ERRORS, connect_sentence
 
 SCHEMA = LEASE_SCHEMA
 LOCK_TIMEOUT = "2s"

@@ -36,8 +36,8 @@ import anyio.from_thread
 import asyncpg
 
 from ..store_location import PostgresUrl
+from .fence import LeaseFence
 from .handle import (
-    Fenced,
     Handle,
     IntegrityViolation,
     Result,
@@ -56,32 +56,10 @@ IDLE_IN_TRANSACTION_TIMEOUT = "30s"
 POOL_SIZE = 8
 STREAM_CHUNK = 10_000
 _DML = ("INSERT", "UPDATE", "DELETE")
-#: The schema of the leader lease (:mod:`.lease`), shared by every store in the database.
-LEASE_SCHEMA = "tuneplane_ha"
-#: Run first in every write transaction of a leading coordinator, with its term: it holds the
-#: lease row shared until the transaction ends, so a takeover (which locks the row for update)
-#: waits for writes in flight, and a write after a takeover finds another term.
-FENCE_SQL = f"SELECT term FROM {LEASE_SCHEMA}.lease WHERE id = 1 AND term = $1 FOR SHARE"
-#: A fenced (leading) write transaction's first statement: the write lock, and how long the
-#: transaction may sit idle before the database ends it (:func:`stall_limit`).
-LEADER_BEGIN_SQL = (
-    "SELECT set_config('idle_in_transaction_session_timeout', $2, true), pg_advisory_xact_lock($1)"
-)
 _CONFLICTS = {"40001": "serialization", "40P01": "deadlock"}
 #: What connecting may raise: unreachable, refused, timed out, or (ValueError) a URL parameter
 #: the driver does not take.
 CONNECT_ERRORS = (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError)
-
-
-def stall_limit(ttl_s: float) -> str:
-    """``idle_in_transaction_session_timeout`` for a transaction of a lease holder (a leader's
-    write, a standby's take): the lease's time. A holder paused or stalled that long mid-
-    transaction (SIGSTOP, a frozen VM, swap) holds the lease row and the write lock; the
-    database ends its session then, so the next leader takes over when the lease expires
-    instead of waiting on it. A leader stalled that long has passed its own step-down
-    deadline (:func:`~tuneplane.coordinator.leadership.must_step_down_at`): nothing it could
-    still commit is lost."""
-    return f"{max(1, round(ttl_s * 1000))}ms"
 
 
 def write_lock_key(schema: str) -> int:
@@ -291,20 +269,15 @@ class PostgresBackend:
         self._mapper = _Mapper(what)
         self._lock_key = write_lock_key(schema)
         self.reader: Handle = PgPoolHandle(pool, self._mapper)
-        #: The lease term every write transaction must still find (None: no fencing, as for the
-        #: admin CLI and a coordinator's opening migrations); set by :meth:`fence`.
-        self.fence_term: int | None = None
-        self._on_fenced: Callable[[], None] | None = None
-        self._stall_limit = IDLE_IN_TRANSACTION_TIMEOUT
+        #: What every write transaction must still find in the lease (None: no fencing, as for
+        #: the admin CLI and a coordinator's opening migrations); set by :meth:`fence`.
+        self.lease_fence: LeaseFence | None = None
 
     def fence(self, term: int, on_fenced: Callable[[], None], ttl_s: float) -> None:
         """From now on every write transaction checks that lease ``term`` (of ``ttl_s``
         seconds) still holds, and is ended by the database if it stalls that long
-        (:func:`stall_limit`); the first one that finds another term calls ``on_fenced`` and
-        fails with :class:`Fenced`."""
-        self.fence_term = term
-        self._on_fenced = on_fenced
-        self._stall_limit = stall_limit(ttl_s)
+        (:mod:`.fence`)."""
+        self.lease_fence = LeaseFence(term, on_fenced, ttl_s)
 
     @classmethod
     async def open(cls, url: PostgresUrl, schema: str, label: str) -> PostgresBackend:
@@ -314,7 +287,7 @@ class PostgresBackend:
             "lock_timeout": LOCK_TIMEOUT,
             # A session holding a transaction open while doing nothing is ended, so its locks
             # cannot hold off the others for ever; a leader's write transactions are ended
-            # sooner, after the lease's time (:func:`stall_limit`).
+            # sooner, after the lease's time (:mod:`.fence`).
             "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT,
         }
         pool = await connect_pool(url, label, settings)
@@ -335,23 +308,11 @@ class PostgresBackend:
     async def transaction(self) -> AsyncIterator[Handle]:
         with self._mapper.mapped():
             async with self._pool.acquire() as conn, conn.transaction(isolation="read_committed"):
-                if self.fence_term is None:
+                if self.lease_fence is None:
                     await conn.execute("SELECT pg_advisory_xact_lock($1)", self._lock_key)
                 else:
-                    await conn.execute(LEADER_BEGIN_SQL, self._lock_key, self._stall_limit)
-                    await self._check_fence(conn, self.fence_term)
+                    await self.lease_fence.begin(conn, self._lock_key)
                 yield PgHandle(conn, self._mapper)
-
-    async def _check_fence(self, conn: Any, term: int) -> None:
-        if await conn.fetchval(FENCE_SQL, term) is not None:
-            return
-        if self._on_fenced is not None:
-            self._on_fenced()
-        raise Fenced(
-            f"this coordinator's lease (term {term}) was taken over by another coordinator; "
-            "the write was refused and nothing of it kept. This coordinator stops acting and "
-            "goes back to standby."
-        )
 
     def migration_sql(self, sql: str) -> str:
         return ddl_to_postgres(sql)

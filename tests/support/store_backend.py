@@ -23,9 +23,10 @@ from tests.support.postgres import PostgresServer, run_async
 from tuneplane.coordinator.config import CONFIG_NAME, store_setting
 from tuneplane.coordinator.store.core import Store
 from tuneplane.coordinator.store.db import StoreDb
+from tuneplane.coordinator.store.fence import LEASE_SCHEMA
 from tuneplane.coordinator.store.logs import DB_NAME as LOGS_DB
 from tuneplane.coordinator.store.logs import LogStore
-from tuneplane.coordinator.store.postgres import LEASE_SCHEMA, write_lock_key
+from tuneplane.coordinator.store.postgres import write_lock_key
 from tuneplane.coordinator.store.sql import to_postgres
 from tuneplane.coordinator.store.telemetry import DB_NAME as TELEMETRY_DB
 from tuneplane.coordinator.store.telemetry import TelemetryStore
