@@ -48,7 +48,7 @@ from .session import (
     StoreCredential,
 )
 from .state_dir import CredentialLife, NodeConfig, StateDirError
-from .wire import CoordinatorUnreachable, Endpoint, UnknownMessage, WireError
+from .wire import CoordinatorBusy, CoordinatorUnreachable, Endpoint, UnknownMessage, WireError
 from .wire_control import ControlStream, control_refusal, open_control_stream
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,8 @@ class DaemonSession(DaemonBase):
     welcomed_by: str = ""
     # The longest wait between rounds, from the heartbeat timeout the last Welcome gave.
     backoff_cap_s: float = reconnect.backoff_cap(None)
+    # The turn the last busy refusal of this round named (seconds), if one did.
+    come_back_s: float | None = None
 
     def _outputs_service(self) -> m.OutputsService | None:
         """What this session's Hello says of the outputs listener (None when it is off): the
@@ -90,13 +92,17 @@ class DaemonSession(DaemonBase):
         came_back = ""
         while True:
             welcomed = False
+            self.come_back_s = None
             for address in control_address.dial_order(self.node, self.welcomed_by, came_back):
                 welcomed = await self._session_at(address)
                 if welcomed:
                     break
-            # A round that got as far as Welcome starts the backoff over.
+            # A round that got as far as Welcome starts the backoff over; a busy coordinator
+            # that named this Node's turn is dialed again then instead.
             failed_rounds = 1 if welcomed else failed_rounds + 1
-            delay = reconnect.backoff_delay(failed_rounds, random.random(), self.backoff_cap_s)
+            delay = reconnect.redial_delay(
+                failed_rounds, random.random(), self.backoff_cap_s, self.come_back_s
+            )
             order = control_address.dial_order(self.node, self.welcomed_by)
             log.info("reconnecting coordinator=%s coordinators=%s in_s=%.2f failed_rounds=%d",
                      order[0], ",".join(order), delay, failed_rounds)  # fmt: skip
@@ -138,7 +144,10 @@ class DaemonSession(DaemonBase):
             if self.status.connected:
                 self.status.connected = False
                 self.write_status()
-        if (
+        if isinstance(ended, CoordinatorBusy):
+            # It said no for now and when to come back: nothing to ask it.
+            self.come_back_s = ended.come_back_s
+        elif (
             isinstance(ended, CoordinatorUnreachable)
             and not self.welcomed
             and await accepts(address)

@@ -8,6 +8,11 @@ Rules (docs/operator.md, "How a Node reconnects"):
   :data:`BACKOFF_FIRST_S` per failed round up to a cap taken from the heartbeat timeout the
   last Welcome gave (:func:`backoff_cap`), so a Fleet that lost its coordinator together spreads
   its returns over the whole window instead of coming back in lockstep.
+- A coordinator that refused the Connect as busy and named the Node's turn
+  (coordinator/hello_gate.py) is dialed again then (:func:`redial_delay`), give or take
+  :data:`TURN_JITTER`, whatever the backoff says: the turns it hands out are spaced at the rate
+  it welcomes Nodes, so a Fleet told them comes back at that rate instead of all within the
+  backoff window (most of which it would refuse again).
 - While it waits, the Node probes every address with a plain TCP connect, closed at once,
   every :func:`probe_delay` (about :data:`PROBE_INTERVAL_S`, jittered). An address a probe saw
   refusing that then accepts ends the wait and is dialed first (:class:`ProbeWatch`): a
@@ -64,6 +69,20 @@ def backoff_delay(failed_rounds: int, jitter: float, cap: float) -> float:
         return 0.0
     ceiling = min(cap, BACKOFF_FIRST_S * float(2 ** min(failed_rounds - 1, 16)))
     return ceiling * min(max(jitter, 0.0), 1.0)
+
+
+#: A named turn is kept within this fraction of itself, either way.
+TURN_JITTER = 0.1
+
+
+def redial_delay(failed_rounds: int, jitter: float, cap: float, come_back_s: float | None) -> float:
+    """Seconds to wait before the next round: the turn a busy coordinator named this round
+    (``come_back_s``), scaled into [0.9, 1.1) of itself by ``jitter``; without one, the
+    backoff (:func:`backoff_delay`)."""
+    if come_back_s is None:
+        return backoff_delay(failed_rounds, jitter, cap)
+    spread = 1 - TURN_JITTER + 2 * TURN_JITTER * min(max(jitter, 0.0), 1.0)
+    return max(come_back_s, 0.0) * spread
 
 
 def probe_delay(jitter: float) -> float:

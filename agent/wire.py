@@ -43,6 +43,16 @@ class CoordinatorUnreachable(WireError):
     """No connection (refused, reset, timed out); worth retrying with backoff."""
 
 
+class CoordinatorBusy(CoordinatorUnreachable):
+    """The coordinator is welcoming too many Nodes at once: dial again in :attr:`come_back_s`
+    seconds, the turn it named (coordinator/hello_gate.py), or after the backoff when it named
+    none (None)."""
+
+    def __init__(self, message: str, come_back_s: float | None) -> None:
+        super().__init__(message)
+        self.come_back_s = come_back_s
+
+
 class TlsVerificationFailed(WireError):
     """The coordinator's certificate does not verify against the CA file; retrying won't help."""
 

@@ -11,7 +11,7 @@ connection, shielded and bounded, so nothing waits on a peer that may be gone.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from .inventory import Inventory
 from .wire import (
     CONNECT_DEADLINE_S,
     UNARY_DEADLINE_S,
+    CoordinatorBusy,
     Endpoint,
     Refused,
     WireError,
@@ -104,6 +105,7 @@ class ControlStream:
         self._endpoint = endpoint
         self._ca_path = ca_path
         self._send_lock = trio.Lock()
+        self._answered = False
         # A message over the limit is refused from its length prefix, before it is read.
         guard_client_reads(stream, AGENT_RECEIVE_BYTES, "CoordinatorMessage")
 
@@ -113,10 +115,24 @@ class ControlStream:
                 await run_aio(self._stream.send_message, to_wire(msg))
 
     async def receive(self) -> m.Incoming | None:
-        """The next message, or ``None`` when the coordinator ended the stream."""
+        """The next message, or ``None`` when the coordinator ended the stream. The first call
+        reads the answer's initial metadata: a busy refusal is :class:`~.wire.CoordinatorBusy`."""
         with translated(self._endpoint, self._ca_path, "Connect"):
+            if not self._answered:
+                await run_aio(self._stream.recv_initial_metadata)
+                self._answered = True
+                self._raise_if_busy(self._stream.initial_metadata or {})
             raw = await run_aio(self._stream.recv_message)
         return None if raw is None else from_wire(raw)
+
+    def _raise_if_busy(self, metadata: Mapping[str, str]) -> None:
+        said = metadata.get(control_protocol.BUSY_HEADER)
+        if said is None:
+            return
+        raise CoordinatorBusy(
+            f"The coordinator at {self._endpoint} cannot take this Node now (busy): {said}.",
+            control_protocol.come_back_in(metadata),
+        )
 
 
 async def control_refusal(endpoint: Endpoint, ca_path: Path, credential: str) -> Refused | None:

@@ -5,10 +5,11 @@ Run by ``bench/coordinator.py`` as ``python -m bench._storm_load CONFIG.json`` (
 ``bench/_load.py``). Each Node opens its Connect stream, says
 Hello, heartbeats once welcomed, and when its stream ends (or a dial fails) waits as
 ``tuneplane-node`` does (:mod:`tuneplane.agent.reconnect`): a fully jittered backoff whose
-ceiling doubles per failed round up to a third of the heartbeat timeout, cut short when a TCP
-probe sees the control port that refused accept again. One prober per process stands in for
-every Node's own (5,000 probes every half second would measure the load machine, not the
-coordinator); each Node then dials after its own jittered probe delay, as it would have noticed.
+ceiling doubles per failed round up to a third of the heartbeat timeout, or the turn a busy
+coordinator named, cut short when a TCP probe sees the control port that refused accept
+again. One prober per process stands in for every Node's own (5,000 probes every half second
+would measure the load machine, not the coordinator); each Node then dials after its own
+jittered probe delay, as it would have noticed.
 
 Protocol on stdio: ``ready <n>`` once every Node has its first Welcome; after a line on stdin
 (the parent is about to stop the coordinator) every Node whose stream then ends counts again
@@ -29,18 +30,20 @@ from typing import Any
 import betterproto
 from grpclib.client import Channel
 from grpclib.const import Cardinality
+from multidict import MultiDict
 
 from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.agent.reconnect import (
     PROBE_TIMEOUT_S,
     ProbeWatch,
     backoff_cap,
-    backoff_delay,
     probe_delay,
+    redial_delay,
 )
 from tuneplane.agent.session import WELCOME_TIMEOUT_S
 from tuneplane.agent.wire import CONNECT_DEADLINE_S
 from tuneplane.proto import v1
+from tuneplane.proto.contract.control_protocol import BUSY_HEADER, come_back_in
 
 from ._load import gpu_inventory, heartbeats
 
@@ -108,6 +111,7 @@ async def _node(channel: Channel, node: dict[str, str], storm: Storm, prober: Pr
     failed_rounds = 0
     timeout_s: float | None = None  # the heartbeat timeout the last Welcome gave
     while True:
+        turn: float | None = None
         try:
             async with channel.request(
                 "/tuneplane.v1.Control/Connect",
@@ -124,6 +128,16 @@ async def _node(channel: Channel, node: dict[str, str], storm: Storm, prober: Pr
                     node_id=node_id, agent_version="bench", inventory=gpu_inventory(node_id)
                 )
                 await stream.send_message(v1.NodeMessage(hello=hello))
+                await asyncio.wait_for(stream.recv_initial_metadata(), WELCOME_TIMEOUT_S)
+                said = {
+                    k: v
+                    for k, v in (stream.initial_metadata or MultiDict()).items()
+                    if isinstance(v, str)
+                }
+                if BUSY_HEADER in said:
+                    # Refused as busy: dial again at the turn it named, if it named one.
+                    turn = come_back_in(said)
+                    raise ConnectionError(said[BUSY_HEADER])
                 first = await asyncio.wait_for(stream.recv_message(), WELCOME_TIMEOUT_S)
                 if first is None or betterproto.which_one_of(first, "body")[0] != "welcome":
                     raise ConnectionError("the coordinator answered Hello without Welcome")
@@ -147,7 +161,8 @@ async def _node(channel: Channel, node: dict[str, str], storm: Storm, prober: Pr
         back = prober.back
         try:
             await asyncio.wait_for(
-                back.wait(), backoff_delay(failed_rounds, random.random(), backoff_cap(timeout_s))
+                back.wait(),
+                redial_delay(failed_rounds, random.random(), backoff_cap(timeout_s), turn),
             )
             # This Node's own probe would have noticed somewhere within one probe interval.
             await asyncio.sleep(random.random() * probe_delay(random.random()))

@@ -23,9 +23,10 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import anyio
 import betterproto
@@ -64,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: This coordinator's release, said in every Welcome and in every refusal.
 RELEASE = protocol.release()
+#: How long a busy refusal's stream is held for its Node to read the refusal and reset it.
+REFUSAL_READ_S = 2.0
 
 
 def _judge(node_id: str, agent: protocol.Peer) -> None:
@@ -169,7 +172,8 @@ class ControlGateway:
         with grpc_errors():
             gate = self._gate
             if not gate.arrive(anyio.current_time()):
-                self._defer()
+                await self._refuse_busy(stream)
+                return
             try:
                 with anyio.move_on_after(gate.settings.max_wait_s) as waited:
                     await self._turns.acquire()
@@ -178,7 +182,8 @@ class ControlGateway:
                 raise
             if waited.cancelled_caught:
                 gate.gave_up(anyio.current_time())
-                self._defer()
+                await self._refuse_busy(stream)
+                return
             gate.start(anyio.current_time())
             ticket = Ticket(gate, anyio.current_time, self._turns.release)
             try:
@@ -186,19 +191,32 @@ class ControlGateway:
             finally:
                 ticket.release()
 
-    def _defer(self) -> NoReturn:
-        """Refuse a Connect as busy (UNAVAILABLE): counted, and said in the log at most once a
-        second."""
+    async def _refuse_busy(self, stream: Any) -> None:
+        """Refuse a Connect as busy: the sentence and the Node's turn in initial metadata
+        (:data:`~tuneplane.proto.contract.control_protocol.BUSY_HEADER`), held until the Node
+        resets the stream, then UNAVAILABLE for one that did not read them. Counted, and said in
+        the log at most once a second."""
         CONNECTS_DEFERRED.inc()
+        gate = self._gate
         now = anyio.current_time()
+        come_back_s = gate.come_back_in(now)
         if now - self._deferred_logged_at >= 1.0:
-            gate = self._gate
             log.warning("connects deferred: busy welcoming in_flight=%d waiting=%d "
-                        "rate_per_s=%.0f deferred=%d", gate.in_flight, gate.waiting, gate.rate,
-                        gate.deferred - self._deferred_logged)  # fmt: skip
+                        "rate_per_s=%.0f deferred=%d come_back_s=%s", gate.in_flight,
+                        gate.waiting, gate.rate, gate.deferred - self._deferred_logged,
+                        "" if come_back_s is None else f"{come_back_s:.1f}")  # fmt: skip
             self._deferred_logged_at = now
             self._deferred_logged = gate.deferred
-        raise GRPCError(Status.UNAVAILABLE, self._gate.busy_sentence())
+        sentence = gate.busy_sentence(come_back_s)
+        said = {protocol.BUSY_HEADER: sentence}
+        if come_back_s is not None:
+            said[protocol.COME_BACK_HEADER] = str(round(come_back_s * 1000))
+        await stream.send_initial_metadata(metadata=said)
+        # A Node that read them resets the stream (which cancels this handler).
+        with anyio.move_on_after(REFUSAL_READ_S), contextlib.suppress(StreamTerminatedError):
+            while await stream.recv_message() is not None:
+                pass
+        await stream.send_trailing_metadata(status=Status.UNAVAILABLE, status_message=sentence)
 
     async def _taken_on(self, stream: Any, ticket: Ticket) -> None:
         """The Connect, Hello to its end, once the gate took it on."""

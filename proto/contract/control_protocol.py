@@ -34,6 +34,17 @@ UNVERSIONED = 1
 PROTOCOL_HEADER = "tuneplane-protocol"
 VERSION_HEADER = "tuneplane-agent-version"
 
+#: A Connect refused as busy answers with initial metadata first: :data:`BUSY_HEADER` (the
+#: sentence) and, once the coordinator has measured how fast it welcomes Nodes,
+#: :data:`COME_BACK_HEADER` (milliseconds until the Node's turn, coordinator/hello_gate.py). An
+#: agent that reads them resets the stream and dials again then; UNAVAILABLE follows for one
+#: that does not (0.1.x). Not trailers: grpclib's server resets the stream right behind
+#: non-OK trailers, and its client then reports a bare reset, losing them.
+BUSY_HEADER = "tuneplane-busy"
+COME_BACK_HEADER = "tuneplane-come-back-ms"
+#: The longest wait a busy refusal may name that an agent takes as said.
+COME_BACK_CAP_S = 120.0
+
 #: How many protocol versions older than the coordinators an agent may be.
 AGENT_SKEW = 1
 
@@ -82,6 +93,20 @@ def from_metadata(metadata: Mapping[str, str]) -> Peer | None:
     except ValueError:
         wire = 0
     return Peer.said(metadata.get(VERSION_HEADER, ""), wire, [])
+
+
+def come_back_in(metadata: Mapping[str, str] | None) -> float | None:
+    """Seconds until the turn a busy refusal's initial ``metadata`` names, or None when it
+    names none (no rate measured yet, an older coordinator, no refusal) or none that reads as a
+    number of milliseconds; capped at :data:`COME_BACK_CAP_S`."""
+    said = None if metadata is None else metadata.get(COME_BACK_HEADER)
+    if said is None:
+        return None
+    try:
+        ms = int(said)
+    except ValueError:
+        return None
+    return min(max(ms, 0) / 1000, COME_BACK_CAP_S)
 
 
 def spoken(wire_protocol: int) -> int:

@@ -66,3 +66,13 @@ def test_the_status_command_says_both_versions_and_warns_of_an_older_coordinator
     assert said["coordinator_capabilities"] == ["a", "b"] and not said["skew_warning"]
     older = _versions({**current, "coordinator_version": "unknown", "coordinator_protocol": 1})
     assert "unknown (control protocol 1) is older" in older["skew_warning"]
+
+
+def test_a_busy_refusals_turn_reads_as_seconds_and_anything_else_as_none() -> None:
+    header = protocol.COME_BACK_HEADER
+    assert protocol.come_back_in({header: "2500"}) == 2.5
+    assert protocol.come_back_in({header: "-3"}) == 0.0
+    assert protocol.come_back_in({header: "999999999"}) == protocol.COME_BACK_CAP_S
+    assert protocol.come_back_in({header: "soon"}) is None
+    assert protocol.come_back_in({}) is None
+    assert protocol.come_back_in(None) is None

@@ -126,6 +126,23 @@ def test_a_larger_draw_never_waits_less(rounds: int, a: float, b: float) -> None
     assert rc.backoff_delay(rounds, low, 5.0) <= rc.backoff_delay(rounds, high, 5.0)
 
 
+@given(
+    st.integers(min_value=1, max_value=40),
+    JITTER,
+    st.floats(0.5, 60.0),
+    st.none() | st.floats(0.0, 120.0),
+)
+def test_a_named_turn_is_kept_within_a_tenth_and_otherwise_the_backoff_rules(
+    rounds: int, jitter: float, cap: float, turn: float | None
+) -> None:
+    delay = rc.redial_delay(rounds, jitter, cap, turn)
+    if turn is None:
+        assert delay == rc.backoff_delay(rounds, jitter, cap)
+    else:
+        # Whatever the backoff: a coordinator that named a turn is dialed again then.
+        assert turn * 0.9 - 1e-9 <= delay <= turn * 1.1 + 1e-9
+
+
 @given(st.integers(min_value=0, max_value=2**32 - 1))
 def test_five_thousand_nodes_spread_over_the_whole_window(seed: int) -> None:
     draw = random.Random(seed)

@@ -3,6 +3,9 @@ rate it measures."""
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,12 +22,11 @@ def test_connects_wait_for_a_turn_until_a_measured_rate_says_they_would_wait_too
     for _ in range(10):
         gate.gave_up(0.5)
     assert (gate.waiting, gate.deferred) == (0, 10)
-    # Two turns, both welcomed within the first second: the rate becomes 0.5 * 2 = 1 a second.
-    for _ in range(2):
-        assert gate.arrive(1.0)
-        gate.start(1.0)
+    # One turn, welcomed within the first second: the first measured second is taken as it is,
+    # 1 a second (not blended with the 0 before it).
+    assert gate.arrive(1.0)
+    gate.start(1.0)
     gate.done(1.2, welcomed=True)
-    gate.done(1.3, welcomed=True)
     assert gate.arrive(2.0) and gate.rate == 1.0
     gate.start(2.0)
     assert gate.arrive(2.0)  # ahead: 1 in flight; a turn is free
@@ -34,7 +36,111 @@ def test_connects_wait_for_a_turn_until_a_measured_rate_says_they_would_wait_too
     # The one after that would wait 2 s: refused now, counted.
     assert not gate.arrive(2.0)
     assert gate.deferred == 11
-    assert "welcoming 2 Nodes with 1 more waiting" in gate.busy_sentence()
+    come_back = gate.come_back_in(2.0)
+    assert come_back is not None
+    assert "welcoming 2 Nodes with 1 more waiting" in gate.busy_sentence(come_back)
+    assert f"dials again in about {come_back:.1f} s, its turn" in gate.busy_sentence(come_back)
+    assert "after its backoff" in gate.busy_sentence(None)
+
+
+def _second(gate: HelloGate, start: float, welcomes: int, saturated: bool) -> None:
+    """One second from ``start``: ``welcomes`` Connects welcomed one at a time, and (when
+    ``saturated``) one more that found every turn taken and gave up."""
+    for _ in range(welcomes):
+        gate.arrive(start + 0.1)
+        gate.start(start + 0.1)
+        gate.done(start + 0.2, welcomed=True)
+    if saturated:
+        for _ in range(gate.settings.concurrency):
+            gate.arrive(start + 0.3)
+            gate.start(start + 0.3)
+        gate.arrive(start + 0.4)
+        gate.gave_up(start + 0.5)
+        for _ in range(gate.settings.concurrency):
+            gate.done(start + 0.6, welcomed=False)
+
+
+def test_saturated_seconds_blend_into_the_rate_and_quieter_ones_only_raise_it() -> None:
+    gate = HelloGate(SMALL)
+    _second(gate, 0.0, 4, saturated=True)
+    _second(gate, 1.0, 2, saturated=True)
+    _second(gate, 2.0, 1, saturated=False)
+    _second(gate, 3.0, 0, saturated=True)  # stuck: every turn taken, none welcomed
+    _second(gate, 4.0, 8, saturated=False)
+    gate.arrive(5.2)
+    # 4 as it is; then 0.5 * 4 + 0.5 * 2 = 3; the quiet second's 1 is ignored; the stuck
+    # second halves it to 1.5; the quiet second's 8 raises it to 0.5 * 1.5 + 0.5 * 8 = 4.75.
+    assert gate.rate == 4.75
+
+
+def test_an_idle_stretch_leaves_the_rate_as_the_last_storm_measured_it() -> None:
+    gate = HelloGate(SMALL)
+    _second(gate, 0.0, 6, saturated=True)
+    gate.arrive(30.0)
+    assert gate.rate == 6.0
+
+
+def _measured(rate_per_s: int, settings: GateSettings = SMALL) -> HelloGate:
+    """A gate that welcomed ``rate_per_s`` Connects in its first second (now 1.0)."""
+    gate = HelloGate(settings)
+    for _ in range(rate_per_s):
+        gate.arrive(0.0)
+        gate.start(0.0)
+        gate.done(0.5, welcomed=True)
+    gate.arrive(1.0)
+    gate.left(1.0)
+    assert gate.rate == rate_per_s
+    return gate
+
+
+def test_no_turn_is_named_before_a_rate_is_measured() -> None:
+    gate = HelloGate(SMALL)
+    for _ in range(5):
+        gate.arrive(0.0)
+    assert gate.come_back_in(0.5) is None
+
+
+def test_refused_connects_are_given_turns_one_after_another_at_the_overbooked_rate() -> None:
+    gate = _measured(10)  # 10 a second, overbooked 1.25: a turn every 0.08 s
+    for _ in range(3):
+        gate.arrive(1.0)
+        gate.start(1.0)
+    # 3 ahead: the first refused is due when they clear, the next ones a pace apart.
+    turns = [gate.come_back_in(1.0) for _ in range(4)]
+    assert turns == pytest.approx([0.24, 0.32, 0.40, 0.48])
+    # Later refusals line up after the turns already given, measured from their own now.
+    assert gate.come_back_in(1.1) == pytest.approx(0.46)
+    # Once the booked turns are past, a refusal is due when the Connects ahead clear.
+    assert gate.come_back_in(10.0) == pytest.approx(0.24)
+
+
+def test_turns_stop_at_the_latest_a_refusal_may_name() -> None:
+    gate = _measured(1, GateSettings(concurrency=2, max_wait_s=1.0, max_come_back_s=5.0))
+    turns = [gate.come_back_in(1.0) for _ in range(10)]
+    assert max(t for t in turns if t is not None) == 5.0
+    assert turns[:5] == pytest.approx([0.0, 0.8, 1.6, 2.4, 3.2])
+
+
+@given(
+    st.integers(1, 500),
+    st.lists(st.tuples(st.floats(0, 2), st.integers(0, 300)), min_size=1, max_size=60),
+)
+def test_no_two_refusals_share_a_turn_and_none_comes_before_the_connects_ahead(
+    rate: int, refusals: list[tuple[float, int]]
+) -> None:
+    settings = GateSettings(concurrency=2, max_wait_s=1.0, max_come_back_s=1e9)
+    gate = _measured(rate, settings)
+    pace = 1 / (rate * settings.overbook)
+    now, due = 1.0, []
+    for dt, ahead in refusals:
+        now += dt
+        gate.waiting = ahead
+        turn = gate.come_back_in(now)
+        assert turn is not None
+        assert turn >= ahead * pace - 1e-9
+        due.append(now + turn)
+    due.sort()
+    assert all(b - a >= pace - 1e-9 for a, b in itertools.pairwise(due))
 
 
 def test_a_quiet_minute_forgets_the_rate() -> None:
@@ -43,7 +149,7 @@ def test_a_quiet_minute_forgets_the_rate() -> None:
     gate.start(0.0)
     gate.done(0.1, welcomed=True)
     gate.arrive(1.5)
-    assert gate.rate == 0.5
+    assert gate.rate == 1.0
     gate.left(100.0)
     assert gate.rate == 0.0 and gate.waiting == 0
 
