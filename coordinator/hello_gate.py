@@ -9,21 +9,19 @@ Rules:
   their Hello read, stored, welcomed). The others wait their turn in arrival order, each for at
   most :attr:`GateSettings.max_wait_s`, which leaves it time to be welcomed before its Node's
   deadline. One still waiting then is refused as busy (UNAVAILABLE), and so is one arriving when
-  the Connects ahead of it would take longer than that to clear at the rate Welcomes have been
-  completing (an exponentially weighted average per second). Its Node dials again after its
-  jittered backoff.
+  the Connects ahead of it would take longer than that to clear at the welcome rate.
+- The welcome rate is what the turns can do: :attr:`GateSettings.concurrency` over the time a
+  Connect takes from its turn to its Welcome, smoothed over the Connects welcomed (Little's law).
+  Welcomes counted per second would not do: Hellos are stored in group commits, so whole
+  seconds pass with none while hundreds are on their way, and a count that drops to 0 with them
+  sets the next turns far apart. An optimistic rate corrects itself within a few Welcomes (the
+  Nodes it called too early wait in line or are given another turn); a pessimistic one would
+  leave the coordinator idle while Nodes wait for turns it set too late.
 - A refused Connect is told when to dial again (:meth:`HelloGate.come_back_in`): a turn of its
   own, after the Connects ahead of it and after the turns given to those refused before it,
-  spaced at the measured rate a little overbooked (:attr:`GateSettings.overbook`, so the rate
-  can still be seen to grow; the overbooked few wait in line or are given a later turn). Without
-  it every refused Node came back within its backoff window and most were refused again (five
-  or six times each for 5,000 Nodes); with it each is refused about once.
-- The rate's first measured second is taken as it is, not blended with the 0 before it, so the
-  first turns given are not twice as far apart as the rate allows. Only a saturated second (a
-  Connect found every turn taken) is folded in as it is, a second with Connects stuck and none
-  welcomed (a store that does not answer) lowering the rate: only then is the count what the
-  coordinator can do. A quieter second only raises the rate when it welcomed more; otherwise a
-  handful of Nodes dialing now and then would set the turns of the next storm far apart.
+  spaced at the welcome rate a little overbooked (:attr:`GateSettings.overbook`; the overbooked
+  few wait in line or are given a later turn). Without it every refused Node came back within
+  its backoff window and most were refused again.
 - A refused Connect costs the coordinator no store read, and a waiting one nothing but its
   stream.
 """
@@ -41,9 +39,9 @@ class GateSettings:
     concurrency: int = 256
     #: The longest a Connect waits for its turn: its Node has 10 s for the whole Welcome.
     max_wait_s: float = 5.0
-    #: Weight of the latest second's Welcomes in the rate.
-    smoothing: float = 0.5
-    #: Turns given to refused Connects come this much faster than the measured rate.
+    #: Weight of the latest Welcome's time in the smoothed time a turn takes.
+    smoothing: float = 0.1
+    #: Turns given to refused Connects come this much faster than the welcome rate.
     overbook: float = 1.25
     #: The latest turn a refusal gives; later ones are all given this (a Node told to wait
     #: longer could as well have stayed on its own backoff).
@@ -52,29 +50,27 @@ class GateSettings:
 
 @attrs.define
 class HelloGate:
-    """The Connects waiting and worked on, and the rate Welcomes complete at."""
+    """The Connects waiting and worked on, and how long a turn takes."""
 
     settings: GateSettings = attrs.field(factory=GateSettings)
     waiting: int = 0
     in_flight: int = 0
-    #: Welcomes per second, smoothed; 0 until a second with a Welcome has passed.
-    rate: float = 0.0
+    #: Seconds from a Connect's turn to its Welcome, smoothed; None before the first Welcome.
+    turn_s: float | None = None
     #: Connects refused as busy so far.
     deferred: int = 0
-    _second_started: float | None = None
-    _welcomed_this_second: int = 0
-    #: Whether a Connect found every turn taken in the current second.
-    _saturated_this_second: bool = False
     #: When the last turn given to a refused Connect ends (monotonic seconds).
     _booked_until: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        """Welcomes a second with every turn taken; 0 before the first Welcome."""
+        return 0.0 if self.turn_s is None else self.settings.concurrency / self.turn_s
 
     def arrive(self, now: float) -> bool:
         """A Connect arrived at ``now`` (monotonic seconds): True when it is to wait for its
         turn (then :meth:`start` or :meth:`gave_up`), False when it is refused as busy now."""
-        self._roll(now)
         ahead = self.waiting + self.in_flight
-        if ahead >= self.settings.concurrency:
-            self._saturated_this_second = True
         if ahead >= self.settings.concurrency and self.rate > 0:
             clear_s = (ahead - self.settings.concurrency + 1) / self.rate
             if clear_s > self.settings.max_wait_s:
@@ -85,31 +81,29 @@ class HelloGate:
 
     def start(self, now: float) -> None:
         """A waiting Connect got its turn."""
-        self._roll(now)
         self.waiting -= 1
         self.in_flight += 1
 
     def gave_up(self, now: float) -> None:
         """A waiting Connect waited :attr:`GateSettings.max_wait_s` and is refused as busy."""
-        self._roll(now)
         self.waiting -= 1
         self.deferred += 1
 
     def left(self, now: float) -> None:
         """A waiting Connect ended before its turn (its Node hung up)."""
-        self._roll(now)
         self.waiting -= 1
 
-    def done(self, now: float, welcomed: bool) -> None:
-        """A Connect worked on was welcomed (counted in the rate) or failed before."""
-        self._roll(now)
+    def done(self, now: float, welcomed: bool, started_at: float) -> None:
+        """A Connect worked on since ``started_at`` was welcomed (its time counted) or failed."""
         self.in_flight -= 1
         if welcomed:
-            self._welcomed_this_second += 1
+            took = max(now - started_at, 1e-3)
+            weight = self.settings.smoothing if self.turn_s is not None else 1.0
+            self.turn_s = (1 - weight) * (self.turn_s or 0.0) + weight * took
 
     def come_back_in(self, now: float) -> float | None:
         """For a Connect just refused at ``now``: the seconds until its turn, when its Node
-        should dial again. None while no rate is measured (the Node keeps to its backoff)."""
+        should dial again. None before the first Welcome (the Node keeps to its backoff)."""
         if self.rate <= 0:
             return None
         pace = 1.0 / (self.rate * self.settings.overbook)
@@ -118,32 +112,11 @@ class HelloGate:
         self._booked_until = turn + pace
         return min(turn - now, self.settings.max_come_back_s)
 
-    def _roll(self, now: float) -> None:
-        """Fold every whole second since the last into the rate."""
-        if self._second_started is None:
-            self._second_started = now
-            return
-        if now - self._second_started > 60:
-            # Quiet for a minute: start afresh.
-            self._second_started, self._welcomed_this_second, self.rate = now, 0, 0.0
-            self._saturated_this_second = self.waiting > 0
-            return
-        while now - self._second_started >= 1.0:
-            count = self._welcomed_this_second
-            if self._saturated_this_second or count > self.rate:
-                weight = self.settings.smoothing if self.rate > 0 else 1.0
-                self.rate = (1 - weight) * self.rate + weight * count
-            self._welcomed_this_second = 0
-            # A Connect still waiting for its turn makes the next second saturated too.
-            self._saturated_this_second = self.waiting > 0
-            self._second_started += 1.0
-
     def busy_sentence(self, come_back_s: float | None) -> str:
-        then = (
-            "after its backoff"
-            if come_back_s is None
-            else f"in about {come_back_s:.1f} s, its turn"
-        )
+        if come_back_s is None:
+            then = "after its backoff"
+        else:
+            then = f"in about {come_back_s:.1f} s, its turn"
         return (
             f"the coordinator is welcoming {self.in_flight} Nodes with {self.waiting} more "
             f"waiting (about {self.rate:.0f} a second); this Node dials again {then}"
@@ -152,13 +125,15 @@ class HelloGate:
 
 @attrs.define
 class Ticket:
-    """One Connect's turn: :meth:`welcomed` once its Welcome is sent, :meth:`release` when it
-    ends (either may come first). The gate hears of it once, and ``free`` (the shell's slot)
-    is called once: the turn ends at Welcome, not with the session."""
+    """One Connect's turn, started at ``started_at``: :meth:`welcomed` once its Welcome is sent,
+    :meth:`release` when it ends (either may come first). The gate hears of it once, and
+    ``free`` (the shell's slot) is called once: the turn ends at Welcome, not with the
+    session."""
 
     gate: HelloGate
     clock: Callable[[], float]
     free: Callable[[], None]
+    started_at: float
     _open: bool = True
 
     def welcomed(self) -> None:
@@ -170,5 +145,5 @@ class Ticket:
     def _end(self, welcomed: bool) -> None:
         if self._open:
             self._open = False
-            self.gate.done(self.clock(), welcomed)
+            self.gate.done(self.clock(), welcomed, self.started_at)
             self.free()

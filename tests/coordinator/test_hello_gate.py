@@ -1,5 +1,5 @@
-"""The reconnect-storm gate (coordinator/hello_gate.py), pure: who waits, who is refused, and the
-rate it measures."""
+"""The reconnect-storm gate (coordinator/hello_gate.py), pure: who waits, who is refused, the rate
+it measures and the turns it gives."""
 
 from __future__ import annotations
 
@@ -14,86 +14,78 @@ from tuneplane.coordinator.hello_gate import GateSettings, HelloGate, Ticket
 SMALL = GateSettings(concurrency=2, max_wait_s=1.0, smoothing=0.5)
 
 
-def test_connects_wait_for_a_turn_until_a_measured_rate_says_they_would_wait_too_long() -> None:
+def _welcome(gate: HelloGate, at: float, took: float) -> None:
+    """One Connect that arrives at ``at``, gets its turn at once and is welcomed ``took`` later."""
+    assert gate.arrive(at)
+    gate.start(at)
+    gate.done(at + took, welcomed=True, started_at=at)
+
+
+def test_connects_wait_for_a_turn_until_the_rate_says_they_would_wait_too_long() -> None:
     gate = HelloGate(SMALL)
-    # No rate measured yet: everyone may wait (each waits at most max_wait_s in the shell).
+    # No Welcome yet, no rate: everyone may wait (each waits at most max_wait_s in the shell).
     assert all(gate.arrive(0.0) for _ in range(10))
     assert (gate.waiting, gate.deferred) == (10, 0)
     for _ in range(10):
         gate.gave_up(0.5)
     assert (gate.waiting, gate.deferred) == (0, 10)
-    # One turn, welcomed within the first second: the first measured second is taken as it is,
-    # 1 a second (not blended with the 0 before it).
-    assert gate.arrive(1.0)
-    gate.start(1.0)
-    gate.done(1.2, welcomed=True)
-    assert gate.arrive(2.0) and gate.rate == 1.0
-    gate.start(2.0)
-    assert gate.arrive(2.0)  # ahead: 1 in flight; a turn is free
-    gate.start(2.0)
+    # A turn takes 2 s: two turns welcome one Node a second.
+    _welcome(gate, 1.0, took=2.0)
+    assert gate.turn_s == 2.0 and gate.rate == 1.0
+    for _ in range(2):
+        assert gate.arrive(3.0)
+        gate.start(3.0)
     # Two in flight: the next clears after 1 of them, 1 s at 1 a second: not over max_wait_s.
-    assert gate.arrive(2.0)
+    assert gate.arrive(3.0)
     # The one after that would wait 2 s: refused now, counted.
-    assert not gate.arrive(2.0)
+    assert not gate.arrive(3.0)
     assert gate.deferred == 11
-    come_back = gate.come_back_in(2.0)
+    come_back = gate.come_back_in(3.0)
     assert come_back is not None
     assert "welcoming 2 Nodes with 1 more waiting" in gate.busy_sentence(come_back)
     assert f"dials again in about {come_back:.1f} s, its turn" in gate.busy_sentence(come_back)
     assert "after its backoff" in gate.busy_sentence(None)
 
 
-def _second(gate: HelloGate, start: float, welcomes: int, saturated: bool) -> None:
-    """One second from ``start``: ``welcomes`` Connects welcomed one at a time, and (when
-    ``saturated``) one more that found every turn taken and gave up."""
-    for _ in range(welcomes):
-        gate.arrive(start + 0.1)
-        gate.start(start + 0.1)
-        gate.done(start + 0.2, welcomed=True)
-    if saturated:
-        for _ in range(gate.settings.concurrency):
-            gate.arrive(start + 0.3)
-            gate.start(start + 0.3)
-        gate.arrive(start + 0.4)
-        gate.gave_up(start + 0.5)
-        for _ in range(gate.settings.concurrency):
-            gate.done(start + 0.6, welcomed=False)
-
-
-def test_saturated_seconds_blend_into_the_rate_and_quieter_ones_only_raise_it() -> None:
+def test_the_time_a_turn_takes_is_smoothed_over_welcomes_and_failures_do_not_count() -> None:
     gate = HelloGate(SMALL)
-    _second(gate, 0.0, 4, saturated=True)
-    _second(gate, 1.0, 2, saturated=True)
-    _second(gate, 2.0, 1, saturated=False)
-    _second(gate, 3.0, 0, saturated=True)  # stuck: every turn taken, none welcomed
-    _second(gate, 4.0, 8, saturated=False)
-    gate.arrive(5.2)
-    # 4 as it is; then 0.5 * 4 + 0.5 * 2 = 3; the quiet second's 1 is ignored; the stuck
-    # second halves it to 1.5; the quiet second's 8 raises it to 0.5 * 1.5 + 0.5 * 8 = 4.75.
-    assert gate.rate == 4.75
+    _welcome(gate, 0.0, took=4.0)
+    _welcome(gate, 5.0, took=2.0)
+    assert gate.turn_s == 3.0  # 0.5 * 4 + 0.5 * 2
+    gate.arrive(9.0)
+    gate.start(9.0)
+    gate.done(30.0, welcomed=False, started_at=9.0)  # its Node hung up: no Welcome, no time
+    assert gate.turn_s == 3.0 and gate.in_flight == 0
+    # A minute of silence changes nothing: the next storm starts from what the last one took.
+    assert gate.come_back_in(100.0) == pytest.approx(0.0)
 
 
-def test_an_idle_stretch_leaves_the_rate_as_the_last_storm_measured_it() -> None:
+def test_a_ticket_ends_its_turn_once_at_welcome_or_at_the_end() -> None:
+    freed: list[int] = []
     gate = HelloGate(SMALL)
-    _second(gate, 0.0, 6, saturated=True)
-    gate.arrive(30.0)
-    assert gate.rate == 6.0
+    gate.arrive(0.0)
+    gate.start(0.0)
+    ticket = Ticket(gate, lambda: 0.5, lambda: freed.append(1), 0.0)
+    ticket.welcomed()
+    ticket.release()  # the session ended hours later: nothing more to count
+    assert freed == [1] and gate.in_flight == 0 and gate.turn_s == 0.5
+    gate.arrive(0.6)
+    gate.start(0.6)
+    failed = Ticket(gate, lambda: 0.7, lambda: freed.append(2), 0.6)
+    failed.release()
+    failed.welcomed()
+    assert freed == [1, 2] and gate.in_flight == 0 and gate.turn_s == 0.5
 
 
-def _measured(rate_per_s: int, settings: GateSettings = SMALL) -> HelloGate:
-    """A gate that welcomed ``rate_per_s`` Connects in its first second (now 1.0)."""
+def _measured(rate_per_s: float, settings: GateSettings = SMALL) -> HelloGate:
+    """A gate whose turns were seen to welcome ``rate_per_s`` Nodes a second."""
     gate = HelloGate(settings)
-    for _ in range(rate_per_s):
-        gate.arrive(0.0)
-        gate.start(0.0)
-        gate.done(0.5, welcomed=True)
-    gate.arrive(1.0)
-    gate.left(1.0)
-    assert gate.rate == rate_per_s
+    _welcome(gate, 0.0, took=settings.concurrency / rate_per_s)
+    assert gate.rate == pytest.approx(rate_per_s)
     return gate
 
 
-def test_no_turn_is_named_before_a_rate_is_measured() -> None:
+def test_no_turn_is_named_before_a_welcome() -> None:
     gate = HelloGate(SMALL)
     for _ in range(5):
         gate.arrive(0.0)
@@ -130,7 +122,7 @@ def test_no_two_refusals_share_a_turn_and_none_comes_before_the_connects_ahead(
 ) -> None:
     settings = GateSettings(concurrency=2, max_wait_s=1.0, max_come_back_s=1e9)
     gate = _measured(rate, settings)
-    pace = 1 / (rate * settings.overbook)
+    pace = 1 / (gate.rate * settings.overbook)
     now, due = 1.0, []
     for dt, ahead in refusals:
         now += dt
@@ -143,50 +135,24 @@ def test_no_two_refusals_share_a_turn_and_none_comes_before_the_connects_ahead(
     assert all(b - a >= pace - 1e-9 for a, b in itertools.pairwise(due))
 
 
-def test_a_quiet_minute_forgets_the_rate() -> None:
-    gate = HelloGate(SMALL)
-    gate.arrive(0.0)
-    gate.start(0.0)
-    gate.done(0.1, welcomed=True)
-    gate.arrive(1.5)
-    assert gate.rate == 1.0
-    gate.left(100.0)
-    assert gate.rate == 0.0 and gate.waiting == 0
-
-
-def test_a_ticket_ends_its_turn_once_at_welcome_or_at_the_end() -> None:
-    freed: list[int] = []
-    gate = HelloGate(SMALL)
-    gate.arrive(0.0)
-    gate.start(0.0)
-    ticket = Ticket(gate, lambda: 0.5, lambda: freed.append(1))
-    ticket.welcomed()
-    ticket.release()  # the session ended hours later: nothing more to count
-    assert freed == [1] and gate.in_flight == 0
-    gate.arrive(0.6)
-    gate.start(0.6)
-    failed = Ticket(gate, lambda: 0.7, lambda: freed.append(2))
-    failed.release()
-    failed.welcomed()
-    assert freed == [1, 2] and gate.in_flight == 0
-
-
 @given(st.lists(st.tuples(st.sampled_from("awgldx"), st.floats(0, 3)), max_size=80))
 def test_the_counts_never_go_negative_whatever_happens(steps: list[tuple[str, float]]) -> None:
     """A shell that follows the protocol (start/gave_up/left only for a waiting Connect, done
     only for one started) keeps every count at or above zero and refuses nobody it let wait."""
     gate = HelloGate(SMALL)
     now = 0.0
+    started: list[float] = []
     for op, dt in steps:
         now += dt
         if op == "a":
             gate.arrive(now)
         elif op == "w" and gate.waiting:
             gate.start(now)
+            started.append(now)
         elif op == "g" and gate.waiting:
             gate.gave_up(now)
         elif op == "l" and gate.waiting:
             gate.left(now)
-        elif op in "dx" and gate.in_flight:
-            gate.done(now, welcomed=op == "d")
+        elif op in "dx" and started:
+            gate.done(now, welcomed=op == "d", started_at=started.pop())
         assert gate.waiting >= 0 and gate.in_flight >= 0 and gate.rate >= 0
