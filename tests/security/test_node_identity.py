@@ -53,6 +53,15 @@ def short_lived(tmp_path: Path) -> Iterator[CoordinatorProcess]:
 
 
 @pytest.fixture
+def half_minute(tmp_path: Path) -> Iterator[CoordinatorProcess]:
+    """Node credentials live 30 s: an agent renews 15-27 s after each one is issued, so a kill
+    in the middle of a rotation leaves the old credential at least 3 s for the restart (6 s
+    credentials left as little as 0.6 s, less than a restart takes on a loaded machine)."""
+    with identity_coordinator(tmp_path, "30s") as coord:
+        yield coord
+
+
+@pytest.fixture
 def long_lived(tmp_path: Path) -> Iterator[CoordinatorProcess]:
     with identity_coordinator(tmp_path) as coord:
         yield coord
@@ -128,14 +137,14 @@ def test_the_agent_renews_and_the_old_credential_is_then_refused(
 
 @pytest.mark.parametrize("point", ROTATION_POINTS)
 def test_a_kill_at_any_rotation_point_leaves_a_working_credential(
-    short_lived: CoordinatorProcess, tmp_path: Path, point: str
+    half_minute: CoordinatorProcess, tmp_path: Path, point: str
 ) -> None:
-    coord = short_lived
+    coord = half_minute
     agent = start_agent(tmp_path, coord, env={"TUNEPLANE_CRASHPOINT": point})
     try:
         agent.wait_connected()
         before = agent.control_token()
-        assert agent.wait_exit(30) == 137
+        assert agent.wait_exit(60) == 137
         assert f"point={point}" in agent.read_log()
         # What the kill left on disk: nothing new, a whole successor beside the old credential,
         # or the successor in place.
