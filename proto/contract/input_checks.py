@@ -228,11 +228,14 @@ def _value_problem(value: object, kind: str) -> str | None:
 
 def _problems(msg: betterproto.Message, path: str, text: bool) -> Iterator[tuple[str, str]]:
     """(field path, problem) for every field of ``msg`` of the wrong type or with bad text."""
+    given = vars(msg)
     for name, kind, repeated, map_types in _spec(type(msg)):
-        try:
-            value = getattr(msg, name)
-        except AttributeError:
-            continue  # a member of a oneof that another member holds
+        # Read as stored: a field never given (or a member of a oneof that another member holds)
+        # is betterproto's PLACEHOLDER, its default, which has nothing to check, and reading it
+        # through the message would build that default.
+        value = given.get(name, betterproto.PLACEHOLDER)
+        if value is betterproto.PLACEHOLDER:
+            continue
         where = f"{path}.{name}"
         if kind == "map":
             if not isinstance(value, dict):
