@@ -46,6 +46,7 @@ from .session import (
     Phase,
     Send,
     StoreCredential,
+    WaitingInLine,
 )
 from .state_dir import CredentialLife, NodeConfig, StateDirError
 from .wire import CoordinatorBusy, CoordinatorUnreachable, Endpoint, UnknownMessage, WireError
@@ -269,6 +270,10 @@ class DaemonSession(DaemonBase):
                 await self._adopt_control_address(effect.address)
             elif isinstance(effect, AdoptCoordinators):
                 await self._adopt_coordinators(effect.addresses)
+            elif isinstance(effect, WaitingInLine):
+                log.info("waiting in line for a Welcome coordinator=%s expected_s=%.1f "
+                         "deadline_s=%.1f reason=%s", self.endpoint, effect.wait_s,
+                         effect.deadline_s, effect.sentence)  # fmt: skip
             elif isinstance(effect, Close):
                 raise SessionClosed(effect.reason)
 

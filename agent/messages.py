@@ -150,8 +150,18 @@ class Coordinators:
     addresses: tuple[str, ...]
 
 
+@attrs.frozen
+class Queued:
+    """Not a message: the initial metadata of a Connect the coordinator put in line, busy in a
+    reconnect storm (``tuneplane-queued``). The Welcome is expected in about ``wait_s``."""
+
+    wait_s: float
+    sentence: str
+
+
 Incoming = (
     Welcome
+    | Queued
     | ControlAddress
     | Coordinators
     | HeartbeatAck

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import attrs
 
+from tuneplane.proto.contract.control_protocol import QUEUED_CAP_S
+
 #: The ceiling of the first wait; it doubles per failed round up to the cap.
 BACKOFF_FIRST_S = 0.5
 #: The heartbeat timeout assumed before any Welcome stated one (the coordinator's default).
@@ -117,3 +119,11 @@ class ProbeWatch:
             else:
                 self.accepting.add(address)
         return back
+
+
+def welcome_timeout_in_line(wait_s: float, usual_s: float) -> float:
+    """How long a Node a coordinator put in line (``wait_s``: the wait it expects) awaits its
+    Welcome: twice that plus the ``usual_s`` Welcome timeout, at most
+    :data:`~tuneplane.proto.contract.control_protocol.QUEUED_CAP_S`. A coordinator that misjudged
+    its rate is not given up on at once, nor waited for forever."""
+    return min(2 * wait_s + usual_s, QUEUED_CAP_S)

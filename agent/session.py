@@ -17,6 +17,7 @@ Rules:
   (proto/contract/control_protocol.py).
 - Heartbeat every ``heartbeat_interval``; a peer silent for ``heartbeat_timeout`` closes the
   session. :meth:`ControlSession.next_deadline` says when :meth:`ControlSession.tick` is due.
+  A Connect the coordinator put in line (:class:`~.messages.Queued`) awaits its Welcome longer.
 - Credential rotation: Welcome says when the stream's credential expires; at the jittered point
   :func:`~tuneplane.agent.credential_renewal.renewal_at_ms` picks (checked on every tick, so at
   heartbeat granularity) the session asks with CredentialRenewal, resent after a heartbeat
@@ -38,6 +39,7 @@ from .credential_renewal import renewal_at_ms
 from .inventory import Inventory
 from .journal_records import MemberKey, PendingReport
 from .member_state import MemberState
+from .reconnect import welcome_timeout_in_line
 
 #: How long to wait for Welcome after Hello, before the coordinator has told us its timeouts.
 WELCOME_TIMEOUT_S = 10.0
@@ -135,6 +137,15 @@ class AdoptCoordinators:
 
 
 @attrs.frozen
+class WaitingInLine:
+    """The coordinator put this Connect in line (a storm): the Welcome is awaited ``deadline_s``."""
+
+    wait_s: float
+    deadline_s: float
+    sentence: str
+
+
+@attrs.frozen
 class Close:
     """End the session; the daemon reconnects with backoff. ``reason`` is a sentence."""
 
@@ -151,6 +162,7 @@ Effect = (
     | StoreCredential
     | AdoptControlAddress
     | AdoptCoordinators
+    | WaitingInLine
     | Close
 )
 
@@ -229,6 +241,8 @@ class ControlSession:
         if self.phase is Phase.CLOSED:
             return []
         self.last_heard = now
+        if isinstance(message, m.Queued):
+            return self._queued(message) if self.phase is Phase.HELLO_SENT else []
         if self.phase is Phase.HELLO_SENT:
             if not isinstance(message, m.Welcome):
                 return self._close(
@@ -274,6 +288,11 @@ class ControlSession:
         return renewal_at_ms(
             self.credential_issued_at_ms, self.credential_expires_at_ms, self.renewal_jitter
         )
+
+    def _queued(self, queued: m.Queued) -> list[Effect]:
+        deadline = welcome_timeout_in_line(queued.wait_s, WELCOME_TIMEOUT_S)
+        self.heartbeat_timeout_s = deadline
+        return [WaitingInLine(queued.wait_s, deadline, queued.sentence)]
 
     def _timing(self, welcome: m.Welcome) -> None:
         # A coordinator that sends zeros gets sane floors rather than a busy loop.

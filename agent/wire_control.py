@@ -45,15 +45,21 @@ CONNECT_METHOD = "/tuneplane.v1.Control/Connect"
 ENROLL_METHOD = "/tuneplane.v1.Control/Enroll"
 
 
-def connect_metadata(credential: str) -> dict[str, str]:
-    """Connect's request metadata: the credential, and this agent's release and control
-    protocol, so a coordinator can refuse an agent outside the version-skew policy before any
-    Hello (and answer :func:`control_refusal`'s probe with that sentence)."""
-    return {
+def connect_metadata(
+    credential: str, capabilities: tuple[str, ...] = control_protocol.AGENT_CAPABILITIES
+) -> dict[str, str]:
+    """Connect's request metadata: the credential, and this agent's release, control protocol
+    and ``capabilities``, so a coordinator can refuse an agent outside the version-skew policy
+    before any Hello (and answer :func:`control_refusal`'s probe with that sentence), or put it
+    in line in a reconnect storm."""
+    said = {
         "authorization": f"Bearer {credential}",
         control_protocol.PROTOCOL_HEADER: str(control_protocol.PROTOCOL),
         control_protocol.VERSION_HEADER: control_protocol.release(),
     }
+    if capabilities:
+        said[control_protocol.CAPABILITIES_HEADER] = ",".join(capabilities)
+    return said
 
 
 @attrs.frozen
@@ -116,12 +122,17 @@ class ControlStream:
 
     async def receive(self) -> m.Incoming | None:
         """The next message, or ``None`` when the coordinator ended the stream. The first call
-        reads the answer's initial metadata: a busy refusal is :class:`~.wire.CoordinatorBusy`."""
+        reads the answer's initial metadata: a busy refusal is :class:`~.wire.CoordinatorBusy`,
+        a place in line is :class:`~.messages.Queued` (the Welcome follows)."""
         with translated(self._endpoint, self._ca_path, "Connect"):
             if not self._answered:
                 await run_aio(self._stream.recv_initial_metadata)
                 self._answered = True
-                self._raise_if_busy(self._stream.initial_metadata or {})
+                metadata = self._stream.initial_metadata or {}
+                self._raise_if_busy(metadata)
+                wait_s = control_protocol.queued_for(metadata)
+                if wait_s is not None:
+                    return m.Queued(wait_s, str(metadata[control_protocol.QUEUED_HEADER]))
             raw = await run_aio(self._stream.recv_message)
         return None if raw is None else from_wire(raw)
 
@@ -170,7 +181,8 @@ async def _probe_connect(channel: Channel, credential: str) -> None:
         Cardinality.STREAM_STREAM,
         v1.NodeMessage,
         v1.CoordinatorMessage,
-        metadata=connect_metadata(credential),
+        # No capabilities: a probe is never put in line, it is answered (or refused) at once.
+        metadata=connect_metadata(credential, ()),
     ) as stream:
         await stream.send_request(end=True)
         await stream.recv_message()

@@ -60,13 +60,18 @@ def reconnect_storm(
     storm_s = max(r["all_at"] for r in results) - ready
     first_back = min(r["first_at"] for r in results) - ready
     failed = sum(r["failed_dials"] for r in results)
+    causes: dict[str, int] = {}
+    for r in results:
+        for cause, n in r.get("failed_by", {}).items():
+            causes[cause] = causes.get(cause, 0) + n
+    why = ", ".join(f"{n} {cause}" for cause, n in sorted(causes.items(), key=lambda c: -c[1]))
     print(
         f"reconnect storm: {count} Nodes connected ({count} first Welcomes in {first_s:.1f} s, "
         f"{count / first_s:.0f} Hellos/s); coordinator killed (-9) and served again on the same "
         f"ports and store: ready {ready - killed:.1f} s after the kill; all {count} welcomed "
         f"again {storm_s:.1f} s after it was ready ({count / storm_s:.0f} Hellos/s; first one "
-        f"after {first_back:.2f} s; {failed} dials failed meanwhile); storm/first-connect time "
-        f"{storm_s / first_s:.2f}"
+        f"after {first_back:.2f} s; {failed} streams and dials failed meanwhile: {why}); "
+        f"storm/first-connect time {storm_s / first_s:.2f}"
     )
     figures.add(f"reconnect storm: all {count} welcomed again (s)", backend, storm_s)
     figures.add(f"reconnect storm: Hellos/s, {count} Nodes", backend, count / storm_s)

@@ -2,13 +2,13 @@
 come back on their own when their coordinator goes away and returns.
 
 Run by ``bench/coordinator.py`` as ``python -m bench._storm_load CONFIG.json`` (the config of
-``bench/_load.py``). Each Node opens its Connect stream, says
-Hello, heartbeats once welcomed, and when its stream ends (or a dial fails) waits as
-``tuneplane-node`` does (:mod:`tuneplane.agent.reconnect`): a fully jittered backoff whose
-ceiling doubles per failed round up to a third of the heartbeat timeout, or the turn a busy
-coordinator named, cut short when a TCP probe sees the control port that refused accept
-again. One prober per process stands in for every Node's own (5,000 probes every half second
-would measure the load machine, not the coordinator); each Node then dials after its own
+``bench/_load.py``). Each Node opens its Connect stream, says Hello, heartbeats once welcomed, and
+when its stream ends (or a dial fails) waits as ``tuneplane-node`` does
+(:mod:`tuneplane.agent.reconnect`): a fully jittered backoff whose ceiling doubles per failed round
+up to a third of the heartbeat timeout, or the turn a busy coordinator named (put in line, it awaits
+its Welcome as long as tuneplane-node does), cut short when a TCP probe sees the control port that
+refused accept again. One prober per process stands in for every Node's own (5,000 probes every half
+second would measure the load machine, not the coordinator); each Node then dials after its own
 jittered probe delay, as it would have noticed.
 
 Protocol on stdio: ``ready <n>`` once every Node has its first Welcome; after a line on stdin
@@ -20,6 +20,7 @@ and the last such Welcome, how many dials failed meanwhile. Then it waits for st
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import random
 import sys
@@ -39,11 +40,13 @@ from tuneplane.agent.reconnect import (
     backoff_cap,
     probe_delay,
     redial_delay,
+    welcome_timeout_in_line,
 )
 from tuneplane.agent.session import WELCOME_TIMEOUT_S
 from tuneplane.agent.wire import CONNECT_DEADLINE_S
+from tuneplane.agent.wire_control import connect_metadata
 from tuneplane.proto import v1
-from tuneplane.proto.contract.control_protocol import BUSY_HEADER, come_back_in
+from tuneplane.proto.contract.control_protocol import BUSY_HEADER, come_back_in, queued_for
 
 from ._load import gpu_inventory, heartbeats
 
@@ -57,6 +60,9 @@ class Storm:
         self.gone: set[str] = set()  # Nodes whose stream ended after "go"
         self.back: dict[str, float] = {}  # Node -> wall-clock time of its Welcome after that
         self.failed_dials = 0
+        # Why dials and streams failed since "go" (exception type): the kill itself ends every
+        # stream once; the rest are dials refused while the coordinator was down, or timed out.
+        self.failed_by: collections.Counter[str] = collections.Counter()
         self.first_welcomes = 0
         self.ready = asyncio.Event()
         self.all_back = asyncio.Event()
@@ -112,13 +118,16 @@ async def _node(channel: Channel, node: dict[str, str], storm: Storm, prober: Pr
     timeout_s: float | None = None  # the heartbeat timeout the last Welcome gave
     while True:
         turn: float | None = None
+        stage = "dial"
         try:
             async with channel.request(
                 "/tuneplane.v1.Control/Connect",
                 Cardinality.STREAM_STREAM,
                 v1.NodeMessage,
                 v1.CoordinatorMessage,
-                metadata={"authorization": f"Bearer {node['credential']}"},
+                # What tuneplane-node says: its release, protocol and capabilities (it can
+                # wait in line).
+                metadata=connect_metadata(node["credential"]),
             ) as stream:
                 # The agent's deadlines: a coordinator that takes longer to connect, or to
                 # answer Hello, is given up on and dialed again (a connection caught by a
@@ -128,6 +137,7 @@ async def _node(channel: Channel, node: dict[str, str], storm: Storm, prober: Pr
                     node_id=node_id, agent_version="bench", inventory=gpu_inventory(node_id)
                 )
                 await stream.send_message(v1.NodeMessage(hello=hello))
+                stage = "answer"
                 await asyncio.wait_for(stream.recv_initial_metadata(), WELCOME_TIMEOUT_S)
                 said = {
                     k: v
@@ -138,10 +148,19 @@ async def _node(channel: Channel, node: dict[str, str], storm: Storm, prober: Pr
                     # Refused as busy: dial again at the turn it named, if it named one.
                     turn = come_back_in(said)
                     raise ConnectionError(said[BUSY_HEADER])
-                first = await asyncio.wait_for(stream.recv_message(), WELCOME_TIMEOUT_S)
+                # Put in line: the Welcome may take as long as tuneplane-node then waits.
+                wait_s = queued_for(said)
+                welcome_s = (
+                    WELCOME_TIMEOUT_S
+                    if wait_s is None
+                    else welcome_timeout_in_line(wait_s, WELCOME_TIMEOUT_S)
+                )
+                stage = "Welcome" if wait_s is None else "Welcome in line"
+                first = await asyncio.wait_for(stream.recv_message(), welcome_s)
                 if first is None or betterproto.which_one_of(first, "body")[0] != "welcome":
                     raise ConnectionError("the coordinator answered Hello without Welcome")
                 failed_rounds = 0
+                stage = "session"
                 timeout_s = first.welcome.heartbeat_timeout_ms / 1000
                 storm.welcomed(node_id)
                 beating = asyncio.create_task(
@@ -154,8 +173,10 @@ async def _node(channel: Channel, node: dict[str, str], storm: Storm, prober: Pr
                     beating.cancel()
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             storm.failed_dials += 1
+            if storm.armed:
+                storm.failed_by[f"{type(exc).__name__} ({stage})"] += 1
         storm.ended(node_id)
         failed_rounds += 1
         back = prober.back
@@ -191,7 +212,12 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
         times = sorted(storm.back.values())
         print(
             json.dumps(
-                {"first_at": times[0], "all_at": times[-1], "failed_dials": storm.failed_dials}
+                {
+                    "first_at": times[0],
+                    "all_at": times[-1],
+                    "failed_dials": storm.failed_dials,
+                    "failed_by": dict(storm.failed_by),
+                }
             ),
             flush=True,
         )

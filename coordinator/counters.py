@@ -54,6 +54,13 @@ for _store in ("store", "telemetry store", "log store"):
     for _reason in ("serialization", "deadlock"):
         STORE_RETRIES.labels(_store, _reason)
 
+CONNECTS_QUEUED = Counter(
+    "tuneplane_coordinator_connects_queued",
+    "Connect streams told to wait in line for a turn (coordinator/hello_gate.py): their agents "
+    "announced they can, so they wait for their Welcome instead of being refused as busy. Rises "
+    "in a reconnect storm, never otherwise.",
+    registry=REGISTRY,
+)
 CONNECTS_DEFERRED = Counter(
     "tuneplane_coordinator_connects_deferred",
     "Connect streams refused as busy (UNAVAILABLE) because the Hellos already in flight would "

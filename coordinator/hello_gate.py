@@ -22,8 +22,14 @@ Rules:
   spaced at the welcome rate a little overbooked (:attr:`GateSettings.overbook`; the overbooked
   few wait in line or are given a later turn). Without it every refused Node came back within
   its backoff window and most were refused again.
+- A Node whose agent announced it can wait in line
+  (:attr:`~tuneplane.proto.contract.control_protocol.Capability.QUEUED_CONNECT`) is told its
+  place at once, with the wait expected, and waits up to :attr:`GateSettings.max_queue_s`
+  instead: each refusal costs both sides a Connect, and in a 5,000-Node storm the Nodes
+  refused, told their turns and refused again were most of the coordinator's work. Only one
+  whose wait would be longer still is refused.
 - A refused Connect costs the coordinator no store read, and a waiting one nothing but its
-  stream.
+  stream (a Node waiting in line was authenticated first, so the line holds only Nodes).
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ class GateSettings:
     concurrency: int = 256
     #: The longest a Connect waits for its turn: its Node has 10 s for the whole Welcome.
     max_wait_s: float = 5.0
+    #: The longest a Connect that can wait in line (its Node was told its place) waits for its
+    #: turn; 0: such Connects wait as others do.
+    max_queue_s: float = 60.0
     #: Weight of the latest Welcome's time in the smoothed time a turn takes.
     smoothing: float = 0.1
     #: Turns given to refused Connects come this much faster than the welcome rate.
@@ -67,15 +76,30 @@ class HelloGate:
         """Welcomes a second with every turn taken; 0 before the first Welcome."""
         return 0.0 if self.turn_s is None else self.settings.concurrency / self.turn_s
 
-    def arrive(self, now: float) -> bool:
-        """A Connect arrived at ``now`` (monotonic seconds): True when it is to wait for its
-        turn (then :meth:`start` or :meth:`gave_up`), False when it is refused as busy now."""
+    def longest_wait(self, patient: bool) -> float:
+        """How long a Connect may wait for its turn: longer for one that can wait in line."""
+        if patient:
+            return max(self.settings.max_queue_s, self.settings.max_wait_s)
+        return self.settings.max_wait_s
+
+    def expected_wait(self) -> float | None:
+        """Seconds a Connect arriving now would wait for its turn at the welcome rate (0 with a
+        turn free); None before the first Welcome."""
         ahead = self.waiting + self.in_flight
-        if ahead >= self.settings.concurrency and self.rate > 0:
-            clear_s = (ahead - self.settings.concurrency + 1) / self.rate
-            if clear_s > self.settings.max_wait_s:
-                self.deferred += 1
-                return False
+        if ahead < self.settings.concurrency:
+            return 0.0
+        if self.rate <= 0:
+            return None
+        return (ahead - self.settings.concurrency + 1) / self.rate
+
+    def arrive(self, now: float, patient: bool = False) -> bool:
+        """A Connect arrived at ``now`` (monotonic seconds): True when it is to wait for its
+        turn (then :meth:`start` or :meth:`gave_up`), False when it is refused as busy now.
+        A ``patient`` one (its Node can wait in line) may wait :meth:`longest_wait`."""
+        clear_s = self.expected_wait()
+        if clear_s is not None and clear_s > self.longest_wait(patient):
+            self.deferred += 1
+            return False
         self.waiting += 1
         return True
 
@@ -111,6 +135,12 @@ class HelloGate:
         turn = max(clears_at, self._booked_until)
         self._booked_until = turn + pace
         return min(turn - now, self.settings.max_come_back_s)
+
+    def queued_sentence(self, wait_s: float) -> str:
+        return (
+            f"the coordinator is welcoming {self.in_flight} Nodes with {self.waiting} waiting "
+            f"(this one among them); this Node's turn is expected in about {wait_s:.1f} s"
+        )
 
     def busy_sentence(self, come_back_s: float | None) -> str:
         if come_back_s is None:

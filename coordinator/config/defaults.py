@@ -39,7 +39,10 @@ DEFAULT_CONFIG = """\
 #   enroll_per_second = 2.0             and then per second (enroll_burst = 0: no limit)
 #   connects_at_once = 256              Node Connects worked on at once in a reconnect storm;
 #   connect_wait_s = 5.0                the others wait this long for their turn, then are
-#                                       refused as busy and dial again after their backoff
+#                                       refused as busy and dial again at the turn named
+#   connect_queue_s = 60.0              a Node whose agent can wait in line (0.2.0 and later)
+#                                       is told its place and waits up to this long instead
+#                                       (0: no line)
 # [fleet.<name>]     optional: per Fleet
 #   max_disconnect = "2h"     declare a Node lost when it holds members and stays disconnected
 #                             this long (off unless set; docs/operator.md, "A Node that never

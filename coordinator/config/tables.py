@@ -23,6 +23,7 @@ from tuneplane.agent.metrics_listener import (
     MetricsListener,
     metrics_listener,
 )
+from tuneplane.proto.contract.control_protocol import QUEUED_CAP_S
 
 from ..auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
@@ -251,6 +252,15 @@ def read_limits(table: Any, path: Path) -> Limits:
                 raise ConfigError(
                     f"{path}: [limits] connect_wait_s = {value!r} must be a number of seconds "
                     "above 0 and at most 9: a Node gives up on its Welcome after 10 s."
+                )
+            values[key] = float(value)
+        elif key == "connect_queue_s":
+            if type(value) not in (int, float) or not 0 <= value <= QUEUED_CAP_S / 2:
+                raise ConfigError(
+                    f"{path}: [limits] connect_queue_s = {value!r} must be a number of seconds "
+                    f"from 0 (no line: every Connect waits connect_wait_s) to "
+                    f"{QUEUED_CAP_S / 2:g}: a Node in line waits for its Welcome at most "
+                    f"{QUEUED_CAP_S:g} s."
                 )
             values[key] = float(value)
         elif key in WHOLE_LIMITS:

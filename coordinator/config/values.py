@@ -67,6 +67,7 @@ class Limits:
     enroll_per_second: float = 2.0
     connects_at_once: int = 256
     connect_wait_s: float = 5.0
+    connect_queue_s: float = 60.0
 
 
 @attrs.frozen

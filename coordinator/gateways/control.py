@@ -38,7 +38,7 @@ from tuneplane.proto.contract import control_protocol as protocol
 
 from ..auth import DEFAULT_NODE_CREDENTIAL_LIFETIME_S, CredentialLife, PermissionDenied
 from ..clock import now_ms
-from ..counters import CONNECTS_DEFERRED
+from ..counters import CONNECTS_DEFERRED, CONNECTS_QUEUED
 from ..hello_gate import GateSettings, HelloGate, Ticket
 from ..store.core import Store
 from ..store.hellos import NodeHello, ReplacedStream
@@ -170,26 +170,58 @@ class ControlGateway:
     async def _connect(self, stream: Any) -> None:
         with grpc_errors():
             gate = self._gate
-            if not gate.arrive(anyio.current_time()):
+            said = protocol.from_metadata(dict(stream.metadata or {}))
+            patient = said is not None and said.can(protocol.Capability.QUEUED_CONNECT)
+            known: tuple[NodeRecord, CredentialLife] | None = None
+            if patient and gate.settings.max_queue_s > 0:
+                # A Connect that may wait long is authenticated (and judged) first, so the line
+                # holds only Nodes, and a refusal still comes before any initial metadata.
+                known = await self._credentials.authenticate(stream)
+                assert said is not None
+                _judge(known[0].id, said)
+            else:
+                patient = False
+            expected_s = gate.expected_wait()
+            if not gate.arrive(anyio.current_time(), patient):
                 await self._refuse_busy(stream)
                 return
+            queued = False
             try:
-                with anyio.move_on_after(gate.settings.max_wait_s) as waited:
+                if patient and (expected_s or self._turns.value == 0):
+                    await self._queued(stream, expected_s)
+                    queued = True
+                with anyio.move_on_after(gate.longest_wait(patient)) as waited:
                     await self._turns.acquire()
             except BaseException:
                 gate.left(anyio.current_time())
                 raise
             if waited.cancelled_caught:
                 gate.gave_up(anyio.current_time())
+                if queued:
+                    # Its initial metadata is gone: the Node hears a reset and dials again.
+                    raise GRPCError(Status.UNAVAILABLE, gate.busy_sentence(None))
                 await self._refuse_busy(stream)
                 return
             started = anyio.current_time()
             gate.start(started)
             ticket = Ticket(gate, anyio.current_time, self._turns.release, started)
             try:
-                await self._taken_on(stream, ticket)
+                await self._taken_on(stream, ticket, known)
             finally:
                 ticket.release()
+
+    async def _queued(self, stream: Any, expected_s: float | None) -> None:
+        """Tell a Connect that can wait in line its place: the sentence and the wait expected
+        (the longest it may wait, before any Welcome was measured)."""
+        CONNECTS_QUEUED.inc()
+        gate = self._gate
+        wait_s = gate.longest_wait(True) if expected_s is None else expected_s
+        await stream.send_initial_metadata(
+            metadata={
+                protocol.QUEUED_HEADER: gate.queued_sentence(wait_s),
+                protocol.WAIT_HEADER: str(round(wait_s * 1000)),
+            }
+        )
 
     async def _refuse_busy(self, stream: Any) -> None:
         """Refuse a Connect as busy: the sentence and the Node's turn in initial metadata
@@ -218,13 +250,19 @@ class ControlGateway:
         await anyio.sleep(REFUSAL_READ_S)
         await stream.send_trailing_metadata(status=Status.UNAVAILABLE, status_message=sentence)
 
-    async def _taken_on(self, stream: Any, ticket: Ticket) -> None:
-        """The Connect, Hello to its end, once the gate took it on."""
-        node, life = await self._credentials.authenticate(stream)
-        said = protocol.from_metadata(dict(stream.metadata or {}))
-        if said is not None:
-            # Before any Hello: the agent's probe for why it was refused ends here too.
-            _judge(node.id, said)
+    async def _taken_on(
+        self, stream: Any, ticket: Ticket, known: tuple[NodeRecord, CredentialLife] | None
+    ) -> None:
+        """The Connect, Hello to its end, once the gate took it on (``known``: the Node and
+        credential it was authenticated as before it waited in line)."""
+        if known is None:
+            node, life = await self._credentials.authenticate(stream)
+            said = protocol.from_metadata(dict(stream.metadata or {}))
+            if said is not None:
+                # Before any Hello: the agent's probe for why it was refused ends here too.
+                _judge(node.id, said)
+        else:
+            node, life = known
         hello = await self._hello(stream, node)
         agent = protocol.Peer.said(hello.agent_version, hello.protocol, hello.capabilities)
         _judge(node.id, agent)

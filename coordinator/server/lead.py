@@ -209,7 +209,11 @@ async def _run(
         credential_lifetime_s=config.node_credential_lifetime_s,
         enroll_limit=PeerRateLimit(config.limits.enroll_burst, config.limits.enroll_per_second),
         addresses=addresses,
-        gate=GateSettings(config.limits.connects_at_once, config.limits.connect_wait_s),
+        gate=GateSettings(
+            config.limits.connects_at_once,
+            config.limits.connect_wait_s,
+            max_queue_s=config.limits.connect_queue_s,
+        ),
     )
     identity = IdentityApi(store, registry)
     address_api = ControlAddressApi(store, addresses)

@@ -33,6 +33,9 @@ UNVERSIONED = 1
 #: refuse it before any Hello (0.1.x agents send neither: they are judged by their Hello).
 PROTOCOL_HEADER = "tuneplane-protocol"
 VERSION_HEADER = "tuneplane-agent-version"
+#: Connect's request metadata: the agent's capabilities, comma-separated, as its Hello will say
+#: them; what the coordinator may do before that Hello (answer with a place in line).
+CAPABILITIES_HEADER = "tuneplane-capabilities"
 
 #: A Connect refused as busy answers with initial metadata first: :data:`BUSY_HEADER` (the
 #: sentence) and, once the coordinator has measured how fast it welcomes Nodes,
@@ -44,6 +47,16 @@ BUSY_HEADER = "tuneplane-busy"
 COME_BACK_HEADER = "tuneplane-come-back-ms"
 #: The longest wait a busy refusal may name that an agent takes as said.
 COME_BACK_CAP_S = 120.0
+
+#: A Connect of an agent that announced :attr:`Capability.QUEUED_CONNECT`, authenticated and
+#: waiting for a turn, answers with initial metadata first: :data:`QUEUED_HEADER` (a sentence)
+#: and :data:`WAIT_HEADER` (milliseconds the coordinator expects the wait to take). The agent
+#: then waits that much longer for its Welcome, up to :data:`QUEUED_CAP_S` in all, instead of
+#: giving up after its usual Welcome timeout and dialing again.
+QUEUED_HEADER = "tuneplane-queued"
+WAIT_HEADER = "tuneplane-wait-ms"
+#: The longest wait a place in line may name that an agent takes as said.
+QUEUED_CAP_S = 120.0
 
 #: How many protocol versions older than the coordinators an agent may be.
 AGENT_SKEW = 1
@@ -62,10 +75,17 @@ class Capability(enum.StrEnum):
     #: The coordinator judges every Hello by this policy (and says so in Welcome), so a Node
     #: it welcomed is within it.
     VERSION_SKEW_POLICY = "version-skew-policy"
+    #: The agent (announcing it in Connect's request metadata too) waits for its Welcome as
+    #: long as a place in line says (:data:`QUEUED_HEADER`), so a coordinator in a reconnect
+    #: storm keeps it in line instead of refusing it as busy.
+    QUEUED_CONNECT = "queued-connect"
 
 
 #: What this release's agent announces in Hello.
-AGENT_CAPABILITIES: tuple[str, ...] = (Capability.COORDINATORS_UPDATE.value,)
+AGENT_CAPABILITIES: tuple[str, ...] = (
+    Capability.COORDINATORS_UPDATE.value,
+    Capability.QUEUED_CONNECT.value,
+)
 
 #: What this release's coordinator announces in Welcome.
 COORDINATOR_CAPABILITIES: tuple[str, ...] = (
@@ -92,7 +112,21 @@ def from_metadata(metadata: Mapping[str, str]) -> Peer | None:
         wire = max(int(said), 0)
     except ValueError:
         wire = 0
-    return Peer.said(metadata.get(VERSION_HEADER, ""), wire, [])
+    capabilities = [c.strip() for c in metadata.get(CAPABILITIES_HEADER, "").split(",")]
+    return Peer.said(metadata.get(VERSION_HEADER, ""), wire, [c for c in capabilities if c])
+
+
+def queued_for(metadata: Mapping[str, str] | None) -> float | None:
+    """Seconds the place in line that initial ``metadata`` gives expects to wait (capped at
+    :data:`QUEUED_CAP_S`; the cap when it names none that reads as milliseconds), or None when
+    the Connect was not put in line."""
+    if metadata is None or QUEUED_HEADER not in metadata:
+        return None
+    try:
+        ms = int(metadata.get(WAIT_HEADER, ""))
+    except ValueError:
+        return QUEUED_CAP_S
+    return min(max(ms, 0) / 1000, QUEUED_CAP_S)
 
 
 def come_back_in(metadata: Mapping[str, str] | None) -> float | None:

@@ -76,3 +76,29 @@ def test_a_busy_refusals_turn_reads_as_seconds_and_anything_else_as_none() -> No
     assert protocol.come_back_in({header: "soon"}) is None
     assert protocol.come_back_in({}) is None
     assert protocol.come_back_in(None) is None
+
+
+def test_a_place_in_lines_wait_reads_as_seconds_and_no_place_as_none() -> None:
+    queued, wait = protocol.QUEUED_HEADER, protocol.WAIT_HEADER
+    assert protocol.queued_for({queued: "in line", wait: "2500"}) == 2.5
+    assert protocol.queued_for({queued: "in line", wait: "-3"}) == 0.0
+    assert protocol.queued_for({queued: "in line", wait: "999999999"}) == protocol.QUEUED_CAP_S
+    # In line with no wait that reads as milliseconds: the longest a Node waits.
+    assert protocol.queued_for({queued: "in line", wait: "soon"}) == protocol.QUEUED_CAP_S
+    assert protocol.queued_for({queued: "in line"}) == protocol.QUEUED_CAP_S
+    assert protocol.queued_for({wait: "2500"}) is None
+    assert protocol.queued_for(None) is None
+
+
+def test_connects_request_metadata_says_the_agents_capabilities() -> None:
+    from tuneplane.agent.wire_control import connect_metadata
+
+    said = protocol.from_metadata(connect_metadata("secret"))
+    assert said is not None and said.can(protocol.Capability.QUEUED_CONNECT)
+    assert said.capabilities == frozenset(protocol.AGENT_CAPABILITIES)
+    # The probe for why a Connect was refused says none: it is never put in line.
+    probe = protocol.from_metadata(connect_metadata("secret", ()))
+    assert probe is not None and probe.capabilities == frozenset()
+    assert protocol.from_metadata(
+        {protocol.PROTOCOL_HEADER: "2", "tuneplane-capabilities": " a, ,b"}
+    ) == (protocol.Peer("unknown", 2, frozenset({"a", "b"})))

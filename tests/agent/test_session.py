@@ -18,6 +18,7 @@ from tuneplane.agent.session import (
     HeartbeatAcked,
     Send,
     SessionError,
+    WaitingInLine,
 )
 from tuneplane.proto.contract import control_protocol as protocol
 
@@ -95,6 +96,28 @@ def test_no_welcome_within_the_first_timeout_closes() -> None:
     assert s.tick(109.9, 0, INV) == []
     (effect,) = s.tick(110.0, 0, INV)
     assert isinstance(effect, Close) and "Welcome" in effect.reason
+
+
+def test_a_place_in_line_waits_for_the_welcome_twice_the_wait_said_and_no_longer() -> None:
+    s = ControlSession("node-1", "0.1.0")
+    s.start(100.0, INV, [])
+    sentence = "the coordinator is welcoming 256 Nodes with 900 waiting"
+    assert s.receive(100.5, m.Queued(20.0, sentence)) == [WaitingInLine(20.0, 50.0, sentence)]
+    # Past the usual 10 s, still waiting; 2 x 20 s + 10 s after the place was given, closed.
+    assert s.next_deadline() == 150.5
+    assert s.tick(150.4, 0, INV) == []
+    (effect,) = s.tick(150.5, 0, INV)
+    assert isinstance(effect, Close) and "no Welcome" in effect.reason
+
+
+def test_a_place_in_line_is_waited_for_at_most_the_cap_and_means_nothing_once_open() -> None:
+    s = ControlSession("node-1", "0.1.0")
+    s.start(0.0, INV, [])
+    (waiting,) = s.receive(0.0, m.Queued(10_000.0, "busy"))
+    assert isinstance(waiting, WaitingInLine) and waiting.deadline_s == protocol.QUEUED_CAP_S
+    s.receive(1.0, WELCOME)
+    assert s.receive(1.1, m.Queued(5.0, "busy")) == []
+    assert s.heartbeat_timeout_s == 3.0
 
 
 def test_heartbeats_every_interval_with_inventory_only_when_changed() -> None:

@@ -3,7 +3,10 @@
 and is refused as busy (UNAVAILABLE, a sentence) before anything of its Node is read or
 recorded; once a turn is free a Node is welcomed again. Once the coordinator has measured the
 rate it welcomes Nodes at, a refusal names the Node's turn in its initial metadata, and a real
-``tuneplane-node`` dials again then, without asking the busy coordinator why it said no."""
+``tuneplane-node`` of a coordinator with no line dials again then, without asking the busy
+coordinator why it said no. A Connect whose agent can wait in line is authenticated, told its
+place at once, and welcomed on the same stream when a turn frees, however long past
+``connect_wait_s``; a real ``tuneplane-node`` put in line is welcomed without dialing again."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -27,22 +31,30 @@ from tests.coordinator.grpc_client import (
     simulated_inventory,
 )
 from tests.faults.jobs import node
+from tests.support import store_backend
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.prometheus import scrape
 from tests.support.store_backend import StoreBackend
+from tuneplane.agent.wire_control import connect_metadata
 from tuneplane.proto import v1
 from tuneplane.proto.contract import control_protocol as protocol
 
 GATE = "\n[limits]\nconnects_at_once = 2\nconnect_wait_s = 1\n[metrics]\nport = 0\n"
+NO_LINE = GATE.replace("connect_wait_s = 1", "connect_wait_s = 1\nconnect_queue_s = 0")
 DEFERRED = "tuneplane_coordinator_connects_deferred_total"
+QUEUED = "tuneplane_coordinator_connects_queued_total"
 WARM_WELCOMES = 20
+
+
+def _counted(coord: CoordinatorProcess, counter: str) -> float:
+    endpoints = json.loads((coord.state_dir / "endpoints.json").read_text())
+    return scrape(str(endpoints["metrics"])).value(counter) or 0.0
 
 
 def _deferred(coord: CoordinatorProcess) -> float:
     """Connects the coordinator refused as busy so far (its Prometheus counter)."""
-    endpoints = json.loads((coord.state_dir / "endpoints.json").read_text())
-    return scrape(str(endpoints["metrics"])).value(DEFERRED) or 0.0
+    return _counted(coord, DEFERRED)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +63,19 @@ def coord(
 ) -> Iterator[CoordinatorProcess]:
     # A long heartbeat timeout: a Connect that never says Hello keeps its turn for 30 s.
     with start_coordinator(tmp_path_factory.mktemp("gate"), heartbeat_timeout=30, config=GATE) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def coord_no_line(
+    tmp_path_factory: pytest.TempPathFactory, module_store_backend: StoreBackend
+) -> Iterator[CoordinatorProcess]:
+    # A coordinator of its own (its own database on PostgreSQL), with no line.
+    with (
+        store_backend.in_use(module_store_backend.sibling()),
+        start_coordinator(tmp_path_factory.mktemp("no-line"), heartbeat_timeout=30, config=NO_LINE)
+        as c,
+    ):  # fmt: skip
         yield c
 
 
@@ -168,8 +193,9 @@ def test_a_busy_refusal_names_the_nodes_turn_once_a_rate_is_measured(
 
 
 def test_a_real_node_refused_as_busy_dials_again_at_its_turn(
-    coord: CoordinatorProcess, tmp_path: Path
+    coord_no_line: CoordinatorProcess, tmp_path: Path
 ) -> None:
+    coord = coord_no_line
     holders = [enrolled_node(coord, f"node-wait-hold-{i}") for i in range(2)]
     warm = enrolled_node(coord, "node-wait-warm")
     agent: AgentProcess | None = None
@@ -207,6 +233,131 @@ def test_a_real_node_refused_as_busy_dials_again_at_its_turn(
         # Refused once per turn, and it opened no second Connect to ask the busy coordinator
         # why it said no (that one would have waited and been refused too).
         assert _deferred(coord) - deferred == len(turns)
+    finally:
+        if agent is not None and agent.alive():
+            agent.stop()
+
+
+def _hello(enrolled: v1.EnrollReply) -> v1.NodeMessage:
+    inventory = simulated_inventory(enrolled.node_id, 2)
+    return v1.NodeMessage(
+        hello=v1.Hello(node_id=enrolled.node_id, agent_version="test", inventory=inventory)
+    )
+
+
+def test_a_connect_that_can_wait_in_line_is_told_its_place_and_welcomed_when_a_turn_frees(
+    coord: CoordinatorProcess,
+) -> None:
+    holders = [enrolled_node(coord, f"node-line-hold-{i}") for i in range(2)]
+    late = enrolled_node(coord, "node-line-late")
+    queued = _counted(coord, QUEUED)
+    deferred = _deferred(coord)
+
+    async def go() -> tuple[dict[str, str], float, v1.CoordinatorMessage | None]:
+        channel = open_channel(coord.control, coord.ca_path)
+        try:
+            async with contextlib.AsyncExitStack() as holding:
+                for holder in holders:
+                    await holding.enter_async_context(_silent(channel, holder.node_credential))
+                await asyncio.sleep(0.2)  # both streams reach the coordinator first
+                metadata = connect_metadata(late.node_credential)
+                async with connect_request(channel, late.node_credential, metadata) as stream:
+                    await stream.send_request()
+                    await stream.send_message(_hello(late))
+                    await asyncio.wait_for(stream.recv_initial_metadata(), 5)
+                    said = dict(stream.initial_metadata or {})
+                    first = asyncio.create_task(stream.recv_message())
+                    # Still in line well past connect_wait_s (1 s), where others are refused.
+                    done, _ = await asyncio.wait({first}, timeout=2.5)
+                    assert not done
+                    freed = time.monotonic()
+                    await holding.aclose()  # the holders hang up: their turns are free
+                    welcome = await asyncio.wait_for(first, 10)
+                    after_s = time.monotonic() - freed
+                    with contextlib.suppress(Exception):
+                        await stream.cancel()
+                    return said, after_s, welcome
+        finally:
+            channel.close()
+
+    said, after_s, welcome = asyncio.run(go())
+    wait_s = protocol.queued_for(said)
+    assert wait_s is not None and 0 < wait_s <= protocol.QUEUED_CAP_S, said
+    assert "this Node's turn is expected in about" in said[protocol.QUEUED_HEADER]
+    assert welcome is not None and welcome.welcome.protocol == protocol.PROTOCOL
+    assert after_s < 5
+    assert _counted(coord, QUEUED) - queued == 1
+    assert _deferred(coord) == deferred
+    assert f"control stream opened node={late.node_id}" in coord.read_log()
+
+
+def test_an_unknown_credential_asking_to_wait_in_line_is_refused_before_any_place(
+    coord: CoordinatorProcess,
+) -> None:
+    holders = [enrolled_node(coord, f"node-line-bad-{i}") for i in range(2)]
+    queued = _counted(coord, QUEUED)
+    logged = len(coord.read_log())
+
+    async def go() -> tuple[GRPCError, dict[str, str]]:
+        channel = open_channel(coord.control, coord.ca_path)
+        try:
+            async with (
+                _silent(channel, holders[0].node_credential),
+                _silent(channel, holders[1].node_credential),
+            ):
+                await asyncio.sleep(0.2)
+                stolen = "tpn_" + "x" * 40
+                async with connect_request(channel, stolen, connect_metadata(stolen)) as stream:
+                    await stream.send_request()
+                    await stream.send_message(_hello(holders[0]), end=True)
+                    with pytest.raises(GRPCError) as refused:
+                        await asyncio.wait_for(stream.recv_message(), 10)
+                    return refused.value, dict(stream.initial_metadata or {})
+        finally:
+            channel.close()
+
+    refused, said = asyncio.run(go())
+    assert refused.status is Status.UNAUTHENTICATED
+    assert "not enrolled with this coordinator" in str(refused.message)
+    assert protocol.QUEUED_HEADER not in said
+    assert _counted(coord, QUEUED) == queued
+    assert "control stream opened" not in coord.read_log()[logged:]
+
+
+def test_a_real_node_put_in_line_is_welcomed_without_dialing_again(
+    coord: CoordinatorProcess, tmp_path: Path
+) -> None:
+    holders = [enrolled_node(coord, f"node-line-real-{i}") for i in range(2)]
+    agent: AgentProcess | None = None
+    deferred = _deferred(coord)
+
+    async def go() -> None:
+        nonlocal agent
+        channel = open_channel(coord.control, coord.ca_path)
+        try:
+            async with (
+                _silent(channel, holders[0].node_credential),
+                _silent(channel, holders[1].node_credential),
+            ):
+                await asyncio.sleep(0.2)
+                agent = start_agent(tmp_path, coord, "node-line-real")
+                await asyncio.to_thread(
+                    wait_until,
+                    "the Node to be put in line",
+                    lambda: "waiting in line for a Welcome" in agent.read_log(),
+                )
+        finally:
+            channel.close()
+
+    try:
+        asyncio.run(go())
+        assert agent is not None
+        agent.wait_connected()
+        log = agent.read_log()
+        waited = log.index("waiting in line for a Welcome")
+        assert "reconnecting" not in log[waited:], log[waited:]
+        assert "connected coordinator=" in log[waited:]
+        assert _deferred(coord) == deferred
     finally:
         if agent is not None and agent.alive():
             agent.stop()

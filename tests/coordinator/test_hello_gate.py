@@ -47,6 +47,36 @@ def test_connects_wait_for_a_turn_until_the_rate_says_they_would_wait_too_long()
     assert "after its backoff" in gate.busy_sentence(None)
 
 
+def test_a_connect_that_can_wait_in_line_waits_up_to_the_lines_bound_instead() -> None:
+    gate = HelloGate(GateSettings(concurrency=2, max_wait_s=1.0, max_queue_s=5.0, smoothing=0.5))
+    assert gate.expected_wait() == 0.0  # a turn is free
+    for _ in range(2):
+        assert gate.arrive(0.0)
+        gate.start(0.0)
+    assert gate.expected_wait() is None  # every turn taken, and no rate measured yet
+    gate.done(2.0, welcomed=True, started_at=0.0)  # a turn takes 2 s: 1 a second
+    gate.done(2.0, welcomed=False, started_at=0.0)
+    for _ in range(2):
+        assert gate.arrive(1.0)
+        gate.start(1.0)
+    assert gate.longest_wait(patient=False) == 1.0 and gate.longest_wait(patient=True) == 5.0
+    # Four in line would clear in 1, 2, 3, 4 s: past 1 s only the patient are taken on.
+    assert gate.arrive(1.0, patient=False)
+    assert not gate.arrive(1.0, patient=False)
+    for wait in (2.0, 3.0, 4.0, 5.0):
+        assert gate.expected_wait() == wait
+        assert gate.arrive(1.0, patient=True)
+    assert gate.expected_wait() == 6.0
+    assert not gate.arrive(1.0, patient=True)
+    assert (gate.waiting, gate.deferred) == (5, 2)
+    assert "expected in about 6.0 s" in gate.queued_sentence(6.0)
+
+
+def test_no_line_makes_a_patient_connect_wait_as_others_do() -> None:
+    gate = HelloGate(GateSettings(concurrency=1, max_wait_s=1.0, max_queue_s=0.0))
+    assert gate.longest_wait(patient=True) == 1.0
+
+
 def test_the_time_a_turn_takes_is_smoothed_over_welcomes_and_failures_do_not_count() -> None:
     gate = HelloGate(SMALL)
     _welcome(gate, 0.0, took=4.0)

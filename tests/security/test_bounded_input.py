@@ -208,6 +208,8 @@ def test_the_table_of_peers_is_bounded() -> None:
         ("connects_at_once = 0", "connects_at_once = 0 must be a whole number from 1"),
         ("connect_wait_s = 12", "a Node gives up on its Welcome after 10 s"),
         ('connect_wait_s = "5s"', "connect_wait_s = '5s' must be a number of seconds"),
+        ("connect_queue_s = 61", "a Node in line waits for its Welcome at most 120 s"),
+        ("connect_queue_s = -1", "connect_queue_s = -1 must be a number of seconds from 0"),
     ],
 )
 def test_a_wrong_limit_is_a_config_error_naming_the_key(line: str, named: str) -> None:

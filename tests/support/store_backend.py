@@ -62,6 +62,11 @@ class StoreBackend:
             self._databases.append(self._server.create_database())
         return self._server.url(self._databases[0])
 
+    def sibling(self) -> StoreBackend:
+        """A backend of the same kind with databases of its own (on the same server): the
+        store of a second, unrelated coordinator in the same test module."""
+        return StoreBackend(self.name, self._server)
+
     def emptied_url(self) -> str:
         """This test's database with every store's schema dropped (PostgreSQL only): empty for
         the next store, as a new temporary folder is on SQLite. No store may be open there."""
