@@ -33,9 +33,16 @@ from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError
 
 from tuneplane.agent.client_tls import grpc_client_context
-from tuneplane.agent.reconnect import backoff_cap, backoff_delay, probe_delay
+from tuneplane.agent.reconnect import (
+    backoff_cap,
+    backoff_delay,
+    probe_delay,
+    welcome_timeout_in_line,
+)
 from tuneplane.agent.session import WELCOME_TIMEOUT_S
+from tuneplane.agent.wire_control import connect_metadata
 from tuneplane.proto import v1
+from tuneplane.proto.contract.control_protocol import queued_for
 
 from ._load import gpu_inventory, heartbeats
 
@@ -79,15 +86,27 @@ class Fleet:
                 Cardinality.STREAM_STREAM,
                 v1.NodeMessage,
                 v1.CoordinatorMessage,
-                metadata={"authorization": f"Bearer {credential}"},
+                # What tuneplane-node says: its release, protocol and capabilities.
+                metadata=connect_metadata(credential),
             ) as stream:
-                async with asyncio.timeout(DIAL_TIMEOUT_S):
+                async with asyncio.timeout(DIAL_TIMEOUT_S) as deadline:
                     await stream.send_request()
                     through = time.monotonic()
                     hello = v1.Hello(
                         node_id=node_id, agent_version="bench", inventory=gpu_inventory(node_id)
                     )
                     await stream.send_message(v1.NodeMessage(hello=hello))
+                    await stream.recv_initial_metadata()
+                    answer = {
+                        k: v
+                        for k, v in (stream.initial_metadata or {}).items()
+                        if isinstance(v, str)
+                    }
+                    wait_s = queued_for(answer)
+                    if wait_s is not None:
+                        # Put in line: the Welcome may take as long as tuneplane-node then waits.
+                        longer = welcome_timeout_in_line(wait_s, WELCOME_TIMEOUT_S)
+                        deadline.reschedule(asyncio.get_running_loop().time() + longer)
                     first = await stream.recv_message()
                 if first is None or betterproto.which_one_of(first, "body")[0] != "welcome":
                     self.failures["not welcomed"] += 1

@@ -2,10 +2,7 @@
 generated from them in :mod:`tuneplane.proto.v1` (regenerate with ``nox -s proto``).
 
 Domain code never builds these messages directly; each side converts them to attrs objects at
-its wire edge. Importing this package makes betterproto's attribute access cheaper
-(:mod:`tuneplane.proto.message_speed`), for every side that speaks the protocol.
+its wire edge. Importing :mod:`tuneplane.proto.v1` makes betterproto's attribute access cheaper
+(:mod:`tuneplane.proto.message_speed`); importing this package or its contract loads nothing of
+betterproto or grpclib.
 """
-
-from tuneplane.proto.message_speed import install as _install
-
-_install()
