@@ -30,6 +30,8 @@ from tuneplane.proto.contract.input_checks import InputRefused, check_message
 
 M = TypeVar("M", bound=betterproto.Message)
 
+# The fewest bytes one entry of a counted repeated field takes on the wire: its tag and length.
+ENTRY_BYTES = 2
 # Fields looked at per message level while counting; more is refused outright.
 MAX_SCANNED_FIELDS = 20_000
 MAX_INVENTORY_GPUS = 256
@@ -201,8 +203,14 @@ def count_field(data: bytes | memoryview, numbers: tuple[int, ...], bound: int) 
 
 
 def check_counts(data: bytes | memoryview, message_type: type[betterproto.Message]) -> None:
-    """Raise :class:`TooMany` when a bounded repeated field of ``data`` holds too many entries."""
+    """Raise :class:`TooMany` when a bounded repeated field of ``data`` holds too many entries.
+
+    Every entry of a counted field takes at least two bytes (its tag and its length), so a
+    message shorter than ``2 * (bound + 1)`` bytes cannot break that bound and is not walked:
+    a Hello or a Heartbeat (hundreds of bytes) costs nothing here."""
     for dotted, numbers, bound in COUNT_RULES.get(message_type, ()):
+        if len(data) < ENTRY_BYTES * (bound + 1):
+            continue
         if count_field(data, numbers, bound) > bound:
             raise TooMany(f"{message_type.__name__}.{dotted} holds more than {bound} entries")
 

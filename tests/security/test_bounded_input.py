@@ -13,6 +13,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import betterproto
 import pytest
@@ -31,7 +32,14 @@ from tests.coordinator.grpc_client import (
 from tests.security.raw_calls import Outcome, call, frame
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.coordinator.config import DEFAULT_CONFIG, ConfigError, Limits, parse_config
-from tuneplane.coordinator.gateways.bounded_decode import MAX_INVENTORY_GPUS
+from tuneplane.coordinator.gateways.bounded_decode import (
+    COUNT_RULES,
+    ENTRY_BYTES,
+    MAX_HELD_MEMBERS,
+    MAX_INVENTORY_GPUS,
+    TooMany,
+    check_counts,
+)
 from tuneplane.coordinator.gateways.rate_limit import PeerRateLimit
 from tuneplane.proto import v1
 
@@ -161,6 +169,30 @@ def test_an_inventory_with_too_many_gpus_is_refused_before_decoding(
     # The refused call did not spend the join token: the same token still enrolls a real Node.
     node = asyncio.run(enroll(coord.control, coord.ca_path, token, "node-after", 8))
     assert asyncio.run(node_ids(coord)) == sorted([*before, node.node_id])
+
+
+def test_every_counted_field_takes_at_least_two_bytes_an_entry() -> None:
+    """check_counts skips a message too short to break a bound, which holds only while every
+    counted field is length-delimited (a packed number could take one byte an entry)."""
+    for message_type, rules in COUNT_RULES.items():
+        for dotted, _, _ in rules:
+            current: Any = message_type
+            for name in dotted.split("."):
+                meta = current._betterproto
+                kind = meta.meta_by_field_name[name].proto_type
+                current = meta.cls_by_field.get(name, current)
+            assert kind in ("message", "string", "bytes"), (message_type.__name__, dotted, kind)
+    assert len(frame(9, b"")) == ENTRY_BYTES
+
+
+def test_the_shortest_message_over_a_bound_is_still_counted_and_refused() -> None:
+    held = frame(4, b"")  # Hello.held: one empty HeldMember, two bytes
+    just = frame(1, held * MAX_HELD_MEMBERS)  # NodeMessage.hello
+    check_counts(just, v1.NodeMessage)
+    over = frame(1, held * (MAX_HELD_MEMBERS + 1))
+    assert len(over) > ENTRY_BYTES * (MAX_HELD_MEMBERS + 1)
+    with pytest.raises(TooMany, match=f"hello.held holds more than {MAX_HELD_MEMBERS}"):
+        check_counts(over, v1.NodeMessage)
 
 
 def test_enroll_is_rate_limited_per_address(tmp_path: Path) -> None:
