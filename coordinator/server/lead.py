@@ -60,7 +60,7 @@ from ..store.telemetry import TelemetryStore
 from ..store_location import PostgresUrl, store_where
 from .advertise import Advertised
 from .leadership import Leadership, Peers, Won
-from .listeners import bounded, run_listener
+from .listeners import LISTEN_BACKLOG, bounded, run_listener
 from .metrics_export import count_store_retry, refresh_gauges
 from .scheduler import Scheduler
 from .state_dir import Endpoints, coordinator_where, publish, withdraw
@@ -230,7 +230,7 @@ async def _run(
             if lease is not None:
                 tg.start_soon(lease.leadership.keep, lease.won, step_down)
             for sock in socks.values():
-                sock.listen(128)  # bound since serve started; accepting from now on
+                sock.listen(LISTEN_BACKLOG)  # bound since serve started; accepting from now on
             await tg.start(
                 run_listener, "api", bounded("api", api_services, config.limits), host,
                 socks["api"], ctx,

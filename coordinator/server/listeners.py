@@ -6,6 +6,7 @@ Rules:
   (:mod:`~tuneplane.coordinator.gateways.message_limits`), by the listener's ``[limits]``
   setting; Enroll, the one unauthenticated call, by its own.
 - A listener reports its address only once it accepts, and closes shielded when cancelled.
+- Its backlog holds a whole Fleet dialing at once (:data:`LISTEN_BACKLOG`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ from .metrics_export import timed_handlers
 log = logging.getLogger(__name__)
 
 ENROLL_METHOD = "/tuneplane.v1.Control/Enroll"
+#: Connections the kernel queues on each listener before the coordinator accepts them (capped
+#: by net.core.somaxconn; grpclib's own default is 100). After a restart or a takeover every
+#: Node dials within about a second, each on a connection of its own; past the backlog the
+#: kernel drops a SYN, and the Node's kernel sends it again only after 1 s, then 3 s: past its
+#: 3 s connect deadline.
+LISTEN_BACKLOG = 4096
 #: How long a closing listener waits for its calls still running.
 CLOSE_GRACE_S = 10.0
 
@@ -59,7 +66,7 @@ async def run_listener(
     """Serve ``handlers`` over TLS on ``sock`` until cancelled; started with the address it
     listens at."""
     server = Server(handlers)
-    await server.start(sock=sock, ssl=ctx)
+    await server.start(sock=sock, ssl=ctx, backlog=LISTEN_BACKLOG)
     address = join_host_port(host, sock.getsockname()[1])
     log.info("listener started name=%s listening=%s", name, address)
     try:

@@ -83,9 +83,10 @@ class ServeError(RuntimeError):
 
 
 def _bind(name: str, host: str, port: int) -> socket.socket:
-    """A bound socket for listener ``name``, not yet listening: until :func:`_open` a connection
-    to it is refused at once, which is how a standby turns clients to the leader. Port 0 lets
-    the kernel pick a free port."""
+    """A bound socket for listener ``name``, not yet listening: until the leader listens on it
+    (:func:`~tuneplane.coordinator.server.lead.lead`) a connection to it is refused at once,
+    which is how a standby turns clients to the leader. Port 0 lets the kernel pick a free
+    port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio and grpclib turn Nagle off only on sockets whose proto is
     # IPPROTO_TCP, and accepted sockets copy it. With Nagle on, every reply waited for the
@@ -103,12 +104,6 @@ def _bind(name: str, host: str, port: int) -> socket.socket:
         ) from None
     sock.setblocking(False)
     return sock
-
-
-def _open(socks: dict[str, socket.socket]) -> None:
-    """Start accepting on every bound socket (this coordinator leads now)."""
-    for sock in socks.values():
-        sock.listen(128)
 
 
 def _start_metrics(config: CoordinatorConfig) -> RunningListener | None:

@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import json
 import re
+import shutil
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -37,6 +39,7 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.prometheus import scrape
 from tests.support.store_backend import StoreBackend
 from tuneplane.agent.wire_control import connect_metadata
+from tuneplane.coordinator.server.listeners import LISTEN_BACKLOG
 from tuneplane.proto import v1
 from tuneplane.proto.contract import control_protocol as protocol
 
@@ -361,3 +364,18 @@ def test_a_real_node_put_in_line_is_welcomed_without_dialing_again(
     finally:
         if agent is not None and agent.alive():
             agent.stop()
+
+
+def test_every_listener_queues_a_whole_fleet_dialing_at_once(coord: CoordinatorProcess) -> None:
+    """After a restart every Node dials within a second on a connection of its own: each
+    listener's backlog (ss's Send-Q) is LISTEN_BACKLOG, or the kernel's cap, not grpclib's 100."""
+    ss = shutil.which("ss")
+    assert ss is not None, "this test reads listeners' backlogs with ss (iproute2)"
+    cap = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    for address in (coord.control, coord.api, coord.telemetry):
+        port = address.rpartition(":")[2]
+        shown = subprocess.run(
+            [ss, "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert shown[0] == "LISTEN", shown
+        assert int(shown[2]) == min(LISTEN_BACKLOG, cap), (address, shown)
