@@ -17,7 +17,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -92,6 +92,44 @@ async def _silent(channel: Channel, credential: str) -> AsyncIterator[None]:
             await stream.cancel()
 
 
+@contextlib.asynccontextmanager
+async def _every_turn_taken(
+    coord: CoordinatorProcess, holders: list[v1.EnrollReply]
+) -> AsyncIterator[Channel]:
+    """Both turns (``connects_at_once = 2``) held by Connects of ``holders`` that never say
+    Hello; yields a channel to the coordinator for the Connect under test."""
+    channel = open_channel(coord.control, coord.ca_path)
+    try:
+        async with (
+            _silent(channel, holders[0].node_credential),
+            _silent(channel, holders[1].node_credential),
+        ):
+            await asyncio.sleep(0.2)  # both streams reach the coordinator first
+            yield channel
+    finally:
+        channel.close()
+
+
+async def _agent_behind_held_turns(
+    coord: CoordinatorProcess,
+    tmp_path: Path,
+    name: str,
+    started: list[AgentProcess],
+    what: str,
+    seen: Callable[[AgentProcess], bool],
+) -> None:
+    """Start a real ``tuneplane-node`` (appended to ``started``) while every turn is held by
+    Nodes enrolled as ``<name>-hold-<i>``, and hold them until ``seen`` says ``what`` happened
+    to it."""
+    holders = await asyncio.to_thread(
+        lambda: [enrolled_node(coord, f"{name}-hold-{i}") for i in range(2)]
+    )
+    async with _every_turn_taken(coord, holders):
+        agent = start_agent(tmp_path, coord, name)
+        started.append(agent)
+        await asyncio.to_thread(wait_until, what, lambda: seen(agent))
+
+
 async def _hello_refused(
     channel: Channel, enrolled: v1.EnrollReply, said: dict[str, str] | None = None
 ) -> GRPCError:
@@ -121,16 +159,8 @@ def test_a_connect_past_every_turn_waits_then_is_refused_as_busy_and_nothing_cha
     logged = len(coord.read_log())
 
     async def go() -> GRPCError:
-        channel = open_channel(coord.control, coord.ca_path)
-        try:
-            async with (
-                _silent(channel, holders[0].node_credential),
-                _silent(channel, holders[1].node_credential),
-            ):
-                await asyncio.sleep(0.2)  # both streams reach the coordinator first
-                return await _hello_refused(channel, late)
-        finally:
-            channel.close()
+        async with _every_turn_taken(coord, holders) as channel:
+            return await _hello_refused(channel, late)
 
     refused = asyncio.run(go())
     assert refused.status is Status.UNAVAILABLE
@@ -176,16 +206,8 @@ def test_a_busy_refusal_names_the_nodes_turn_once_a_rate_is_measured(
 
     async def go() -> GRPCError:
         await _rate_measured(coord, late)
-        channel = open_channel(coord.control, coord.ca_path)
-        try:
-            async with (
-                _silent(channel, holders[0].node_credential),
-                _silent(channel, holders[1].node_credential),
-            ):
-                await asyncio.sleep(0.2)
-                return await _hello_refused(channel, late, said)
-        finally:
-            channel.close()
+        async with _every_turn_taken(coord, holders) as channel:
+            return await _hello_refused(channel, late, said)
 
     refused = asyncio.run(go())
     assert refused.status is Status.UNAVAILABLE
@@ -199,32 +221,20 @@ def test_a_real_node_refused_as_busy_dials_again_at_its_turn(
     coord_no_line: CoordinatorProcess, tmp_path: Path
 ) -> None:
     coord = coord_no_line
-    holders = [enrolled_node(coord, f"node-wait-hold-{i}") for i in range(2)]
     warm = enrolled_node(coord, "node-wait-warm")
-    agent: AgentProcess | None = None
+    started: list[AgentProcess] = []
     deferred = _deferred(coord)
 
     async def go() -> None:
-        nonlocal agent
         await _rate_measured(coord, warm)
-        channel = open_channel(coord.control, coord.ca_path)
-        try:
-            async with (
-                _silent(channel, holders[0].node_credential),
-                _silent(channel, holders[1].node_credential),
-            ):
-                agent = start_agent(tmp_path, coord, "node-wait")
-                await asyncio.to_thread(
-                    wait_until,
-                    "the Node to be refused as busy with a turn",
-                    lambda: "its turn" in agent.status().get("last_error", ""),
-                )
-        finally:
-            channel.close()
+        await _agent_behind_held_turns(
+            coord, tmp_path, "node-wait", started, "the Node to be refused as busy with a turn",
+            lambda agent: "its turn" in agent.status().get("last_error", ""),
+        )  # fmt: skip
 
     try:
         asyncio.run(go())
-        assert agent is not None
+        (agent,) = started
         agent.wait_connected()
         log = agent.read_log()
         turns = [float(t) for t in re.findall(r"dials again in about ([0-9.]+) s, its turn", log)]
@@ -237,8 +247,9 @@ def test_a_real_node_refused_as_busy_dials_again_at_its_turn(
         # why it said no (that one would have waited and been refused too).
         assert _deferred(coord) - deferred == len(turns)
     finally:
-        if agent is not None and agent.alive():
-            agent.stop()
+        for agent in started:
+            if agent.alive():
+                agent.stop()
 
 
 def _hello(enrolled: v1.EnrollReply) -> v1.NodeMessage:
@@ -257,12 +268,11 @@ def test_a_connect_that_can_wait_in_line_is_told_its_place_and_welcomed_when_a_t
     deferred = _deferred(coord)
 
     async def go() -> tuple[dict[str, str], float, v1.CoordinatorMessage | None]:
+        # A channel of its own: the holders' goes when they hang up.
         channel = open_channel(coord.control, coord.ca_path)
         try:
             async with contextlib.AsyncExitStack() as holding:
-                for holder in holders:
-                    await holding.enter_async_context(_silent(channel, holder.node_credential))
-                await asyncio.sleep(0.2)  # both streams reach the coordinator first
+                await holding.enter_async_context(_every_turn_taken(coord, holders))
                 metadata = connect_metadata(late.node_credential)
                 async with connect_request(channel, late.node_credential, metadata) as stream:
                     await stream.send_request()
@@ -302,22 +312,14 @@ def test_an_unknown_credential_asking_to_wait_in_line_is_refused_before_any_plac
     logged = len(coord.read_log())
 
     async def go() -> tuple[GRPCError, dict[str, str]]:
-        channel = open_channel(coord.control, coord.ca_path)
-        try:
-            async with (
-                _silent(channel, holders[0].node_credential),
-                _silent(channel, holders[1].node_credential),
-            ):
-                await asyncio.sleep(0.2)
-                stolen = "tpn_" + "x" * 40
-                async with connect_request(channel, stolen, connect_metadata(stolen)) as stream:
-                    await stream.send_request()
-                    await stream.send_message(_hello(holders[0]), end=True)
-                    with pytest.raises(GRPCError) as refused:
-                        await asyncio.wait_for(stream.recv_message(), 10)
-                    return refused.value, dict(stream.initial_metadata or {})
-        finally:
-            channel.close()
+        async with _every_turn_taken(coord, holders) as channel:
+            stolen = "tpn_" + "x" * 40
+            async with connect_request(channel, stolen, connect_metadata(stolen)) as stream:
+                await stream.send_request()
+                await stream.send_message(_hello(holders[0]), end=True)
+                with pytest.raises(GRPCError) as refused:
+                    await asyncio.wait_for(stream.recv_message(), 10)
+                return refused.value, dict(stream.initial_metadata or {})
 
     refused, said = asyncio.run(go())
     assert refused.status is Status.UNAUTHENTICATED
@@ -330,31 +332,16 @@ def test_an_unknown_credential_asking_to_wait_in_line_is_refused_before_any_plac
 def test_a_real_node_put_in_line_is_welcomed_without_dialing_again(
     coord: CoordinatorProcess, tmp_path: Path
 ) -> None:
-    holders = [enrolled_node(coord, f"node-line-real-{i}") for i in range(2)]
-    agent: AgentProcess | None = None
+    started: list[AgentProcess] = []
     deferred = _deferred(coord)
-
-    async def go() -> None:
-        nonlocal agent
-        channel = open_channel(coord.control, coord.ca_path)
-        try:
-            async with (
-                _silent(channel, holders[0].node_credential),
-                _silent(channel, holders[1].node_credential),
-            ):
-                await asyncio.sleep(0.2)
-                agent = start_agent(tmp_path, coord, "node-line-real")
-                await asyncio.to_thread(
-                    wait_until,
-                    "the Node to be put in line",
-                    lambda: "waiting in line for a Welcome" in agent.read_log(),
-                )
-        finally:
-            channel.close()
-
     try:
-        asyncio.run(go())
-        assert agent is not None
+        asyncio.run(
+            _agent_behind_held_turns(
+                coord, tmp_path, "node-line-real", started, "the Node to be put in line",
+                lambda agent: "waiting in line for a Welcome" in agent.read_log(),
+            )
+        )  # fmt: skip
+        (agent,) = started
         agent.wait_connected()
         log = agent.read_log()
         waited = log.index("waiting in line for a Welcome")
@@ -362,8 +349,9 @@ def test_a_real_node_put_in_line_is_welcomed_without_dialing_again(
         assert "connected coordinator=" in log[waited:]
         assert _deferred(coord) == deferred
     finally:
-        if agent is not None and agent.alive():
-            agent.stop()
+        for agent in started:
+            if agent.alive():
+                agent.stop()
 
 
 def test_every_listener_queues_a_whole_fleet_dialing_at_once(coord: CoordinatorProcess) -> None:
