@@ -206,7 +206,7 @@ class ControlGateway:
             gate.start(started)
             ticket = Ticket(gate, anyio.current_time, self._turns.release, started)
             try:
-                await self._taken_on(stream, ticket, known)
+                await self._taken_on(stream, ticket, said, known)
             finally:
                 ticket.release()
 
@@ -251,13 +251,17 @@ class ControlGateway:
         await stream.send_trailing_metadata(status=Status.UNAVAILABLE, status_message=sentence)
 
     async def _taken_on(
-        self, stream: Any, ticket: Ticket, known: tuple[NodeRecord, CredentialLife] | None
+        self,
+        stream: Any,
+        ticket: Ticket,
+        said: protocol.Peer | None,
+        known: tuple[NodeRecord, CredentialLife] | None,
     ) -> None:
-        """The Connect, Hello to its end, once the gate took it on (``known``: the Node and
-        credential it was authenticated as before it waited in line)."""
+        """The Connect, Hello to its end, once the gate took it on (``said``: the agent as its
+        request metadata says it; ``known``: the Node and credential it was authenticated as
+        before it waited in line)."""
         if known is None:
             node, life = await self._credentials.authenticate(stream)
-            said = protocol.from_metadata(dict(stream.metadata or {}))
             if said is not None:
                 # Before any Hello: the agent's probe for why it was refused ends here too.
                 _judge(node.id, said)
