@@ -1,10 +1,20 @@
-"""The capsule's runner.pyz: deterministic bytes, a recorded digest; only a verified one runs."""
+"""The capsule's runner.pyz: deterministic bytes, a recorded digest; only a verified one runs.
+
+The runner's modules ship as bytecode too: a real runner starts from its ``.pyc`` entries (its
+``.py`` sources replaced by code that cannot run still start the member), and bytecode of another
+interpreter falls back to the sources.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
+import os
+import subprocess
+import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -120,6 +130,116 @@ async def test_a_runner_changed_after_prepare_is_never_started(tmp_path: Path) -
     # Prepare again rewrites the runner, and then the member starts.
     runner_pyz.materialise(capsule_dir(member_dir))
     write_launch(launch)
+    await start_runner(member_dir)
+    result = await wait_observation(member_dir, Exited)
+    assert (result.exit_code, result.signal) == (0, None)  # type: ignore[union-attr]
+
+
+# Prints where the runner's main module came from, as zipimport records it in ``__file__``.
+WHERE_MAIN_LOADS_FROM = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "import tuneplane.runner.main as m; print(m.__file__)"
+)
+# Each runner source in a copy of the zip becomes this: importing it from source fails.
+NOT_THE_SOURCE = b'raise SystemExit("the source of a runner module ran instead of its .pyc")\n'
+
+
+def compiled(name: str) -> bool:
+    """The entries the runner executes: ``__main__`` and ``tuneplane.runner``, never the SDK."""
+    return name == "__main__.py" or name.startswith("tuneplane/runner/")
+
+
+def rewritten(data: bytes, change: Callable[[str, bytes], bytes]) -> bytes:
+    """A copy of the zip ``data`` with each entry's bytes passed through ``change``."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(buffer, "w") as copy:
+        for info in source.infolist():
+            copy.writestr(info, change(info.filename, source.read(info)))
+    return buffer.getvalue()
+
+
+def seal(member_dir: Path, data: bytes) -> Path:
+    """Put ``data`` in the member's capsule as its runner with its digest, as Prepare records it."""
+    capsule = capsule_dir(member_dir)
+    (capsule / RUNNER_PYZ).write_bytes(data)
+    (capsule / RUNNER_DIGEST).write_text(f"{sha(data)}\n")
+    return capsule / RUNNER_PYZ
+
+
+def main_loads_from(pyz: Path) -> str:
+    probe = subprocess.run(
+        [sys.executable, "-c", WHERE_MAIN_LOADS_FROM, str(pyz)],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return probe.stdout.strip()
+
+
+def test_another_agent_process_builds_the_same_bytes() -> None:
+    # Other hash seeds, and a process that already imported the runner (other refcounts).
+    code = (
+        "import hashlib, sys, tuneplane.runner.main\n"
+        "from tuneplane.agent.runner_pyz import build\n"
+        "sys.stdout.write(hashlib.sha256(build()).hexdigest())\n"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("0", "1", "2")
+    }  # fmt: skip
+    assert digests == {sha(runner_pyz.build())}
+
+
+def test_every_runner_module_ships_as_an_unchecked_hash_pyc_of_this_interpreter() -> None:
+    with zipfile.ZipFile(io.BytesIO(runner_pyz.build())) as archive:
+        names = set(archive.namelist())
+        sources = {name for name in names if name.endswith(".py")}
+        assert {name for name in names if name.endswith(".pyc")} == {
+            f"{name}c" for name in sources if compiled(name)
+        }
+        assert {"__main__.py", "tuneplane/runner/main.py", "tuneplane/runner/lifecycle.py"} <= {
+            name for name in sources if compiled(name)
+        }
+        for name in sorted(sources):
+            if compiled(name):
+                pyc = archive.read(f"{name}c")
+                assert pyc[:4] == importlib.util.MAGIC_NUMBER
+                assert int.from_bytes(pyc[4:8], "little") == 0b01
+                assert pyc[8:16] == importlib.util.source_hash(archive.read(name))
+
+
+async def test_the_runner_starts_the_member_from_its_bytecode(tmp_path: Path) -> None:
+    script = workload(tmp_path, "w.py", WAIT_FOR_RELEASE)
+    launch = member_launch(tmp_path, [python(script)])
+    member_dir = prepared(launch)
+    pyz = capsule_dir(member_dir) / RUNNER_PYZ
+    without_sources = rewritten(
+        pyz.read_bytes(),
+        lambda name, data: NOT_THE_SOURCE if name.endswith(".py") and compiled(name) else data,
+    )
+    seal(member_dir, without_sources)
+    assert main_loads_from(pyz) == f"{pyz}/tuneplane/runner/main.pyc"
+    running = await start_runner(member_dir)
+    assert isinstance(running, Running)
+    (launch.out_dir / "release").touch()
+    result = await wait_observation(member_dir, Exited)
+    assert (result.exit_code, result.signal) == (0, None)  # type: ignore[union-attr]
+
+
+async def test_bytecode_of_another_interpreter_falls_back_to_the_sources(tmp_path: Path) -> None:
+    script = workload(tmp_path, "w.py", "pass")
+    member_dir = prepared(member_launch(tmp_path, [python(script)]))
+    pyz = capsule_dir(member_dir) / RUNNER_PYZ
+    other_magic = bytes([importlib.util.MAGIC_NUMBER[0] ^ 0xFF]) + importlib.util.MAGIC_NUMBER[1:]
+    seal(
+        member_dir,
+        rewritten(
+            pyz.read_bytes(),
+            lambda name, data: other_magic + data[4:] if name.endswith(".pyc") else data,
+        ),
+    )
+    assert main_loads_from(pyz) == f"{pyz}/tuneplane/runner/main.py"
     await start_runner(member_dir)
     result = await wait_observation(member_dir, Exited)
     assert (result.exit_code, result.signal) == (0, None)  # type: ignore[union-attr]
