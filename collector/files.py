@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -36,6 +36,7 @@ from .points import (
     Mark,
     ReadWarning,
     RestartMark,
+    ScalarColumns,
     ScalarPoint,
 )
 from .tfevent import TFEventDecoder
@@ -131,10 +132,10 @@ class Layout:
         return directory
 
 
-def points_in_run(run: str, points: list[ScalarPoint]) -> list[ScalarPoint]:
+def points_in_run(run: str, points: Sequence[ScalarPoint]) -> list[ScalarPoint]:
     """``points`` with ``run`` in front of their tags (unchanged when ``run`` is "")."""
     if not run:
-        return points
+        return list(points)
     return [attrs.evolve(p, tag=f"{run}/{p.tag}") for p in points]
 
 
@@ -300,7 +301,7 @@ def read_chunks(
             return
 
 
-def read_file(path: Path, source: str) -> tuple[list[ScalarPoint], list[ReadWarning]]:
+def read_file(path: Path, source: str) -> tuple[ScalarColumns, list[ReadWarning]]:
     """Decode a whole file as the collector would, treating it as finished."""
     kind = kind_of(path.name)
     if kind is None:
@@ -309,10 +310,14 @@ def read_file(path: Path, source: str) -> tuple[list[ScalarPoint], list[ReadWarn
             "'.jsonl' (JSON lines). Rename it or point at its directory"
         )
     decoder = make_decoder(kind, source)
-    points: list[ScalarPoint] = []
+    points = ScalarColumns(decoder.source, decoder.source_id)
     warnings: list[ReadWarning] = []
     with path.open("rb") as handle:
         for decoded in read_chunks(handle, decoder, 0, final=True):
-            points += decoded.points
+            if isinstance(decoded.points, ScalarColumns):
+                points.extend(decoded.points)
+            else:
+                for p in decoded.points:
+                    points.add(p.tag, p.step, p.wall_time, p.value, p.offset, p.index)
             warnings += decoded.warnings
     return points, warnings

@@ -11,7 +11,8 @@ Rules:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol, overload
 
 import attrs
 
@@ -40,6 +41,89 @@ class ScalarPoint:
     @property
     def dedup_key(self) -> DedupKey:
         return (self.source_id or self.source, self.offset, self.index)
+
+
+@attrs.define(slots=True, eq=False)
+class ScalarColumns(Sequence[ScalarPoint]):
+    """Points of one source held as columns: the event-file reader appends a scalar's fields
+    to six columns instead of building an object per point (an attrs object costs more than
+    decoding the record). It is a sequence of :class:`ScalarPoint`, each built when read, and
+    equal to any sequence of the same points."""
+
+    source: str
+    source_id: str = ""
+    tags: list[str] = attrs.field(factory=list)
+    steps: list[int] = attrs.field(factory=list)
+    wall_times: list[float | None] = attrs.field(factory=list)
+    values: list[float] = attrs.field(factory=list)
+    offsets: list[int] = attrs.field(factory=list)
+    indexes: list[int] = attrs.field(factory=list)
+
+    def add(
+        self, tag: str, step: int, wall_time: float | None, value: float, offset: int, index: int
+    ) -> None:
+        self.tags.append(tag)
+        self.steps.append(step)
+        self.wall_times.append(wall_time)
+        self.values.append(value)
+        self.offsets.append(offset)
+        self.indexes.append(index)
+
+    def extend(self, other: ScalarColumns) -> None:
+        """Append ``other``'s points; both hold the same source."""
+        if (other.source, other.source_id) != (self.source, self.source_id):
+            raise ValueError(
+                f"points of {other.source!r} cannot join the columns of {self.source!r}"
+            )
+        self.tags += other.tags
+        self.steps += other.steps
+        self.wall_times += other.wall_times
+        self.values += other.values
+        self.offsets += other.offsets
+        self.indexes += other.indexes
+
+    def __len__(self) -> int:
+        return len(self.tags)
+
+    def __iter__(self) -> Iterator[ScalarPoint]:
+        source, source_id = self.source, self.source_id
+        for tag, step, wall_time, value, offset, index in zip(
+            self.tags,
+            self.steps,
+            self.wall_times,
+            self.values,
+            self.offsets,
+            self.indexes,
+            strict=True,
+        ):
+            yield ScalarPoint(source, tag, step, wall_time, value, offset, index, source_id)
+
+    @overload
+    def __getitem__(self, i: int) -> ScalarPoint: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[ScalarPoint]: ...
+
+    def __getitem__(self, i: int | slice) -> ScalarPoint | list[ScalarPoint]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        return ScalarPoint(
+            self.source,
+            self.tags[i],
+            self.steps[i],
+            self.wall_times[i],
+            self.values[i],
+            self.offsets[i],
+            self.indexes[i],
+            self.source_id,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 @attrs.frozen(slots=True)
@@ -106,7 +190,7 @@ Mark = RestartMark | HParamsMark
 class Decoded:
     """The result of feeding bytes to a decoder: ``consumed`` bytes are done for good."""
 
-    points: list[ScalarPoint]
+    points: Sequence[ScalarPoint]
     warnings: list[ReadWarning]
     consumed: int
     marks: list[Mark] = attrs.field(factory=list)
@@ -123,6 +207,7 @@ class Decoder(Protocol):
     """
 
     source: str
+    source_id: str
 
     def feed(self, data: bytes, offset: int, *, final: bool = False) -> Decoded: ...
 

@@ -79,7 +79,7 @@ def read_new(root: Path, stream: Stream, decoder: Decoder, final: bool, limit: i
         for decoded in read_chunks(handle, decoder, stream.position, final=final, limit=limit):
             out.append(
                 (
-                    decoded.points,
+                    list(decoded.points),
                     decoded.warnings,
                     decoded.consumed,
                     decoder.snapshot(),

@@ -11,7 +11,8 @@ Rules:
   next): the decoder emits a :class:`RestartMark` wherever TensorBoard would purge orphaned
   points, and the coordinator honours it. The hparams plugin's session start (names and values)
   and experiment (metric names) become :class:`HParamsMark` records (:mod:`.tb_hparams`).
-- The wire format itself (varints, field spans) is :mod:`.protowire`.
+- The wire format itself (varints, field spans) is :mod:`.protowire`; the common one-scalar
+  event is read by its fixed layout (:mod:`.tfevent_fast`), and every other record here.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from .points import (
     Mark,
     ReadWarning,
     RestartMark,
-    ScalarPoint,
+    ScalarColumns,
 )
 from .protowire import DOUBLE, FLOAT, I32, I64, LEN, VARINT, WireError, fields, signed64, varint
 from .tb_hparams import MAX_HPARAMS, bounded_hparams, hparams_plugin_data, plugin_content
 from .tb_runs import RunState
+from .tfevent_fast import FastScalars
 from .tfrecord import RecordSplitter
 
 SCALARS_PLUGIN = "scalars"
@@ -92,13 +94,31 @@ def tensor_scalar(tensor: bytes) -> float | None:
 class TFEventDecoder:
     """Decodes an ``events.out.tfevents.*`` stream into scalar points (see :class:`Decoder`)."""
 
-    def __init__(self, source: str, source_id: str = "", state: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        source: str,
+        source_id: str = "",
+        state: dict[str, Any] | None = None,
+        *,
+        fast: bool = True,
+    ):
         self.source = source
         self.source_id = source_id or source
         state = state or {}
         self.plugins: dict[str, str] = dict(state.get("plugins", {}))
         self.run = RunState.from_json(state.get("run"))
         self._splitter = RecordSplitter(resyncing=bool(state.get("resyncing", False)))
+        # ``fast=False`` reads every record the general way (the tests compare the two).
+        self._fast = FastScalars() if fast else None
+        #: Points the fast path decoded (the tests check it is taken).
+        self.fast_points = 0
+        for tag, plugin in list(self.plugins.items()):
+            self._learn(tag, plugin)
+
+    def _learn(self, tag: str, plugin: str) -> None:
+        self.plugins[tag] = plugin
+        if self._fast is not None:
+            self._fast.learn(tag, plugin)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -108,32 +128,51 @@ class TFEventDecoder:
         }
 
     def feed(self, data: bytes, offset: int, *, final: bool = False) -> Decoded:
-        split = self._splitter.split(data, offset, final=final)
-        warnings = [
-            ReadWarning(self.source, c.offset, c.kind, c.message) for c in split.corruptions
-        ]
-        points: list[ScalarPoint] = []
+        points = ScalarColumns(self.source, self.source_id)
+        warnings: list[ReadWarning] = []
         marks: list[Mark] = []
-        for record_offset, record in split.records:
-            try:
-                self._decode_event(record, record_offset, points, warnings, marks)
-            except (WireError, UnicodeDecodeError, struct.error) as exc:
-                warnings.append(
-                    ReadWarning(
-                        self.source,
-                        record_offset,
-                        "malformed-event",
-                        f"the record's CRCs match but it is not a valid Event ({exc}); "
-                        "it is skipped",
-                    )
+        pos = 0
+        while True:
+            if self._fast is not None and not self._splitter.resyncing:
+                before = len(points)
+                pos = self._fast.scan(data, pos, offset, self.run, points)
+                self.fast_points += len(points) - before
+            # The record the fast path stopped at, or a fault, the general way.
+            split = self._splitter.split(data, offset, final=final, start=pos, max_records=1)
+            warnings += (
+                ReadWarning(self.source, c.offset, c.kind, c.message) for c in split.corruptions
+            )
+            for record_offset, record in split.records:
+                self._decode_record(record, record_offset, points, warnings, marks)
+            if split.consumed == pos:
+                return Decoded(points, warnings, pos, marks)
+            pos = split.consumed
+
+    def _decode_record(
+        self,
+        record: bytes,
+        offset: int,
+        points: ScalarColumns,
+        warnings: list[ReadWarning],
+        marks: list[Mark],
+    ) -> None:
+        try:
+            self._decode_event(record, offset, points, warnings, marks)
+        except (WireError, UnicodeDecodeError, struct.error) as exc:
+            warnings.append(
+                ReadWarning(
+                    self.source,
+                    offset,
+                    "malformed-event",
+                    f"the record's CRCs match but it is not a valid Event ({exc}); it is skipped",
                 )
-        return Decoded(points, warnings, split.consumed, marks)
+            )
 
     def _decode_event(
         self,
         event: bytes,
         offset: int,
-        out: list[ScalarPoint],
+        out: ScalarColumns,
         warnings: list[ReadWarning],
         marks: list[Mark],
     ) -> None:
@@ -193,9 +232,9 @@ class TFEventDecoder:
                     tensor = event[s:e]
             if tag not in plugins:
                 if metadata is not None:
-                    plugins[tag] = _plugin_name(metadata)
+                    self._learn(tag, _plugin_name(metadata))
                 elif simple is not None:
-                    plugins[tag] = SCALARS_PLUGIN
+                    self._learn(tag, SCALARS_PLUGIN)
             if metadata is not None and plugins.get(tag) == HPARAMS_PLUGIN:
                 mark = self._hparams(metadata, offset, index, warnings)
                 if mark is not None:
@@ -214,11 +253,7 @@ class TFEventDecoder:
                         )
                     )
             if scalar is not None:
-                out.append(
-                    ScalarPoint(
-                        self.source, tag, step, wall_time, scalar, offset, index, self.source_id
-                    )
-                )
+                out.add(tag, step, wall_time, scalar, offset, index)
             index += 1
 
     def _hparams(

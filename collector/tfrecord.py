@@ -60,14 +60,26 @@ class RecordSplitter:
 
     resyncing: bool = False
 
-    def split(self, buf: bytes, offset: int, *, final: bool = False) -> Split:
+    def split(
+        self,
+        buf: bytes,
+        offset: int,
+        *,
+        final: bool = False,
+        start: int = 0,
+        max_records: int | None = None,
+    ) -> Split:
+        """Records of ``buf[start:]`` (``buf`` begins at stream ``offset``); ``consumed`` is a
+        position in ``buf``. With ``max_records`` it stops once that many records were released
+        or skipped for a bad data CRC, so a caller can take the next one itself."""
         records: list[tuple[int, bytes]] = []
         corruptions: list[Corruption] = []
-        pos = 0
+        pos = start
         n = len(buf)
         unpack_header = _HEADER.unpack_from
         unpack_crc = _CRC.unpack_from
-        while True:
+        taken = 0
+        while max_records is None or taken < max_records:
             if self.resyncing:
                 found = _find_header(buf, pos, final=final)
                 if found is None:
@@ -108,7 +120,8 @@ class RecordSplitter:
             else:
                 records.append((offset + pos, data))
             pos = end
-        if final and pos < n:
+            taken += 1
+        if final and pos < n and (max_records is None or taken < max_records):
             if not self.resyncing:
                 corruptions.append(
                     Corruption(
@@ -143,3 +156,12 @@ def _find_header(buf: bytes, start: int, *, final: bool) -> int | None:
         if masked_crc32c(buf[begin : begin + length]) == _CRC.unpack_from(buf, begin + length)[0]:
             return pos
     return None
+
+
+def header_length(header: bytes) -> int | None:
+    """The data length a 12-byte record header announces, or None when it fails the checks
+    :meth:`RecordSplitter.split` applies (its CRC, :data:`MAX_RECORD_BYTES`)."""
+    length, length_crc = _HEADER.unpack(header)
+    if length > MAX_RECORD_BYTES or masked_crc32c(header[:8]) != length_crc:
+        return None
+    return int(length)

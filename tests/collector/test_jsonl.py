@@ -13,7 +13,7 @@ def feed_all(
 ) -> tuple[JsonlDecoder, list[ScalarPoint], list[ReadWarning], int]:
     decoder = JsonlDecoder("m.jsonl")
     out = decoder.feed(data, 0, final=final)
-    return decoder, out.points, out.warnings, out.consumed
+    return decoder, list(out.points), out.warnings, out.consumed
 
 
 def test_nested_and_flat_shapes() -> None:
