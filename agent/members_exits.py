@@ -18,6 +18,7 @@ import trio
 
 from . import supervision
 from .crashpoint import crashpoint
+from .exit_wait import Waited, wait_exit
 from .journal_records import (
     EXIT_COLLECTED,
     MEMBER_REATTACHED,
@@ -34,7 +35,11 @@ log = logging.getLogger(__name__)
 
 E = MemberEvent
 S = MemberState
+#: How often a live runner is looked at where no pidfd can tell its exit.
 WATCH_INTERVAL_S = 0.25
+#: How often a live runner whose exit a pidfd will tell is looked at all the same (the journal
+#: may have ended the member some other way).
+WATCH_CHECK_S = 5.0
 
 
 class MemberExits(MemberBase):
@@ -101,10 +106,11 @@ class MemberExits(MemberBase):
             self.nursery.start_soon(self._watch_member, key)
 
     async def _watch_member(self, key: MemberKey) -> None:
-        """Poll the runner's files until the member ends (cheap: a few stats and a JSON read)."""
+        """Watch the runner until the member ends: woken by its exit (a pidfd), and every
+        :data:`WATCH_CHECK_S` whatever happens; polled every :data:`WATCH_INTERVAL_S` where no
+        pidfd can be had. Each look is cheap: a journal read, a few stats and a JSON read."""
         try:
             while True:
-                await trio.sleep(WATCH_INTERVAL_S)
                 record = await self.journal.member(key)
                 if record is None or record.state not in (S.RUNNING, S.CANCELLING, S.STARTING):
                     return
@@ -112,6 +118,9 @@ class MemberExits(MemberBase):
                 if not isinstance(observation, supervision.Running):
                     await self.apply(key, observation)
                     return
+                waited = await wait_exit(observation.pid, observation.start_time, WATCH_CHECK_S)
+                if waited is Waited.UNSUPPORTED:
+                    await trio.sleep(WATCH_INTERVAL_S)
         finally:
             self.watched.discard(key)
 

@@ -222,7 +222,7 @@ async def start_runner(member_dir: Path, timeout_s: float = START_TIMEOUT_S) -> 
     return observation
 
 
-def _alive(pid: int, start_time: float) -> bool:
+def is_alive(pid: int, start_time: float) -> bool:
     """True when ``pid`` is a live (not zombie) process that started at ``start_time``."""
     try:
         proc = psutil.Process(pid)
@@ -253,7 +253,7 @@ def observe(member_dir: Path) -> Observation:
             if claim is None:
                 return NotStarted()
             identity = claim
-        if _alive(*identity):
+        if is_alive(*identity):
             return Running(*identity)
         # The runner writes exit.json before it exits: check again now that it is known dead.
         exited = read_exit_record(member_dir)
@@ -368,7 +368,7 @@ async def _stop_runner(member_dir: Path, runner: Running, grace_period_s: int) -
     await _wait_until(runner_done, grace_period_s + CANCEL_MARGIN_S)
     if isinstance(observe(member_dir), Exited):
         return True
-    if _alive(runner.pid, runner.start_time):
+    if is_alive(runner.pid, runner.start_time):
         log.warning("runner ignored stop runner_pid=%d; killing it", runner.pid)
         os.kill(runner.pid, signal.SIGKILL)
     return False

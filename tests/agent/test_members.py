@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
+import pytest
 import trio
 
 from tests.support import accounts
+from tuneplane.agent import members_exits
 from tuneplane.agent import messages as m
 from tuneplane.agent.accounts import read_lease
 from tuneplane.agent.adapter import open_aio_host
@@ -219,6 +222,24 @@ async def test_cancel_stops_a_running_member(tmp_path: Path) -> None:
         assert record.exit.signal is not None or record.exit.exit_code != 0
         assert h.reports()[-2:] == ["cancelling", "exited"]
         assert await h.journal.gpu_owners() == {}
+
+
+async def test_an_exit_is_seen_when_it_happens_not_at_the_next_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the periodic looks an hour apart, only the runner's pidfd can tell its exit."""
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("needs os.pidfd_open (Linux 5.3 and Python 3.9 or later)")
+    monkeypatch.setattr(members_exits, "WATCH_CHECK_S", 3600.0)
+    monkeypatch.setattr(members_exits, "WATCH_INTERVAL_S", 3600.0)
+    async with harness(tmp_path) as h:
+        script = "while [ ! -e go ]; do sleep 0.02; done\n"
+        await h.manager.handle(prepare(KEY, (0,), script))
+        await h.manager.handle(m.Commit(KEY, None))
+        await h.wait_state(S.RUNNING)
+        (h.roots / "work" / str(KEY) / "go").touch()
+        await h.wait_state(S.EXITED)
+        assert h.reports()[-1] == "exited"
 
 
 async def test_replay_refuses_a_prepare_cut_short(tmp_path: Path) -> None:
