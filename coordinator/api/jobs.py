@@ -75,7 +75,7 @@ class ApiService:
         store: Store,
         config: CoordinatorConfig,
         catalogue: Catalogue,
-        on_admitted: Callable[[], None],
+        on_admitted: Callable[[str], None],
         logs: LogStore | None = None,
     ) -> None:
         self._store = store
@@ -225,7 +225,7 @@ class ApiService:
                     receipt.preview_id,
                     principal.name,
                 )
-                self._on_admitted()
+                self._on_admitted(receipt.run_id)
             await stream.send_message(receipt_to_wire(receipt))
 
     async def _get_job(self, stream: Any) -> None:

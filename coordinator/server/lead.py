@@ -191,7 +191,7 @@ async def _run(
         quotas=config.quotas,
         loader_env_runtimes=config.loader_env_runtimes,
     )
-    api = ApiService(store, config, catalogue, scheduler.wake, log_store)
+    api = ApiService(store, config, catalogue, scheduler.admitted, log_store)
     addresses = ControlAddressDesk(store, registry, tls_paths.server_cert)
     await addresses.load()
     heartbeats = HeartbeatBook()

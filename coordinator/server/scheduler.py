@@ -12,6 +12,13 @@ Rules:
 - A pass is the pure :func:`tuneplane.coordinator.queue_plan.plan_pass` over the whole queue
   (placement, cordoned and draining Nodes, quotas); this shell only reads its inputs, writes each
   reservation, sends Prepare and records why the other Jobs wait.
+- A pass woken only by admissions plans only the Jobs admitted since the last pass, so an
+  admission never walks the queue. That is the whole queue's pass: GPUs free and quotas leave
+  room only for what they did at the last pass, and less after its launches, so every Job that
+  waited then waits still (the pass's own rule, "a request that failed once fails again", held
+  across passes), and the new Jobs come after them in queue order. Anything that can free GPUs
+  or change a Node (a release, a Node connecting, a cordon) calls :meth:`Scheduler.wake`, which
+  asks for a pass over the whole queue, and one runs at least every tick whatever woke it.
 """
 
 from __future__ import annotations
@@ -66,18 +73,35 @@ class Scheduler:
         self._wake = anyio.Event()
         self._passes = 0
         self._failed = 0
+        self._partial = 0
+        # What the next pass must plan: the whole queue, or only the Jobs admitted since.
+        self._full = True
+        self._admitted: set[str] = set()
+        self._full_at = -float("inf")
 
     def wake(self) -> None:
-        """Ask for a scheduling pass soon (safe to call from any coordinator task).
+        """Ask for a pass over the whole queue soon (safe to call from any coordinator task).
 
         Requests coalesce: however many arrive while a pass runs, one more pass follows it.
         """
+        self._full = True
+        self._wake.set()
+
+    def admitted(self, run_id: str) -> None:
+        """Job ``run_id`` joined the queue: plan it soon, without walking the rest of the queue
+        unless something else asked for that (see the module's rules)."""
+        self._admitted.add(run_id)
         self._wake.set()
 
     @property
     def passes(self) -> int:
         """How many passes this scheduler has started."""
         return self._passes
+
+    @property
+    def partial_passes(self) -> int:
+        """How many passes planned only newly admitted Jobs."""
+        return self._partial
 
     @property
     def failed_passes(self) -> int:
@@ -91,22 +115,31 @@ class Scheduler:
                 await self._wake.wait()
             # A fresh event before the pass: a wake during the pass sets it, and only once.
             self._wake = anyio.Event()
+            started = anyio.current_time()
+            full = self._full or started - self._full_at >= self._tick_s
+            admitted, self._admitted, self._full = self._admitted, set(), False
             try:
                 with SCHEDULING_PASS.time():
-                    await self.step()
+                    await self.step(None if full else admitted)
+                if full:
+                    self._full_at = started
             except StoreUnavailable as exc:
                 self._failed += 1
+                self._full = True  # whatever this pass missed, the next one reads
                 log.warning("scheduling pass failed; the next pass tries again reason=%s", exc)
 
-    async def step(self) -> None:
-        """One pass: abort expired launches, mark drained Nodes, then plan the whole queue."""
+    async def step(self, only: set[str] | None = None) -> None:
+        """One pass: abort expired launches, mark drained Nodes, then plan the whole queue, or
+        only the Jobs ``only`` names (admitted since the last pass; see the module's rules)."""
         self._passes += 1
+        if only is not None:
+            self._partial += 1
         aborts = await self._store.abort_expired_prepares(now_ms())
         if aborts:
             crashpoint("after-abort-decided")
         self._registry.dispatch(aborts)
         await mark_drained(self._store, now_ms())
-        queue, reasons = await queued_requests(self._store)
+        queue, reasons = await queued_requests(self._store, only)
         if not queue:
             return
         plan = plan_pass(

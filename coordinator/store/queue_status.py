@@ -10,7 +10,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from .. import lifecycle as lc
 from ..placement import Request
@@ -64,21 +64,44 @@ async def gpus_in_use(store: Store) -> dict[PoolKey, int]:
     }
 
 
-async def queued_requests(store: Store) -> tuple[list[QueuedRequest], dict[str, str]]:
-    """The queue as a pass reads it, oldest first, and each queued Job's recorded reason.
+#: Run ids named in one read of the queue (well under SQLite's limit on bound values).
+RUN_IDS_PER_READ = 500
+
+
+async def queued_requests(
+    store: Store, only: Collection[str] | None = None
+) -> tuple[list[QueuedRequest], dict[str, str]]:
+    """The queue as a pass reads it, oldest first, and each queued Job's recorded reason; with
+    ``only``, just those of its Jobs (each read by its key, so the queue's length costs nothing).
 
     One read of ``jobs`` alone (by its state index): the resolved JobSpecs are read only for the
     Jobs that launch (:meth:`Store.queued_job`). Equal shapes share one :class:`Request`.
     """
+    columns = "run_id, fleet, series, gpus, members_wanted, gpus_per_member, state_reason"
+    order = "ORDER BY created_at_ms, run_id"
+    if only is None:
+        rows = await fetch_rows(
+            store, f"SELECT {columns} FROM jobs WHERE state = ? {order}", (lc.QUEUED,)
+        )
+    else:
+        rows = []
+        wanted = sorted(only)
+        for start in range(0, len(wanted), RUN_IDS_PER_READ):
+            part = wanted[start : start + RUN_IDS_PER_READ]
+            marks = ", ".join("?" for _ in part)
+            rows += await fetch_rows(
+                store,
+                f"SELECT {columns}, created_at_ms FROM jobs WHERE state = ? "
+                f"AND run_id IN ({marks})",
+                (lc.QUEUED, *part),
+            )
+        # In queue order, as the whole queue's read gives it: admission time, then run id.
+        found = sorted((tuple(row) for row in rows), key=lambda row: (row[-1], row[0]))
+        rows = [row[:-1] for row in found]
     shapes: dict[tuple[int, int | None, int | None], Request] = {}
     queue: list[QueuedRequest] = []
     reasons: dict[str, str] = {}
-    for run_id, fleet, series, gpus, members, per_member, reason in await fetch_rows(
-        store,
-        "SELECT run_id, fleet, series, gpus, members_wanted, gpus_per_member, state_reason "
-        "FROM jobs WHERE state = ? ORDER BY created_at_ms, run_id",
-        (lc.QUEUED,),
-    ):
+    for run_id, fleet, series, gpus, members, per_member, reason in rows:
         shape = (int(gpus), members, per_member)
         request = shapes.get(shape)
         if request is None:

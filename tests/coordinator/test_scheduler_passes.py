@@ -124,3 +124,92 @@ def test_a_pass_the_store_refuses_is_logged_and_the_next_pass_places(tmp_path: P
     failed, after, reason = asyncio.run(go())
     assert (failed, after) == (1, 1)
     assert reason.startswith("waiting: needs 1 h200 GPU(s)")
+
+
+async def _admit(store: Store, n: int) -> str:
+    """Admit one more Job (the store bootstrapped by :func:`_admit_one`)."""
+    now = time.time_ns() // 1_000_000
+    spec = {
+        "project": "demo",
+        "experiment": f"hello-{n}",
+        "method_id": "custom/custom",
+        "resources": {"profile": "h200", "series": "h200", "gpus": 1},
+    }
+    summary = PreviewSummary("default", "node", "h200", 0, 0, "h200")
+    await store.save_preview(Preview(f"pv-{n}", f"d{n}", json.dumps(spec), summary, now, "admin"))
+    receipt = await store.commit(f"pv-{n}", f"d{n}", f"rk-{n}", "admin", f"run-{n}", now)
+    return receipt.run_id
+
+
+async def _reason(store: Store, run_id: str) -> str:
+    return str((await store.get_job(run_id)).state_reason)
+
+
+def test_an_admission_plans_the_new_job_without_walking_the_queue(tmp_path: Path) -> None:
+    """After a pass over the whole queue, a pass woken by an admission reads only the new Job:
+    an older Job's reason, changed behind the scheduler's back, is left as it is until a wake
+    that asks for the whole queue (as a released GPU or a Node would)."""
+
+    async def go() -> tuple[str, str, str, str, int, int]:
+        where = current().where(db_path(tmp_path))
+        store = await Store.open(where)
+        try:
+            first = await _admit_one(store)
+            scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, tick_s=3600)
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(scheduler.run)
+                    scheduler.wake()
+                    await _wait_until("the first pass", lambda: scheduler.passes == 1)
+                    async with store.transaction() as db:
+                        await db.execute(
+                            "UPDATE jobs SET state_reason = 'marked' WHERE run_id = ?", (first,)
+                        )
+                    second = await _admit(store, 2)
+                    scheduler.admitted(second)
+                    await _wait_until("the admission's pass", lambda: scheduler.passes == 2)
+                    untouched, planned = await _reason(store, first), await _reason(store, second)
+                    scheduler.wake()
+                    await _wait_until("the whole queue's pass", lambda: scheduler.passes == 3)
+                    rewritten = await _reason(store, first)
+                    tg.cancel_scope.cancel()
+        finally:
+            await store.close()
+        return untouched, planned, rewritten, second, scheduler.partial_passes, scheduler.passes
+
+    untouched, planned, rewritten, _, partial, passes = asyncio.run(go())
+    assert untouched == "marked"
+    assert planned.startswith("waiting: needs 1 h200 GPU(s)")
+    assert rewritten.startswith("waiting: needs 1 h200 GPU(s)")
+    assert (partial, passes) == (1, 3)
+
+
+def test_admissions_that_never_stop_still_get_the_whole_queue_each_tick(tmp_path: Path) -> None:
+    """A pass over the whole queue runs at least every tick, even when admissions keep the
+    scheduler awake: an older Job's changed reason is written afresh."""
+
+    async def go() -> str:
+        where = current().where(db_path(tmp_path))
+        store = await Store.open(where)
+        try:
+            first = await _admit_one(store)
+            scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, tick_s=0.2)
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(scheduler.run)
+                    await _wait_until("the first pass", lambda: scheduler.passes >= 1)
+                    async with store.transaction() as db:
+                        await db.execute(
+                            "UPDATE jobs SET state_reason = 'marked' WHERE run_id = ?", (first,)
+                        )
+                    n = 2
+                    while await _reason(store, first) == "marked":
+                        scheduler.admitted(await _admit(store, n))
+                        n += 1
+                        await anyio.sleep(0.01)
+                    tg.cancel_scope.cancel()
+            return await _reason(store, first)
+        finally:
+            await store.close()
+
+    assert asyncio.run(go()).startswith("waiting: needs 1 h200 GPU(s)")
