@@ -5,10 +5,13 @@ Python file per local process that records when it started. Latencies are measur
 before the Preview call (submit) to (a) the last local process having started, (b) the last
 runner's exit record (``exit.json``'s ``finished_at``) and (c) the coordinator showing the Job
 ``succeeded``. Sizes: 1 member x 1 process on 1 agent; 4 members x 8 simulated GPUs (32 processes)
-on 4 agents; 16 members x 1 process on 16 agents. Then the idle agent's RSS and CPU% and the
-journal's recovery time (open with its integrity check, then replay) at 100k events. As root,
-members run as throwaway accounts the bench creates (two per agent, disjoint between agents) and
-removes when it ends; its folder is 0711 so they can pass through to their work and output roots.
+on 4 agents; 16 members x 1 process on 16 agents. With Slurm installed, the first two alternate
+run by run with ``srun -n1 true`` and ``srun -n32 --overcommit true`` on a throwaway cluster of
+this machine (``bench/_slurm.py``), printed beside ours with the ratio and its goal. Then the
+idle agent's RSS and CPU% and the journal's recovery time (open with its integrity check, then
+replay) at 100k events. As root, members run as throwaway accounts the bench creates (two per
+agent, disjoint between agents) and removes when it ends; its folder is 0711 so they can pass
+through to their work and output roots.
 
 Knobs (env, or flags when run as ``python -m bench.agent``): ``TUNEPLANE_BENCH_AGENT_RUNS``
 (``--runs``, default 30, runs of the small size), ``TUNEPLANE_BENCH_AGENT_BIG_RUNS``
@@ -48,6 +51,9 @@ from tuneplane.coordinator.cli.api_client import ApiClient
 from tuneplane.coordinator.cli.connection import resolve_connection
 from tuneplane.coordinator.demo import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
+
+from ._slurm import SlurmCluster, slurm_cluster
+from ._slurm_runs import LAUNCH_GOALS, launch_lines
 
 FULL_RUNS = 30
 PAYLOAD = (
@@ -164,14 +170,19 @@ async def _wait_free(api: ApiClient, gpus: int) -> None:
     raise RuntimeError("the coordinator did not free every GPU within 30 s of the Job ending")
 
 
-async def _run_size(cluster: LocalCluster, size: Size) -> list[Sample]:
+async def _run_size(
+    cluster: LocalCluster, size: Size, slurm: SlurmCluster | None
+) -> tuple[list[Sample], list[float]]:
+    """Our samples and, alternating with them run by run, srun's seconds (with a cluster)."""
     endpoint = resolve_connection(cluster.context_path, None, None, None)
     async with ApiClient(endpoint) as api:
-        samples = []
+        samples, srun = [], []
         for i in range(size.runs):
             samples.append(await _one_job(cluster, api, size, i))
             await _wait_free(api, size.agents * size.gpus_per_agent)
-        return samples
+            if slurm is not None:
+                srun.append(await asyncio.to_thread(slurm.srun, size.processes))
+        return samples, srun
 
 
 def _p(values: list[float], q: float) -> float:
@@ -179,7 +190,7 @@ def _p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def _report(size: Size, samples: list[Sample]) -> None:
+def _report(size: Size, samples: list[Sample], srun: list[float]) -> None:
     note = "" if size.runs >= FULL_RUNS else f"  (only {size.runs} runs: p99 is the slowest run)"
     print(
         f"{size.name}: {size.members} members x {size.gpus_per_agent} processes "
@@ -194,6 +205,8 @@ def _report(size: Size, samples: list[Sample]) -> None:
             f"  {label:<40} median {statistics.median(values) * 1000:7.0f} ms"
             f"   p99 {_p(values, 0.99) * 1000:7.0f} ms"
         )
+    if srun:
+        print("\n".join(launch_lines(size.processes, [s.exited_s for s in samples], srun)))
 
 
 def _idle(cluster: LocalCluster) -> None:
@@ -208,7 +221,9 @@ def _idle(cluster: LocalCluster) -> None:
     )
 
 
-def bench_size(root: Path, size: Size, pool: list[str], measure_idle: bool = False) -> None:
+def bench_size(
+    root: Path, size: Size, pool: list[str], slurm: SlurmCluster | None, measure_idle: bool
+) -> None:
     with LocalCluster(
         root / size.name, heartbeat_interval=1.0, heartbeat_timeout=10.0, member_pool=pool,
         accounts_per_agent=ACCOUNTS_PER_AGENT,
@@ -219,7 +234,9 @@ def bench_size(root: Path, size: Size, pool: list[str], measure_idle: bool = Fal
         cluster.wait_connected(120)
         if measure_idle:
             _idle(cluster)
-        _report(size, asyncio.run(_run_size(cluster, size)))
+        if size.processes not in LAUNCH_GOALS:
+            slurm = None
+        _report(size, *asyncio.run(_run_size(cluster, size, slurm)))
 
 
 # --- journal recovery ---------------------------------------------------------------------------
@@ -325,10 +342,13 @@ def run(runs: int, big_runs: int, events: int) -> int:
     # Members' accounts pass through (never list) to their roots inside it.
     root.chmod(0o711)
     agents = max(size.agents for size in sizes)
-    with accounts.throwaway_pool("tpbench", agents * ACCOUNTS_PER_AGENT) as pool:
+    with (
+        accounts.throwaway_pool("tpbench", agents * ACCOUNTS_PER_AGENT) as pool,
+        slurm_cluster() as slurm,
+    ):
         # Kept when a size fails, so its processes' logs can be read; removed after a clean run.
         for i, size in enumerate(sizes):
-            bench_size(root, size, pool, measure_idle=i == 0)
+            bench_size(root, size, pool, slurm, measure_idle=i == 0)
         bench_recovery(root, events)
     shutil.rmtree(root)
     return 0

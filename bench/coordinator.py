@@ -19,7 +19,8 @@
 
 Every figure of 2-4 is measured on SQLite and on PostgreSQL (an embedded server the bench starts,
 the same one ``tuneplane demo --store postgresql`` uses) in the same run, and the last table gives
-each as a ratio to SQLite.
+each as a ratio to SQLite. Then admissions against real Slurm's ``sbatch`` on this machine
+(``bench/_slurm_runs.py``), when Slurm is installed.
 
 Knobs: ``TUNEPLANE_BENCH_NODES`` (5000), ``TUNEPLANE_BENCH_ADMISSIONS`` (200),
 ``TUNEPLANE_BENCH_WINDOW`` seconds of heartbeat measurement (10), ``TUNEPLANE_BENCH_LOADERS``
@@ -67,6 +68,8 @@ from tuneplane.coordinator.values.metrics import MetricSelector
 from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint
 from tuneplane.proto import v1
 
+from ._slurm import SlurmCluster, slurm_cluster
+from ._slurm_runs import compare_admissions
 from ._storm import reconnect_storm
 
 ADMIN = [sys.executable, "-m", "tuneplane.coordinator.cli.admin"]
@@ -421,6 +424,12 @@ def bench_admissions(coord: Coordinator, root: Path, figures: Figures, backend: 
         figures.add(f"admissions/s, {in_flight} in flight", backend, statistics.median(rates))
 
 
+def against_slurm(slurm: SlurmCluster, coord: Coordinator, root: Path) -> None:
+    """Admissions alternating run by run with Slurm's sbatch on this machine (SQLite store)."""
+    count = env_int("TUNEPLANE_BENCH_ADMISSIONS", 200)
+    compare_admissions(slurm, lambda n, k: asyncio.run(_admissions(coord, n, k)), count)
+
+
 # ----- 3. heartbeats ----------------------------------------------------------------------------
 
 
@@ -642,6 +651,10 @@ def main() -> int:
                     )
         finally:
             server.stop()
+    print("admissions against real Slurm on this machine (SQLite store):")
+    with slurm_cluster() as slurm:
+        if slurm is not None:
+            with_coordinator(functools.partial(against_slurm, slurm), "tp-bench-slurm-")
     figures.report()
     return 0
 
