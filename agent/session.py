@@ -18,6 +18,8 @@ Rules:
 - Heartbeat every ``heartbeat_interval``; a peer silent for ``heartbeat_timeout`` closes the
   session. :meth:`ControlSession.next_deadline` says when :meth:`ControlSession.tick` is due.
   A Connect the coordinator put in line (:class:`~.messages.Queued`) awaits its Welcome longer.
+- A report goes out once, again only after a heartbeat timeout without its ack; one a tick's
+  journal read shows unpublished waits a grace for its publish (agent/session_reports.py).
 - Credential rotation: Welcome says when the stream's credential expires; at the jittered point
   :func:`~tuneplane.agent.credential_renewal.renewal_at_ms` picks (checked on every tick, so at
   heartbeat granularity) the session asks with CredentialRenewal, resent after a heartbeat
@@ -40,6 +42,7 @@ from .inventory import Inventory
 from .journal_records import MemberKey, PendingReport
 from .member_state import MemberState
 from .reconnect import welcome_timeout_in_line
+from .session_reports import ReportBook
 
 #: How long to wait for Welcome after Hello, before the coordinator has told us its timeouts.
 WELCOME_TIMEOUT_S = 10.0
@@ -190,9 +193,8 @@ class ControlSession:
     # When heartbeat ``beat_seq`` was sent (monotonic): its acknowledgement gives the RTT.
     beat_sent_at: float = 0.0
     inventory_sent: Inventory | None = None
-    # report_seq -> when it was last sent on this stream; unacknowledged reports are sent again
-    # after a heartbeat timeout, and a report never sent on this stream goes at the next tick.
-    report_sent_at: dict[int, float] = attrs.field(factory=dict)
+    # Which reports this stream carried and when; which wait for their publish.
+    reports: ReportBook = attrs.field(factory=ReportBook)
     # Where in the renewal window (uniform in [0, 1)) this Node asks; chosen by the shell.
     renewal_jitter: float = 0.5
     credential_issued_at_ms: int = 0
@@ -262,7 +264,7 @@ class ControlSession:
             latest = message.seq == self.beat_seq and self.beat_seq > 0
             return [HeartbeatAcked(message.seq, now - self.beat_sent_at if latest else None)]
         if isinstance(message, m.ReportAck):
-            self.report_sent_at.pop(message.report_seq, None)
+            self.reports.acked(message.report_seq, now)
             return [DropReport(message.report_seq, message.refused)]
         if isinstance(message, m.LogAck):
             return [LogAcked(message)]
@@ -329,9 +331,7 @@ class ControlSession:
         ]
         effects.extend(_announced(welcome.control_address))
         effects.append(AdoptCoordinators(welcome.coordinators))
-        for report in sorted(pending, key=lambda r: r.report_seq):
-            self.report_sent_at[report.report_seq] = now
-            effects.append(Send(m.Report(report)))
+        effects.extend(Send(m.Report(report)) for report in self.reports.replay(now, pending))
         effects.extend(Send(m.DecisionQuery(key)) for key in undecided)
         return effects
 
@@ -339,12 +339,15 @@ class ControlSession:
         """A report or reply produced by the member manager: sent now if the session is open.
 
         When it is not, nothing is lost: reports stay in the journal and are replayed after the
-        next Welcome, and the coordinator repeats an unanswered Prepare.
+        next Welcome (or a tick sends them), and the coordinator repeats an unanswered Prepare. A
+        report this stream carried within the timeout (at Welcome) is not sent again.
         """
         if self.phase is not Phase.OPEN:
             return []
-        if isinstance(message, m.Report):
-            self.report_sent_at[message.report.report_seq] = now
+        if isinstance(message, m.Report) and not self.reports.publish(
+            message.report.report_seq, now, self.heartbeat_timeout_s
+        ):
+            return []
         return [Send(message)]
 
     def tick(
@@ -354,8 +357,8 @@ class ControlSession:
         inventory: Inventory,
         pending: Sequence[PendingReport] = (),
     ) -> list[Effect]:
-        """Time passed: close a silent session, send the heartbeat that is due, and resend
-        unacknowledged reports (``pending``, from the journal) not sent within the timeout."""
+        """Time passed: close a silent session, send the heartbeat that is due, and send the
+        unacknowledged reports (``pending``, from the journal) that are due (session_reports)."""
         if self.phase in (Phase.IDLE, Phase.CLOSED):
             return []
         silent = now - self.last_heard
@@ -375,11 +378,8 @@ class ControlSession:
             self.beat_sent_at = now
             effects.append(Send(m.Heartbeat(self.beat_seq, wall_ms, changed)))
         if self.phase is Phase.OPEN:
-            for report in sorted(pending, key=lambda r: r.report_seq):
-                sent = self.report_sent_at.get(report.report_seq)
-                if sent is None or now - sent >= self.heartbeat_timeout_s:
-                    self.report_sent_at[report.report_seq] = now
-                    effects.append(Send(m.Report(report)))
+            due = self.reports.due(now, pending, self.heartbeat_timeout_s)
+            effects.extend(Send(m.Report(report)) for report in due)
             effects.extend(self._renewal(now, wall_ms))
         return effects
 
@@ -406,7 +406,9 @@ class ControlSession:
         if self.phase in (Phase.IDLE, Phase.CLOSED):
             return float("inf")
         silent_at = self.last_heard + self.heartbeat_timeout_s
-        return min(silent_at, self.next_beat_at) if self.phase is Phase.OPEN else silent_at
+        if self.phase is not Phase.OPEN:
+            return silent_at
+        return min(silent_at, self.next_beat_at, self.reports.next_deadline())
 
     def _close(self, reason: str) -> list[Effect]:
         self.phase = Phase.CLOSED

@@ -20,6 +20,7 @@ from tuneplane.agent.session import (
     SessionError,
     WaitingInLine,
 )
+from tuneplane.agent.session_reports import REPORT_PUBLISH_GRACE_S as GRACE
 from tuneplane.proto.contract import control_protocol as protocol
 
 INV = simulated_inventory("node-a", SimulatedGpus("h200", 2))
@@ -196,15 +197,53 @@ def test_unacknowledged_reports_are_resent_and_missed_ones_caught_up() -> None:
     s = opened(0.0)
     s.tick(0.5, 0, INV)
     # Report 1 went out through outgoing(); report 2 was written while the stream opened and
-    # never went out: the next tick sends 2 only.
+    # never went out: it goes once the manager had its grace to publish it, report 1 does not.
     s.outgoing(m.Report(report(1)), now=0.6)
-    effects = s.tick(1.0, 0, INV, pending=[report(1), report(2)])
+    assert s.tick(1.0, 0, INV, pending=[report(1), report(2)]) == [Send(m.Heartbeat(2, 0, None))]
+    effects = s.tick(1.0 + GRACE, 0, INV, pending=[report(1), report(2)])
     assert Send(m.Report(report(2))) in effects and Send(m.Report(report(1))) not in effects
-    s.receive(1.1, m.ReportAck(2))
+    s.receive(2.1, m.ReportAck(2))
     s.receive(3.5, m.HeartbeatAck(1))
     # After a heartbeat timeout without an ack, report 1 goes again.
     effects = s.tick(3.6, 0, INV, pending=[report(1)])
     assert Send(m.Report(report(1))) in effects
+
+
+def test_a_report_read_from_the_journal_before_its_publish_goes_out_once() -> None:
+    """Issue 13: a Commit both reaches the member manager and wakes the tick, whose journal read
+    sees the report the manager has just journaled but not yet published. Only the publish
+    sends it; neither a later tick nor a read from before its ack sends it again."""
+    s = opened(0.0)
+    assert s.tick(0.1, 0, INV, pending=[report(1)]) == []
+    assert s.outgoing(m.Report(report(1)), now=0.1) == [Send(m.Report(report(1)))]
+    assert s.tick(0.1 + GRACE, 0, INV, pending=[report(1)]) == [Send(m.Heartbeat(1, 0, None))]
+    assert s.receive(1.2, m.ReportAck(1)) == [DropReport(1)]
+    assert s.tick(1.2, 0, INV, pending=[report(1)]) == []
+    assert s.tick(1.2 + GRACE, 0, INV, pending=[report(1)]) == [Send(m.Heartbeat(2, 0, None))]
+
+
+def test_a_report_the_manager_could_not_publish_goes_a_grace_after_a_tick_saw_it() -> None:
+    """Published before Welcome and missed by the Welcome's read: the tick that wakes for the
+    grace sends it (a heartbeat interval longer than the grace shows the wake-up)."""
+    s = ControlSession("node-1", "0.1.0")
+    s.start(0.0, INV, [])
+    assert s.outgoing(m.Report(report(4))) == []
+    s.receive(0.0, m.Welcome(4000, 12000, 0))
+    assert s.tick(0.25, 0, INV, pending=[report(4)]) == []
+    assert s.next_deadline() == 0.25 + GRACE
+    assert s.tick(0.25 + GRACE, 0, INV, pending=[report(4)]) == [Send(m.Report(report(4)))]
+    assert s.next_deadline() == 4.0
+    # Published at last: the stream carried it a moment ago.
+    assert s.outgoing(m.Report(report(4)), now=1.5) == []
+
+
+def test_a_report_replayed_at_welcome_is_not_published_again() -> None:
+    s = ControlSession("node-1", "0.1.0")
+    s.start(0.0, INV, [])
+    s.receive(1.0, WELCOME, pending=[report(5)])
+    assert s.outgoing(m.Report(report(5)), now=1.0) == []
+    s.receive(1.1, m.ReportAck(5))
+    assert s.outgoing(m.Report(report(5)), now=1.2) == []
 
 
 def test_welcome_says_who_the_coordinator_is_and_an_older_one_is_warned_of() -> None:

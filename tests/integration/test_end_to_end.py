@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ from tests.support import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
 
 TERMINAL = {"succeeded", "failed", "aborted", "cancelled"}
+# The coordinator's line for every MemberReport it receives (coordinator/gateways/node_messages.py).
+REPORT_LINE = re.compile(r"member report node=\S+ journal=(\S+) seq=(\d+) run_id=(\S+)")
 
 
 @pytest.fixture
@@ -82,3 +86,23 @@ def test_job_exiting_non_zero_is_failed_with_its_exit_code(
     assert member["has_exit"] and member["exit_code"] == 3
     listed = json.loads(cluster.tp("job", "ls", "--json").stdout)
     assert [j["state"] for j in listed if j["run_id"] == run_id] == ["failed"]
+
+
+def test_each_report_of_a_launch_reaches_the_coordinator_once(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A launch's reports (committed, starting, running, exited) each go out once: the session's
+    tick must not send a report the member manager is about to publish (issue 13)."""
+    project = _project(cluster, tmp_path / "proj", "exit 0\n")
+    run_id = _submit(cluster, project)
+    assert _wait_terminal(cluster, run_id)["state"] == "succeeded"
+    # Stopped, the coordinator has logged every report it received.
+    cluster.close()
+    assert cluster.coordinator is not None
+    received = Counter(
+        (found[1], int(found[2]))
+        for line in cluster.coordinator.log_path.read_text().splitlines()
+        if (found := REPORT_LINE.search(line)) and found[3] == run_id
+    )
+    assert len(received) >= 4, received
+    assert {key: n for key, n in received.items() if n > 1} == {}, received
