@@ -53,6 +53,8 @@ _PACKAGES = (("tuneplane.runner", "tuneplane/runner"), ("tuneplane.report", "tun
 _COMPILED = ("__main__.py", "tuneplane/runner/")
 # PEP 552 flags: bit 0 set, hash-based; bit 1 clear, the source is not checked on import.
 _UNCHECKED_HASH_PYC = 0b01
+#: The marshal format of the bytecode: the last without references (see :func:`_pyc`).
+_MARSHAL_FORMAT = 2
 
 
 class RunnerPyzError(Exception):
@@ -92,7 +94,10 @@ def _pyc(name: str, source: bytes, origin: Path | None) -> bytes:
         ) from None
     flags = _UNCHECKED_HASH_PYC.to_bytes(4, "little")
     source_hash = importlib.util.source_hash(source)
-    return importlib.util.MAGIC_NUMBER + flags + source_hash + marshal.dumps(code)
+    # Marshal format 2: from format 3 on, marshal writes an object shared by reference when its
+    # reference count is above one, a count that can depend on what else the process holds
+    # (CPython's reproducible-build reports name it); without references it cannot.
+    return importlib.util.MAGIC_NUMBER + flags + source_hash + marshal.dumps(code, _MARSHAL_FORMAT)
 
 
 @functools.cache
