@@ -14,6 +14,10 @@ Rules:
   until it wrote ``drained``. A collector that stops early is restarted with backoff; it runs in
   its own process, so its crash never touches the member. The loop's nursery owns every one;
   cancelling it sends each collector SIGTERM (it resumes from its spool next time).
+- Its first pass reads every member (an earlier run may have left an ended member's collector
+  undrained); each later pass reads only the live members, those with a collector supervised
+  and those the journal changed since (:mod:`~tuneplane.agent.journal_changes`), when one
+  changes or every :data:`RECONCILE_INTERVAL_S`: ended members never cost an idle agent anything.
 - A collector logs to ``collector.log`` in its directory, or, when the agent logs to journald
   (agent/daemon_log.py), to the agent's own stderr, so it logs to journald too, each entry
   naming its member (``journalctl -t tuneplane-collector TUNEPLANE_MEMBER=…``).
@@ -54,7 +58,8 @@ CREDENTIAL_FILE = "credential"
 CONFIG_FILE = "collector.json"
 EXITED_MARKER = "member-exited"
 DRAINED_MARKER = "drained"
-RECONCILE_INTERVAL_S = 1.0
+# A pass runs when a member changes; this is only the longest wait between two passes.
+RECONCILE_INTERVAL_S = 30.0
 RESTART_FIRST_S = 1.0
 RESTART_MAX_S = 30.0
 # A collector that ran this long before stopping was healthy: its restart backoff starts over.
@@ -150,6 +155,8 @@ class CollectorSupervisor:
         log.info("collector credential stored member=%s gateway=%s fallbacks=%s", command.key,
                  command.telemetry_address,
                  ",".join(command.telemetry_fallbacks) or "-")  # fmt: skip
+        # A repeated Commit may bring the first credential of a member already live.
+        self.journal.changes.note(command.key)
 
     def _write_credential(
         self, key: MemberKey, credential: str, gateway: str, fallbacks: tuple[str, ...] = ()
@@ -164,11 +171,25 @@ class CollectorSupervisor:
 
     async def run(self) -> None:
         """Reconcile until cancelled; every collector process is owned by this nursery."""
+        follower = self.journal.changes.follow()
         async with trio.open_nursery() as nursery:
+            await self.reconcile_pass(nursery)
             while True:
-                for record in await self.journal.members():
-                    await self._reconcile(record, nursery)
-                await trio.sleep(RECONCILE_INTERVAL_S)
+                await follower.wait(RECONCILE_INTERVAL_S)
+                await self.reconcile_pass(nursery, follower.take())
+
+    async def reconcile_pass(
+        self, nursery: trio.Nursery, changed: set[MemberKey] | None = None
+    ) -> int:
+        """One pass: every member when ``changed`` is None (the first), else the live ones, those
+        supervised and those in ``changed``. Returns how many members it read."""
+        if changed is None:
+            records = await self.journal.members()
+        else:
+            records = await self.journal.members_of(_LIVE, changed | self._running)
+        for record in records:
+            await self._reconcile(record, nursery)
+        return len(records)
 
     async def _reconcile(self, record: MemberRecord, nursery: trio.Nursery) -> None:
         key = record.key

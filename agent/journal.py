@@ -10,6 +10,8 @@ Rules:
 - ``report_seq`` comes from a durable counter in ``meta``; it never goes back, across restarts.
   ``meta.journal_id`` is a random id made with the journal (or by the migration that added it):
   every report carries it, so a fresh journal's numbering is a new sequence, not a repeat.
+- A member created or moved is noted in :attr:`~JournalDb.changes` once its transaction committed,
+  so the loops that follow members re-read only what changed (agent/journal_changes.py).
 The schema is documented in docs/journal.md; aiosqlite runs through :mod:`tuneplane.agent.adapter`.
 
 :class:`Journal` is one class in layers, each its own module: :mod:`~tuneplane.agent.journal_db`
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .journal_db import fetchall, insert_event
@@ -153,6 +155,20 @@ class Journal(JournalGpus):
         rows = await self.read(f"SELECT {MEMBER_COLUMNS} FROM members ORDER BY created_at_ms")
         return [member_from_row(r) for r in rows]
 
+    async def members_of(
+        self, states: Collection[MemberState], keys: Collection[MemberKey] = ()
+    ) -> list[MemberRecord]:
+        """The members in one of ``states`` or named in ``keys``, oldest first: what a loop
+        re-reads each pass (SQLite filters the rows; ended members never become records)."""
+        marks = ", ".join("?" * len(states))
+        names = ", ".join("?" * len(keys))
+        rows = await self.read(
+            f"SELECT {MEMBER_COLUMNS} FROM members WHERE state IN ({marks}) "
+            f"OR member_key IN ({names}) ORDER BY created_at_ms",
+            [*(s.value for s in states), *map(str, keys)],
+        )
+        return [member_from_row(r) for r in rows]
+
     async def create_member(self, new: NewMember, at_ms: int) -> MemberRecord:
         """Journal a member in ``preparing``. Raises :class:`MemberExists` on a repeat."""
 
@@ -197,6 +213,7 @@ class Journal(JournalGpus):
             )
 
         await self.write(fn)
+        self.changes.note(new.key)
         record = await self.member(new.key)
         assert record is not None
         return record
@@ -312,6 +329,7 @@ class Journal(JournalGpus):
                 reports.append(report_from_row(row, self.journal_id))
 
         await self.write(fn)
+        self.changes.note(key)
         record = await self.member(key)
         assert record is not None
         # The report is built from what the transaction wrote, not read back: once committed,

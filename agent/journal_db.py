@@ -24,6 +24,7 @@ import aiosqlite
 import trio
 
 from .adapter import run_aio
+from .journal_changes import MemberChanges
 from .journal_records import JournalCorrupt, JournalError, JournalTooNew
 from .journal_schema import MIGRATIONS
 from .xid_book import NewHealthEvent
@@ -54,6 +55,8 @@ class JournalDb:
         self.journal_id = journal_id
         #: Told the seconds each write's COMMIT (its fsync) took; the daemon's metrics set it.
         self.on_commit: Callable[[float], None] | None = None
+        #: Which members changed, for the loops that follow them (noted after each commit).
+        self.changes = MemberChanges()
 
     # --- opening -----------------------------------------------------------------------------
 

@@ -11,6 +11,10 @@ Rules:
   reports on the same stream never wait behind a chatty workload.
 - A stream ends (``eof``) once the member is terminal in the journal and everything up to the end
   of its file is acknowledged; a member that never ran ends with an empty stream.
+- The first pass reads every member (an earlier run may have left streams unended); later passes
+  re-read only the members the journal changed since (:mod:`~tuneplane.agent.journal_changes`)
+  and keep the rest from before, and a member whose streams both ended is forgotten: a pass
+  costs the members still shipping, never the journal's history.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import trio
 
 from . import messages as m
 from .journal import Journal
+from .journal_changes import Follower
 from .journal_records import MemberKey, MemberRecord
 from .member_state import TERMINAL, MemberState
 
@@ -117,6 +122,9 @@ class LogShipper:
         self._wake = trio.Event()
         self._budget = float(RATE_BYTES_PER_S)
         self._refilled_at = 0.0
+        # The members whose streams have not both ended, as last read; None before the first.
+        self._follower: Follower | None = None
+        self._members: dict[MemberKey, MemberRecord] = {}
 
     async def run(self) -> None:
         """Ship until cancelled."""
@@ -165,17 +173,41 @@ class LogShipper:
         self._refilled_at = now
         self._budget = min(float(RATE_BYTES_PER_S), self._budget + elapsed * RATE_BYTES_PER_S)
 
+    async def _shipping(self) -> list[MemberRecord]:
+        """The members with a stream to ship or end: every member on the first call, then the
+        ones kept from before with those the journal changed since read again."""
+        if self._follower is None:
+            self._follower = self._journal.changes.follow()
+            records = await self._journal.members()
+        else:
+            changed = self._follower.take()
+            records = await self._journal.members_of((), changed) if changed else []
+        for record in records:
+            if record.state in SHIPPED:
+                self._members[record.key] = record
+        return list(self._members.values())
+
+    def following(self) -> list[MemberKey]:
+        """The members a pass looks at: those with a stream not yet ended, as last read."""
+        return list(self._members)
+
+    def _forget_if_ended(self, record: MemberRecord) -> None:
+        states = [self._streams.get((record.key, stream)) for stream in STREAMS]
+        if record.state in TERMINAL and all(state and state.done for state in states):
+            del self._members[record.key]
+            for stream in STREAMS:
+                del self._streams[(record.key, stream)]
+
     async def ship_once(self) -> None:
         """Send the next chunk of every stream that has no chunk in flight, within the budget."""
         now = trio.current_time()
         self._refill(now)
-        for record in await self._journal.members():
-            if record.state not in SHIPPED:
-                continue
+        for record in await self._shipping():
             for stream in STREAMS:
                 if self._budget < 1:
                     return
                 await self._ship_stream(record, stream, now)
+            self._forget_if_ended(record)
 
     async def _ship_stream(self, record: MemberRecord, stream: str, now: float) -> None:
         state = await self._state(record.key, stream)
