@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -21,9 +22,12 @@ from typing import Any
 import betterproto
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
+from multidict import MultiDict
 
 from tuneplane.agent.client_tls import grpc_client_context
+from tuneplane.agent.wire_control import connect_metadata
 from tuneplane.proto import v1
+from tuneplane.proto.contract.control_protocol import BUSY_HEADER, come_back_in
 
 NodeStream = Stream[v1.NodeMessage, v1.CoordinatorMessage]
 # What a Node does once welcomed: given its stream and the heartbeat interval Welcome gave.
@@ -74,20 +78,35 @@ async def drive(
     welcomed: asyncio.Queue[int] = asyncio.Queue()
 
     async def node(channel: Channel, node_id: str, credential: str) -> None:
-        async with channel.request(
-            "/tuneplane.v1.Control/Connect",
-            Cardinality.STREAM_STREAM,
-            v1.NodeMessage,
-            v1.CoordinatorMessage,
-            metadata={"authorization": f"Bearer {credential}"},
-        ) as stream:
-            await stream.send_request()
-            hello = v1.Hello(node_id=node_id, agent_version="bench", inventory=inventory(node_id))
-            await stream.send_message(v1.NodeMessage(hello=hello))
-            first = await stream.recv_message()
-            assert first is not None and betterproto.which_one_of(first, "body")[0] == "welcome"
-            await welcomed.put(1)
-            await speak(node_id)(stream, first.welcome.heartbeat_interval_ms / 1000)
+        # As tuneplane-node does: say it can wait in line, and when a busy coordinator refuses
+        # the Connect anyway, dial again at the turn it named (else after a second or so).
+        while True:
+            async with channel.request(
+                "/tuneplane.v1.Control/Connect",
+                Cardinality.STREAM_STREAM,
+                v1.NodeMessage,
+                v1.CoordinatorMessage,
+                metadata=connect_metadata(credential),
+            ) as stream:
+                await stream.send_request()
+                hello = v1.Hello(
+                    node_id=node_id, agent_version="bench", inventory=inventory(node_id)
+                )
+                await stream.send_message(v1.NodeMessage(hello=hello))
+                await stream.recv_initial_metadata()
+                said = {
+                    k: v
+                    for k, v in (stream.initial_metadata or MultiDict()).items()
+                    if isinstance(v, str)
+                }
+                if BUSY_HEADER not in said:
+                    first = await stream.recv_message()
+                    assert first is not None
+                    assert betterproto.which_one_of(first, "body")[0] == "welcome"
+                    await welcomed.put(1)
+                    await speak(node_id)(stream, first.welcome.heartbeat_interval_ms / 1000)
+                    return
+            await asyncio.sleep(come_back_in(said) or 1 + random.random())
 
     nodes = config["nodes"]
     tasks = [
