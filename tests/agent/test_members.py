@@ -239,7 +239,6 @@ async def test_an_exit_is_seen_when_it_happens_not_at_the_next_look(
         await h.wait_state(S.RUNNING)
         (h.roots / "work" / str(KEY) / "go").touch()
         await h.wait_state(S.EXITED)
-        assert h.reports()[-1] == "exited"
 
 
 async def test_replay_refuses_a_prepare_cut_short(tmp_path: Path) -> None:

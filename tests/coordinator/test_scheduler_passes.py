@@ -161,6 +161,9 @@ def test_an_admission_plans_the_new_job_without_walking_the_queue(tmp_path: Path
                     tg.start_soon(scheduler.run)
                     scheduler.wake()
                     await _wait_until("the first pass", lambda: scheduler.passes == 1)
+                    # Its end: the reason it writes (a pass counts when it starts).
+                    while not (await _reason(store, first)).startswith("waiting"):
+                        await anyio.sleep(0.01)
                     async with store.transaction() as db:
                         await db.execute(
                             "UPDATE jobs SET state_reason = 'marked' WHERE run_id = ?", (first,)
