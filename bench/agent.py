@@ -1,13 +1,16 @@
 """Agent latency and cost on loopback: a real coordinator, real agents, real runners.
 
-Rules: every figure comes from real processes (``LocalCluster``); the trivial payload is one
-Python file per local process that records when it started. Latencies are measured from just
-before the Preview call (submit) to (a) the last local process having started, (b) the last
-runner's exit record (``exit.json``'s ``finished_at``) and (c) the coordinator showing the Job
-``succeeded``. Sizes: 1 member x 1 process on 1 agent; 4 members x 8 simulated GPUs (32 processes)
-on 4 agents; 16 members x 1 process on 16 agents. With Slurm installed, the first two alternate
-run by run with ``srun -n1 true`` and ``srun -n32 --overcommit true`` on a throwaway cluster of
-this machine (``bench/_slurm.py``), printed beside ours with the ratio and its goal. Then the
+Rules: every figure comes from real processes (``LocalCluster``). The payload is ``/bin/true``,
+as in the launch goals (issue 13), except for one size that runs a trivial Python file per local
+process, to show what an interpreter's start adds. Latencies are measured from just before the
+Preview call (submit) to (a) the last local process having started (the kernel's start time of
+each process, from the runner's ``runner.json``; 10 ms granular), (b) the last runner's exit
+record (``exit.json``'s ``finished_at``) and (c) the coordinator showing the Job ``succeeded``.
+Sizes: 1 member x 1 process on 1 agent, with ``/bin/true`` and with Python; 4 members x 8
+simulated GPUs (32 processes) on 4 agents; 16 members x 1 process on 16 agents. With Slurm
+installed, the ``/bin/true`` sizes of 1 and 32 processes alternate run by run with ``srun -n1
+true`` and ``srun -n32 --overcommit true`` on a throwaway cluster of this machine
+(``bench/_slurm.py``), printed beside ours with the ratio and its goal. Then the
 idle agent's RSS and CPU% and the journal's recovery time (open with its integrity check, then
 replay) at 100k events. As root, members run as throwaway accounts the bench creates (two per
 agent, disjoint between agents) and removes when it ends; its folder is 0711 so they can pass
@@ -62,6 +65,7 @@ PAYLOAD = (
     "now = time.time()\n"
     "Path(os.environ['TUNEPLANE_OUT_DIR'], 'started-' + os.environ['RANK']).write_text(repr(now))\n"
 )
+TRUE = "/bin/true"
 METHOD = "pytorch/process-group"
 IDLE_SAMPLE_S = 5.0
 ACCOUNTS_PER_AGENT = 2
@@ -75,6 +79,8 @@ class Size:
     gpus_per_agent: int
     members: int
     runs: int
+    # Runs PAYLOAD under python3 when set, otherwise /bin/true.
+    python: bool = False
 
     @property
     def processes(self) -> int:
@@ -99,7 +105,7 @@ def _jobspec(size: Size, i: int) -> str:
             "method_id": METHOD,
             "recipe_digest": recipe.digest,
             "runtime_id": "",
-            "entrypoint": ["python3", "train.py"],
+            "entrypoint": ["python3", "train.py"] if size.python else [TRUE],
             "resources": {
                 "profile": "h200",
                 "series": "h200",
@@ -119,6 +125,16 @@ def _max_float(paths: list[Path], read: str) -> float:
         text = path.read_text()
         values.append(float(json.loads(text)[read]) if read else float(text))
     return max(values)
+
+
+def _boot_skew() -> float:
+    """What to add to a process start time from psutil to make it wall-clock time.
+
+    psutil counts from the boot time in /proc/stat, which is whole seconds; /proc/uptime has
+    the fraction.
+    """
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - uptime - psutil.boot_time()
 
 
 async def _one_job(cluster: LocalCluster, api: ApiClient, size: Size, i: int) -> Sample:
@@ -141,19 +157,27 @@ async def _one_job(cluster: LocalCluster, api: ApiClient, size: Size, i: int) ->
         await asyncio.sleep(0.01)
     if job.state != "succeeded":
         raise RuntimeError(f"benchmark Job {run_id} ended {job.state}: {job.state_reason}")
-    starts = [
-        p for a in cluster.agents for p in (a.out_root / run_id).glob("attempt-1/*/started-*")
-    ]
-    exits = [
-        p for a in cluster.agents for p in (a.state_dir / "members").glob(f"{run_id}.1.*/exit.json")
-    ]
-    if len(starts) != size.processes or len(exits) != size.members:
+    members = [p for a in cluster.agents for p in (a.state_dir / "members").glob(f"{run_id}.1.*")]
+    exits = [m / "exit.json" for m in members if (m / "exit.json").exists()]
+    if size.python:
+        started = [
+            p for a in cluster.agents for p in (a.out_root / run_id).glob("attempt-1/*/started-*")
+        ]
+        count, running = len(started), _max_float(started, "")
+    else:
+        times = [
+            float(process["start_time"])
+            for m in members
+            for process in json.loads((m / "runner.json").read_text())["processes"]
+        ]
+        count, running = len(times), max(times, default=0.0) + _boot_skew()
+    if count != size.processes or len(exits) != size.members:
         raise RuntimeError(
-            f"benchmark Job {run_id} left {len(starts)} start records for {size.processes} "
+            f"benchmark Job {run_id} left {count} start records for {size.processes} "
             f"processes and {len(exits)} exit records for {size.members} members"
         )
     return Sample(
-        running_s=_max_float(starts, "") - t0,
+        running_s=running - t0,
         exited_s=_max_float(exits, "finished_at") - t0,
         succeeded_s=seen - t0,
     )
@@ -194,7 +218,8 @@ def _report(size: Size, samples: list[Sample], srun: list[float]) -> None:
     note = "" if size.runs >= FULL_RUNS else f"  (only {size.runs} runs: p99 is the slowest run)"
     print(
         f"{size.name}: {size.members} members x {size.gpus_per_agent} processes "
-        f"({size.processes} processes) on {size.agents} agents, {len(samples)} runs{note}"
+        f"({size.processes} processes, {'python3 train.py' if size.python else TRUE}) "
+        f"on {size.agents} agents, {len(samples)} runs{note}"
     )
     for label, values in (
         ("submit -> all processes running", [s.running_s for s in samples]),
@@ -234,7 +259,7 @@ def bench_size(
         cluster.wait_connected(120)
         if measure_idle:
             _idle(cluster)
-        if size.processes not in LAUNCH_GOALS:
+        if size.processes not in LAUNCH_GOALS or size.python:
             slurm = None
         _report(size, *asyncio.run(_run_size(cluster, size, slurm)))
 
@@ -335,6 +360,7 @@ def _env_int(name: str, default: int) -> int:
 def run(runs: int, big_runs: int, events: int) -> int:
     sizes = [
         Size("small", 1, 1, 1, runs),
+        Size("small-python", 1, 1, 1, max(3, runs // 3), python=True),
         Size("wide", 4, 8, 4, big_runs),
         Size("many", 16, 1, 16, big_runs),
     ]
