@@ -34,6 +34,7 @@ from .members import MemberManager
 from .members_base import now_ms
 from .metrics import JOURNAL_COMMIT
 from .outputs_server import OutputsServer
+from .runner_template import RUNNER_TEMPLATE_DIR, RunnerTemplate
 from .sd_notify import ServiceNotifier
 
 log = logging.getLogger(__name__)
@@ -77,11 +78,14 @@ class Daemon(DaemonInventory, DaemonSession):
                     if self.status.metrics_address:
                         nursery.start_soon(self.metrics_loop)
                     if self.journal is not None:
+                        template = RunnerTemplate(self.state.root / RUNNER_TEMPLATE_DIR)
+                        nursery.start_soon(template.run)
                         self.manager = MemberManager(
                             self.journal, self.state.members_dir, self.out_root,
                             lambda: self.inventory, self.node_address, self.publish, nursery,
                             work_root=self.work_root, policy=self.policy,
                             refresh=self.refresh_inventory, node_id=self.node.node_id,
+                            runner_template=template,
                         )  # fmt: skip
                         previous = await self.journal.record_start(
                             now_ms(), version=AGENT_VERSION, pid=os.getpid(),

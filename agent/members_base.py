@@ -20,6 +20,7 @@ from .inventory import Inventory
 from .journal import Journal
 from .journal_records import MemberKey, PendingReport
 from .members_rendezvous import RendezvousHolds
+from .runner_template import RunnerTemplate
 
 Publish = Callable[[m.Outgoing], Awaitable[None]]
 
@@ -60,6 +61,7 @@ class MemberBase:
         policy: WorkloadPolicy,
         refresh: Callable[[], Awaitable[Inventory]] | None = None,
         node_id: str = "",
+        runner_template: RunnerTemplate | None = None,
     ) -> None:
         self.journal = journal
         # This Node's id: a Derivation whose source it holds itself is copied, not fetched.
@@ -75,6 +77,8 @@ class MemberBase:
         self.refresh = refresh
         self.publish = publish
         self.nursery = nursery
+        # Forks runners instead of starting an interpreter each (agent/runner_template.py).
+        self.runner_template = runner_template
         # The members a watcher follows (members_exits.py): one watcher each.
         self.watched: set[MemberKey] = set()
         self.rendezvous = RendezvousHolds(nursery, node_address)

@@ -233,7 +233,9 @@ class MemberLaunches(MemberExits):
             await self.found_at_restart(key, observation)
         if isinstance(observation, supervision.NotStarted):
             try:
-                observation = await supervision.start_runner(member_dir)
+                observation = await supervision.start_runner(
+                    member_dir, template=self.runner_template
+                )
             except supervision.LaunchAlreadyClaimed:
                 observation = supervision.observe(member_dir)
             except (supervision.RunnerStartFailed, supervision.RunnerStartTimeout) as exc:

@@ -100,6 +100,9 @@ class MemberPrepares(MemberBase):
                      existing.state.value)  # fmt: skip
             await self.publish(self.prepare_answer(existing))
             return
+        if self.runner_template is not None:
+            # Its imports overlap this Prepare and the Commit: the launch then only forks it.
+            self.nursery.start_soon(self.runner_template.warm)
         spec: jobspec.JobSpec | None = None
         spec_error = ""
         try:

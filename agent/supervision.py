@@ -35,6 +35,7 @@ from tuneplane.runner.records import (
 from . import runner_pyz
 from .atomic_file import write_json_atomic
 from .launch_plan import ProcessSpec
+from .runner_template import RunnerTemplate, StartOutcome
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,9 @@ def write_launch(launch: MemberLaunch) -> None:
     write_json_atomic(launch.member_dir / MEMBER_FILE, member_file.to_json())
 
 
-async def start_runner(member_dir: Path, timeout_s: float = START_TIMEOUT_S) -> Observation:
+async def start_runner(
+    member_dir: Path, timeout_s: float = START_TIMEOUT_S, template: RunnerTemplate | None = None
+) -> Observation:
     """Start ``python <capsule>/runner.pyz <member_dir>`` detached and return what it did.
 
     The runner is the one Prepare sealed into the member's Job Capsule; it is checked against
@@ -185,41 +188,52 @@ async def start_runner(member_dir: Path, timeout_s: float = START_TIMEOUT_S) -> 
     nothing here waits on the workload and the agent never reaps the runner. Raises
     :class:`LaunchAlreadyClaimed` when the member was already started,
     :class:`RunnerStartFailed` when the runner could not start it and
-    :class:`RunnerStartTimeout` after ``timeout_s``.
+    :class:`RunnerStartTimeout` after ``timeout_s``. With a ``template`` whose runner is the
+    capsule's (same sha256), the start is a fork of it instead of a new interpreter
+    (agent/runner_template.py); otherwise, or when the template fails, as before.
     """
     capsule = runner_pyz.capsule_dir(member_dir)
     try:
         runner = await trio.to_thread.run_sync(runner_pyz.verified, capsule)
     except runner_pyz.RunnerPyzError as exc:
         raise RunnerNotVerified(str(exc)) from None
-    # psutil and the rest of the stdlib come from this interpreter; tuneplane from the zip.
-    argv = [sys.executable, str(runner), str(member_dir)]
     try:
         with trio.fail_after(timeout_s):
-            result = await trio.run_process(
-                argv,
-                stdin=subprocess.DEVNULL,
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-                start_new_session=True,
-            )
+            started = None
+            if template is not None:
+                # The same runner, byte for byte (its sha256 is the one just verified).
+                started = await template.start(member_dir, runner_pyz.recorded(capsule))
+            if started is None:
+                started = await _run_runner(runner, member_dir)
     except trio.TooSlowError:
         raise RunnerStartTimeout(
             f"The runner for {member_dir} neither started the member nor refused within "
             f"{timeout_s:g} s; read {member_dir / 'runner.log'} and the agent's log."
         ) from None
-    said = result.stderr.decode("utf-8", "replace").strip()
-    if result.returncode == runner_main.EXIT_REFUSED:
+    said = started.stderr.decode("utf-8", "replace").strip()
+    if started.returncode == runner_main.EXIT_REFUSED:
         raise LaunchAlreadyClaimed(said or f"The launch of {member_dir} is already claimed.")
-    if result.returncode != runner_main.EXIT_STARTED:
+    if started.returncode != runner_main.EXIT_STARTED:
         raise RunnerStartFailed(
-            f"The runner for {member_dir} exited with code {result.returncode} before starting "
+            f"The runner for {member_dir} exited with code {started.returncode} before starting "
             f"the member: {said or 'it said nothing on stderr'}"
         )
     observation = observe(member_dir)
     log.info("runner started member_dir=%s observation=%s", member_dir, observation)
     return observation
+
+
+async def _run_runner(runner: Path, member_dir: Path) -> StartOutcome:
+    # psutil and the rest of the stdlib come from this interpreter; tuneplane from the zip.
+    result = await trio.run_process(
+        [sys.executable, str(runner), str(member_dir)],
+        stdin=subprocess.DEVNULL,
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        start_new_session=True,
+    )
+    return StartOutcome(result.returncode, result.stderr)
 
 
 def is_alive(pid: int, start_time: float) -> bool:

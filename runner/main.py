@@ -1,5 +1,8 @@
 """``python -m tuneplane.runner <member_dir>``: start one member; outlive the agent.
 
+``python -m tuneplane.runner --template`` is the same runner imported once, forking a start per
+request from the agent (:mod:`.template`).
+
 Rules: the launch is claimed (``launch.claim``, exclusive create) before anything starts, so a
 second runner for the same member refuses itself and touches nothing; the runner detaches into
 its own session so the agent's death never reaches it, and :class:`.member_runner.MemberRunner`
@@ -45,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m tuneplane.runner <member_dir>", file=sys.stderr)
+        print("usage: python -m tuneplane.runner <member_dir> | --template", file=sys.stderr)
         return EXIT_USAGE
+    if args[0] == "--template":
+        from .template import run_template
+
+        return run_template()
     member_dir = Path(args[0]).resolve()
     try:
         member = read_member_file(member_dir)
