@@ -28,6 +28,7 @@ from tuneplane.agent.runner_template import RunnerTemplate
 from tuneplane.agent.supervision import (
     Exited,
     LaunchAlreadyClaimed,
+    MemberLaunch,
     NotStarted,
     RunnerNotVerified,
     RunnerStartFailed,
@@ -62,14 +63,21 @@ def _forked_from_template(pid: int, template: RunnerTemplate) -> bool:
     return proc.name() == RUNNER_NAME and proc.cmdline()[-2:] == [written, "--template"]
 
 
-async def test_a_start_forked_from_the_template_runs_the_member_to_its_exit(
+async def _start_waiting(
     tmp_path: Path, template: RunnerTemplate
-) -> None:
-    script = workload(tmp_path, "w.py", WAIT_FOR_RELEASE)
-    launch = member_launch(tmp_path, [python(script)])
+) -> tuple[MemberLaunch, Path, Running]:
+    """A member whose workload waits for its release file, started through ``template``."""
+    launch = member_launch(tmp_path, [python(workload(tmp_path, "w.py", WAIT_FOR_RELEASE))])
     member_dir = prepared(launch)
     running = await start_runner(member_dir, template=template)
     assert isinstance(running, Running)
+    return launch, member_dir, running
+
+
+async def test_a_start_forked_from_the_template_runs_the_member_to_its_exit(
+    tmp_path: Path, template: RunnerTemplate
+) -> None:
+    launch, member_dir, running = await _start_waiting(tmp_path, template)
     assert _forked_from_template(running.pid, template)
     # The runner is in its own session, not the template's child: it outlives the template.
     runner = psutil.Process(running.pid)
@@ -86,11 +94,7 @@ async def test_a_start_forked_from_the_template_runs_the_member_to_its_exit(
 async def test_the_runner_outlives_a_template_killed_while_the_member_runs(
     tmp_path: Path, template: RunnerTemplate
 ) -> None:
-    script = workload(tmp_path, "w.py", WAIT_FOR_RELEASE)
-    launch = member_launch(tmp_path, [python(script)])
-    member_dir = prepared(launch)
-    running = await start_runner(member_dir, template=template)
-    assert isinstance(running, Running)
+    launch, member_dir, running = await _start_waiting(tmp_path, template)
     assert template.process is not None
     template.process.kill()
     await template.process.wait()
@@ -104,11 +108,7 @@ async def test_the_runner_outlives_a_template_killed_while_the_member_runs(
 async def test_a_second_start_through_the_template_is_refused_and_changes_nothing(
     tmp_path: Path, template: RunnerTemplate
 ) -> None:
-    script = workload(tmp_path, "w.py", WAIT_FOR_RELEASE)
-    launch = member_launch(tmp_path, [python(script)])
-    member_dir = prepared(launch)
-    first = await start_runner(member_dir, template=template)
-    assert isinstance(first, Running)
+    launch, member_dir, first = await _start_waiting(tmp_path, template)
     files_before = {p.name: p.read_bytes() for p in member_dir.iterdir() if p.is_file()}
 
     with pytest.raises(LaunchAlreadyClaimed, match="already claimed by runner pid"):
