@@ -47,10 +47,14 @@ def serve(sock: socket.socket) -> int:
         if len(fds) != 1 or not member_dir:
             for fd in fds:
                 os.close(fd)
-            sock.sendall(f"{EXIT_FAILED}\n".encode())
-            continue
-        code = _start(sock, member_dir, fds[0])
-        sock.sendall(f"{code}\n".encode())
+            code = EXIT_FAILED
+        else:
+            code = _start(sock, member_dir, fds[0])
+        try:
+            sock.sendall(f"{code}\n".encode())
+        except (BrokenPipeError, ConnectionResetError):
+            # The agent went while the start ran: the runner stands on its own records.
+            return 0
 
 
 def _start(sock: socket.socket, member_dir: str, stderr_fd: int) -> int:

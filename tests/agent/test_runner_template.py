@@ -6,6 +6,9 @@ import hashlib
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,7 +26,7 @@ from tests.runner.members import (
     workload,
 )
 from tuneplane.agent import runner_template
-from tuneplane.agent.runner_pyz import RUNNER_DIGEST, RUNNER_PYZ, capsule_dir
+from tuneplane.agent.runner_pyz import RUNNER_DIGEST, RUNNER_PYZ, build, capsule_dir
 from tuneplane.agent.runner_template import RunnerTemplate
 from tuneplane.agent.supervision import (
     Exited,
@@ -241,3 +244,41 @@ async def test_a_capsule_runner_changed_after_prepare_is_not_started_by_the_temp
     assert template.process is None
     assert observe(member_dir) == NotStarted()
     assert {p.name: p.read_bytes() for p in member_dir.iterdir() if p.is_file()} == files_before
+
+
+async def test_a_template_whose_agent_died_mid_start_finishes_the_start_and_ends_quietly(
+    tmp_path: Path,
+) -> None:
+    """The agent is killed while a start runs: the member still starts (its runner stands on
+    its own records) and the template, finding nobody to answer, ends with code 0 and no
+    traceback."""
+    launch = member_launch(tmp_path, [python(workload(tmp_path, "w.py", "pass"))])
+    member_dir = prepared(launch)
+    member_json = (member_dir / "member.json").read_bytes()
+    (member_dir / "member.json").unlink()
+    os.mkfifo(member_dir / "member.json")
+    folder = tmp_path / "state" / "runner"
+    folder.mkdir(parents=True)
+    (folder / RUNNER_PYZ).write_bytes(build())
+    ours, theirs = socket.socketpair()
+    with theirs:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, str(folder / RUNNER_PYZ), "--template"],
+            stdin=theirs.fileno(),
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    read_fd, write_fd = os.pipe()
+    socket.send_fds(ours, [f"{member_dir}\n".encode()], [write_fd])
+    os.close(write_fd)
+    ours.close()  # the agent is gone
+    # The forked start was blocked reading member.json; now it gets it.
+    await trio.to_thread.run_sync((member_dir / "member.json").write_bytes, member_json)
+    with trio.fail_after(20):
+        await process.wait()
+    assert process.stderr is not None
+    assert process.returncode == 0
+    assert await process.stderr.receive_some() == b""
+    result = await wait_observation(member_dir, Exited)
+    assert (result.exit_code, result.signal) == (0, None)  # type: ignore[union-attr]
+    os.close(read_fd)
