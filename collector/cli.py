@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from tuneplane.agent import daemon_log
 
@@ -136,6 +134,11 @@ def inspect(path: Path, as_json: bool, output_dir: bool) -> None:
             }
             out.write(json.dumps(record) + "\n")
         return
+    # Here, not at the top: every member's collector imports this module to run, and rich
+    # (about 50 ms of CPU to import) is only for this table.
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     table = Table(title=f"scalars in {path}")
     for column in ("source", "offset", "tag", "step", "wall time (UTC)", "value"):

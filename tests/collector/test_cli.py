@@ -91,3 +91,21 @@ def test_inspect_an_output_dir_reads_what_the_collector_follows(tmp_path: Path) 
     done = collector("inspect", str(tmp_path / "data" / "train.jsonl"), "--output-dir")
     assert done.returncode == 2
     assert "is not a directory; --output-dir takes a member's $TUNEPLANE_OUT_DIR" in done.stderr
+
+
+# What `tuneplane-collector run` imports before it follows anything (collector/cli.py: run).
+_RUN_IMPORTS = """
+import sys
+import tuneplane.collector.cli
+from tuneplane.collector import files, options, service, ship_wire, spool, system_sampler
+print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] == "rich")))
+"""
+
+
+def test_a_members_collector_does_not_import_the_inspect_table() -> None:
+    """Every member runs a collector: rich, for `inspect`'s table alone, stays out of it."""
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_IMPORTS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
