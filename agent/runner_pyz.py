@@ -129,6 +129,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@functools.cache
+def own_digest() -> str:
+    """The sha256 (hex) of :func:`build`: this Node's runner, as Prepare seals it."""
+    return _sha256(build())
+
+
 def materialise(capsule: Path) -> str:
     """Write ``runner.pyz`` and ``runner.sha256`` into ``capsule``; return the sha256 (hex).
 
@@ -137,7 +143,7 @@ def materialise(capsule: Path) -> str:
     written file is read back and must match, or :class:`RunnerPyzError` is raised.
     """
     data = build()
-    digest = _sha256(data)
+    digest = own_digest()
     path = capsule / RUNNER_PYZ
     capsule.mkdir(parents=True, exist_ok=True)
     try:
@@ -162,8 +168,9 @@ def recorded(capsule: Path) -> str:
     return (capsule / RUNNER_DIGEST).read_text().strip()
 
 
-def verified(capsule: Path) -> Path:
-    """The absolute path of ``capsule``/``runner.pyz``, checked against ``runner.sha256``.
+def verified(capsule: Path) -> tuple[Path, str]:
+    """The absolute path of ``capsule``/``runner.pyz``, checked against ``runner.sha256``, and
+    that sha256.
 
     Raises :class:`RunnerPyzError` when either file is missing or the digests differ, so a
     runner changed after Prepare is never started.
@@ -183,4 +190,4 @@ def verified(capsule: Path) -> Path:
             f"{RUNNER_DIGEST}; it changed after Prepare, so it is not started. Prepare the "
             f"member again to rewrite it."
         )
-    return path.absolute()
+    return path.absolute(), actual

@@ -20,8 +20,6 @@ Rules:
 from __future__ import annotations
 
 import array
-import functools
-import hashlib
 import logging
 import os
 import socket
@@ -58,16 +56,12 @@ class StartOutcome:
     stderr: bytes
 
 
-@functools.cache
-def _digest() -> str:
-    return hashlib.sha256(runner_pyz.build()).hexdigest()
-
-
 class RunnerTemplate:
     """One template process at a time, started on demand and ended when idle."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, idle_s: float = IDLE_S) -> None:
         self.folder = folder
+        self.idle_s = idle_s
         self.process: trio.Process | None = None
         self._sock: trio.socket.SocketType | None = None
         self._buffer = b""
@@ -78,7 +72,7 @@ class RunnerTemplate:
     @property
     def digest(self) -> str:
         """The sha256 of the runner this template runs (the Node's own)."""
-        return _digest()
+        return runner_pyz.own_digest()
 
     async def warm(self) -> None:
         """Have a template running (a Prepare came: a launch may follow); never raises."""
@@ -113,17 +107,17 @@ class RunnerTemplate:
                 return None
 
     async def run(self) -> None:
-        """End the template once it has been idle for :data:`IDLE_S`; until cancelled."""
+        """End the template once it has been idle for ``idle_s``; until cancelled."""
         try:
             while True:
                 if self.process is None:
                     await self._wake.wait()
                     self._wake = trio.Event()
                     continue
-                await trio.sleep_until(self._last_used + IDLE_S)
-                if trio.current_time() >= self._last_used + IDLE_S:
+                await trio.sleep_until(self._last_used + self.idle_s)
+                if trio.current_time() >= self._last_used + self.idle_s:
                     async with self._lock:
-                        log.info("runner template idle; ending it idle_s=%g", IDLE_S)
+                        log.info("runner template idle; ending it idle_s=%g", self.idle_s)
                         await self._discard()
         finally:
             with trio.CancelScope(shield=True):

@@ -194,7 +194,7 @@ async def start_runner(
     """
     capsule = runner_pyz.capsule_dir(member_dir)
     try:
-        runner = await trio.to_thread.run_sync(runner_pyz.verified, capsule)
+        runner, digest = await trio.to_thread.run_sync(runner_pyz.verified, capsule)
     except runner_pyz.RunnerPyzError as exc:
         raise RunnerNotVerified(str(exc)) from None
     try:
@@ -202,7 +202,7 @@ async def start_runner(
             started = None
             if template is not None:
                 # The same runner, byte for byte (its sha256 is the one just verified).
-                started = await template.start(member_dir, runner_pyz.recorded(capsule))
+                started = await template.start(member_dir, digest)
             if started is None:
                 started = await _run_runner(runner, member_dir)
     except trio.TooSlowError:

@@ -75,7 +75,7 @@ def test_prepare_writes_runner_pyz_with_its_recorded_digest(tmp_path: Path) -> N
     assert data == runner_pyz.build()
     assert (capsule / RUNNER_DIGEST).read_text() == f"{sha(data)}\n"
     assert runner_pyz.recorded(capsule) == sha(data)
-    assert runner_pyz.verified(capsule) == (capsule / RUNNER_PYZ).absolute()
+    assert runner_pyz.verified(capsule) == ((capsule / RUNNER_PYZ).absolute(), sha(data))
 
 
 def test_a_second_prepare_rewrites_a_runner_that_changed(tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ from tests.runner.members import (
     wait_until,
     workload,
 )
-from tuneplane.agent import runner_template
 from tuneplane.agent.runner_pyz import RUNNER_DIGEST, RUNNER_PYZ, build, capsule_dir
 from tuneplane.agent.runner_template import RunnerTemplate
 from tuneplane.agent.supervision import (
@@ -212,9 +211,9 @@ async def test_a_start_that_hangs_times_out_and_takes_the_template_and_its_fork_
 
 
 async def test_an_idle_template_ends_and_the_next_prepare_starts_another(
-    tmp_path: Path, template: RunnerTemplate, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, template: RunnerTemplate
 ) -> None:
-    monkeypatch.setattr(runner_template, "IDLE_S", 0.2)
+    template.idle_s = 0.2
     await template.warm()
     process = template.process
     assert process is not None
