@@ -34,6 +34,32 @@ NodeStream = Stream[v1.NodeMessage, v1.CoordinatorMessage]
 Speak = Callable[[NodeStream, float], Awaitable[None]]
 
 
+def open_connect(channel: Channel, credential: str) -> Any:
+    """A Connect stream opened as tuneplane-node opens it: its release, protocol and
+    capabilities in the metadata (it can wait in line)."""
+    return channel.request(
+        "/tuneplane.v1.Control/Connect",
+        Cardinality.STREAM_STREAM,
+        v1.NodeMessage,
+        v1.CoordinatorMessage,
+        metadata=connect_metadata(credential),
+    )
+
+
+async def send_hello(stream: Stream[Any, Any], node_id: str, inventory: v1.Inventory) -> None:
+    hello = v1.Hello(node_id=node_id, agent_version="bench", inventory=inventory)
+    await stream.send_message(v1.NodeMessage(hello=hello))
+
+
+async def coordinator_answer(
+    stream: Stream[Any, Any], timeout_s: float | None = None
+) -> dict[str, str]:
+    """The coordinator's first answer to Hello, before any Welcome: its initial metadata
+    (busy, or put in line), string values only."""
+    await asyncio.wait_for(stream.recv_initial_metadata(), timeout_s)
+    return {k: v for k, v in (stream.initial_metadata or MultiDict()).items() if isinstance(v, str)}
+
+
 def gpu_inventory(node_id: str) -> v1.Inventory:
     """An eight-GPU H200 host, as the heartbeat load reports itself."""
     return v1.Inventory(
@@ -81,24 +107,10 @@ async def drive(
         # As tuneplane-node does: say it can wait in line, and when a busy coordinator refuses
         # the Connect anyway, dial again at the turn it named (else after a second or so).
         while True:
-            async with channel.request(
-                "/tuneplane.v1.Control/Connect",
-                Cardinality.STREAM_STREAM,
-                v1.NodeMessage,
-                v1.CoordinatorMessage,
-                metadata=connect_metadata(credential),
-            ) as stream:
+            async with open_connect(channel, credential) as stream:
                 await stream.send_request()
-                hello = v1.Hello(
-                    node_id=node_id, agent_version="bench", inventory=inventory(node_id)
-                )
-                await stream.send_message(v1.NodeMessage(hello=hello))
-                await stream.recv_initial_metadata()
-                said = {
-                    k: v
-                    for k, v in (stream.initial_metadata or MultiDict()).items()
-                    if isinstance(v, str)
-                }
+                await send_hello(stream, node_id, inventory(node_id))
+                said = await coordinator_answer(stream)
                 if BUSY_HEADER not in said:
                     first = await stream.recv_message()
                     assert first is not None

@@ -30,8 +30,6 @@ from typing import Any
 
 import betterproto
 from grpclib.client import Channel
-from grpclib.const import Cardinality
-from multidict import MultiDict
 
 from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.agent.reconnect import (
@@ -44,11 +42,9 @@ from tuneplane.agent.reconnect import (
 )
 from tuneplane.agent.session import WELCOME_TIMEOUT_S
 from tuneplane.agent.wire import CONNECT_DEADLINE_S
-from tuneplane.agent.wire_control import connect_metadata
-from tuneplane.proto import v1
 from tuneplane.proto.contract.control_protocol import BUSY_HEADER, come_back_in, queued_for
 
-from ._load import gpu_inventory, heartbeats
+from ._load import coordinator_answer, gpu_inventory, heartbeats, open_connect, send_hello
 
 
 class Storm:
@@ -120,30 +116,14 @@ async def _node(channel: Channel, node: dict[str, str], storm: Storm, prober: Pr
         turn: float | None = None
         stage = "dial"
         try:
-            async with channel.request(
-                "/tuneplane.v1.Control/Connect",
-                Cardinality.STREAM_STREAM,
-                v1.NodeMessage,
-                v1.CoordinatorMessage,
-                # What tuneplane-node says: its release, protocol and capabilities (it can
-                # wait in line).
-                metadata=connect_metadata(node["credential"]),
-            ) as stream:
+            async with open_connect(channel, node["credential"]) as stream:
                 # The agent's deadlines: a coordinator that takes longer to connect, or to
                 # answer Hello, is given up on and dialed again (a connection caught by a
                 # listener going away could otherwise hang its whole channel).
                 await asyncio.wait_for(stream.send_request(), CONNECT_DEADLINE_S)
-                hello = v1.Hello(
-                    node_id=node_id, agent_version="bench", inventory=gpu_inventory(node_id)
-                )
-                await stream.send_message(v1.NodeMessage(hello=hello))
+                await send_hello(stream, node_id, gpu_inventory(node_id))
                 stage = "answer"
-                await asyncio.wait_for(stream.recv_initial_metadata(), WELCOME_TIMEOUT_S)
-                said = {
-                    k: v
-                    for k, v in (stream.initial_metadata or MultiDict()).items()
-                    if isinstance(v, str)
-                }
+                said = await coordinator_answer(stream, WELCOME_TIMEOUT_S)
                 if BUSY_HEADER in said:
                     # Refused as busy: dial again at the turn it named, if it named one.
                     turn = come_back_in(said)

@@ -29,7 +29,6 @@ from typing import Any
 
 import betterproto
 from grpclib.client import Channel
-from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError
 
 from tuneplane.agent.client_tls import grpc_client_context
@@ -40,11 +39,9 @@ from tuneplane.agent.reconnect import (
     welcome_timeout_in_line,
 )
 from tuneplane.agent.session import WELCOME_TIMEOUT_S
-from tuneplane.agent.wire_control import connect_metadata
-from tuneplane.proto import v1
 from tuneplane.proto.contract.control_protocol import queued_for
 
-from ._load import gpu_inventory, heartbeats
+from ._load import coordinator_answer, gpu_inventory, heartbeats, open_connect, send_hello
 
 #: A dial that has no Welcome in this time failed (a coordinator too busy to answer counts),
 #: as the real agent's session counts it.
@@ -81,27 +78,12 @@ class Fleet:
         channel = self.channels[address][index % len(self.channels[address])]
         welcomed = False
         try:
-            async with channel.request(
-                "/tuneplane.v1.Control/Connect",
-                Cardinality.STREAM_STREAM,
-                v1.NodeMessage,
-                v1.CoordinatorMessage,
-                # What tuneplane-node says: its release, protocol and capabilities.
-                metadata=connect_metadata(credential),
-            ) as stream:
+            async with open_connect(channel, credential) as stream:
                 async with asyncio.timeout(DIAL_TIMEOUT_S) as deadline:
                     await stream.send_request()
                     through = time.monotonic()
-                    hello = v1.Hello(
-                        node_id=node_id, agent_version="bench", inventory=gpu_inventory(node_id)
-                    )
-                    await stream.send_message(v1.NodeMessage(hello=hello))
-                    await stream.recv_initial_metadata()
-                    answer = {
-                        k: v
-                        for k, v in (stream.initial_metadata or {}).items()
-                        if isinstance(v, str)
-                    }
+                    await send_hello(stream, node_id, gpu_inventory(node_id))
+                    answer = await coordinator_answer(stream)
                     wait_s = queued_for(answer)
                     if wait_s is not None:
                         # Put in line: the Welcome may take as long as tuneplane-node then waits.
