@@ -343,6 +343,10 @@ def test_a_real_node_put_in_line_is_welcomed_without_dialing_again(
         )  # fmt: skip
         (agent,) = started
         agent.wait_connected()
+        # status.json says connected before the agent logs it: wait for the line itself.
+        wait_until(
+            "the agent to log its connection", lambda: "connected coordinator=" in agent.read_log()
+        )
         log = agent.read_log()
         waited = log.index("waiting in line for a Welcome")
         assert "reconnecting" not in log[waited:], log[waited:]
