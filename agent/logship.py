@@ -15,12 +15,17 @@ Rules:
   re-read only the members the journal changed since (:mod:`~tuneplane.agent.journal_changes`)
   and keep the rest from before, and a member whose streams both ended is forgotten: a pass
   costs the members still shipping, never the journal's history.
+- A pass runs every :data:`INTERVAL_S` while a member is followed (its files grow without
+  telling anyone). With none followed, the shipper sleeps until the journal changes a member
+  or a new control stream opens: an idle Node's shipper never wakes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import math
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -130,10 +135,25 @@ class LogShipper:
         """Ship until cancelled."""
         self._refilled_at = trio.current_time()
         while True:
-            with trio.move_on_after(INTERVAL_S):
-                await self._wake.wait()
-            self._wake = trio.Event()
             await self.ship_once()
+            if self._follower is not None and not self._members:
+                await self._until_woken_or_changed(self._follower)
+            else:
+                with trio.move_on_after(INTERVAL_S):
+                    await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def _until_woken_or_changed(self, follower: Follower) -> None:
+        """Until :meth:`session_opened` or :meth:`acked` wakes the shipper, or the journal
+        changes a member (at once when a change is already waiting to be taken)."""
+        async with trio.open_nursery() as nursery:
+
+            async def then_stop(wait: Callable[[], Awaitable[None]]) -> None:
+                await wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(then_stop, self._wake.wait)
+            nursery.start_soon(then_stop, functools.partial(follower.wait, math.inf))
 
     def session_opened(self) -> None:
         """A new control stream: whatever was in flight on the old one is sent again."""

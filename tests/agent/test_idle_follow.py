@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from tuneplane.agent.collectors import (
 )
 from tuneplane.agent.journal import Journal
 from tuneplane.agent.journal_records import Exit, MemberKey, NewMember
+from tuneplane.agent.logship import INTERVAL_S as LOG_INTERVAL_S
 from tuneplane.agent.logship import STREAMS, LogShipper, meta_key
 from tuneplane.agent.member_state import MemberEvent, MemberState
 
@@ -222,4 +223,68 @@ async def test_the_log_shipper_forgets_ended_streams_and_follows_new_members(
         await shipper.ship_once()
         assert shipper.following() == []
         assert len(sent) == 2
+        await journal.close()
+
+
+class _CountingShipper(LogShipper):
+    """A real shipper that tells each pass it ends, so a test can wait for one."""
+
+    def __init__(self, journal: Journal, send: Callable[[m.Outgoing], Awaitable[None]]) -> None:
+        super().__init__(journal, send)
+        self.passes = 0
+        self.passed = trio.Event()
+
+    async def ship_once(self) -> None:
+        await super().ship_once()
+        self.passes += 1
+        self.passed.set()
+        self.passed = trio.Event()
+
+    async def until(self, ready: Callable[[], bool]) -> None:
+        """Until ``ready()`` holds after a pass; the clock never has to move for it."""
+        while not ready():
+            await self.passed.wait()
+
+
+async def test_an_idle_log_shipper_sleeps_until_the_journal_changes_a_member(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    # The clock stands still unless the test moves it: with nothing followed, only a change
+    # can wake a pass. The shipper used to poll every INTERVAL_S however idle the Node was
+    # (issue 13, idle agent); then this test would hang here until its guard.
+    sent: list[m.LogChunk] = []
+
+    async def send(message: m.Outgoing) -> None:
+        assert isinstance(message, m.LogChunk)
+        sent.append(message)
+
+    async with open_aio_host():
+        journal = await Journal.open(tmp_path / "journal.db")
+        keys = await _history(journal, tmp_path)
+        ended = json.dumps({"offset": 0, "done": True})
+        for key in keys:
+            for stream in STREAMS:
+                await journal.set_meta(meta_key(key, stream), ended)
+        shipper = _CountingShipper(journal, send)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(shipper.run)
+            await shipper.until(lambda: shipper.passes == 1)
+            # Idle: an hour goes by without a pass.
+            await trio.testing.wait_all_tasks_blocked()
+            mock_clock.jump(3600)
+            await trio.testing.wait_all_tasks_blocked()
+            assert shipper.passes == 1 and sent == []
+            # A member starts running: the journal's change wakes the shipper, which follows it.
+            member = MemberKey("run-new", 1, 0)
+            await _member(journal, tmp_path, member, LIFE)
+            await shipper.until(lambda: shipper.following() == [member])
+            # Followed: its log grows without telling anyone, so a pass comes each interval.
+            (tmp_path / "members" / str(member) / "stdout.log").write_bytes(b"hello\n")
+            while not sent:
+                await trio.testing.wait_all_tasks_blocked()
+                mock_clock.jump(LOG_INTERVAL_S)
+            assert [(c.key, c.stream, c.data, c.eof) for c in sent] == [
+                (member, "stdout", b"hello\n", False)
+            ]
+            nursery.cancel_scope.cancel()
         await journal.close()
