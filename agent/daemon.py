@@ -23,7 +23,7 @@ import trio
 from . import messages as m
 from .adapter import open_aio_host
 from .collectors import CollectorSupervisor
-from .daemon_base import AGENT_VERSION, STATUS_INTERVAL_S
+from .daemon_base import AGENT_VERSION
 from .daemon_inventory import DaemonInventory
 from .daemon_session import DaemonSession
 from .daemon_status import service_status
@@ -175,16 +175,22 @@ def _orderly(ended_by: BaseException | None) -> bool:
 
 
 async def _tell_service_manager(daemon: Daemon, notifier: ServiceNotifier) -> None:
-    """READY=1 once the journal is replayed, then the status line whenever it changes."""
+    """READY=1 once the journal is replayed, then the status line whenever it changes, looked
+    at after each status.json write (no wakeup of its own; none at all without systemd)."""
     await daemon.ready.wait()
     line = service_status(daemon.status)
     notifier.ready(f"journal replayed; {line}")
-    while True:
-        await trio.sleep(STATUS_INTERVAL_S)
+    if not notifier.enabled:
+        return
+
+    def tell() -> None:
+        nonlocal line
         now = service_status(daemon.status)
         if now != line:
             line = now
             notifier.status(line)
+
+    daemon.status_watchers.append(tell)
 
 
 async def run_daemon(daemon: Daemon, notifier: ServiceNotifier | None = None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -106,6 +107,8 @@ class DaemonBase:
         self.stream: ControlStream | None = None
         self.wake = trio.Event()
         self.welcomed = False
+        # Called after each status.json write (status_loop): cheap, synchronous, never raising.
+        self.status_watchers: list[Callable[[], None]] = []
         # Where this Node renews in each credential's window: fixed per process, so a Fleet
         # spreads out and one Node does not wander.
         self.renewal_jitter = random.random()
@@ -121,9 +124,12 @@ class DaemonBase:
         return prepare.node_address(self.endpoint.host, self.endpoint.port)
 
     async def status_loop(self) -> None:
-        """Write status.json every second while the daemon runs."""
+        """Write status.json every second while the daemon runs, then call each of
+        :attr:`status_watchers` (the one loop that looks at the status every second)."""
         while True:
             self.write_status()
+            for watcher in self.status_watchers:
+                watcher()
             await trio.sleep(STATUS_INTERVAL_S)
 
     def write_status(self) -> None:

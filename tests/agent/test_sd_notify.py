@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import trio
 
 from tests.support.datagrams import DatagramInbox, notify_fields
+from tuneplane.agent.daemon import Daemon, _tell_service_manager
 from tuneplane.agent.daemon_status import Status, service_status
 from tuneplane.agent.sd_notify import (
     NotifySettings,
@@ -108,3 +111,51 @@ def test_the_agents_status_line_says_what_it_waits_for() -> None:
     assert service_status(status) == "connected to coord:7444"
     status.safe_mode = True
     assert service_status(status).startswith("SAFE MODE")
+
+
+class _DaemonStatus:
+    """The parts of a Daemon that telling the service manager reads: readiness, the status
+    and the watchers its status loop calls after each status.json write."""
+
+    def __init__(self) -> None:
+        self.ready = trio.Event()
+        self.status = Status(1, "node-1", "coord:7444", 0)
+        self.status_watchers: list[Callable[[], None]] = []
+
+
+async def test_without_systemd_the_status_line_costs_no_loop_at_all() -> None:
+    daemon = _DaemonStatus()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_tell_service_manager, cast(Daemon, daemon), ServiceNotifier())
+            daemon.ready.set()
+    # It returned once ready: nothing wakes every second for a socket that is not there.
+    assert daemon.status_watchers == []
+
+
+async def test_the_status_line_is_sent_when_it_changes_after_a_status_write() -> None:
+    name = f"@tuneplane-test-{uuid.uuid4().hex}"
+    daemon = _DaemonStatus()
+    with DatagramInbox(name) as inbox:
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _tell_service_manager,
+                    cast(Daemon, daemon),
+                    ServiceNotifier(NotifySettings(name)),
+                )
+                daemon.ready.set()
+        inbox.wait_for("READY", lambda got: len(got) == 1)
+        (watcher,) = daemon.status_watchers
+        watcher()  # unchanged: nothing sent
+        daemon.status.connected = True
+        watcher()
+        watcher()  # sent once per change
+        inbox.wait_for("the connected status", lambda got: len(got) == 2)
+    assert [notify_fields(d.data) for d in inbox.received] == [
+        {
+            "READY": "1",
+            "STATUS": "journal replayed; not connected to coord:7444, retrying (0 reconnects)",
+        },
+        {"STATUS": "connected to coord:7444"},
+    ]
