@@ -10,11 +10,11 @@ Sizes: 1 member x 1 process on 1 agent, with ``/bin/true`` and with Python; 4 me
 simulated GPUs (32 processes) on 4 agents; 16 members x 1 process on 16 agents. With Slurm
 installed, the ``/bin/true`` sizes of 1 and 32 processes alternate run by run with ``srun -n1
 true`` and ``srun -n32 --overcommit true`` on a throwaway cluster of this machine
-(``bench/_slurm.py``), printed beside ours with the ratio and its goal. Then the
-idle agent's RSS and CPU% and the journal's recovery time (open with its integrity check, then
-replay) at 100k events. As root, members run as throwaway accounts the bench creates (two per
-agent, disjoint between agents) and removes when it ends; its folder is 0711 so they can pass
-through to their work and output roots.
+(``bench/_slurm.py``), printed beside ours with the ratio and its goal. Then the journal's
+recovery time (open with its integrity check, then replay) at 100k events. The idle agent has
+its own benchmark (``bench/idle.py``). As root, members run as throwaway accounts the bench
+creates (two per agent, disjoint between agents) and removes when it ends; its folder is 0711
+so they can pass through to their work and output roots.
 
 Knobs (env, or flags when run as ``python -m bench.agent``): ``TUNEPLANE_BENCH_AGENT_RUNS``
 (``--runs``, default 30, runs of the small size), ``TUNEPLANE_BENCH_AGENT_BIG_RUNS``
@@ -67,7 +67,6 @@ PAYLOAD = (
 )
 TRUE = "/bin/true"
 METHOD = "pytorch/process-group"
-IDLE_SAMPLE_S = 5.0
 ACCOUNTS_PER_AGENT = 2
 JOB_TIMEOUT_S = 120.0
 
@@ -234,21 +233,7 @@ def _report(size: Size, samples: list[Sample], srun: list[float]) -> None:
         print("\n".join(launch_lines(size.processes, [s.exited_s for s in samples], srun)))
 
 
-def _idle(cluster: LocalCluster) -> None:
-    proc = psutil.Process(cluster.agents[0].process.popen.pid)
-    proc.cpu_percent(None)
-    time.sleep(IDLE_SAMPLE_S)
-    cpu = proc.cpu_percent(None)
-    rss = proc.memory_info().rss
-    print(
-        f"idle agent (connected, 1 s heartbeats, no members): RSS {rss / 2**20:.1f} MiB, "
-        f"CPU {cpu:.2f}% over {IDLE_SAMPLE_S:g} s"
-    )
-
-
-def bench_size(
-    root: Path, size: Size, pool: list[str], slurm: SlurmCluster | None, measure_idle: bool
-) -> None:
+def bench_size(root: Path, size: Size, pool: list[str], slurm: SlurmCluster | None) -> None:
     with LocalCluster(
         root / size.name, heartbeat_interval=1.0, heartbeat_timeout=10.0, member_pool=pool,
         accounts_per_agent=ACCOUNTS_PER_AGENT,
@@ -257,8 +242,6 @@ def bench_size(
         for n in range(size.agents):
             cluster.add_agent(f"node-{n:02d}", f"h200:{size.gpus_per_agent}")
         cluster.wait_connected(120)
-        if measure_idle:
-            _idle(cluster)
         if size.processes not in LAUNCH_GOALS or size.python:
             slurm = None
         _report(size, *asyncio.run(_run_size(cluster, size, slurm)))
@@ -373,8 +356,8 @@ def run(runs: int, big_runs: int, events: int) -> int:
         slurm_cluster() as slurm,
     ):
         # Kept when a size fails, so its processes' logs can be read; removed after a clean run.
-        for i, size in enumerate(sizes):
-            bench_size(root, size, pool, slurm, measure_idle=i == 0)
+        for size in sizes:
+            bench_size(root, size, pool, slurm)
         bench_recovery(root, events)
     shutil.rmtree(root)
     return 0
