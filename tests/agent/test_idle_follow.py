@@ -190,22 +190,32 @@ async def test_collectors_start_and_drain_as_members_change(
         await journal.close()
 
 
-async def test_the_log_shipper_forgets_ended_streams_and_follows_new_members(
-    tmp_path: Path,
-) -> None:
+def _chunk_inbox() -> tuple[list[m.LogChunk], Callable[[m.Outgoing], Awaitable[None]]]:
+    """The chunks a shipper sends, and the send it sends them with."""
     sent: list[m.LogChunk] = []
 
     async def send(message: m.Outgoing) -> None:
         assert isinstance(message, m.LogChunk)
         sent.append(message)
 
+    return sent, send
+
+
+async def _shipped_history(journal: Journal, root: Path) -> None:
+    """``ENDED`` members whose streams an earlier run shipped to their end."""
+    ended = json.dumps({"offset": 0, "done": True})
+    for key in await _history(journal, root):
+        for stream in STREAMS:
+            await journal.set_meta(meta_key(key, stream), ended)
+
+
+async def test_the_log_shipper_forgets_ended_streams_and_follows_new_members(
+    tmp_path: Path,
+) -> None:
+    sent, send = _chunk_inbox()
     async with open_aio_host():
         journal = await Journal.open(tmp_path / "journal.db")
-        keys = await _history(journal, tmp_path)
-        ended = json.dumps({"offset": 0, "done": True})
-        for key in keys:
-            for stream in STREAMS:
-                await journal.set_meta(meta_key(key, stream), ended)
+        await _shipped_history(journal, tmp_path)
         shipper = LogShipper(journal, send)
         await shipper.ship_once()
         assert sent == [] and shipper.following() == []
@@ -252,19 +262,10 @@ async def test_an_idle_log_shipper_sleeps_until_the_journal_changes_a_member(
     # The clock stands still unless the test moves it: with nothing followed, only a change
     # can wake a pass. The shipper used to poll every INTERVAL_S however idle the Node was
     # (issue 13, idle agent); then this test would hang here until its guard.
-    sent: list[m.LogChunk] = []
-
-    async def send(message: m.Outgoing) -> None:
-        assert isinstance(message, m.LogChunk)
-        sent.append(message)
-
+    sent, send = _chunk_inbox()
     async with open_aio_host():
         journal = await Journal.open(tmp_path / "journal.db")
-        keys = await _history(journal, tmp_path)
-        ended = json.dumps({"offset": 0, "done": True})
-        for key in keys:
-            for stream in STREAMS:
-                await journal.set_meta(meta_key(key, stream), ended)
+        await _shipped_history(journal, tmp_path)
         shipper = _CountingShipper(journal, send)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(shipper.run)
