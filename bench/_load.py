@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import betterproto
+from grpclib import GRPCError
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
 from multidict import MultiDict
@@ -107,17 +108,23 @@ async def drive(
         # As tuneplane-node does: say it can wait in line, and when a busy coordinator refuses
         # the Connect anyway, dial again at the turn it named (else after a second or so).
         while True:
-            async with open_connect(channel, credential) as stream:
-                await stream.send_request()
-                await send_hello(stream, node_id, inventory(node_id))
-                said = await coordinator_answer(stream)
+            said: dict[str, str] = {}
+            try:
+                async with open_connect(channel, credential) as stream:
+                    await stream.send_request()
+                    await send_hello(stream, node_id, inventory(node_id))
+                    said = await coordinator_answer(stream)
+                    if BUSY_HEADER not in said:
+                        first = await stream.recv_message()
+                        assert first is not None
+                        assert betterproto.which_one_of(first, "body")[0] == "welcome"
+                        await welcomed.put(1)
+                        await speak(node_id)(stream, first.welcome.heartbeat_interval_ms / 1000)
+                        return
+            except GRPCError:
+                # A busy refusal ends the stream UNAVAILABLE, raised as the stream is left.
                 if BUSY_HEADER not in said:
-                    first = await stream.recv_message()
-                    assert first is not None
-                    assert betterproto.which_one_of(first, "body")[0] == "welcome"
-                    await welcomed.put(1)
-                    await speak(node_id)(stream, first.welcome.heartbeat_interval_ms / 1000)
-                    return
+                    raise
             await asyncio.sleep(come_back_in(said) or 1 + random.random())
 
     nodes = config["nodes"]
@@ -126,8 +133,7 @@ async def drive(
         for i, n in enumerate(nodes)
     ]
     try:
-        for _ in nodes:
-            await welcomed.get()
+        await _all_welcomed(welcomed, len(nodes), tasks)
         print(f"ready {len(nodes)}", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         return await measure()
@@ -137,6 +143,27 @@ async def drive(
         await asyncio.gather(*tasks, return_exceptions=True)
         for channel in channels:
             channel.close()
+
+
+async def _all_welcomed(
+    welcomed: asyncio.Queue[int], count: int, nodes: list[asyncio.Task[None]]
+) -> None:
+    """Wait for ``count`` Welcomes; a Node task that ends first fails the load at once (its
+    exception, or a sentence), so the bench is not left waiting for a Node that gave up."""
+
+    async def count_all() -> None:
+        for _ in range(count):
+            await welcomed.get()
+
+    counting = asyncio.create_task(count_all())
+    try:
+        done, _ = await asyncio.wait([counting, *nodes], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not counting:
+                task.result()
+                raise RuntimeError("a Node ended its Connect loop before every Node was welcomed")
+    finally:
+        counting.cancel()
 
 
 def main_with(run: Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]) -> int:
