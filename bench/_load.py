@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import betterproto
-from grpclib import GRPCError
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality
 from multidict import MultiDict
@@ -108,23 +107,21 @@ async def drive(
         # As tuneplane-node does: say it can wait in line, and when a busy coordinator refuses
         # the Connect anyway, dial again at the turn it named (else after a second or so).
         while True:
-            said: dict[str, str] = {}
-            try:
-                async with open_connect(channel, credential) as stream:
-                    await stream.send_request()
-                    await send_hello(stream, node_id, inventory(node_id))
-                    said = await coordinator_answer(stream)
-                    if BUSY_HEADER not in said:
-                        first = await stream.recv_message()
-                        assert first is not None
-                        assert betterproto.which_one_of(first, "body")[0] == "welcome"
-                        await welcomed.put(1)
-                        await speak(node_id)(stream, first.welcome.heartbeat_interval_ms / 1000)
-                        return
-            except GRPCError:
-                # A busy refusal ends the stream UNAVAILABLE, raised as the stream is left.
+            async with open_connect(channel, credential) as stream:
+                await stream.send_request()
+                await send_hello(stream, node_id, inventory(node_id))
+                said = await coordinator_answer(stream)
                 if BUSY_HEADER not in said:
-                    raise
+                    first = await stream.recv_message()
+                    assert first is not None
+                    assert betterproto.which_one_of(first, "body")[0] == "welcome"
+                    await welcomed.put(1)
+                    await speak(node_id)(stream, first.welcome.heartbeat_interval_ms / 1000)
+                    return
+                # Refused as busy: reset the stream, as the agent does. Left as it is, grpclib
+                # would wait for its trailers and raise the refusal (or that this side never
+                # ended its stream) as the block is left.
+                await stream.cancel()
             await asyncio.sleep(come_back_in(said) or 1 + random.random())
 
     nodes = config["nodes"]
