@@ -9,8 +9,9 @@ Rules:
   (:mod:`~tuneplane.coordinator.gateways.node_messages`). A second Connect of one Node ends the
   first, and the takeover is recorded (see :mod:`~tuneplane.coordinator.gateways.sessions`).
 - Dead peers are found by silence, not TCP: nothing heard for ``heartbeat_timeout`` closes the
-  stream. Whatever ends a stream, the Node is recorded ``disconnected`` and its members
-  ``unknown`` (never failed) - unless a newer stream of the same Node already replaced it.
+  stream (:mod:`~tuneplane.coordinator.gateways.silence`). Whatever ends a stream, the Node is
+  recorded ``disconnected`` and its members ``unknown`` (never failed) - unless a newer stream
+  of the same Node already replaced it.
 - Hello says the agent's release, control protocol and capabilities; an agent outside the
   version-skew policy (:func:`~tuneplane.proto.contract.control_protocol.judge_agent`) is refused
   with FAILED_PRECONDITION and a sentence naming both versions before anything of the Node is
@@ -52,12 +53,14 @@ from . import outputs_grants
 from .collector_credentials import CollectorCredentials
 from .control_address import ControlAddressDesk
 from .enroll import EnrollHandler
+from .heartbeat_layout import plain_heartbeat
 from .heartbeats import HeartbeatBook
-from .message_limits import encoded_off_loop
+from .message_limits import decoded, encoded, send_encoded
 from .node_credentials import NodeCredentials
 from .node_messages import NodeMessages
 from .rate_limit import PeerRateLimit
 from .sessions import NodeSession, SessionRegistry
+from .silence import SilenceWatch
 from .status import grpc_errors
 
 log = logging.getLogger(__name__)
@@ -358,38 +361,46 @@ class ControlGateway:
         ticket.welcomed()
         self._registry.dispatch(await self._messages.with_credentials(orders))
         self._wake()
+        silence = SilenceWatch(self._timeout)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._pump, stream, session)
-            why = await self._read(stream, session)
+            tg.start_soon(self._close_when_silent, session, silence)
+            why = await self._read(stream, session, silence)
             if why:
                 session.close_reason = why
             tg.cancel_scope.cancel()
 
-    async def _pump(self, stream: Any, session: NodeSession) -> None:
-        async for message in session.inbox:
-            # A Prepare carries the whole JobSpec (megabytes with experiment files).
-            big = betterproto.which_one_of(message, "body")[0] == "prepare"
-            size = len(message.prepare.jobspec_json) if big else 0
-            await stream.send_message(await encoded_off_loop(message, size))
+    async def _close_when_silent(self, session: NodeSession, silence: SilenceWatch) -> None:
+        await silence.until_silent()
+        log.warning("node silent; closing its control stream node=%s timeout_s=%g",
+                    session.node_id, self._timeout)  # fmt: skip
+        session.close(
+            f"the coordinator heard nothing from this Node for {self._timeout:g} s "
+            "(heartbeat timeout); reconnect"
+        )
 
-    async def _read(self, stream: Any, session: NodeSession) -> str:
+    async def _pump(self, stream: Any, session: NodeSession) -> None:
+        while True:
+            item = await session.outbox.get()
+            if not isinstance(item, bytes):
+                # A Prepare carries the whole JobSpec (megabytes with experiment files).
+                big = betterproto.which_one_of(item, "body")[0] == "prepare"
+                item = await encoded(item, len(item.prepare.jobspec_json) if big else 0)
+            await send_encoded(stream, item)
+
+    async def _read(self, stream: Any, session: NodeSession, silence: SilenceWatch) -> str:
         """Handle messages until the stream ends; returns why it should close ("" if cleanly)."""
         while True:
+            silence.waiting()
             try:
-                with anyio.move_on_after(self._timeout) as waited:
-                    message: v1.NodeMessage | None = await stream.recv_message()
+                data: bytes | None = await stream.recv_encoded()
             except StreamTerminatedError:
                 return "the Node reset the stream"
-            if waited.cancelled_caught:
-                log.warning(
-                    "node silent; closing its control stream node=%s timeout_s=%g",
-                    session.node_id,
-                    self._timeout,
-                )
-                return (
-                    f"the coordinator heard nothing from this Node for {self._timeout:g} s "
-                    "(heartbeat timeout); reconnect"
-                )
-            if message is None:
+            silence.heard()
+            if data is None:
                 return ""
-            await self._messages.handle(session, message)
+            seq = plain_heartbeat(data)
+            if seq is None:
+                await self._messages.handle(session, await decoded(data, v1.NodeMessage))
+            else:
+                self._messages.heartbeat(session, seq, now_ms())

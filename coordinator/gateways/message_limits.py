@@ -11,10 +11,12 @@ Rules:
 
 grpclib has no hook between the length prefix and the body, so :func:`bounded_handlers` wraps each
 handler and gives its stream a ``recv_message`` that reads through grpclib's transport stream
-(``stream._stream``, grpclib 0.4): with a client's reads (:mod:`tuneplane.agent.grpc_limits`,
-which also holds the size rule both apply), the one place that knows grpclib's internals.
-grpclib's ``RecvMessage`` event is not dispatched for these reads; nothing in TunePlane listens
-to it.
+(``stream._stream``, grpclib 0.4), and a ``recv_encoded`` that stops before decoding (the control
+stream reads a plain Heartbeat by its layout). :func:`send_encoded` writes an encoded message the
+same way. With a client's reads (:mod:`tuneplane.agent.grpc_limits`, which also holds the size
+rule both apply), this is the one place that knows grpclib's internals. grpclib's
+``RecvMessage`` and ``SendMessage`` events are not dispatched for these reads and writes;
+nothing in TunePlane listens to them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ from .bounded_decode import decode, field_numbers
 M = TypeVar("M", bound=betterproto.Message)
 T = TypeVar("T")
 
+# The gRPC message prefix: compressed flag, then the length (big-endian).
+_PREFIX = struct.Struct(">?I")
+
 # Decoding costs about 1.5 ms per KiB of small fields (measured): 2 KiB inline is ~3 ms.
 INLINE_DECODE_BYTES = 2 * 1024
 # The longest status message sent back; a longer one is cut (see shortened).
@@ -48,11 +53,20 @@ async def read_bounded(stream: Any, message_type: type[M], limit: int, setting: 
 
     ``stream`` is a grpclib server stream; ``None`` means the client ended its side.
     """
+    data = await read_bounded_bytes(stream, message_type, limit, setting)
+    return None if data is None else await decoded(data, message_type)
+
+
+async def read_bounded_bytes(
+    stream: Any, message_type: type[betterproto.Message], limit: int, setting: str
+) -> bytes | None:
+    """The next message's body, not decoded, its size checked before it is read; ``None``
+    when the client ended its side. Decode it with :func:`decoded`."""
     transport = stream._stream  # grpclib 0.4: the HTTP/2 stream behind the gRPC stream
     prefix = await transport.recv_data(5)
     if not prefix:
         return None
-    compressed, length = struct.unpack(">?I", prefix)
+    compressed, length = _PREFIX.unpack(prefix)
     if compressed:
         raise GRPCError(
             Status.UNIMPLEMENTED,
@@ -60,15 +74,37 @@ async def read_bounded(stream: Any, message_type: type[M], limit: int, setting: 
             "uncompressed messages. Turn compression off in the client.",
         )
     refuse_size(length, limit, setting, message_type.__name__)
-    data = await transport.recv_data(length)
+    data: bytes = await transport.recv_data(length)
     if len(data) < length:
         raise GRPCError(
             Status.INVALID_ARGUMENT,
             f"The {message_type.__name__} message ended after {len(data)} of its {length} bytes.",
         )
-    if length <= INLINE_DECODE_BYTES:
+    return data
+
+
+async def decoded(data: bytes, message_type: type[M]) -> M:
+    """``data`` decoded within its bounds (a GRPCError when it breaks one), in a worker thread
+    when it is larger than :data:`INLINE_DECODE_BYTES`."""
+    if len(data) <= INLINE_DECODE_BYTES:
         return decode(data, message_type)
     return await in_thread(decode, data, message_type)
+
+
+async def send_encoded(stream: Any, data: bytes) -> None:
+    """Send ``data``, one message already encoded, on grpclib server ``stream`` once its
+    initial metadata is out: framed and written as grpclib's ``send_message`` writes it, with no
+    message built or encoded on the event loop."""
+    assert stream._send_initial_metadata_done, "send the initial metadata first"
+    await stream._stream.send_data(_PREFIX.pack(False, len(data)) + data)
+
+
+async def encoded(message: betterproto.Message, size: int) -> bytes:
+    """``message`` encoded, in a worker thread when ``size`` (its large field's length) is over
+    :data:`INLINE_DECODE_BYTES`."""
+    if size <= INLINE_DECODE_BYTES:
+        return bytes(message)
+    return await in_thread(bytes, message)
 
 
 def encode_with(message: betterproto.Message, field: str, value: bytes) -> bytes:
@@ -78,14 +114,6 @@ def encode_with(message: betterproto.Message, field: str, value: bytes) -> bytes
     number = field_numbers(type(message), field)[0]
     key = betterproto.encode_varint(number << 3 | 2)
     return b"".join((bytes(message), key, betterproto.encode_varint(len(value)), value))
-
-
-async def encoded_off_loop(message: M, size: int) -> M:
-    """``message``, encoded in a worker thread first when ``size`` (its large field's length)
-    is over :data:`INLINE_DECODE_BYTES`: grpclib would otherwise encode it on the event loop."""
-    if size <= INLINE_DECODE_BYTES:
-        return message
-    return pre_encoded(message, await in_thread(bytes, message))
 
 
 def pre_encoded(message: M, data: bytes) -> M:
@@ -141,8 +169,12 @@ def _guard(
     errors: Callable[[], AbstractContextManager[None]],
 ) -> Callable[[Any], Awaitable[None]]:
     async def guarded(stream: Any) -> None:
-        # An instance attribute shadows grpclib's method for this one call.
+        # An instance attribute shadows grpclib's method for this one call; ``recv_encoded``
+        # reads the same way and leaves the decoding to the handler.
         stream.recv_message = functools.partial(read_bounded, stream, request_type, limit, setting)
+        stream.recv_encoded = functools.partial(
+            read_bounded_bytes, stream, request_type, limit, setting
+        )
         try:
             with errors():
                 await func(stream)

@@ -1,9 +1,11 @@
 """What the coordinator does with each message a Node sends on its Connect stream after Hello.
 
 Rules:
-- Every Heartbeat and every MemberReport is acked. A Heartbeat is acked from memory
-  (:mod:`~tuneplane.coordinator.gateways.heartbeats` stores the times in batches); only an inventory
-  change it carries is written before the ack.
+- Every Heartbeat and every MemberReport is acked. A Heartbeat is acked from memory, on the
+  stream it came on (:mod:`~tuneplane.coordinator.gateways.heartbeats` stores the times in
+  batches); only an inventory change it carries is written before the ack. A plain one (no
+  inventory) reaches :meth:`NodeMessages.heartbeat` read by its layout, never decoded
+  (:mod:`~tuneplane.coordinator.gateways.heartbeat_layout`).
 - A report is applied only as a move its member's lifecycle allows on this Node
   (:func:`~tuneplane.coordinator.lifecycle.judge_report`); a refused one is acked with the
   sentence in ``ReportAck.refused`` and changes nothing; an early one (it overtook a report before
@@ -34,6 +36,7 @@ from ..wire.control import inventory_from_wire, report_from_wire
 from ..wire.members import member_key
 from . import outputs_grants
 from .collector_credentials import CollectorCredentials
+from .heartbeat_layout import heartbeat_ack
 from .heartbeats import HeartbeatBook
 from .logship import receive_chunk
 from .node_credentials import NodeCredentials
@@ -71,28 +74,31 @@ class NodeMessages:
             return orders
         return await self._collectors.attach(orders, now_ms())
 
+    def heartbeat(self, session: NodeSession, seq: int, now: int) -> None:
+        """Heartbeat ``seq`` heard on ``session`` at ``now``: acked at once on that stream. The
+        time waits in memory for the next batch (which renews collector credentials too): no
+        store round trip delays the ack. An expired credential closes the stream instead."""
+        if self._credentials.expired(session.node_id, now):
+            session.close(
+                "this stream's control credential expired; the Node must renew before "
+                "expiry or be re-enrolled with a new join token"
+            )
+            return
+        self._heartbeats.record(session.node_id, now)
+        session.send(heartbeat_ack(seq))
+
     async def handle(self, session: NodeSession, message: v1.NodeMessage) -> None:
         """Carry out one message of ``session``'s stream: store first, then ack or orders."""
         node_id = session.node_id
         kind, body = betterproto.which_one_of(message, "body")
         now = now_ms()
         if isinstance(body, v1.Heartbeat):
-            if self._credentials.expired(node_id, now):
-                session.close(
-                    "this stream's control credential expired; the Node must renew before "
-                    "expiry or be re-enrolled with a new join token"
-                )
-                return
-            if betterproto.serialized_on_wire(body.inventory):
+            inventory = betterproto.serialized_on_wire(body.inventory)
+            if inventory and not self._credentials.expired(node_id, now):
                 # An inventory change is what placement reads: stored before the ack.
                 await self._store.node_inventory(node_id, inventory_from_wire(body.inventory), now)
                 self._wake()
-            # The time itself waits in memory for the next batch (and renews collector
-            # credentials there): no store round trip delays the ack.
-            self._heartbeats.record(node_id, now)
-            self._registry.send(
-                node_id, v1.CoordinatorMessage(heartbeat_ack=v1.HeartbeatAck(seq=body.seq))
-            )
+            self.heartbeat(session, body.seq, now)
         elif isinstance(body, v1.MemberReport):
             await self._report(node_id, body, now)
         elif isinstance(body, v1.LogChunk):

@@ -16,10 +16,10 @@ Rules:
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import anyio
 import attrs
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from tuneplane.proto import v1
 
@@ -30,14 +30,51 @@ log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 1024
 
+#: What an outbox holds: a message, or one already encoded (a HeartbeatAck, see
+#: :mod:`~tuneplane.coordinator.gateways.heartbeat_layout`).
+Outgoing = v1.CoordinatorMessage | bytes
+
+
+@attrs.define(eq=False)
+class Outbox:
+    """A session's queue of what goes to its Node, in order: putting never waits.
+
+    A plain deque and one wake-up when the queue was empty: at 10,000 Nodes an ack goes out per
+    heartbeat, and an anyio memory stream spent about 60 us of each on its waiter bookkeeping.
+    """
+
+    limit: int = OUTBOX_SIZE
+    _queued: deque[Outgoing] = attrs.field(factory=deque, alias="queued")
+    _waiting: anyio.Event | None = attrs.field(default=None, alias="waiting")
+
+    def put(self, item: Outgoing) -> bool:
+        """Queue ``item``; False (nothing queued) when :attr:`limit` items wait already."""
+        if len(self._queued) >= self.limit:
+            return False
+        self._queued.append(item)
+        if self._waiting is not None:
+            self._waiting.set()
+            self._waiting = None
+        return True
+
+    async def get(self) -> Outgoing:
+        """The oldest queued item, once there is one."""
+        while not self._queued:
+            if self._waiting is None:
+                self._waiting = anyio.Event()
+            await self._waiting.wait()
+        return self._queued.popleft()
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
 
 @attrs.define(eq=False)
 class NodeSession:
     """One Node's control stream: its outbox and the cancel scope that closes it."""
 
     node_id: str
-    outbox: MemoryObjectSendStream[v1.CoordinatorMessage]
-    inbox: MemoryObjectReceiveStream[v1.CoordinatorMessage]
+    outbox: Outbox = attrs.field(factory=Outbox)
     scope: anyio.CancelScope = attrs.field(factory=anyio.CancelScope)
     finished: anyio.Event = attrs.field(factory=anyio.Event)
     close_reason: str = ""
@@ -55,15 +92,18 @@ class NodeSession:
         opened_at_ms: int = 0,
         capabilities: frozenset[str] = frozenset(),
     ) -> NodeSession:
-        send, receive = anyio.create_memory_object_stream[v1.CoordinatorMessage](OUTBOX_SIZE)
-        return cls(
-            node_id=node_id,
-            outbox=send,
-            inbox=receive,
-            peer=peer,
-            opened_at_ms=opened_at_ms,
-            capabilities=capabilities,
-        )
+        return cls(node_id=node_id, peer=peer, opened_at_ms=opened_at_ms, capabilities=capabilities)
+
+    def send(self, item: Outgoing) -> bool:
+        """Queue ``item`` for this stream; a full outbox means the Node stopped reading, so the
+        session is closed (the Node reconnects) and False is returned."""
+        if self.close_reason:
+            return False
+        if not self.outbox.put(item):
+            log.warning("control stream outbox full node=%s", self.node_id)
+            self.close("the Node stopped reading its control stream")
+            return False
+        return True
 
     def close(self, reason: str) -> None:
         if not self.close_reason:
@@ -125,17 +165,7 @@ class SessionRegistry:
     def send(self, node_id: str, message: v1.CoordinatorMessage) -> bool:
         """Queue ``message`` for the Node; False when it has no session (it will ask again)."""
         session = self._sessions.get(node_id)
-        if session is None:
-            return False
-        try:
-            session.outbox.send_nowait(message)
-        except anyio.WouldBlock:
-            log.warning("control stream outbox full node=%s", node_id)
-            session.close("the Node stopped reading its control stream")
-            return False
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return False
-        return True
+        return session is not None and session.send(message)
 
     def dispatch(self, orders: list[Order]) -> None:
         """Send each order to its Node. An order for a disconnected Node is not lost: the
