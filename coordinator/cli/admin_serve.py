@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from ..server import gc_settings
 from ..server.serve import (
     DEFAULT_API_PORT,
     DEFAULT_CONTROL_PORT,
@@ -130,6 +131,7 @@ def serve_command(
             f"--heartbeat-interval ({heartbeat_interval:g}), or every Node looks dead.",
             param_hint="--heartbeat-timeout",
         )
+    gc_settings.apply()
     run(
         serve,
         ServeOptions(
