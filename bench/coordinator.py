@@ -551,37 +551,59 @@ def measure_window(
     return Window(results, wall, busy, server.memory_info().rss)
 
 
-def bench_heartbeats(coord: Coordinator, root: Path, figures: Figures, backend: Backend) -> None:
-    count = env_int("TUNEPLANE_BENCH_NODES", 5000)
-    print(f"  {backend.name}:")
-    window = env_int("TUNEPLANE_BENCH_WINDOW", 10)
-    loaders = env_int("TUNEPLANE_BENCH_LOADERS", 2)
+class Heartbeats:
+    """One heartbeat window's figures (:func:`measure_heartbeats`)."""
+
+    def __init__(self, count: int, window: Window) -> None:
+        acks = sum(r["acks"] for r in window.results)
+        elapsed = statistics.median(r["elapsed_s"] for r in window.results)
+        self.count = count
+        # Above 1: acks for heartbeats sent before the window were still arriving.
+        self.acked_per_offered = acks / elapsed / (count / HEARTBEAT_INTERVAL_S)
+        self.acked_per_s = acks / elapsed
+        self.p50_ms = window.percentile(0.5)
+        self.p99_ms = window.percentile(0.99)
+        self.cpu = window.busy / window.wall  # of one core
+        self.acks = len(window.latencies)
+
+
+def measure_heartbeats(
+    coord: Coordinator, root: Path, count: int, loaders: int, window_s: int
+) -> tuple[list[dict[str, str]], Heartbeats]:
+    """Enroll ``count`` Nodes, connect them from ``loaders`` load processes, measure a window of
+    ``window_s`` seconds of heartbeats; the Nodes (id, credential) and the figures, printed."""
     started = time.perf_counter()
     nodes = asyncio.run(enroll_all(coord, count))
     enrolled_s = time.perf_counter() - started
     print(f"enrolled {count} Nodes for real (join token + Enroll) in {enrolled_s:.1f} s")
     started = time.perf_counter()
-    procs = start_loaders(coord, root, "_load", nodes, loaders, window_s=window)
+    procs = start_loaders(coord, root, "_load", nodes, loaders, window_s=window_s)
     print(f"{count} Connect streams welcomed in {time.perf_counter() - started:.1f} s")
-    measured = measure_window(coord, procs, timeout=window + 120)
-    acks = sum(r["acks"] for r in measured.results)
-    elapsed = statistics.median(r["elapsed_s"] for r in measured.results)
+    measured = measure_window(coord, procs, timeout=window_s + 120)
+    beats = Heartbeats(count, measured)
     offered = count / HEARTBEAT_INTERVAL_S
-    # A ratio above 1 means acks for heartbeats sent before the window were still arriving.
     print(
         f"heartbeats: {count} Nodes at 1 per {HEARTBEAT_INTERVAL_S:g} s each: "
-        f"{acks / elapsed:.0f} acked/s of {offered:.0f}/s offered "
-        f"(ratio acked/offered {acks / elapsed / offered:.2f}); ack latency over "
-        f"{len(measured.latencies)} acks: p50 {measured.percentile(0.5):.1f} ms, "
-        f"p99 {measured.percentile(0.99):.1f} ms"
+        f"{beats.acked_per_s:.0f} acked/s of {offered:.0f}/s offered "
+        f"(ratio acked/offered {beats.acked_per_offered:.2f}); ack latency over "
+        f"{beats.acks} acks: p50 {beats.p50_ms:.1f} ms, p99 {beats.p99_ms:.1f} ms"
     )
     print(
-        f"coordinator during the window: CPU {100 * measured.busy / measured.wall:.0f}% of one "
+        f"coordinator during the window: CPU {100 * beats.cpu:.0f}% of one "
         f"core, RSS {measured.rss / (1 << 20):.0f} MiB"
     )
-    figures.add(f"heartbeats acked/offered, {count} Nodes", backend, acks / elapsed / offered)
-    figures.add(f"heartbeat ack p50 (ms), {count} Nodes", backend, measured.percentile(0.5))
-    figures.add(f"heartbeat ack p99 (ms), {count} Nodes", backend, measured.percentile(0.99))
+    return nodes, beats
+
+
+def bench_heartbeats(coord: Coordinator, root: Path, figures: Figures, backend: Backend) -> None:
+    count = env_int("TUNEPLANE_BENCH_NODES", 5000)
+    print(f"  {backend.name}:")
+    window = env_int("TUNEPLANE_BENCH_WINDOW", 10)
+    loaders = env_int("TUNEPLANE_BENCH_LOADERS", 2)
+    nodes, beats = measure_heartbeats(coord, root, count, loaders, window)
+    figures.add(f"heartbeats acked/offered, {count} Nodes", backend, beats.acked_per_offered)
+    figures.add(f"heartbeat ack p50 (ms), {count} Nodes", backend, beats.p50_ms)
+    figures.add(f"heartbeat ack p99 (ms), {count} Nodes", backend, beats.p99_ms)
     times = asyncio.run(_previews(coord, 20))
     figures.add(f"Preview against {count} Nodes (ms)", backend, 1000 * statistics.median(times))
     print(
