@@ -6,6 +6,9 @@ timeout) and test_heartbeats.py (heartbeats acked); these pin the rules undernea
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
 import pytest
 import trio
@@ -64,10 +67,24 @@ async def test_a_full_outbox_closes_its_session_and_the_registry_sends_no_more()
 # ----- the silence watch ------------------------------------------------------------------------
 
 
-async def _silent_after(watch: SilenceWatch, clock: trio.testing.MockClock) -> float:
-    started = trio.current_time()
-    await watch.until_silent()
-    return trio.current_time() - started
+@asynccontextmanager
+async def _watching(watch: SilenceWatch) -> AsyncIterator[trio.Event]:
+    """Run ``watch.until_silent()`` in a task; the event is set when it returns."""
+    silent = trio.Event()
+
+    async def watching() -> None:
+        await watch.until_silent()
+        silent.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watching)
+        await trio.testing.wait_all_tasks_blocked()
+        yield silent
+
+
+async def _after(clock: trio.testing.MockClock, seconds: float) -> None:
+    clock.jump(seconds)
+    await trio.testing.wait_all_tasks_blocked()
 
 
 async def test_a_reader_waiting_the_whole_timeout_is_silent(
@@ -76,32 +93,22 @@ async def test_a_reader_waiting_the_whole_timeout_is_silent(
     mock_clock.autojump_threshold = 0
     watch = SilenceWatch(15.0)
     watch.waiting()
-    assert await _silent_after(watch, mock_clock) == pytest.approx(15.0)
+    started = trio.current_time()
+    await watch.until_silent()
+    assert trio.current_time() - started == pytest.approx(15.0)
 
 
 async def test_each_message_heard_starts_the_wait_again(mock_clock: trio.testing.MockClock) -> None:
     watch = SilenceWatch(15.0)
-    silent = trio.Event()
-
-    async def watching() -> None:
-        await watch.until_silent()
-        silent.set()
-
-    async with trio.open_nursery() as nursery:
-        watch.waiting()
-        nursery.start_soon(watching)
+    watch.waiting()
+    async with _watching(watch) as silent:
         for _ in range(5):  # a heartbeat every 10 s, for 50 s
-            await trio.testing.wait_all_tasks_blocked()
-            mock_clock.jump(10)
+            await _after(mock_clock, 10)
             watch.heard()
             watch.waiting()
-        await trio.testing.wait_all_tasks_blocked()
+        await _after(mock_clock, 14.9)
         assert not silent.is_set()
-        mock_clock.jump(14.9)
-        await trio.testing.wait_all_tasks_blocked()
-        assert not silent.is_set()
-        mock_clock.jump(0.2)
-        await trio.testing.wait_all_tasks_blocked()
+        await _after(mock_clock, 0.2)
         assert silent.is_set()
 
 
@@ -111,28 +118,17 @@ async def test_time_spent_handling_a_message_is_not_the_nodes_silence(
     """The reader heard a message and the store took 40 s to take it (longer than the timeout):
     the Node is silent only once its next wait has lasted the timeout."""
     watch = SilenceWatch(15.0)
-    silent = trio.Event()
-
-    async def watching() -> None:
-        await watch.until_silent()
-        silent.set()
-
-    async with trio.open_nursery() as nursery:
-        watch.waiting()
-        nursery.start_soon(watching)
-        await trio.testing.wait_all_tasks_blocked()
-        mock_clock.jump(5)
+    watch.waiting()
+    async with _watching(watch) as silent:
+        await _after(mock_clock, 5)
         watch.heard()  # then handling it takes 40 s
         for _ in range(4):
-            mock_clock.jump(10)
-            await trio.testing.wait_all_tasks_blocked()
+            await _after(mock_clock, 10)
         assert not silent.is_set()
         watch.waiting()
-        mock_clock.jump(14)
-        await trio.testing.wait_all_tasks_blocked()
+        await _after(mock_clock, 14)
         assert not silent.is_set()
-        mock_clock.jump(1)
-        await trio.testing.wait_all_tasks_blocked()
+        await _after(mock_clock, 1)
         assert silent.is_set()
 
 
