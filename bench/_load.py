@@ -26,6 +26,7 @@ from multidict import MultiDict
 
 from tuneplane.agent.client_tls import grpc_client_context
 from tuneplane.agent.wire_control import connect_metadata
+from tuneplane.coordinator.server import gc_settings
 from tuneplane.proto import v1
 from tuneplane.proto.contract.control_protocol import BUSY_HEADER, come_back_in
 
@@ -165,6 +166,10 @@ async def _all_welcomed(
 
 def main_with(run: Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]) -> int:
     """Read the config named on the command line, run, print the JSON result."""
+    # Thousands of streams in one process: the coordinator's collector thresholds, or full
+    # collections of this process's heap stop it for a second or more, and the acks it
+    # measures meanwhile would count that pause as the coordinator's.
+    gc_settings.apply()
     config = json.loads(Path(sys.argv[1]).read_text())
     print(json.dumps(asyncio.run(run(config))), flush=True)
     return 0
