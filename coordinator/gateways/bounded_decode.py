@@ -141,7 +141,9 @@ def check_field_sizes(
         )
 
 
-def _varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+def read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """The varint at ``data[pos:]`` and where it ends; ValueError when it runs past the end
+    or past 10 bytes."""
     result = shift = 0
     while True:
         if pos >= len(data) or shift > 63:
@@ -163,10 +165,10 @@ def _fields(data: bytes | memoryview) -> Iterable[tuple[int, memoryview | None]]
         seen += 1
         if seen > MAX_SCANNED_FIELDS:
             raise TooMany(f"holds more than {MAX_SCANNED_FIELDS} fields at one level")
-        key, pos = _varint(view, pos)
+        key, pos = read_varint(view, pos)
         number, kind = key >> 3, key & 7
         if kind == 0:
-            _, pos = _varint(view, pos)
+            _, pos = read_varint(view, pos)
             yield number, None
         elif kind == 1:
             pos += 8
@@ -175,7 +177,7 @@ def _fields(data: bytes | memoryview) -> Iterable[tuple[int, memoryview | None]]
             pos += 4
             yield number, None
         elif kind == 2:
-            length, pos = _varint(view, pos)
+            length, pos = read_varint(view, pos)
             if pos + length > len(view):
                 raise ValueError("a length-delimited field runs past the end of the message")
             yield number, view[pos : pos + length]

@@ -25,7 +25,7 @@ from betterproto import encode_varint
 
 from tuneplane.proto import v1
 
-from .bounded_decode import field_numbers
+from .bounded_decode import field_numbers, read_varint
 
 _LENGTH_DELIMITED = 2
 _VARINT = 0
@@ -49,17 +49,14 @@ assert len(_SEQ) == len(_SENT_AT) == 1, "one-byte keys are what plain_heartbeat 
 _SEQ_BYTE, _SENT_AT_BYTE = _SEQ[0], _SENT_AT[0]
 
 
-def _varint(data: bytes, at: int, end: int) -> tuple[int, int]:
-    """The varint at ``data[at:]`` and where it ends; (-1, end) when it is longer than
-    :data:`_MAX_VARINT_BYTES` or runs past ``end``."""
-    value = shift = 0
-    for i in range(at, min(end, at + _MAX_VARINT_BYTES)):
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i + 1
-        shift += 7
-    return -1, end
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    """The varint at ``data[at:]`` and where it ends (the bounded decoder's reading); a value of
+    -1 when it runs past the end or is longer than :data:`_MAX_VARINT_BYTES`."""
+    try:
+        value, end = read_varint(data, at)
+    except ValueError:
+        return -1, len(data)
+    return (-1, len(data)) if end - at > _MAX_VARINT_BYTES else (value, end)
 
 
 def plain_heartbeat(data: bytes) -> int | None:
@@ -68,7 +65,7 @@ def plain_heartbeat(data: bytes) -> int | None:
     if not data.startswith(_HEARTBEAT):
         return None
     end = len(data)
-    length, at = _varint(data, len(_HEARTBEAT), end)
+    length, at = _varint(data, len(_HEARTBEAT))
     if length < 0 or at + length != end:
         return None
     seq = 0
@@ -76,7 +73,7 @@ def plain_heartbeat(data: bytes) -> int | None:
         key = data[at]
         if key != _SEQ_BYTE and key != _SENT_AT_BYTE:
             return None
-        value, at = _varint(data, at + 1, end)
+        value, at = _varint(data, at + 1)
         if value < 0:
             return None
         if key == _SEQ_BYTE:
