@@ -12,24 +12,27 @@ Rules:
   therefore REPLACED with a new one, and each replacement is logged as a warning naming the file
   and why. Grants made for the old key stop being accepted, which only makes a Prepare sent
   before the restart fail and be retried with a fresh grant.
-- Blocking file I/O: called once at start, before the Trio run.
+- Blocking file I/O: called once at start, before the Trio run. The key and certificate are
+  made and checked with cryptography (agent/outputs_tls.py) in a child forked for it, so the
+  agent itself never maps cryptography: about 8 MiB of its resident memory, for its whole life,
+  for work done once. The child's answer, or its exception, comes back through a pipe; the
+  warnings are logged here, by the agent.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
+import functools
 import logging
 import os
+import pickle
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES
 
@@ -44,6 +47,8 @@ CERT_DAYS = 3650
 #: A certificate closer than this to its end is replaced at start.
 CERT_MARGIN = datetime.timedelta(days=30)
 _MAX_FILE_BYTES = 64 * 1024
+
+_T = TypeVar("_T")
 
 
 class IdentityUnusable(Exception):
@@ -61,7 +66,7 @@ class OutputsIdentity:
     replaced: tuple[str, ...] = ()
 
 
-def _read_private(path: Path) -> bytes:
+def read_private(path: Path) -> bytes:
     """The bytes of a 0600 regular file at ``path`` (a link is not followed)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -84,57 +89,10 @@ def _read_private(path: Path) -> bytes:
 
 
 def _load_grant_key(path: Path) -> bytes:
-    data = _read_private(path)
+    data = read_private(path)
     if len(data) != GRANT_KEY_BYTES:
         raise IdentityUnusable(f"{path} holds {len(data)} bytes, not {GRANT_KEY_BYTES}")
     return data
-
-
-def _load_tls(path: Path, now: datetime.datetime) -> str:
-    """The certificate digest of a usable key-and-certificate file."""
-    data = _read_private(path)
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-        cert = x509.load_pem_x509_certificate(data)
-    except ValueError as exc:
-        raise IdentityUnusable(f"{path} does not hold a PEM key and certificate ({exc})") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise IdentityUnusable(f"{path} holds a {type(key).__name__}, not an EC P-256 key")
-    mine = key.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    theirs = cert.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    if mine != theirs:
-        raise IdentityUnusable(f"{path} holds a certificate that is not its key's")
-    if cert.not_valid_after_utc - CERT_MARGIN < now:
-        raise IdentityUnusable(
-            f"{path} holds a certificate that ends {cert.not_valid_after_utc:%Y-%m-%d}"
-        )
-    return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
-
-
-def make_tls_pem(node_id: str, now: datetime.datetime) -> bytes:
-    """A new EC P-256 key and a self-signed certificate for it, PEM, key first."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"tuneplane-outputs {node_id}")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ) + cert.public_bytes(serialization.Encoding.PEM)
 
 
 def load_or_create(
@@ -153,13 +111,49 @@ def load_or_create(
         write_atomic(key_path, grant_key, 0o600)
         replaced.append(_replacement(key_path, exc))
     tls_path = credentials_dir / TLS_FILE
-    try:
-        digest = _load_tls(tls_path, when)
-    except (OSError, IdentityUnusable) as exc:
-        write_atomic(tls_path, make_tls_pem(node_id, when), 0o600)
-        digest = _load_tls(tls_path, when)
-        replaced.append(_replacement(tls_path, exc))
+    digest, why = _in_child(functools.partial(_tls_digest, tls_path, node_id, when))
+    if why is not None:
+        replaced.append(_replacement(tls_path, why))
     return OutputsIdentity(tls_path, digest, grant_key, tuple(replaced))
+
+
+def _tls_digest(
+    tls_path: Path, node_id: str, now: datetime.datetime
+) -> tuple[str, Exception | None]:
+    from . import outputs_tls  # imported by the forked child only (see the module's rules)
+
+    return outputs_tls.tls_digest(tls_path, node_id, now)
+
+
+def _in_child(work: Callable[[], _T]) -> _T:
+    """``work()`` run in a forked child: its result, or the exception it raised, pickled back
+    through a pipe. The child ends with ``os._exit`` and so runs no handler of the agent's."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; its result is what the tests check
+        try:
+            os.close(read_fd)
+            try:
+                outcome: tuple[bool, object] = (True, work())
+            except BaseException as exc:
+                outcome = (False, exc)
+            with os.fdopen(write_fd, "wb") as out:
+                pickle.dump(outcome, out)
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as got:
+        data = got.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        raise IdentityUnusable(
+            "the process that checks the outputs listener's key and certificate ended "
+            f"(wait status {status}) without an answer"
+        )
+    ok, value = pickle.loads(data)
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def _replacement(path: Path, exc: BaseException) -> str:

@@ -14,6 +14,7 @@ import pytest
 from cryptography import x509
 
 from tuneplane.agent import outputs_identity as oi
+from tuneplane.agent.outputs_tls import make_tls_pem
 from tuneplane.proto.contract.outputs_grant import GRANT_KEY_BYTES
 
 
@@ -51,7 +52,7 @@ def test_made_once_private_and_reused(tmp_path: Path) -> None:
         (lambda p: p.chmod(0o644), "has mode 0644, so others could have read it"),
         (
             lambda p: p.write_bytes(
-                oi.make_tls_pem("x", datetime.datetime.now(datetime.UTC)).split(b"-----END P")[0]
+                make_tls_pem("x", datetime.datetime.now(datetime.UTC)).split(b"-----END P")[0]
                 + b"-----END PRIVATE KEY-----\n"
                 + p.read_bytes().split(b"-----END PRIVATE KEY-----\n")[1]
             ),
@@ -121,3 +122,18 @@ def test_a_certificate_near_its_end_is_replaced(tmp_path: Path) -> None:
     fresh = oi.load_or_create(creds, "node-a")
     assert fresh.cert_sha256 != old.cert_sha256
     assert "a certificate that ends" in fresh.replaced[0]
+
+
+def test_a_failure_in_the_child_reaches_the_agent_and_changes_nothing(tmp_path: Path) -> None:
+    """The key and certificate are made in a forked child: its error is raised here, as it
+    would have been in the agent itself, and the other file is left as it was."""
+    creds = tmp_path / "credentials"
+    first = oi.load_or_create(creds, "node-a")
+    tls_file = creds / oi.TLS_FILE
+    tls_file.unlink()
+    tls_file.mkdir()  # neither readable as a file nor replaceable by a rename
+    with pytest.raises(OSError) as raised:
+        oi.load_or_create(creds, "node-a")
+    assert str(tls_file) in str(raised.value)
+    assert (creds / oi.GRANT_KEY_FILE).read_bytes() == first.grant_key
+    assert tls_file.is_dir()

@@ -47,6 +47,10 @@ def test_a_taken_port_stops_the_agent_naming_the_setting(tmp_path: Path) -> None
         creds = agent.state_dir / "credentials"
         for name in (GRANT_KEY_FILE, TLS_FILE):
             assert (creds / name).stat().st_mode & 0o777 == 0o600
+        # The key and certificate were made in a child: the serving agent maps no cryptography.
+        mapped = Path(f"/proc/{agent.pid}/maps").read_text()
+        assert "libpython" in mapped or "python" in mapped
+        assert "cryptography" not in mapped
         shown = agent.cli("status")
         assert f"outputs listener: {listen}" in shown.stdout, shown.stdout
         doctor = agent.cli("doctor")

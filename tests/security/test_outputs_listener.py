@@ -24,7 +24,7 @@ from tuneplane.agent import outputs_wire as ow
 from tuneplane.agent.host_port import join_host_port, split_host_port
 from tuneplane.agent.messages import InitFromFetch
 from tuneplane.agent.outputs_fetch import FetchFailed, connect
-from tuneplane.agent.outputs_identity import make_tls_pem
+from tuneplane.agent.outputs_tls import make_tls_pem
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
