@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import betterproto
 from grpclib.client import Channel, Stream
@@ -29,6 +29,8 @@ from tuneplane.agent.wire_control import connect_metadata
 from tuneplane.coordinator.server import gc_settings
 from tuneplane.proto import v1
 from tuneplane.proto.contract.control_protocol import BUSY_HEADER, come_back_in
+
+_T = TypeVar("_T")
 
 NodeStream = Stream[v1.NodeMessage, v1.CoordinatorMessage]
 # What a Node does once welcomed: given its stream and the heartbeat interval Welcome gave.
@@ -164,14 +166,20 @@ async def _all_welcomed(
         counting.cancel()
 
 
-def main_with(run: Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]) -> int:
-    """Read the config named on the command line, run, print the JSON result."""
+def load_process(run: Callable[[dict[str, Any]], Coroutine[Any, Any, _T]]) -> _T:
+    """Every load process's start: the coordinator's collector thresholds, then ``run`` with
+    the config named on the command line."""
     # Thousands of streams in one process: the coordinator's collector thresholds, or full
-    # collections of this process's heap stop it for a second or more, and the acks it
-    # measures meanwhile would count that pause as the coordinator's.
+    # collections of this process's heap stop it for a second or more, and what it measures
+    # meanwhile (acks, Welcomes) would count that pause as the coordinator's.
     gc_settings.apply()
     config = json.loads(Path(sys.argv[1]).read_text())
-    print(json.dumps(asyncio.run(run(config))), flush=True)
+    return asyncio.run(run(config))
+
+
+def main_with(run: Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]) -> int:
+    """Run a load process and print its JSON result."""
+    print(json.dumps(load_process(run)), flush=True)
     return 0
 
 

@@ -44,7 +44,14 @@ from tuneplane.agent.session import WELCOME_TIMEOUT_S
 from tuneplane.agent.wire import CONNECT_DEADLINE_S
 from tuneplane.proto.contract.control_protocol import BUSY_HEADER, come_back_in, queued_for
 
-from ._load import coordinator_answer, gpu_inventory, heartbeats, open_connect, send_hello
+from ._load import (
+    coordinator_answer,
+    gpu_inventory,
+    heartbeats,
+    load_process,
+    open_connect,
+    send_hello,
+)
 
 
 class Storm:
@@ -212,7 +219,7 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
-    asyncio.run(run(json.loads(Path(sys.argv[1]).read_text())))
+    load_process(run)
     return 0
 
 

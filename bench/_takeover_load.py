@@ -41,7 +41,14 @@ from tuneplane.agent.reconnect import (
 from tuneplane.agent.session import WELCOME_TIMEOUT_S
 from tuneplane.proto.contract.control_protocol import queued_for
 
-from ._load import coordinator_answer, gpu_inventory, heartbeats, open_connect, send_hello
+from ._load import (
+    coordinator_answer,
+    gpu_inventory,
+    heartbeats,
+    load_process,
+    open_connect,
+    send_hello,
+)
 
 #: A dial that has no Welcome in this time failed (a coordinator too busy to answer counts),
 #: as the real agent's session counts it.
@@ -208,7 +215,7 @@ async def run(config: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    asyncio.run(run(json.loads(Path(sys.argv[1]).read_text())))
+    load_process(run)
     return 0
 
 
