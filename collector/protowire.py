@@ -2,40 +2,18 @@
 
 Rules: sans-IO and bounds-checked: a malformed message is a :class:`WireError`, never an
 IndexError or a loop past the end; nothing here knows a message type (the decoders above it do).
+Varints are read by :mod:`tuneplane.proto.varint`, which the coordinator's decoder shares.
 """
 
 from __future__ import annotations
 
 import struct
 
+from tuneplane.proto.varint import WireError, read_varint
+
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 DOUBLE = struct.Struct("<d")
 FLOAT = struct.Struct("<f")
-
-
-class WireError(ValueError):
-    """A record passed its CRCs but is not a well-formed Event message."""
-
-
-def varint(buf: bytes, pos: int) -> tuple[int, int]:
-    try:
-        byte = buf[pos]
-        if byte < 0x80:
-            return byte, pos + 1
-        result = byte & 0x7F
-        shift = 7
-        pos += 1
-        while True:
-            byte = buf[pos]
-            pos += 1
-            result |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return result, pos
-            shift += 7
-            if shift > 63:
-                raise WireError("a varint runs longer than 10 bytes")
-    except IndexError:
-        raise WireError("a varint runs past the end of its message") from None
 
 
 def fields(buf: bytes, pos: int = 0, end: int = -1) -> list[tuple[int, int, int, int]]:
@@ -51,14 +29,14 @@ def fields(buf: bytes, pos: int = 0, end: int = -1) -> list[tuple[int, int, int,
             if key < 0x80:
                 pos += 1
             else:
-                key, pos = varint(buf, pos)
+                key, pos = read_varint(buf, pos)
             wire_type = key & 7
             if wire_type == LEN:
                 length = buf[pos]
                 if length < 0x80:
                     start = pos + 1
                 else:
-                    length, start = varint(buf, pos)
+                    length, start = read_varint(buf, pos)
                 pos = start + length
             elif wire_type == I64:
                 start = pos

@@ -12,8 +12,10 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from tuneplane.proto.varint import WireError, read_varint
+
 from .point_rules import MAX_HPARAM_VALUE_CHARS, MAX_MARK_NAMES
-from .protowire import DOUBLE, I64, LEN, VARINT, WireError, fields, varint
+from .protowire import DOUBLE, I64, LEN, VARINT, fields
 
 #: Bounds on one run's hparams: past them an entry is skipped with a warning, never shipped.
 MAX_HPARAMS = MAX_MARK_NAMES // 2
@@ -73,7 +75,7 @@ def _json_value(buf: bytes, start: int, end: int, depth: int = 0) -> Any:
         if number == 3 and wire_type == LEN:
             return buf[s:e].decode("utf-8")
         if number == 4 and wire_type == VARINT:
-            return bool(varint(buf, s)[0])
+            return bool(read_varint(buf, s)[0])
         if number == 5 and wire_type == LEN:
             return dict(_map_entries(buf, s, e, depth + 1))
         if number == 6 and wire_type == LEN:

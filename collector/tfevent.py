@@ -21,6 +21,8 @@ import math
 import struct
 from typing import Any
 
+from tuneplane.proto.varint import WireError, read_varint
+
 from .point_rules import MAX_MARK_NAMES
 from .points import (
     Decoded,
@@ -30,7 +32,7 @@ from .points import (
     RestartMark,
     ScalarColumns,
 )
-from .protowire import DOUBLE, FLOAT, I32, I64, LEN, VARINT, WireError, fields, signed64, varint
+from .protowire import DOUBLE, FLOAT, I32, I64, LEN, VARINT, fields, signed64
 from .tb_hparams import MAX_HPARAMS, bounded_hparams, hparams_plugin_data, plugin_content
 from .tb_runs import RunState
 from .tfevent_fast import FastScalars
@@ -65,13 +67,13 @@ def tensor_scalar(tensor: bytes) -> float | None:
     values: list[float] = []
     for number, wire_type, start, end in fields(tensor):
         if number == 1 and wire_type == VARINT:
-            dtype = varint(tensor, start)[0]
+            dtype = read_varint(tensor, start)[0]
         elif number == 2 and wire_type == LEN:
             for inner, inner_type, s, _e in fields(tensor, start, end):
                 if inner == 2 and inner_type == LEN:
                     rank += 1
                 elif inner == 3 and inner_type == VARINT:
-                    unknown_rank = bool(varint(tensor, s)[0])
+                    unknown_rank = bool(read_varint(tensor, s)[0])
         elif number == 4 and wire_type == LEN:
             content = tensor[start:end]
         elif number == 5:
@@ -185,7 +187,7 @@ class TFEventDecoder:
             if number == 1 and wire_type == I64:
                 wall_time = DOUBLE.unpack_from(event, start)[0]
             elif number == 2 and wire_type == VARINT:
-                step = signed64(varint(event, start)[0])
+                step = signed64(read_varint(event, start)[0])
             elif number == 3 and wire_type == LEN:
                 file_version = event[start:end].decode("utf-8", "replace")
             elif number == 5 and wire_type == LEN:
@@ -193,7 +195,7 @@ class TFEventDecoder:
             elif number == 7 and wire_type == LEN:
                 for inner, inner_type, s, _e in fields(event, start, end):
                     if inner == 1 and inner_type == VARINT:
-                        session_start = varint(event, s)[0] == SESSION_START
+                        session_start = read_varint(event, s)[0] == SESSION_START
         tags: tuple[str, ...] | None = None
         if summary is not None:
             tags = tuple(

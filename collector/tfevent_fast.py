@@ -22,8 +22,10 @@ import struct
 
 import google_crc32c
 
+from tuneplane.proto.varint import WireError, read_varint
+
 from .points import ScalarColumns
-from .protowire import WireError, signed64, varint
+from .protowire import signed64
 from .tb_runs import RunState
 from .tfrecord import _MASK_DELTA, header_length
 
@@ -135,7 +137,7 @@ class FastScalars:
                         p = 13
                     else:
                         try:
-                            raw, p = varint(data, 10)
+                            raw, p = read_varint(data, 10)
                         except WireError:
                             break  # the general decoder reports the malformed step
                         step = signed64(raw)

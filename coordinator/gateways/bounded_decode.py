@@ -27,6 +27,7 @@ from grpclib.const import Status
 
 from tuneplane.proto import v1
 from tuneplane.proto.contract.input_checks import InputRefused, check_message
+from tuneplane.proto.varint import read_varint
 
 M = TypeVar("M", bound=betterproto.Message)
 
@@ -139,21 +140,6 @@ def check_field_sizes(
             f"{dotted} is {len(payload)} bytes, more than the {MAX_FIELD_BYTES} bytes TunePlane "
             "accepts in that field. Send a shorter value."
         )
-
-
-def read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """The varint at ``data[pos:]`` and where it ends; ValueError when it runs past the end
-    or past 10 bytes."""
-    result = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("a varint runs past the end of the message")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
 
 
 def _fields(data: bytes | memoryview) -> Iterable[tuple[int, memoryview | None]]:

@@ -24,8 +24,9 @@ import betterproto
 from betterproto import encode_varint
 
 from tuneplane.proto import v1
+from tuneplane.proto.varint import read_varint
 
-from .bounded_decode import field_numbers, read_varint
+from .bounded_decode import field_numbers
 
 _LENGTH_DELIMITED = 2
 _VARINT = 0
