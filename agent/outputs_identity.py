@@ -49,10 +49,12 @@ CERT_MARGIN = datetime.timedelta(days=30)
 _MAX_FILE_BYTES = 64 * 1024
 
 _T = TypeVar("_T")
+_CHILD = "the process that checks the outputs listener's key and certificate"
 
 
-class IdentityUnusable(Exception):
-    """One identity file cannot be used; ``str()`` says which and why."""
+class IdentityUnusable(ValueError):
+    """One identity file cannot be used, or the child that checks it gave no answer; ``str()``
+    says which and why (a ValueError, so the agent stops with that sentence)."""
 
 
 @attrs.frozen
@@ -137,20 +139,24 @@ def _in_child(work: Callable[[], _T]) -> _T:
                 outcome: tuple[bool, object] = (True, work())
             except BaseException as exc:
                 outcome = (False, exc)
+            try:
+                answer = pickle.dumps(outcome)
+            except Exception as exc:
+                answer = pickle.dumps((False, IdentityUnusable(f"{_CHILD} failed: {exc!r}")))
             with os.fdopen(write_fd, "wb") as out:
-                pickle.dump(outcome, out)
+                out.write(answer)
         finally:
             os._exit(0)
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as got:
         data = got.read()
     _, status = os.waitpid(pid, 0)
-    if not data:
+    try:
+        ok, value = pickle.loads(data)
+    except (pickle.UnpicklingError, EOFError, ValueError):
         raise IdentityUnusable(
-            "the process that checks the outputs listener's key and certificate ended "
-            f"(wait status {status}) without an answer"
-        )
-    ok, value = pickle.loads(data)
+            f"{_CHILD} ended (wait status {status}) without a whole answer"
+        ) from None
     if not ok:
         raise value
     return value  # type: ignore[no-any-return]

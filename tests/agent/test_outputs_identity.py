@@ -8,6 +8,7 @@ import hashlib
 import logging
 import os
 import ssl
+import threading
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,11 @@ def test_a_failure_in_the_child_reaches_the_agent_and_changes_nothing(tmp_path: 
     assert str(tls_file) in str(raised.value)
     assert (creds / oi.GRANT_KEY_FILE).read_bytes() == first.grant_key
     assert tls_file.is_dir()
+
+
+def test_a_child_that_dies_or_cannot_answer_is_a_sentence_not_a_hang() -> None:
+    with pytest.raises(oi.IdentityUnusable, match=r"ended \(wait status 768\) without a whole"):
+        oi._in_child(lambda: os._exit(3))
+    with pytest.raises(oi.IdentityUnusable, match="failed: TypeError"):
+        oi._in_child(threading.Lock)  # a lock cannot be pickled back
+    assert oi._in_child(lambda: ("digest", None)) == ("digest", None)
