@@ -145,6 +145,17 @@ async def _reason(store: Store, run_id: str) -> str:
     return str((await store.get_job(run_id)).state_reason)
 
 
+async def _reason_other_than(store: Store, run_id: str, old: str, timeout: float = 10.0) -> str:
+    """The Job's reason once a pass has written one other than ``old`` (a pass counts when it
+    starts, so its writes land a little after the count moves)."""
+    deadline = anyio.current_time() + timeout
+    while (reason := await _reason(store, run_id)) == old:
+        if anyio.current_time() > deadline:
+            raise AssertionError(f"no pass rewrote {run_id}'s reason {old!r} within {timeout:g} s")
+        await anyio.sleep(0.01)
+    return reason
+
+
 def test_an_admission_plans_the_new_job_without_walking_the_queue(tmp_path: Path) -> None:
     """After a pass over the whole queue, a pass woken by an admission reads only the new Job:
     an older Job's reason, changed behind the scheduler's back, is left as it is until a wake
@@ -171,10 +182,13 @@ def test_an_admission_plans_the_new_job_without_walking_the_queue(tmp_path: Path
                     second = await _admit(store, 2)
                     scheduler.admitted(second)
                     await _wait_until("the admission's pass", lambda: scheduler.passes == 2)
-                    untouched, planned = await _reason(store, first), await _reason(store, second)
+                    # Its end, again: the new Job's reason (the admission wrote it as waiting
+                    # since admission; the pass plans it).
+                    planned = await _reason_other_than(store, second, WAITING_SINCE_ADMISSION)
+                    untouched = await _reason(store, first)
                     scheduler.wake()
                     await _wait_until("the whole queue's pass", lambda: scheduler.passes == 3)
-                    rewritten = await _reason(store, first)
+                    rewritten = await _reason_other_than(store, first, "marked")
                     tg.cancel_scope.cancel()
         finally:
             await store.close()
@@ -201,6 +215,8 @@ def test_admissions_that_never_stop_still_get_the_whole_queue_each_tick(tmp_path
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(scheduler.run)
                     await _wait_until("the first pass", lambda: scheduler.passes >= 1)
+                    # Its end: the reason it writes, so the mark below comes after it.
+                    await _reason_other_than(store, first, WAITING_SINCE_ADMISSION)
                     async with store.transaction() as db:
                         await db.execute(
                             "UPDATE jobs SET state_reason = 'marked' WHERE run_id = ?", (first,)
