@@ -22,6 +22,8 @@ PROTO_TOOLS = [
 # CPU build from PyTorch's own index, which pulls no CUDA libraries (PyPI's torch would). Not in
 # pyproject's test extra for that reason.
 TORCH_CPU = ["torch==2.13.0+cpu", "--extra-index-url", "https://download.pytorch.org/whl/cpu"]
+# The folders that install as tuneplane.* (pyproject.toml's package-dir).
+PACKAGE_FOLDERS = ["agent", "collector", "coordinator", "proto", "runner"]
 
 
 @nox.session
@@ -43,6 +45,10 @@ def tests(session: nox.Session) -> None:
         quiet = {"DEBIAN_FRONTEND": "noninteractive"}
         session.run("apt-get", "update", "-q", external=True, env=quiet)
         session.run("apt-get", "install", "-y", "-q", *missing, external=True, env=quiet)
+    # The package's bytecode, written once: every agent, coordinator and CLI process the tests
+    # start reads it instead of compiling TunePlane's modules again (an editable install has
+    # none, and PYTHONDONTWRITEBYTECODE, where set, keeps each process from writing its own).
+    session.run("python", "-m", "compileall", "-q", *PACKAGE_FOLDERS)
     # The whole suite runs on every core (pytest-xdist), each test file on one worker so a
     # file's shared coordinator or network is made once; most tests wait on real processes, so
     # two workers finish a 2-core machine's run well before one would. Arguments replace this.

@@ -18,16 +18,22 @@ from pathlib import Path
 import click
 
 from . import config as node_config
+from .cli_lazy import LazyGroup
 from .cli_settings import NodeSettings
-from .doctor_cli import doctor_command
-from .enroll_cli import enroll_command
-from .gpu_cli import gpu_group
-from .journal_cli import journal_group
-from .run_cli import run_command
-from .status_cli import status_command
+
+# Each command's module loads when that command runs (agent/cli_lazy.py).
+COMMANDS = {
+    "enroll": "tuneplane.agent.enroll_cli:enroll_command",
+    "run": "tuneplane.agent.run_cli:run_command",
+    "status": "tuneplane.agent.status_cli:status_command",
+    "doctor": "tuneplane.agent.doctor_cli:doctor_command",
+    "gpu": "tuneplane.agent.gpu_cli:gpu_group",
+    # The on-call's offline reader (agent/journal_cli.py).
+    "journal": "tuneplane.agent.journal_cli:journal_group",
+}
 
 
-@click.group()
+@click.group(cls=LazyGroup, lazy=COMMANDS)
 @click.option(
     "--config",
     "config_path",
@@ -50,14 +56,6 @@ def main(ctx: click.Context, config_path: Path | None) -> None:
         ctx.default_map = node_config.default_map(settings)
     ctx.obj = NodeSettings(settings if config_path is not None else None, config_path)
 
-
-main.add_command(enroll_command)
-main.add_command(run_command)
-main.add_command(status_command)
-main.add_command(doctor_command)
-main.add_command(gpu_group)
-# The on-call's offline reader is its own module (agent/journal_cli.py), on this same group.
-main.add_command(journal_group)
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,7 @@ from . import journal_read
 from .inventory import InventoryError
 from .journal_records import JournalError
 from .state_dir import StateDirError
-from .wire import WireError
+from .wire_errors import WireError
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXPECTED_ERRORS = (

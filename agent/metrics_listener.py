@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import Any
-from wsgiref.simple_server import WSGIServer
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from prometheus_client import (
-    CollectorRegistry,
-    GCCollector,
-    PlatformCollector,
-    ProcessCollector,
-    disable_created_metrics,
-    start_http_server,
-)
 
 from .host_port import join_host_port
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry
+
+# prometheus_client (and its HTTP server) load when a listener starts or a registry is made, not
+# when node.toml is read: the journal and status commands read the settings and serve nothing.
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +106,8 @@ def start_listener(
     listener: MetricsListener, registry: CollectorRegistry, setting: str
 ) -> RunningListener:
     """Serve ``registry`` on ``listener``; ``setting`` names where the port is set (errors)."""
+    from prometheus_client import start_http_server
+
     try:
         server, _thread = start_http_server(listener.port, listener.host, registry)
     except OSError as exc:
@@ -126,6 +127,14 @@ def new_registry() -> CollectorRegistry:
     Counters and histograms expose no ``*_created`` samples: they double the exposition and no
     rule of ours reads them.
     """
+    from prometheus_client import (
+        CollectorRegistry,
+        GCCollector,
+        PlatformCollector,
+        ProcessCollector,
+        disable_created_metrics,
+    )
+
     disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)

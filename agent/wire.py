@@ -28,45 +28,17 @@ from .call_failure import CALL_ERRORS, Kind, classify
 from .client_tls import CaFileError, grpc_client_context
 from .grpc_limits import ClientCodec
 from .host_port import join_host_port, split_host_port
+from .wire_errors import CoordinatorBusy as CoordinatorBusy
+from .wire_errors import CoordinatorUnreachable as CoordinatorUnreachable
+from .wire_errors import Refused as Refused
+from .wire_errors import TlsVerificationFailed as TlsVerificationFailed
+from .wire_errors import UnknownMessage as UnknownMessage
+from .wire_errors import WireError as WireError
 
 UNARY_DEADLINE_S = 10.0
 #: Connecting to a coordinator and opening the control stream (TCP, TLS, HTTP/2 headers): a
 #: coordinator that takes longer is treated as unreachable and the next one is tried.
 CONNECT_DEADLINE_S = 3.0
-
-
-class WireError(Exception):
-    """Talking to the coordinator failed. ``str()`` is a sentence for the operator."""
-
-
-class CoordinatorUnreachable(WireError):
-    """No connection (refused, reset, timed out); worth retrying with backoff."""
-
-
-class CoordinatorBusy(CoordinatorUnreachable):
-    """The coordinator is welcoming too many Nodes at once: dial again in :attr:`come_back_s`
-    seconds, the turn it named (coordinator/hello_gate.py), or after the backoff when it named
-    none (None)."""
-
-    def __init__(self, message: str, come_back_s: float | None) -> None:
-        super().__init__(message)
-        self.come_back_s = come_back_s
-
-
-class TlsVerificationFailed(WireError):
-    """The coordinator's certificate does not verify against the CA file; retrying won't help."""
-
-
-class Refused(WireError):
-    """The coordinator answered and said no (bad token, unknown Node, revoked credential)."""
-
-    def __init__(self, message: str, status: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class UnknownMessage(WireError):
-    """The coordinator sent a message this agent does not know (a newer protocol)."""
 
 
 @attrs.frozen

@@ -23,15 +23,26 @@ import logging
 import click
 
 from tuneplane.agent import daemon_log
-from tuneplane.coordinator.cli.admin_fleet import fleet, token
-from tuneplane.coordinator.cli.admin_nodes import control_address_command, node
-from tuneplane.coordinator.cli.admin_serve import init, serve_command
-from tuneplane.coordinator.cli.admin_status import status
-from tuneplane.coordinator.cli.admin_store import decisions, migrate_store
-from tuneplane.coordinator.cli.admin_users import user
+from tuneplane.agent.cli_lazy import LazyGroup
+
+_HERE = "tuneplane.coordinator.cli"
+# Each command's module loads when that command runs (agent/cli_lazy.py): ``token create`` or
+# ``decisions`` never loads the server.
+COMMANDS = {
+    "init": f"{_HERE}.admin_serve:init",
+    "serve": f"{_HERE}.admin_serve:serve_command",
+    "token": f"{_HERE}.admin_fleet:token",
+    "fleet": f"{_HERE}.admin_fleet:fleet",
+    "user": f"{_HERE}.admin_users:user",
+    "node": f"{_HERE}.admin_nodes:node",
+    "decisions": f"{_HERE}.admin_store:decisions",
+    "migrate-store": f"{_HERE}.admin_store:migrate_store",
+    "control-address": f"{_HERE}.admin_nodes:control_address_command",
+    "status": f"{_HERE}.admin_status:status",
+}
 
 
-@click.group()
+@click.group(cls=LazyGroup, lazy=COMMANDS)
 @click.option("-v", "--verbose", is_flag=True, help="Log debug detail to stderr.")
 def main(verbose: bool) -> None:
     """Run and administer a TunePlane coordinator."""
@@ -41,21 +52,6 @@ def main(verbose: bool) -> None:
         "%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("hpack").setLevel(logging.WARNING)
-
-
-for _command in (
-    init,
-    serve_command,
-    token,
-    fleet,
-    user,
-    node,
-    decisions,
-    migrate_store,
-    control_address_command,
-    status,
-):
-    main.add_command(_command)
 
 
 if __name__ == "__main__":

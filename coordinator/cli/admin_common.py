@@ -22,7 +22,7 @@ import click
 from tuneplane.proto.contract.input_checks import InputRefused
 
 from ..config import ConfigError, parse_duration, store_setting
-from ..server.serve import ServeError
+from ..server.serve_error import ServeError
 from ..server.state_dir import (
     ENDPOINTS,
     StateDirError,

@@ -48,6 +48,7 @@ from .coordinator_id import coordinator_id
 from .lead import Lease, Setting, lead
 from .leader_metrics import watch_leadership
 from .leadership import Leadership, LeaderView, Peers
+from .serve_error import ServeError as ServeError
 from .serve_lock import serving
 from .state_dir import require_initialised
 from .tls import TlsError, TlsPaths, cover_names, server_context
@@ -76,10 +77,6 @@ class ServeOptions:
     advertise: str = ""
     # ``--store``: the PostgreSQL database for this run, over [store] url (None: as configured).
     store_url: PostgresUrl | None = None
-
-
-class ServeError(RuntimeError):
-    """``serve`` cannot start; ``str()`` says why and what to do."""
 
 
 def _bind(name: str, host: str, port: int) -> socket.socket:
