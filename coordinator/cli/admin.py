@@ -1,9 +1,9 @@
 """``tuneplane-coordinator``: the commands the people who run a coordinator use.
 
 This module is the front door: the click group and its entry point. The commands live beside it,
-one module per concern: ``admin_serve`` (init, serve), ``admin_fleet`` (token, fleet),
-``admin_users`` (user), ``admin_nodes`` (node, control-address) and ``admin_store`` (decisions,
-migrate-store); what they share is in ``admin_common``.
+one module per concern: ``admin_init`` (init), ``admin_serve`` (serve), ``admin_fleet`` (token,
+fleet), ``admin_users`` (user), ``admin_nodes`` (node, control-address) and ``admin_store``
+(decisions, migrate-store); what they share is in ``admin_common``.
 
 Rules: every failure is one sentence on stderr naming the file or option, what is wrong and how
 to fix it, with exit status 1 (2 for a malformed command line, as click does). Commands that touch
@@ -29,7 +29,7 @@ _HERE = "tuneplane.coordinator.cli"
 # Each command's module loads when that command runs (agent/cli_lazy.py): ``token create`` or
 # ``decisions`` never loads the server.
 COMMANDS = {
-    "init": f"{_HERE}.admin_serve:init",
+    "init": f"{_HERE}.admin_init:init",
     "serve": f"{_HERE}.admin_serve:serve_command",
     "token": f"{_HERE}.admin_fleet:token",
     "fleet": f"{_HERE}.admin_fleet:fleet",
