@@ -51,25 +51,27 @@ def _loaded(modules: set[str], package: str) -> bool:
     return any(name == package or name.startswith(f"{package}.") for name in modules)
 
 
+def _assert_loads_only(tmp_path: Path, argv: list[str], needs: str, never: list[str]) -> None:
+    """Command line ``argv`` succeeds holding module ``needs`` and nothing under ``never``."""
+    done, modules = _imported(tmp_path, *argv)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _loaded(modules, needs)
+    for heavy in never:
+        assert not _loaded(modules, heavy), f"{' '.join(argv[1:])} imported {heavy}"
+
+
 async def test_journal_members_loads_no_daemon_part(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     async with open_aio_host():
         journal = await Journal.open(state_dir / "journal.db")
         await journal.close()
-    done, modules = _imported(
+    _assert_loads_only(
         tmp_path,
-        "tuneplane.agent.cli",
-        "journal",
-        "members",
-        "--json",
-        "--state-dir",
-        str(state_dir),
+        ["tuneplane.agent.cli", "journal", "members", "--json", "--state-dir", str(state_dir)],
+        "tuneplane.agent.journal_cli",
+        ["grpclib", "trio", "prometheus_client", "pynvml", "tuneplane.agent.daemon"],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert _loaded(modules, "tuneplane.agent.journal_cli")
-    for heavy in ("grpclib", "trio", "prometheus_client", "pynvml", "tuneplane.agent.daemon"):
-        assert not _loaded(modules, heavy), f"journal members imported {heavy}"
 
 
 def test_coordinator_decisions_loads_no_server(tmp_path: Path) -> None:
@@ -78,22 +80,12 @@ def test_coordinator_decisions_loads_no_server(tmp_path: Path) -> None:
         tmp_path, "tuneplane.coordinator.cli.admin", "init", "--state-dir", str(state_dir)
     )
     assert init.returncode == 0, init.stderr[-2000:]
-    done, modules = _imported(
+    _assert_loads_only(
         tmp_path,
-        "tuneplane.coordinator.cli.admin",
-        "decisions",
-        "--json",
-        "--state-dir",
-        str(state_dir),
+        ["tuneplane.coordinator.cli.admin", "decisions", "--json", "--state-dir", str(state_dir)],
+        "tuneplane.coordinator.cli.admin_store",
+        ["tuneplane.coordinator.server.serve", "tuneplane.coordinator.server.lead", "trio"],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert _loaded(modules, "tuneplane.coordinator.cli.admin_store")
-    for heavy in (
-        "tuneplane.coordinator.server.serve",
-        "tuneplane.coordinator.server.lead",
-        "trio",
-    ):
-        assert not _loaded(modules, heavy), f"decisions imported {heavy}"
 
 
 @pytest.mark.parametrize("group", [node_cli.main, admin.main], ids=["tuneplane-node", "admin"])
