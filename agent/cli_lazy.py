@@ -1,10 +1,10 @@
 """A click group that imports a command's module only when that command runs.
 
-Every TunePlane command line (``tuneplane-node``, ``tuneplane-coordinator``, ``tp``) names its
-commands here as ``"module:attribute"``, so ``tuneplane-node journal members`` pays for the
-journal reader alone and not for the daemon, the gRPC stack and the GPU probes it never uses:
-an on-call engineer's command, or a script polling one, starts in a fraction of the time.
-``--help`` lists every command, and so imports them all.
+``tuneplane-node`` and ``tuneplane-coordinator`` name their commands as ``"module:attribute"``,
+so ``tuneplane-node journal members`` pays for the journal reader alone and not for the daemon,
+the gRPC stack and the GPU probes it never uses: an on-call engineer's command, or a script
+polling one, starts in a fraction of the time. ``--help`` lists every command, and so imports
+them all. (``tp`` imports its commands at start: each of them needs the gRPC client anyway.)
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ pay for the daemon's gRPC stack, Trio, prometheus_client or NVML, and an admin's
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import click
 import pytest
 
+import tuneplane.collector as collector
 from tuneplane.agent import cli as node_cli
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.cli_lazy import LazyGroup
@@ -103,3 +105,18 @@ def test_a_wrong_entry_is_a_programming_error_named_at_once() -> None:
     group = LazyGroup(name="t", lazy={"journal": "tuneplane.agent.status_cli:status_command"})
     with pytest.raises(TypeError, match="is not the click command 'journal'"):
         group.get_command(click.Context(group), "journal")
+
+
+def test_the_collector_package_loads_every_name_it_declares() -> None:
+    """tuneplane.collector's lazy names (PEP 562) and the names it declares for type checkers
+    are one list: each declared name loads, and nothing loads that is not declared."""
+    tree = ast.parse(Path(collector.__file__).read_text())
+    declared = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 1
+        for alias in node.names
+    }
+    assert declared == set(collector._EXPORTS)
+    for name in sorted(declared):
+        assert getattr(collector, name) is not None
