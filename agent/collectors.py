@@ -18,6 +18,9 @@ Rules:
   undrained); each later pass reads only the live members, those with a collector supervised
   and those the journal changed since (:mod:`~tuneplane.agent.journal_changes`), when one
   changes or every :data:`RECONCILE_INTERVAL_S`: ended members never cost an idle agent anything.
+- A collector is forked from the collector template (agent/collector_template.py), warmed when
+  a Prepare arrives, so a launch pays a fork instead of an interpreter's start and imports; where
+  the template cannot start one, the collector is started as its own interpreter as before.
 - A collector logs to ``collector.log`` in its directory, or, when the agent logs to journald
   (agent/daemon_log.py), to the agent's own stderr, so it logs to journald too, each entry
   naming its member (``journalctl -t tuneplane-collector TUNEPLANE_MEMBER=…``).
@@ -47,6 +50,7 @@ from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S
 from . import daemon_log
 from . import messages as m
 from .atomic_file import write_atomic, write_json_atomic
+from .collector_template import CollectorTemplate
 from .journal import Journal
 from .journal_records import MemberKey, MemberRecord
 from .member_state import MemberState
@@ -113,6 +117,9 @@ class CollectorSupervisor:
     gpu_release_file: Path | None = None
     # The most telemetry files one member's collector follows at once.
     max_files: int = DEFAULT_MAX_FILES
+    # Forks collectors instead of starting an interpreter each (agent/collector_template.py);
+    # None: every collector is started as its own interpreter.
+    template: CollectorTemplate | None = None
     _running: set[MemberKey] = attrs.field(factory=set, alias="running")
 
     @classmethod
@@ -132,8 +139,13 @@ class CollectorSupervisor:
             state_root / COLLECTORS_DIR, journal, ca_path,
             system_interval_s=system_interval_s, sample_gpus=sample_gpus,
             scripted_nvml=scripted_nvml, gpu_release_file=gpu_release_file,
-            max_files=max_files,
+            max_files=max_files, template=CollectorTemplate(),
         )  # fmt: skip
+
+    def warm(self) -> None:
+        """A Prepare came: a collector will likely follow, so have the template imported."""
+        if self.template is not None:
+            self.template.warm()
 
     def directory(self, key: MemberKey) -> Path:
         return self.root / str(key)
@@ -173,6 +185,8 @@ class CollectorSupervisor:
         """Reconcile until cancelled; every collector process is owned by this nursery."""
         follower = self.journal.changes.follow()
         async with trio.open_nursery() as nursery:
+            if self.template is not None:
+                nursery.start_soon(self.template.run)
             await self.reconcile_pass(nursery)
             while True:
                 await follower.wait(RECONCILE_INTERVAL_S)
@@ -207,12 +221,13 @@ class CollectorSupervisor:
         self._running.add(key)
         nursery.start_soon(self._supervise, record)
 
-    def _argv(self, record: MemberRecord) -> list[str]:
+    def _args(self, record: MemberRecord) -> list[str]:
+        """The arguments of ``tuneplane-collector`` for the member's collector."""
         folder = self.directory(record.key)
         config = json.loads((folder / CONFIG_FILE).read_text())
         key = record.key
         return [
-            self.python, "-m", "tuneplane.collector.cli", "run",
+            "run",
             "--telemetry-dir", str(telemetry_dir(Path(record.out_dir))),
             "--out-dir", record.out_dir,
             "--max-files", str(self.max_files),
@@ -223,7 +238,6 @@ class CollectorSupervisor:
             "--run-id", key.run_id,
             "--attempt", str(key.attempt),
             "--member", str(key.member_index),
-            "--agent-pid", str(os.getpid()),
             *self._system_args(record),
         ]  # fmt: skip
 
@@ -245,6 +259,26 @@ class CollectorSupervisor:
             args += ["--gpu-release-file", str(self.gpu_release_file)]
         return args
 
+    async def _run_one(self, args: list[str], out_fd: int) -> int:
+        """One collector process, forked from the template where it can be, until it exits;
+        its exit code. ``out_fd`` is its stdout and stderr."""
+        if self.template is not None:
+            code = await self.template.run_collector(args, out_fd)
+            if code is not None:
+                return code
+        # Its parent is this agent, named so that an orphan stops (collector/service.py); one
+        # forked from the template watches the template, which ends with the agent.
+        argv = [
+            self.python,
+            "-m",
+            "tuneplane.collector.cli",
+            *args,
+            "--agent-pid",
+            str(os.getpid()),
+        ]
+        done = await trio.run_process(argv, check=False, stdout=out_fd, stderr=subprocess.STDOUT)
+        return done.returncode
+
     async def _supervise(self, record: MemberRecord) -> None:
         """Run the member's collector until it drained; restart it when it stops early."""
         key = record.key
@@ -254,18 +288,16 @@ class CollectorSupervisor:
             while not (folder / DRAINED_MARKER).exists():
                 started = trio.current_time()
                 try:
-                    argv = self._argv(record)
+                    args = self._args(record)
                     if daemon_log.journald_in_use():
                         log.info("collector started member=%s log=journald", key)
-                        done = await trio.run_process(argv, check=False)
+                        code = await self._run_one(args, sys.stderr.fileno())
                     else:
                         out = await trio.to_thread.run_sync(open, folder / "collector.log", "ab")
                         with out:
                             log.info("collector started member=%s", key)
-                            done = await trio.run_process(
-                                argv, check=False, stdout=out, stderr=subprocess.STDOUT
-                            )
-                    status = f"exit status {done.returncode}"
+                            code = await self._run_one(args, out.fileno())
+                    status = f"exit status {code}"
                 # ValueError, KeyError, TypeError: a collector.json _write_credential never wrote.
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     status = f"it could not start ({exc})"

@@ -148,6 +148,9 @@ class Daemon(DaemonInventory, DaemonSession):
             if self.manager is None:
                 await self._refuse_in_safe_mode(command)
                 continue
+            if isinstance(command, m.Prepare) and self.collectors is not None:
+                # A collector follows a launch: the template's imports overlap Prepare and Commit.
+                self.collectors.warm()
             if isinstance(command, m.Commit) and self.collectors is not None:
                 # Before the Commit is journaled: a member that runs has its credential on disk.
                 await self.collectors.accept_commit(command)

@@ -46,7 +46,7 @@ async def test_the_collector_is_given_the_gateway_then_each_fallback(tmp_path: P
     # What a restarted agent's supervisor reads: the same file, the same command line.
     again = CollectorSupervisor.under(tmp_path / "state", supervisor.journal, tmp_path / "ca.pem")
     for each in (supervisor, again):
-        assert _gateways(each._argv(record)) == [
+        assert _gateways(each._args(record)) == [
             "10.0.0.1:7445",
             "10.0.0.2:7445",
             "10.0.0.3:7445",
@@ -57,11 +57,11 @@ async def test_a_repeated_commit_replaces_the_gateways(tmp_path: Path) -> None:
     first = m.Commit(KEY, None, "tpc_one", "10.0.0.1:7445", ("10.0.0.2:7445",))
     supervisor, record = await _committed(tmp_path, first)
     supervisor._write_credential(KEY, "tpc_two", "10.0.0.2:7445", ("10.0.0.1:7445",))
-    assert _gateways(supervisor._argv(record)) == ["10.0.0.2:7445", "10.0.0.1:7445"]
+    assert _gateways(supervisor._args(record)) == ["10.0.0.2:7445", "10.0.0.1:7445"]
 
 
 async def test_a_collector_json_from_before_fallbacks_gives_one_gateway(tmp_path: Path) -> None:
     supervisor, record = await _committed(tmp_path, m.Commit(KEY, None, "tpc_x", "10.0.0.1:7445"))
     path = supervisor.directory(KEY) / CONFIG_FILE
     path.write_text(json.dumps({"gateway": "10.0.0.1:7445", "ca": str(tmp_path / "ca.pem")}))
-    assert _gateways(supervisor._argv(record)) == ["10.0.0.1:7445"]
+    assert _gateways(supervisor._args(record)) == ["10.0.0.1:7445"]

@@ -74,6 +74,8 @@ def _supervisor(root: Path, journal: Journal) -> CollectorSupervisor:
     program.write_text(STAND_IN)
     program.chmod(program.stat().st_mode | stat.S_IXUSR)
     supervisor.python = str(program)
+    # The stand-in is a program of its own, started as one: no template forks it.
+    supervisor.template = None
     return supervisor
 
 

@@ -66,8 +66,8 @@ async def test_the_collector_follows_the_members_output_dir_with_the_cap(tmp_pat
         tmp_path / "state", journal, tmp_path / "ca.pem", system_interval_s=0, max_files=7
     )
     supervisor._write_credential(key, "tpc_test", "127.0.0.1:7443")
-    argv = supervisor._argv(record)
-    flags = dict(zip(argv[4::2], argv[5::2], strict=False))
+    args = supervisor._args(record)
+    flags = dict(zip(args[1::2], args[2::2], strict=False))
     assert flags["--telemetry-dir"] == str(out_dir / "telemetry")
     assert flags["--out-dir"] == str(out_dir)
     assert flags["--max-files"] == "7"

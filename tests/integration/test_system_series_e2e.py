@@ -70,13 +70,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[CoordinatorProcess, AgentProcess, 
 
 def collector_pid(agent: AgentProcess, other_than: int = 0) -> int:
     def find() -> int:
-        for proc in psutil.Process(agent.pid).children(recursive=True):
-            try:
-                if "tuneplane.collector.cli" in proc.cmdline() and proc.pid != other_than:
-                    return proc.pid
-            except psutil.Error:
-                continue
-        return 0
+        return next((pid for pid in agent.collector_pids() if pid != other_than), 0)
 
     pid: int = wait_until("the member's collector to run", find)
     return pid

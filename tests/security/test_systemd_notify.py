@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.agent.jobs import journal, submit
@@ -68,10 +67,7 @@ def test_no_child_of_the_agent_learns_the_notify_socket(tmp_path: Path) -> None:
             runner = json.loads((Path(member["member_dir"]) / "runner.json").read_text())
 
             def collector() -> int | None:
-                for child in psutil.Process(agent.pid).children(recursive=True):
-                    if "tuneplane.collector.cli" in " ".join(child.cmdline()):
-                        return child.pid
-                return None
+                return next(iter(agent.collector_pids()), None)
 
             collector_pid = wait_until("the member's collector", collector)
             # The setup is real: the agent itself was started with the variables.

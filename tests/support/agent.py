@@ -19,9 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tests.support import accounts, processes
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.processes import stop_cleanly, track, untrack
+from tuneplane.collector.template import COLLECTOR_NAME
 
 CONNECT_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -75,6 +78,18 @@ class AgentProcess:
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    def collector_pids(self) -> list[int]:
+        """The member collectors running under this agent: forked from its collector template
+        (named ``tp-collector``) or started as their own interpreter."""
+        found = []
+        for proc in psutil.Process(self.pid).children(recursive=True):
+            try:
+                if proc.name() == COLLECTOR_NAME or "tuneplane.collector.cli" in proc.cmdline():
+                    found.append(proc.pid)
+            except psutil.Error:
+                continue
+        return found
 
     def start(self, env: Mapping[str, str] | None = None) -> None:
         args = [
