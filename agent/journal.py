@@ -50,7 +50,7 @@ from .journal_records import (
     member_from_row,
     report_from_row,
 )
-from .member_state import OWNS_GPUS, MemberEvent, MemberState, next_state
+from .member_state import OWNS_GPUS, TERMINAL, MemberEvent, MemberState, next_state
 
 if TYPE_CHECKING:
     import aiosqlite
@@ -168,6 +168,21 @@ class Journal(JournalGpus):
             [*(s.value for s in states), *map(str, keys)],
         )
         return [member_from_row(r) for r in rows]
+
+    async def members_ended_after(self, event_id: int) -> tuple[list[MemberRecord], int]:
+        """The members an event after ``event_id`` moved to an end state (0: every member that
+        ended), oldest first, and the newest such event's id: passed back, it reads only the
+        members ended since, a range of the events' primary key, never the whole history."""
+        marks = ", ".join("?" * len(TERMINAL))
+        rows = await self.read(
+            f"SELECT {MEMBER_COLUMNS}, ended.last FROM members JOIN ("
+            f"SELECT member_key, MAX(id) AS last FROM events WHERE id > ? "
+            f"AND to_state IN ({marks}) GROUP BY member_key) AS ended USING (member_key) "
+            f"ORDER BY created_at_ms",
+            [event_id, *(s.value for s in TERMINAL)],
+        )
+        newest = max((int(r[-1]) for r in rows), default=event_id)
+        return [member_from_row(r) for r in rows], newest
 
     async def create_member(self, new: NewMember, at_ms: int) -> MemberRecord:
         """Journal a member in ``preparing``. Raises :class:`MemberExists` on a repeat."""

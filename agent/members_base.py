@@ -79,6 +79,9 @@ class MemberBase:
         self.nursery = nursery
         # Forks runners instead of starting an interpreter each (agent/runner_template.py).
         self.runner_template = runner_template
+        # The newest journal event whose ended member's folders a Prepare has given back to
+        # root (members_prepare.py): later Prepares read only the members ended since.
+        self.reclaimed_through = 0
         # The members a watcher follows (members_exits.py): one watcher each.
         self.watched: set[MemberKey] = set()
         self.rendezvous = RendezvousHolds(nursery, node_address)

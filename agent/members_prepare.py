@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 E = MemberEvent
 S = MemberState
+#: States of members that have not ended: the ones whose pool accounts are held.
+LIVE_STATES = frozenset(MemberState) - TERMINAL
 
 
 def runtime_of(spec: jobspec.JobSpec, policy: WorkloadPolicy) -> Runtime:
@@ -64,6 +66,17 @@ def runtime_of(spec: jobspec.JobSpec, policy: WorkloadPolicy) -> Runtime:
             f"Node's operator to install the interpreter or define [runtimes.{name}] in node.toml."
         )
     return runtime
+
+
+def _pool_lease(record: MemberRecord) -> accounts.Lease | None:
+    """The member's lease when it leased a pool account; None for any other lease, for none, and
+    for a lease file that cannot be read (logged)."""
+    try:
+        lease = accounts.read_lease(Path(record.member_dir))
+    except accounts.AccountError as exc:
+        log.warning("account lease unreadable member=%s reason=%s", record.key, exc)
+        return None
+    return lease if lease is not None and lease.mode == "pool" else None
 
 
 def offered_runtimes(policy: WorkloadPolicy) -> str:
@@ -139,7 +152,7 @@ class MemberPrepares(MemberBase):
                 raise PrepareRefused(refused)
             # The lease is on disk before any file is written for the member, so a crash here
             # still holds the account until the member is failed on replay.
-            held, ended = await self._pool_leases(key)
+            held, ended, through = await self._pool_leases(key)
             lease = accounts.lease_for(
                 self.policy, held, work_dir_for(self.work_root, key), cmd.owner
             )
@@ -147,9 +160,9 @@ class MemberPrepares(MemberBase):
             log.info("account leased member=%s account=%s uid=%d mode=%s work_dir=%s", key,
                      lease.account.name, lease.account.uid, lease.mode, lease.work_dir)  # fmt: skip
             work = await trio.to_thread.run_sync(
-                self._materialise, member_dir, lease, cmd, spec.source_files,
-                ended.get(lease.account.name, []),
+                self._materialise, member_dir, lease, cmd, spec.source_files, ended
             )  # fmt: skip
+            self.reclaimed_through = max(self.reclaimed_through, through)
             if spec.init_from_source is not None:
                 await trio.to_thread.run_sync(
                     self._init_from, key, spec, lease, work, cmd.init_from_fetch
@@ -183,31 +196,31 @@ class MemberPrepares(MemberBase):
             m.PrepareReply(key, True, "", rendezvous, rendezvous_held=rendezvous is not None)
         )
 
-    async def _pool_leases(self, key: MemberKey) -> tuple[set[str], dict[str, list[Path]]]:
-        """Pool accounts held by members that have not ended, and the ended members' paths.
+    async def _pool_leases(
+        self, key: MemberKey
+    ) -> tuple[set[str], list[tuple[accounts.Account, list[Path]]], int]:
+        """Pool accounts held by members that have not ended; the folders of members that ended
+        since the last Prepare gave theirs back (every ended member at the first Prepare after
+        the agent started), by account; and the journal event that covers.
 
-        Both come from the journal and the members' lease files alone, so they are the same
-        after an agent restart. A lease file that cannot be read holds nothing back: its member
+        All of it comes from the journal and the members' lease files alone, so it is the same
+        after an agent restart; a Prepare reads the live members and the newly ended ones, never
+        the whole history. A lease file that cannot be read holds nothing back: its member
         cannot launch either.
         """
         held: set[str] = set()
-        ended: dict[str, list[Path]] = {}
-        for record in await self.journal.members():
-            if record.key == key:
-                continue
-            try:
-                lease = accounts.read_lease(Path(record.member_dir))
-            except accounts.AccountError as exc:
-                log.warning("account lease unreadable member=%s reason=%s", record.key, exc)
-                continue
-            if lease is None or lease.mode != "pool":
-                continue
-            if record.state in TERMINAL:
-                paths = ended.setdefault(lease.account.name, [])
-                paths += [lease.work_dir, Path(record.out_dir)]
-            else:
+        for record in await self.journal.members_of(LIVE_STATES):
+            lease = None if record.key == key else _pool_lease(record)
+            if lease is not None:
                 held.add(lease.account.name)
-        return held, ended
+        ended, through = await self.journal.members_ended_after(self.reclaimed_through)
+        folders: dict[str, tuple[accounts.Account, list[Path]]] = {}
+        for record in ended:
+            lease = _pool_lease(record)
+            if lease is not None:
+                _, paths = folders.setdefault(lease.account.name, (lease.account, []))
+                paths += [lease.work_dir, Path(record.out_dir)]
+        return held, list(folders.values()), through
 
     def _materialise(
         self,
@@ -215,15 +228,13 @@ class MemberPrepares(MemberBase):
         lease: accounts.Lease,
         cmd: m.Prepare,
         sources: Mapping[str, str],
-        previous: list[Path],
+        ended: list[tuple[accounts.Account, list[Path]]],
     ) -> Path:
-        """Write the member's files, then give its work directory to its account (0700).
-
-        A pool account's earlier members' directories first go back to root (their runners did
-        that for members that ran), so this member cannot read them.
-        """
-        if lease.mode == "pool":
-            accounts.reclaim(previous, lease.account)
+        """Give the folders of pool members that ended back to root (their runners did that for
+        members that ran), so no member leasing their account can read them; then write the
+        member's files and give its work directory to its account (0700)."""
+        for account, paths in ended:
+            accounts.reclaim(paths, account)
         self.work_root.mkdir(mode=0o711, parents=True, exist_ok=True)
         lease.work_dir.mkdir(mode=0o700, exist_ok=True)
         os.chmod(lease.work_dir, 0o700)

@@ -131,8 +131,8 @@ async def test_an_idle_template_ends_and_ending_the_agent_ends_it(tmp_path: Path
     async with _template(idle_s=0.5) as template:
         template.warm()
         await _wait("the template", lambda: template.process is not None)
-        process = psutil.Process(template.process.pid)  # type: ignore[union-attr]
-        await _wait("the idle template to end", lambda: not process.is_running())
+        idle = psutil.Process(template.process.pid)  # type: ignore[union-attr]
+        await _wait("the idle template to end", lambda: not idle.is_running())
         assert template.process is None
     async with _template() as template:
         template.warm()

@@ -16,7 +16,7 @@ import trio
 from tests.support import accounts
 from tuneplane.agent import members_exits
 from tuneplane.agent import messages as m
-from tuneplane.agent.accounts import read_lease
+from tuneplane.agent.accounts import LEASE_FILE, read_lease
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.config import WorkloadPolicy
 from tuneplane.agent.inventory import Inventory, SimulatedGpus, simulated_inventory
@@ -307,6 +307,37 @@ async def test_pool_leases_survive_a_restart_and_end_with_their_member(tmp_path:
         assert two.work_dir.stat().st_uid == 0 and two.work_dir.stat().st_mode & 0o777 == 0o700
         await h.manager.handle(prepare(MemberKey("run-4", 1, 0), (1,)))
         assert not h.replies()[-1].ok and "GPU 1 is busy" in h.replies()[-1].reason
+
+
+async def test_a_prepare_reads_the_live_members_and_the_newly_ended_never_the_history(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    accounts.require_root()
+    pool, roots = tuple(accounts.make_pool(2)), accounts.traversable_root("history")
+    first, second, third = (MemberKey(f"run-{i}", 1, 0) for i in (1, 2, 3))
+    members = tmp_path / "members"
+    async with harness(tmp_path, pool, roots) as h:
+        await h.manager.handle(prepare(first, (0,)))
+        await h.manager.handle(m.Abort(first, "ended before it ran"))
+        ended = read_lease(members / str(first))
+        assert ended is not None and ended.work_dir.stat().st_uid == ended.account.uid
+        # Unreadable from now on: every Prepare that reads this member's lease says so.
+        (members / str(first) / LEASE_FILE).write_text("{not json")
+        await h.manager.handle(prepare(second, (0,)))
+        assert caplog.text.count(f"account lease unreadable member={first}") == 1
+        await h.manager.handle(m.Abort(second, "ended before it ran"))
+        await h.manager.handle(prepare(third, (0,)))
+        # The second member, ended since, was read and its folder given back to root; the first
+        # was not read again.
+        assert caplog.text.count(f"account lease unreadable member={first}") == 1
+        two = read_lease(members / str(second))
+        assert two is not None and two.work_dir.stat().st_uid == 0
+        assert h.replies()[-1].ok
+    # A restarted agent's first Prepare reads every ended member once more.
+    async with harness(tmp_path, pool, roots) as h:
+        await h.manager.handle(m.Abort(third, "make room"))
+        await h.manager.handle(prepare(MemberKey("run-4", 1, 0), (0,)))
+        assert caplog.text.count(f"account lease unreadable member={first}") == 2
 
 
 async def test_an_exhausted_pool_refuses_the_prepare_and_changes_nothing(tmp_path: Path) -> None:
