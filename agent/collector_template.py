@@ -30,6 +30,8 @@ import sys
 import attrs
 import trio
 
+from .runner_template import end_template
+
 log = logging.getLogger(__name__)
 
 #: The template ends after this long without a collector (an idle Node holds no second
@@ -111,7 +113,7 @@ class CollectorTemplate:
                     except (OSError, trio.ClosedResourceError, TemplateBroken) as exc:
                         if sock is self._sock:
                             log.warning("collector template failed reason=%s", exc)
-                            await self._wait_ended(self._detach())
+                            await end_template(self._detach(), CLOSE_TIMEOUT_S)
                     continue
                 if not self._children and trio.current_time() >= self._last_used + self.idle_s:
                     async with self._lock:
@@ -229,14 +231,4 @@ class CollectorTemplate:
 
     async def _discard(self) -> None:
         """End the template: EOF on its socket, and its collectors get SIGTERM from it."""
-        await self._wait_ended(self._detach())
-
-    @staticmethod
-    async def _wait_ended(process: trio.Process | None) -> None:
-        if process is None:
-            return
-        with trio.move_on_after(CLOSE_TIMEOUT_S):
-            await process.wait()
-            return
-        process.kill()
-        await process.wait()
+        await end_template(self._detach(), CLOSE_TIMEOUT_S)

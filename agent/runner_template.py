@@ -202,13 +202,19 @@ class RunnerTemplate:
         self.process = self._sock = None
         if sock is not None:
             sock.close()
-        if process is None:
-            return
-        with trio.move_on_after(CLOSE_TIMEOUT_S):
-            await process.wait()
-            return
-        process.kill()
+        await end_template(process, CLOSE_TIMEOUT_S)
+
+
+async def end_template(process: trio.Process | None, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for a template told to end (its socket closed), then kill it.
+    The collector template (agent/collector_template.py) ends the same way."""
+    if process is None:
+        return
+    with trio.move_on_after(timeout_s):
         await process.wait()
+        return
+    process.kill()
+    await process.wait()
 
 
 async def _read_all(stream: trio.lowlevel.FdStream, chunks: list[bytes]) -> None:
