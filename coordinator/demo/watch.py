@@ -14,6 +14,8 @@ import attrs
 from rich.console import Console
 from rich.table import Table
 
+from tuneplane.collector.point_rules import SYSTEM_SOURCE
+
 from .cluster import ClusterError, LocalCluster
 
 TERMINAL = {"succeeded", "failed", "aborted", "cancelled"}
@@ -64,7 +66,18 @@ def chart(console: Console, cluster: LocalCluster, run_id: str, timeout: float) 
         console.print(f"[red]telemetry of {run_id} was not delivered within {timeout:.0f} s[/]")
         return False
     stored = sum(int(m["points_stored"]) for m in members)
-    console.print(f"telemetry delivered: {stored} points from {len(members)} member(s)")
+    # The collectors' own samples of the members' processes (system/...) depend on how long the
+    # Job ran; the Job's own points do not.
+    listed = cluster.tp("metrics", run_id, "--raw", "--json")
+    if listed.returncode != 0:
+        raise ClusterError(f"tp metrics --raw failed: {listed.stderr.strip()}")
+    system = sum(
+        int(t["points"]) for t in json.loads(listed.stdout)["tags"] if t["source"] == SYSTEM_SOURCE
+    )
+    console.print(
+        f"telemetry delivered: {stored - system} points from the Job and {system} system "
+        f"samples, from {len(members)} member(s)"
+    )
     console.print(f"$ tp metrics {run_id} --tag train/loss")
     done = cluster.tp("metrics", run_id, "--tag", "train/loss", "--width", str(console.width))
     console.print(done.stdout.rstrip(), markup=False, highlight=False, crop=False)

@@ -56,7 +56,9 @@ def test_the_demo_runs_its_job_end_to_end(store: str, tmp_path: Path) -> None:
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "job succeeded" in out and "demo succeeded" in out
-    assert "telemetry delivered: 600 points from 2 member(s)" in out
+    # Exactly the Job's points; how many process samples the collectors took depends on timing.
+    assert "telemetry delivered: 600 points from the Job and " in out
+    assert "samples, from 2 member(s)" in out
     state = workdir / "coordinator"
     config = tomllib.loads((state / "coordinator.toml").read_text())
     if store == "sqlite":
