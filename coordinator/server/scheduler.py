@@ -18,7 +18,14 @@ Rules:
   waited then waits still (the pass's own rule, "a request that failed once fails again", held
   across passes), and the new Jobs come after them in queue order. Anything that can free GPUs
   or change a Node (a release, a Node connecting, a cordon) calls :meth:`Scheduler.wake`, which
-  asks for a pass over the whole queue, and one runs at least every tick whatever woke it.
+  asks for a pass over the whole queue.
+- At least every tick a pass looks at the whole queue's inputs, whatever woke it (a wake that
+  was missed must not leave a Job waiting). It reads the queue itself only if those inputs
+  changed since the last whole pass: the connected Nodes of the queue's Fleets with their free
+  GPUs, the GPUs in use, and the queue's length and newest admission. With all of them as they
+  were, the last whole pass's decisions and reasons stand (the same pure function of the same
+  inputs), and a long queue costs a tick nothing. A whole pass that launched something leaves
+  no such record: its launches change the inputs anyway.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import logging
 from collections.abc import Mapping
 
 import anyio
+import attrs
 
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.proto.contract import jobspec
@@ -40,14 +48,31 @@ from ..gateways.sessions import SessionRegistry
 from ..jobspec import check_loader_policy
 from ..offload import PROCESS_TEXT_CHARS, in_process
 from ..placement import Placement
-from ..queue_plan import PoolKey, plan_pass
+from ..queue_plan import NodeState, PoolKey, plan_pass
 from ..store.core import Store
 from ..store.handle import StoreUnavailable
 from ..store.lifecycle import cancel_job
 from ..store.node_scheduling import mark_drained
-from ..store.queue_status import gpus_in_use, node_states, queued_requests, set_wait_reasons
+from ..store.queue_status import (
+    gpus_in_use,
+    node_states,
+    queue_mark,
+    queued_requests,
+    set_wait_reasons,
+)
 
 log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class PassInputs:
+    """What a whole pass's outcome depends on besides the quotas (fixed for the scheduler's
+    life): equal inputs, equal decisions and reasons."""
+
+    fleets: frozenset[str]
+    nodes: tuple[NodeState, ...]
+    in_use: tuple[tuple[PoolKey, int], ...]
+    queue: tuple[int, int]
 
 
 class Scheduler:
@@ -78,6 +103,10 @@ class Scheduler:
         self._full = True
         self._admitted: set[str] = set()
         self._full_at = -float("inf")
+        # The inputs of the last whole pass that launched nothing, while they still describe
+        # the queue (see the module's rules); None when the next tick must read the queue.
+        self._settled: PassInputs | None = None
+        self._skipped = 0
 
     def wake(self) -> None:
         """Ask for a pass over the whole queue soon (safe to call from any coordinator task).
@@ -104,6 +133,11 @@ class Scheduler:
         return self._partial
 
     @property
+    def skipped_passes(self) -> int:
+        """How many ticks found the whole queue's inputs unchanged and read no queue."""
+        return self._skipped
+
+    @property
     def failed_passes(self) -> int:
         """How many passes ended because the store could not be reached."""
         return self._failed
@@ -116,21 +150,25 @@ class Scheduler:
             # A fresh event before the pass: a wake during the pass sets it, and only once.
             self._wake = anyio.Event()
             started = anyio.current_time()
-            full = self._full or started - self._full_at >= self._tick_s
+            asked = self._full
+            full = asked or started - self._full_at >= self._tick_s
             admitted, self._admitted, self._full = self._admitted, set(), False
             try:
                 with SCHEDULING_PASS.time():
-                    await self.step(None if full else admitted)
+                    await self.step(None if full else admitted, tick=full and not asked)
                 if full:
                     self._full_at = started
             except StoreUnavailable as exc:
                 self._failed += 1
+                self._settled = None
                 self._full = True  # whatever this pass missed, the next one reads
                 log.warning("scheduling pass failed; the next pass tries again reason=%s", exc)
 
-    async def step(self, only: set[str] | None = None) -> None:
+    async def step(self, only: set[str] | None = None, tick: bool = False) -> None:
         """One pass: abort expired launches, mark drained Nodes, then plan the whole queue, or
-        only the Jobs ``only`` names (admitted since the last pass; see the module's rules)."""
+        only the Jobs ``only`` names (admitted since the last pass; see the module's rules).
+        ``tick``: a whole pass no one asked for, which reads no queue when its inputs are as the
+        last whole pass left them."""
         self._passes += 1
         if only is not None:
             self._partial += 1
@@ -139,20 +177,44 @@ class Scheduler:
             crashpoint("after-abort-decided")
         self._registry.dispatch(aborts)
         await mark_drained(self._store, now_ms())
-        queue, reasons = await queued_requests(self._store, only)
-        if not queue:
+        settled, self._settled = self._settled, None
+        if tick and settled is not None and await self._inputs(settled.fleets) == settled:
+            self._skipped += 1
+            self._settled = settled
             return
-        plan = plan_pass(
-            queue,
-            await node_states(
-                self._store, self._registry.is_connected, sorted({j.fleet for j in queue})
-            ),
-            await gpus_in_use(self._store),
-            self._quotas,
-        )
-        for launch in plan.launches:
-            await self._launch(launch.run_id, launch.placement)
-        await set_wait_reasons(self._store, plan.waiting, reasons, now_ms())
+        # The queue's mark before the queue: a Job queued in between is planned now and still
+        # moves the next tick's mark, which costs one more read, never a Job left waiting.
+        mark = await queue_mark(self._store)
+        queue, reasons = await queued_requests(self._store, only)
+        fleets = frozenset(j.fleet for j in queue)
+        launched = False
+        nodes: list[NodeState] = []
+        in_use = await gpus_in_use(self._store)
+        if queue:
+            nodes = await node_states(self._store, self._registry.is_connected, sorted(fleets))
+            plan = plan_pass(queue, nodes, in_use, self._quotas)
+            for launch in plan.launches:
+                await self._launch(launch.run_id, launch.placement)
+            await set_wait_reasons(self._store, plan.waiting, reasons, now_ms())
+            launched = bool(plan.launches)
+        if launched:
+            return
+        if only is None:
+            self._settled = PassInputs(fleets, tuple(nodes), _in_use_key(in_use), mark)
+        elif (
+            settled is not None
+            and fleets <= settled.fleets
+            and mark[0] == settled.queue[0] + len(queue)
+        ):
+            # Only the new Jobs joined the queue since the whole pass, and they were planned
+            # against the inputs it saw (nothing launched since): its record stands.
+            self._settled = attrs.evolve(settled, queue=mark)
+
+    async def _inputs(self, fleets: frozenset[str]) -> PassInputs:
+        """The whole queue's inputs now, for the Fleets ``fleets``."""
+        mark = await queue_mark(self._store)
+        nodes = await node_states(self._store, self._registry.is_connected, sorted(fleets))
+        return PassInputs(fleets, tuple(nodes), _in_use_key(await gpus_in_use(self._store)), mark)
 
     async def _launch(self, run_id: str, placement: Placement) -> None:
         job = await self._store.queued_job(run_id)
@@ -195,3 +257,7 @@ class Scheduler:
         )
         # A Derivation fetched from another Node: each Prepare gets its grant as it leaves.
         self._registry.dispatch(await outputs_grants.attach(self._store, orders, now_ms()))
+
+
+def _in_use_key(in_use: Mapping[PoolKey, int]) -> tuple[tuple[PoolKey, int], ...]:
+    return tuple(sorted(in_use.items()))

@@ -64,6 +64,18 @@ async def gpus_in_use(store: Store) -> dict[PoolKey, int]:
     }
 
 
+async def queue_mark(store: Store) -> tuple[int, int]:
+    """How many Jobs are queued and the newest one's admission time: one range of the
+    ``jobs_by_state`` index, so a pass can tell that the queue changed without reading it (a Job
+    queued or gone that no one told the scheduler about moves one or the other)."""
+    ((count, newest),) = await fetch_rows(
+        store,
+        "SELECT COUNT(*), COALESCE(MAX(created_at_ms), 0) FROM jobs WHERE state = ?",
+        (lc.QUEUED,),
+    )
+    return int(count), int(newest)
+
+
 #: Run ids named in one read of the queue (well under SQLite's limit on bound values).
 RUN_IDS_PER_READ = 500
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -232,3 +232,81 @@ def test_admissions_that_never_stop_still_get_the_whole_queue_each_tick(tmp_path
             await store.close()
 
     assert asyncio.run(go()).startswith("waiting: needs 1 h200 GPU(s)")
+
+
+async def _mark(store: Store, run_id: str) -> None:
+    async with store.transaction() as db:
+        await db.execute("UPDATE jobs SET state_reason = 'marked' WHERE run_id = ?", (run_id,))
+
+
+def _ticks(tmp_path: Path, change: Callable[[Store, str], Awaitable[None]] | None) -> str:
+    """A whole pass, the first Job's reason marked behind the scheduler's back, two ticks that
+    find nothing changed, then ``change`` (also behind its back, as a missed wake would leave
+    it); the first Job's reason once two more ticks have passed."""
+
+    async def go() -> str:
+        where = current().where(db_path(tmp_path))
+        store = await Store.open(where)
+        try:
+            first = await _admit_one(store)
+            scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, tick_s=0.05)
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(scheduler.run)
+                    await _reason_other_than(store, first, WAITING_SINCE_ADMISSION)
+                    await _mark(store, first)
+                    skipped = scheduler.skipped_passes
+                    await _wait_until(
+                        "two quiet ticks", lambda: scheduler.skipped_passes >= skipped + 2
+                    )
+                    assert await _reason(store, first) == "marked"
+                    if change is not None:
+                        await change(store, first)
+                    passes = scheduler.passes
+                    await _wait_until("two more ticks", lambda: scheduler.passes >= passes + 2)
+                    tg.cancel_scope.cancel()
+            return await _reason(store, first)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def test_a_tick_with_nothing_changed_reads_no_queue(tmp_path: Path) -> None:
+    """Ticks whose inputs (the Fleets' Nodes, the GPUs in use, the queue's length and newest
+    admission) are as the last whole pass saw them leave its reasons standing: a reason changed
+    behind the scheduler's back is not rewritten, because nothing was read."""
+    assert _ticks(tmp_path, None) == "marked"
+
+
+def test_a_job_queued_behind_the_schedulers_back_is_planned_at_the_next_tick(
+    tmp_path: Path,
+) -> None:
+    """A Job that joins the queue with no one telling the scheduler moves the queue's mark: the
+    next tick reads the whole queue again (the marked reason is rewritten)."""
+
+    async def queue_another(store: Store, _first: str) -> None:
+        await _admit(store, 2)
+
+    assert _ticks(tmp_path, queue_another).startswith("waiting: needs 1 h200 GPU(s)")
+
+
+def test_gpus_taken_behind_the_schedulers_back_make_the_next_tick_read_the_queue(
+    tmp_path: Path,
+) -> None:
+    """GPUs in use that change with no wake (a reservation written by someone else) change the
+    pass's inputs: the next tick reads the whole queue again."""
+
+    async def reserve(store: Store, first: str) -> None:
+        async with store.transaction() as db:
+            await db.execute(
+                "INSERT INTO nodes (id, fleet, hostname, inventory_json, credential_hash, "
+                "enrolled_at_ms) VALUES ('n-x', 'default', 'x', '{}', 'h-x', 0)"
+            )
+            await db.execute(
+                "INSERT INTO reservations (node_id, gpu_index, run_id, attempt, member_index, "
+                "created_at_ms) VALUES ('n-x', 0, ?, 1, 0, 0)",
+                (first,),
+            )
+
+    assert _ticks(tmp_path, reserve).startswith("waiting: needs 1 h200 GPU(s)")
