@@ -41,7 +41,7 @@ import trio
 
 from .atomic_file import fsync_dir, write_atomic, write_json_atomic
 from .crashpoint import crashpoint
-from .image_errors import ImageRefused, ManifestRefused
+from .image_errors import ImageError, ImageRefused, ManifestRefused
 from .image_layer import LayerRefused, apply_layer
 from .image_manifest import (
     Descriptor,
@@ -282,9 +282,16 @@ class ImageCache:
         state.layers_done = sum(1 for d in manifest.layers if d.digest_hex not in fetching)
         state.tell()
         if plan.fetch:
-            async with trio.open_nursery() as nursery:
-                for descriptor in plan.fetch:
-                    nursery.start_soon(self._fetch_blob, ref, descriptor, client_for, state)
+            try:
+                async with trio.open_nursery() as nursery:
+                    for descriptor in plan.fetch:
+                        nursery.start_soon(self._fetch_blob, ref, descriptor, client_for, state)
+            except BaseExceptionGroup as group:
+                # The first blob that failed cancelled the others: its error is the answer.
+                found = group.subgroup(lambda e: isinstance(e, ImageError))
+                if found is None or found.split(ImageError)[1] is not None:
+                    raise
+                raise _leaves(found)[0] from None
         if plan.unpack:
             state.phase = "unpacking"
             state.tell()
@@ -450,3 +457,10 @@ def _syncfs(path: Path) -> None:
             raise OSError(code, f"syncfs: {os.strerror(code)}", str(path))
     finally:
         os.close(fd)
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found

@@ -437,10 +437,10 @@ class _PartialBlob:
         if actual != self.descriptor.digest_hex or self.offset != self.descriptor.size:
             self.discard()
             raise DigestMismatch(
-                f"The blob {self.descriptor.digest} the registry served is {self.offset} bytes "
-                f"with the digest sha256:{actual}, not the {self.descriptor.size} bytes the "
-                "manifest names; the partial blob was removed and nothing was cached. The "
-                "registry's copy is corrupt or tampered with: push the image again."
+                f"The blob {self.descriptor.digest} the registry served hashes to "
+                f"sha256:{actual} ({self.offset} bytes; the manifest names "
+                f"{self.descriptor.size}); the partial blob was removed and nothing was cached. "
+                "The registry's copy is corrupt or tampered with: push the image again."
             )
         os.fsync(self.fd)
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -115,6 +115,8 @@ class RegistryProcess:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
+    sha256 = staticmethod(sha256_hex)
+
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
