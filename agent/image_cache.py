@@ -288,10 +288,10 @@ class ImageCache:
                         nursery.start_soon(self._fetch_blob, ref, descriptor, client_for, state)
             except BaseExceptionGroup as group:
                 # The first blob that failed cancelled the others: its error is the answer.
-                found = group.subgroup(lambda e: isinstance(e, ImageError))
-                if found is None or found.split(ImageError)[1] is not None:
+                errors = group.subgroup(lambda e: isinstance(e, ImageError))
+                if errors is None or errors.split(ImageError)[1] is not None:
                     raise
-                raise _leaves(found)[0] from None
+                raise _leaves(errors)[0] from None
         if plan.unpack:
             state.phase = "unpacking"
             state.tell()

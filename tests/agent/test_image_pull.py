@@ -158,7 +158,8 @@ async def test_a_corrupt_blob_is_refused_and_nothing_lands_in_blobs(
 
     assert f"sha256:{layer_hex}" in str(caught.value) and "corrupt" in str(caught.value)
     assert layer_hex not in _cached_blobs(tmp_path)
-    assert not list((tmp_path / "cache" / "partial").iterdir())
+    # The layer's partial is gone; another blob cancelled mid-way may keep its own to resume.
+    assert not (tmp_path / "cache" / "partial" / layer_hex).exists()
     assert not (tmp_path / "cache" / "roots").exists()
     assert not (tmp_path / "cache" / "images").exists()
 
@@ -228,7 +229,7 @@ async def test_a_hostile_layer_is_refused_and_writes_nothing_outside(
     outside = tmp_path / "outside"  # an absolute link target of our own, never "/"
     outside.mkdir()
     cache = _cache(tmp_path, registry)
-    hostile = {
+    hostile: dict[str, list[tarfile.TarInfo | tuple[str, bytes]]] = {
         "climbs": [("../escaped", b"owned")],
         "through-link": [
             _entry("etc", tarfile.SYMTYPE, linkname=str(outside)),
