@@ -39,7 +39,14 @@ def tests(session: nox.Session) -> None:
     """
     session.install("-e", ".[test]")
     session.install(*TORCH_CPU)
-    wanted = {"bubblewrap": "bwrap", "faketime": "faketime", "prometheus": "promtool"}
+    wanted = {
+        "bubblewrap": "bwrap",
+        "faketime": "faketime",
+        "prometheus": "promtool",
+        # A real OCI registry for the runtime image tests, and htpasswd for its users.
+        "docker-registry": "docker-registry",
+        "apache2-utils": "htpasswd",
+    }
     missing = [package for package, tool in wanted.items() if shutil.which(tool) is None]
     if os.geteuid() == 0 and missing:
         quiet = {"DEBIAN_FRONTEND": "noninteractive"}

@@ -60,6 +60,10 @@ AGENT_POINTS = frozenset(
         # Output manifests (agent/outputs_manifest.py) and a Derivation's copy (agent/init_from.py).
         "after-manifest-written",
         "during-init-from-copy",
+        # Runtime images (agent/image_pull.py, agent/image_cache.py): a blob's partial file
+        # written up to some byte; an image's root unpacked in full, not yet renamed into place.
+        "mid-image-blob",
+        "before-image-root-renamed",
     }
 )
 COORDINATOR_POINTS = frozenset(
