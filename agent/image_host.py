@@ -22,6 +22,7 @@ from .image_sandbox import (
     HOST_FILES,
     DriverFiles,
     Entry,
+    ImageConfig,
     ImageSandbox,
     ImageSandboxError,
     ImageTree,
@@ -31,12 +32,15 @@ from .image_sandbox import (
     bwrap_argv,
     driver_library_candidates,
     host_files_present,
+    image_cwd,
     mount_points,
     parse_ldconfig,
     parse_ldd,
     select_driver_libraries,
     underlays,
 )
+from .inventory import Gpu
+from .sandbox import gpu_devices
 
 LDCONFIG = "/sbin/ldconfig"
 LDD = "/usr/bin/ldd"
@@ -159,6 +163,33 @@ def signal_helper(env: str = HOST_ENV) -> SignalHelper:
 def host_files() -> tuple[str, ...]:
     """The files of :data:`.image_sandbox.HOST_FILES` this host has."""
     return host_files_present({path for path in HOST_FILES if os.path.isfile(path)})
+
+
+def member_sandbox(
+    *,
+    root: Path,
+    work_dir: Path,
+    out_dir: Path,
+    telemetry_dir: Path,
+    gpus: Sequence[Gpu],
+    driver_version: str,
+    config: ImageConfig,
+    command: Sequence[str],
+) -> ImageSandbox:
+    """The :class:`ImageSandbox` of a member with these GPUs on this host: its own device nodes
+    among those present, the driver's files only when it has GPUs, the host's resolv.conf and
+    hosts, the host's ``env`` for the SIGTERM reset, and its working directory."""
+    return ImageSandbox(
+        root=root,
+        work_dir=work_dir,
+        out_dir=out_dir,
+        telemetry_dir=telemetry_dir,
+        devices=gpu_devices(gpus, present_devices()),
+        host_files=host_files(),
+        driver=find_driver_files(driver_version) if gpus else DriverFiles(),
+        helper=signal_helper(),
+        cwd=image_cwd(config, command, work_dir),
+    )
 
 
 def image_bwrap_argv(sandbox: ImageSandbox) -> tuple[str, ...]:

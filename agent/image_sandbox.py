@@ -129,8 +129,10 @@ def image_config(raw: object, source: str) -> ImageConfig:
                 f"The image config {source} has an Env entry {entry!r} that is not NAME=value; "
                 "rebuild the image with its ENV lines as NAME=value."
             )
-    working_dir = raw.get("WorkingDir") or ""
-    user = raw.get("User") or ""
+    working_dir = raw.get("WorkingDir")
+    working_dir = "" if working_dir is None else working_dir
+    user = raw.get("User")
+    user = "" if user is None else user
     if not isinstance(working_dir, str) or (working_dir and not working_dir.startswith("/")):
         raise ImageSandboxError(
             f"The image config {source} has WorkingDir={working_dir!r}, which is not an absolute "
