@@ -357,6 +357,32 @@ def test_the_driver_files_are_found_through_the_loader_cache_and_the_drivers_ver
     )
 
 
+def test_an_images_links_never_lead_the_probe_or_a_mount_out_of_the_image(tmp_path: Path) -> None:
+    outside = tmp_path / "host-etc"
+    outside.mkdir()
+    (outside / "secret").write_text("host only\n")
+    root = tmp_path / "image"
+    (root / "usr" / "local").mkdir(parents=True)
+    (root / "etc").symlink_to(outside)  # an absolute link out of the image
+    (root / "tmp").symlink_to("../../..")  # and a relative one
+    work = tmp_path / "work"
+    out = tmp_path / "out"
+    sandbox = ImageSandbox(
+        root, work, out, out / "telemetry", (), ("/etc/hosts",), DriverFiles(),
+        image_sandbox.SignalHelper("/usr/bin/env"), str(work),
+    )  # fmt: skip
+    tree = image_host.probe_image(root, image_sandbox.mount_points(sandbox))
+    assert (tree.kinds["/etc"], tree.kinds["/tmp"]) == ("link", "link")
+    assert "/etc/hosts" not in tree.kinds  # never looked for through the link
+    # The host folder behind the link is never listed: only the image's own folders are.
+    assert set(tree.listings) == {"/", "/usr/local"}
+    argv = image_sandbox.bwrap_argv(sandbox, tree)
+    text = " ".join(argv)
+    assert str(outside) not in text and "../../.." not in text
+    # Both links are replaced by folders of the sandbox's own, made on the root's underlay.
+    assert "--tmpfs / " in text and "--dir /etc " in text and "--dir /tmp " in text
+
+
 # --- real bubblewrap, real roots ------------------------------------------------------------------
 
 
@@ -465,6 +491,7 @@ def test_a_recipe_command_runs_after_the_entrypoint_in_the_work_dir_with_the_dri
     assert done.stdout == "the host's driver library\n" and "own command" not in done.stdout
 
 
+@pytest.mark.timeout(rootfs.BUILD_TIMEOUT_S + 120)  # a cold cache runs debootstrap first
 def test_the_python_image_imports_a_module_only_the_image_has(tmp_path: Path) -> None:
     _require_bwrap()
     root = rootfs.python_root()
