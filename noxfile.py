@@ -30,9 +30,11 @@ PACKAGE_FOLDERS = ["agent", "collector", "coordinator", "proto", "runner"]
 def tests(session: nox.Session) -> None:
     """Install TunePlane with its test extras and run the whole suite.
 
-    As root (CI), bubblewrap, faketime and prometheus (for promtool) are installed from the
-    distribution when missing, so the sandbox tests, the skewed-clock telemetry test and the
-    alert-rule tests run instead of skipping (under CI=true a missing prerequisite fails them).
+    As root (CI), bubblewrap, faketime, prometheus (for promtool), busybox-static and
+    debootstrap are installed from the distribution when missing, so the sandbox tests, the
+    skewed-clock telemetry test, the alert-rule tests and the image sandbox tests (which build
+    their root filesystems with the last two) run instead of skipping (under CI=true a missing
+    prerequisite fails them).
     torch (CPU build) is installed for the PyTorch DDP example's test. Without arguments the
     suite runs on every core (``-n auto --dist loadfile``); ``nox -s tests -- tests/ha -x`` runs
     what you name, in one process.
@@ -46,6 +48,9 @@ def tests(session: nox.Session) -> None:
         # A real OCI registry for the runtime image tests, and htpasswd for its users.
         "docker-registry": "docker-registry",
         "apache2-utils": "htpasswd",
+        # Test root filesystems for images: a static busybox and a debootstrapped Debian.
+        "busybox-static": "busybox",
+        "debootstrap": "debootstrap",
     }
     missing = [package for package, tool in wanted.items() if shutil.which(tool) is None]
     if os.geteuid() == 0 and missing:
