@@ -86,6 +86,8 @@ def _conf(root: Path, host: str, cpus: int) -> str:
             # Finished and cancelled jobs leave slurmctld's table soon, so one measurement's
             # jobs do not weigh on the next.
             "MinJobAge=2",
+            # Slurm's default table holds 10,000 jobs; the admissions bench queues more.
+            "MaxJobCount=50000",
             f"StateSaveLocation={root / 'state'}",
             f"SlurmdSpoolDir={root / 'spool'}",
             f"SlurmctldPidFile={root / 'slurmctld.pid'}",

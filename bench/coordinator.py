@@ -68,6 +68,7 @@ from tuneplane.coordinator.values.metrics import MetricSelector
 from tuneplane.coordinator.values.telemetry import CollectorReport, ShippedPoint
 from tuneplane.proto import v1
 
+from ._rpc_floor import do_nothing_server, pairs_per_second
 from ._slurm import SlurmCluster, slurm_cluster
 from ._slurm_runs import compare_admissions
 from ._storm import reconnect_storm
@@ -427,7 +428,13 @@ def bench_admissions(coord: Coordinator, root: Path, figures: Figures, backend: 
 def against_slurm(slurm: SlurmCluster, coord: Coordinator, root: Path) -> None:
     """Admissions alternating run by run with Slurm's sbatch on this machine (SQLite store)."""
     count = env_int("TUNEPLANE_BENCH_ADMISSIONS", 200)
-    compare_admissions(slurm, lambda n, k: asyncio.run(_admissions(coord, n, k)), count)
+    with do_nothing_server(coord.state_dir) as port:
+        compare_admissions(
+            slurm,
+            lambda n, k: asyncio.run(_admissions(coord, n, k)),
+            count,
+            lambda n, k: asyncio.run(pairs_per_second(port, coord.ca, _jobspec(0), n, k)),
+        )
 
 
 # ----- 3. heartbeats ----------------------------------------------------------------------------
