@@ -6,9 +6,10 @@ default heartbeat interval and timeout (read from ``tuneplane-coordinator serve`
 one agent, 100 one-member Jobs of ``/bin/true`` run to their end one after the other. Once the
 agent has no collector left (each drains and exits after its member ended) and a settling
 period has passed, the agent's CPU time is read over the window and its RSS sampled every few
-seconds in it. The runner template, a child of the agent, is printed on its own line while it
-lives (it ends after its idle time). With Slurm installed, the same number of ``srun -n1 true``
-runs go through a throwaway cluster first, and ``slurmd`` is measured over the same window.
+seconds in it. The runner and collector templates, children of the agent, are printed on their
+own lines while they live (each ends after its idle time). With Slurm installed, the same number
+of ``srun -n1 true`` runs go through a throwaway cluster first, and ``slurmd`` is measured over
+the same window.
 
 Knobs (env): ``TUNEPLANE_BENCH_IDLE_S`` (default 600, the goal's 10 minutes),
 ``TUNEPLANE_BENCH_IDLE_SETTLE_S`` (default 30) and ``TUNEPLANE_BENCH_IDLE_JOBS`` (default 100).
@@ -74,14 +75,30 @@ async def _jobs(cluster: LocalCluster, jobs: int) -> None:
 
 
 def _collectors_gone(agent: psutil.Process) -> None:
-    """Until no collector runs under the agent (the last members' collectors drained)."""
+    """Until no collector runs under the agent (the last members' collectors drained). The
+    collector template, which outlives its last collector for its idle time, is not one: its
+    forked collectors are its children."""
     deadline = time.monotonic() + COLLECTORS_GONE_S
     while time.monotonic() < deadline:
-        children = agent.children(recursive=True)
-        if not any("tuneplane.collector" in " ".join(_cmdline(c)) for c in children):
+        collectors = [
+            c
+            for c in agent.children(recursive=True)
+            if "tuneplane.collector" in " ".join(_cmdline(c)) and not _is_template(c, agent)
+        ]
+        if not collectors:
             return
         time.sleep(0.5)
     raise RuntimeError(f"collectors still run under the agent after {COLLECTORS_GONE_S:g} s")
+
+
+def _is_template(proc: psutil.Process, agent: psutil.Process) -> bool:
+    """The runner or collector template: a direct child of the agent that forks the others."""
+    try:
+        direct = proc.ppid() == agent.pid
+    except psutil.Error:
+        return False
+    line = _cmdline(proc)
+    return direct and ("--template" in line or "tuneplane.collector.template" in line)
 
 
 def _cmdline(proc: psutil.Process) -> list[str]:
@@ -98,7 +115,7 @@ def _cpu_s(proc: psutil.Process) -> float:
 
 def _measure(procs: dict[str, psutil.Process], window_s: float) -> dict[str, Figures]:
     """Each process's CPU% of one core over the window (or until it ended) and its median RSS
-    (MiB) in it; the runner template ends by itself after its idle time."""
+    (MiB) in it; the templates end by themselves after their idle time."""
     began = time.monotonic()
     start = {name: _cpu_s(p) for name, p in procs.items()}
     last = dict(start)
@@ -161,9 +178,10 @@ def run(window_s: float, settle_s: float, jobs: int) -> int:
         _collectors_gone(agent)
         time.sleep(settle_s)
         procs = {"agent": agent}
-        template = [c for c in agent.children() if "--template" in _cmdline(c)]
-        if template:
-            procs["runner template"] = template[0]
+        for child in agent.children():
+            if _is_template(child, agent):
+                runner = "--template" in _cmdline(child)
+                procs["runner template" if runner else "collector template"] = child
         if slurmd is not None:
             procs["slurmd"] = slurmd
         figures = _measure(procs, window_s)
