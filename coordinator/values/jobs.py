@@ -119,6 +119,9 @@ class PreviewSummary:
     gpus_per_member: int
     members: int
     profile: str
+    # The tag Preview resolved the runtime image from ("" when the JobSpec named a digest or a
+    # host runtime); the resolved JobSpec names the pinned digest.
+    image_tag: str = ""
 
 
 @attrs.frozen
