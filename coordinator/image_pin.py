@@ -148,14 +148,12 @@ async def pin(
     return Pinned(str(image), "", found.media_type)
 
 
-def _client(
-    image: ImageRef | TaggedImage, access: RegistryAccess, fleet: str, timeout: float
-) -> RegistryClient:
+def _client(registry: str, access: RegistryAccess, fleet: str, timeout: float) -> RegistryClient:
     return RegistryClient(
-        image.registry,
+        registry,
         access,
         timeout=timeout,
         retries=0,
         holder="coordinator",
-        configured_in=_entry(fleet, image.registry),
+        configured_in=_entry(fleet, registry),
     )
