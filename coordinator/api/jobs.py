@@ -134,7 +134,7 @@ class ApiService:
                 preview_id="pv-" + secrets.token_hex(8),
                 digest=admitted.digest,
                 resolved_jobspec_json="",
-                summary=s,
+                summary=admitted.summary,
                 created_at_ms=now_ms(),
                 owner=principal.name,
             )
