@@ -27,6 +27,9 @@ from tests.coordinator.grpc_client import api_client, job_ids, jobspec
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.oci_registry import RegistryProcess, start_registry, tar_layer
 from tests.support.store_backend import StoreBackend, read, where_in
+from tuneplane.coordinator.catalogue import Catalogue
+from tuneplane.coordinator.cli.project import init_project
+from tuneplane.coordinator.cli.scaffold import new_experiment
 from tuneplane.coordinator.store.core import Store
 from tuneplane.proto import v1
 
@@ -277,3 +280,20 @@ def test_a_stalled_registry_is_refused_at_its_deadline_and_stalls_no_other_previ
     assert f"{site.stalled} did not answer within {SLOW_TIMEOUT_S:g} s" in message
     assert "timeout_s" in message
     assert _counts(coord) == (before[0] + 1, before[1])  # only the good preview
+
+
+def test_tp_submit_image_previews_the_pinned_image(site: Site, tmp_path: Path) -> None:
+    coord, registry = site.coord, site.registry
+    pinned = _push(registry, "team/tp", "2.4", "tp")
+    made = init_project(tmp_path / "proj", "imagetp")
+    new_experiment(made, "hello", "custom/custom", Catalogue.bundled())
+    image = f"{registry.address}/team/tp:2.4"
+    human = run_tp_as(coord, None, "submit", "hello", "--profile", "cpu:0", "--image", image,
+                      "--preview", cwd=made.root)  # fmt: skip
+    assert human.returncode == 0, human.stderr
+    assert pinned in human.stdout and "tag '2.4' pinned at Preview" in human.stdout
+    scripted = run_tp_as(coord, None, "submit", "hello", "--profile", "cpu:0", "--image", image,
+                         "--preview", "--json", cwd=made.root)  # fmt: skip
+    assert scripted.returncode == 0, scripted.stderr
+    line = json.loads(scripted.stdout.splitlines()[0])
+    assert line["runtime_id"] == pinned and line["summary"]["image_tag"] == "2.4"
