@@ -1,5 +1,6 @@
-"""A pull-only client of the OCI distribution API over HTTPS, on Trio, that never blocks the event
-loop: manifests by digest, blobs streamed to disk, verified, and resumed where they stopped.
+"""A pull-only client of the OCI distribution API over HTTPS that never blocks the event loop:
+manifests by digest, blobs streamed to disk, verified, and resumed where they stopped, and a tag
+resolved to the digest of what it names.
 
 Rules:
 - TLS verification is always on (DESIGN.md, "Identity and security"): against the system's CA
@@ -19,6 +20,9 @@ Rules:
   resuming each time; after that the pull fails with :class:`RegistryUnreachable`, the partial
   kept for the next pull.
 - File writes, hashing and fsyncs run in worker threads; only the sockets are on the loop.
+- It is written with anyio, so it runs the same on Trio (the agent pulls with it) and on asyncio
+  (the coordinator resolves tags with it at Preview). ``holder`` and ``configured_in`` name who
+  holds the credentials and where they are configured, for the sentences its errors say.
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import anyio
 import attrs
 import httpx
-import trio
 
 from .atomic_file import fsync_dir
 from .crashpoint import crashpoint
@@ -48,7 +52,7 @@ from .image_errors import (
     RegistryFailed,
     RegistryUnreachable,
 )
-from .image_manifest import ACCEPT, MAX_MANIFEST_BYTES, Descriptor
+from .image_manifest import ACCEPT, MAX_MANIFEST_BYTES, Descriptor, read_document, sha256_hex
 
 #: Bytes read from the socket per write to the partial file (one worker-thread hop each).
 CHUNK = 1 << 20
@@ -63,6 +67,15 @@ class RegistryAccess:
     ca_file: Path | None = None
     username: str | None = None
     password: str | None = attrs.field(default=None, repr=False)
+
+
+@attrs.frozen
+class Resolution:
+    """What a reference names at a registry now: the manifest's (or index's) sha256 hex and its
+    media type."""
+
+    digest_hex: str
+    media_type: str
 
 
 @attrs.frozen
@@ -112,8 +125,12 @@ class RegistryClient:
         timeout: float = 30.0,
         retries: int = 5,
         first_pause: float = 0.25,
+        holder: str = "Node",
+        configured_in: str = "the Node's configuration",
     ) -> None:
         self.registry = registry
+        self.holder = holder
+        self.configured_in = configured_in
         self.access = access or RegistryAccess()
         self.retries = retries
         self.first_pause = first_pause
@@ -124,7 +141,7 @@ class RegistryClient:
             verify=_tls_context(self.access.ca_file, registry),
             timeout=httpx.Timeout(timeout),
             follow_redirects=True,  # registries may send blob GETs to a storage host
-            headers={"User-Agent": "tuneplane-node"},
+            headers={"User-Agent": f"tuneplane-{holder.lower()}"},
         )
 
     async def __aenter__(self) -> RegistryClient:
@@ -133,7 +150,7 @@ class RegistryClient:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        with trio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
             await self._http.aclose()
 
     # -- manifests -------------------------------------------------------------------------
@@ -141,8 +158,35 @@ class RegistryClient:
     async def manifest(self, name: str, digest_hex: str) -> tuple[bytes, str]:
         """The raw bytes and Content-Type of the manifest or index ``name@sha256:digest_hex``
         (not yet verified: :func:`image_manifest.read_document` does that)."""
-        url = self._url(f"/v2/{name}/manifests/sha256:{digest_hex}")
         where = f"{self.registry}/{name}@sha256:{digest_hex}"
+        data, content_type, _ = await self._document(name, f"sha256:{digest_hex}", where)
+        return data, content_type
+
+    async def resolve(self, name: str, reference: str) -> Resolution:
+        """What ``name:<tag>`` (or ``name@sha256:<hex>``) names now: the sha256 of the manifest
+        or index the registry serves for it, computed from the bytes read (a
+        ``Docker-Content-Digest`` that disagrees is a :class:`DigestMismatch`), and its media
+        type. An index stays an index: the Node picks its platform's manifest at pull. A
+        document that is no image (schema 1, another media type) is a :class:`ManifestRefused`,
+        and a digest reference whose bytes hash otherwise a :class:`DigestMismatch`."""
+        sep = "@" if reference.startswith("sha256:") else ":"
+        where = f"{self.registry}/{name}{sep}{reference}"
+        data, content_type, claimed = await self._document(name, reference, where)
+        digest_hex = sha256_hex(data)
+        if claimed and claimed != f"sha256:{digest_hex}":
+            raise DigestMismatch(
+                f"The registry {self.registry} says {where} is {claimed}, but the manifest it "
+                f"served hashes to sha256:{digest_hex}; the registry is broken or tampered "
+                "with, so nothing is pinned to it."
+            )
+        expected = reference.removeprefix("sha256:") if sep == "@" else digest_hex
+        document = read_document(data, content_type, expected, where)
+        return Resolution(digest_hex, document.media_type)
+
+    async def _document(self, name: str, reference: str, where: str) -> tuple[bytes, str, str]:
+        """The bytes, Content-Type and Docker-Content-Digest ("" when absent) of the manifest
+        ``reference`` (a tag or ``sha256:<hex>``) names, at most :data:`MAX_MANIFEST_BYTES`."""
+        url = self._url(f"/v2/{name}/manifests/{reference}")
         for attempt in range(self.retries + 1):
             try:
                 async with self._request(name, url, {"Accept": ACCEPT}, where) as response:
@@ -156,12 +200,17 @@ class RegistryClient:
                     if len(data) > MAX_MANIFEST_BYTES or int(declared or 0) > MAX_MANIFEST_BYTES:
                         raise ManifestRefused(
                             f"The registry {self.registry} serves more than {MAX_MANIFEST_BYTES} "
-                            f"bytes for the manifest of {where}; a Node reads no larger manifest, "
-                            "so the registry is serving something that is not one."
+                            f"bytes for the manifest of {where}; a {self.holder} reads no larger "
+                            "manifest, so the registry is serving something that is not one."
                         )
-                    return bytes(data), response.headers.get("Content-Type", "")
+                    headers = response.headers
+                    return (
+                        bytes(data),
+                        headers.get("Content-Type", ""),
+                        headers.get("Docker-Content-Digest", "").strip(),
+                    )
             except httpx.TransportError as exc:
-                await self._pause_or_raise(attempt, where, exc)
+                await self._pause_or_raise(attempt, where, exc, resumes=False)
         raise AssertionError("unreachable: the last attempt raises")
 
     # -- blobs -----------------------------------------------------------------------------
@@ -179,7 +228,7 @@ class RegistryClient:
         bytes of the blob are on disk (a resumed partial's bytes are reported first)."""
         where = f"{self.registry}/{name}@{descriptor.digest}"
         url = self._url(f"/v2/{name}/blobs/{descriptor.digest}")
-        writer = await trio.to_thread.run_sync(_PartialBlob.open, partial, descriptor)
+        writer = await anyio.to_thread.run_sync(_PartialBlob.open, partial, descriptor)
         try:
             if writer.offset:
                 on_bytes(writer.offset)
@@ -194,9 +243,9 @@ class RegistryClient:
                     raise httpx.RemoteProtocolError("the response ended before the blob did")
                 except httpx.TransportError as exc:
                     await self._pause_or_raise(attempt, where, exc)
-            await trio.to_thread.run_sync(writer.finish, dest)
+            await anyio.to_thread.run_sync(writer.finish, dest)
         finally:
-            await trio.to_thread.run_sync(writer.close)
+            await anyio.to_thread.run_sync(writer.close)
 
     async def _stream_into(
         self,
@@ -219,7 +268,7 @@ class RegistryClient:
                 # start the blob again from byte 0.
                 self.stats.restarts += 1
                 on_bytes(-writer.offset)
-                await trio.to_thread.run_sync(writer.restart)
+                await anyio.to_thread.run_sync(writer.restart)
                 if response.status_code != 200:
                     await response.aclose()
                     await self._stream_into(writer, name, url, where, on_bytes)  # no Range now
@@ -230,7 +279,7 @@ class RegistryClient:
                     "Range; it is not serving the blob."
                 )
             async for chunk in response.aiter_bytes(CHUNK):
-                await trio.to_thread.run_sync(writer.write, chunk, where)
+                await anyio.to_thread.run_sync(writer.write, chunk, where)
                 self.stats.blob_bytes += len(chunk)
                 on_bytes(len(chunk))
 
@@ -285,21 +334,23 @@ class RegistryClient:
             if self.access.username is None:
                 raise RegistryAuthRefused(
                     f"The registry {self.registry} wants a user name and password for {where}, "
-                    "and this Node holds none for it; add them to the registry's entry in the "
-                    "Node's configuration."
+                    f"and this {self.holder} holds none for it; add them to the registry's entry "
+                    f"in {self.configured_in}."
                 )
             self._basic = True
             return
         if challenge.scheme != "bearer" or "realm" not in challenge.params:
             raise RegistryAuthRefused(
                 f"The registry {self.registry} asked for {challenge.scheme or 'no'} "
-                f"authentication for {where}; a Node answers Basic and Bearer challenges only."
+                f"authentication for {where}; a {self.holder} answers Basic and Bearer "
+                "challenges only."
             )
         realm = challenge.params["realm"]
         if not realm.startswith("https://"):
             raise RegistryAuthRefused(
-                f"The registry {self.registry} sends the Node to the token service {realm!r}, "
-                "which is not HTTPS; the Node sends credentials only over verified TLS."
+                f"The registry {self.registry} sends the {self.holder} to the token service "
+                f"{realm!r}, which is not HTTPS; the {self.holder} sends credentials only over "
+                "verified TLS."
             )
         query = {"scope": challenge.params.get("scope", scope)}
         if "service" in challenge.params:
@@ -313,7 +364,7 @@ class RegistryClient:
         except httpx.TransportError as exc:
             raise RegistryUnreachable(
                 f"The token service {realm} of the registry {self.registry} could not be "
-                f"reached ({type(exc).__name__}: {exc}); check the Node's network to it."
+                f"reached ({type(exc).__name__}: {exc}); check the {self.holder}'s network to it."
             ) from None
         if response.status_code in (401, 403):
             raise self._refused(where)
@@ -339,7 +390,7 @@ class RegistryClient:
         )
         return RegistryAuthRefused(
             f"The registry {self.registry} refused {who} for {where}; check the user name and "
-            "password in the registry's entry in the Node's configuration, and that the account "
+            f"password in the registry's entry in {self.configured_in}, and that the account "
             "may pull this repository."
         )
 
@@ -358,15 +409,22 @@ class RegistryClient:
             f"{f' ({text})' if text else ''}; the pull cannot go on from that."
         )
 
-    async def _pause_or_raise(self, attempt: int, where: str, exc: Exception) -> None:
+    async def _pause_or_raise(
+        self, attempt: int, where: str, exc: Exception, resumes: bool = True
+    ) -> None:
         if attempt >= self.retries:
+            then = (
+                "what was pulled is kept and the next pull resumes it"
+                if resumes
+                else "check that it is up and that this machine reaches it"
+            )
             raise RegistryUnreachable(
                 f"The registry {self.registry} could not be reached for {where} after "
-                f"{attempt + 1} tries ({type(exc).__name__}: {exc or 'connection lost'}); what "
-                "was pulled is kept and the next pull resumes it."
+                f"{attempt + 1} tries ({type(exc).__name__}: {exc or 'connection lost'}); "
+                f"{then}."
             ) from None
         self.stats.retries += 1
-        await trio.sleep(min(self.first_pause * 2**attempt, 8.0))
+        await anyio.sleep(min(self.first_pause * 2**attempt, 8.0))
 
 
 def _tls_context(ca_file: Path | None, registry: str) -> ssl.SSLContext:

@@ -109,6 +109,16 @@ def parse_tagged_image(text: str) -> TaggedImage:
     return TaggedImage(registry, name, tag)
 
 
+def is_registry(text: str) -> bool:
+    """Whether ``text`` is a registry as an image reference writes it: ``host[:port]``, the host
+    a name with a dot, ``localhost`` or an IP address (a bracketed IPv6 one)."""
+    try:
+        _check_registry(text, text)
+    except ImageRefError:
+        return False
+    return bool(text) and "/" not in text
+
+
 def _registry_and_name(where: str, text: str) -> tuple[str, str]:
     registry, slash, name = where.partition("/")
     if not slash or not registry:

@@ -11,7 +11,9 @@ Rules:
   :func:`.parameters.workload_command`. Preview shows them and the Node runs them as they are; an
   intent that sets them is refused. The entrypoint file the recipe names must be in the experiment.
 - Site policy is checked on the resolved JobSpec (its runtime and its whole env, the Profile's
-  included): loader variables only on a runtime coordinator.toml allows them for.
+  included): loader variables only on a runtime coordinator.toml allows them for, and an
+  ``image:`` runtime only from a registry the Profile's Fleet lists (:mod:`.image_pin`; Preview
+  then pins it to a digest, which needs the network and so is not done here).
 - :func:`admit` is the whole of it from JSON text to the canonical resolved JSON and its digest,
   with only text, bytes and small values in and out, so Preview can run it in a worker process for a
   JobSpec of megabytes.
@@ -37,6 +39,7 @@ from tuneplane.proto.contract.jobspec import (
 
 from .catalogue import Catalogue, Parameter, Recipe
 from .config import CoordinatorConfig, Profile
+from .image_pin import image_runtime, registry_for
 from .jobspec import check_loader_policy
 from .parameters import ParameterError, workload_command
 from .values.jobs import PreviewSummary
@@ -64,6 +67,8 @@ class Admitted:
     gpus_per_member: int | None
     # The run a Derivation names (``--init-from``); Preview resolves its source (derivation.py).
     init_from: str | None = None
+    # The resolved runtime; an ``image:`` one is pinned to a digest by Preview (image_pin.py).
+    runtime_id: str = ""
 
 
 def admit(text: str, config: CoordinatorConfig, catalogue: Catalogue) -> Admitted:
@@ -80,6 +85,7 @@ def admit(text: str, config: CoordinatorConfig, catalogue: Catalogue) -> Admitte
         members=res.members,
         gpus_per_member=res.gpus_per_member,
         init_from=resolved.spec.init_from,
+        runtime_id=resolved.spec.runtime_id,
     )
 
 
@@ -312,6 +318,9 @@ def resolve(spec: JobSpec, config: CoordinatorConfig, catalogue: Catalogue) -> R
     )
     validate(resolved)
     check_loader_policy(resolved, config.loader_env_runtimes)
+    image = image_runtime(resolved.runtime_id)
+    if image is not None:
+        registry_for(image, resolved.runtime_id, profile.fleet, config.fleets.get(profile.fleet))
     fixed_members = members
     if fixed_members is None and gpus_per_member:
         fixed_members = res.gpus // gpus_per_member

@@ -33,7 +33,9 @@ from ..counters import ADMISSIONS
 from ..derivation import SourceRun, resolve_source
 from ..gateways.message_limits import INLINE_DECODE_BYTES, encode_with, pre_encoded
 from ..gateways.status import grpc_errors
+from ..image_pin import image_runtime, pin, registry_for
 from ..job_access import check_read, may_read
+from ..jobspec import check_loader_policy
 from ..lifecycle_failure import TAIL_BYTES, culprit, first_failure
 from ..offload import PROCESS_TEXT_CHARS, in_process, in_thread
 from ..placement import Request
@@ -116,6 +118,7 @@ class ApiService:
                     "Ask the coordinator's operator to create it or fix the Profile.",
                 )
             admitted = await self._derive(admitted, stream)
+            admitted = await self._pin_image(admitted)
             refusal = never_fits(
                 Request(admitted.gpus, admitted.members, admitted.gpus_per_member),
                 s.fleet,
@@ -131,7 +134,7 @@ class ApiService:
                 preview_id="pv-" + secrets.token_hex(8),
                 digest=admitted.digest,
                 resolved_jobspec_json="",
-                summary=s,
+                summary=admitted.summary,
                 created_at_ms=now_ms(),
                 owner=principal.name,
             )
@@ -169,6 +172,35 @@ class ApiService:
                  source.node_id or "-")  # fmt: skip
         canonical = jobspec.canonical_json(attrs.evolve(spec, init_from_source=source)).encode()
         return attrs.evolve(admitted, resolved_json=canonical, digest=jobspec.digest_of(canonical))
+
+    async def _pin_image(self, admitted: Admitted) -> Admitted:
+        """``admitted`` with its ``image:`` runtime pinned to the digest its registry serves now
+        (a tag resolved, a digest checked to exist) and the digest recomputed over it, or the
+        :class:`RuntimeImageRefused` saying why not; a ``host:`` runtime as it is."""
+        image = image_runtime(admitted.runtime_id)
+        if image is None:
+            return admitted
+        fleet = admitted.summary.fleet
+        settings = registry_for(image, admitted.runtime_id, fleet, self._config.fleets.get(fleet))
+        pinned = await pin(image, settings, fleet, admitted.runtime_id)
+        log.info("runtime image pinned runtime_id=%s tag=%s media_type=%s fleet=%s",
+                 pinned.runtime_id, pinned.tag or "-", pinned.media_type, fleet)  # fmt: skip
+        spec = await self._off_loop(
+            len(admitted.resolved_json), jobspec.loads, admitted.resolved_json.decode("utf-8")
+        )
+        spec = attrs.evolve(spec, runtime_id=pinned.runtime_id)
+        # The site's runtime policy names the runtime as Jobs run it: pinned.
+        check_loader_policy(spec, self._config.loader_env_runtimes)
+        canonical = await self._off_loop(
+            len(admitted.resolved_json), lambda: jobspec.canonical_json(spec).encode()
+        )
+        return attrs.evolve(
+            admitted,
+            resolved_json=canonical,
+            digest=jobspec.digest_of(canonical),
+            runtime_id=pinned.runtime_id,
+            summary=attrs.evolve(admitted.summary, image_tag=pinned.tag),
+        )
 
     async def _admit(self, text: str) -> Admitted:
         """:func:`admit` where it holds the event loop for no more than a few milliseconds: inline

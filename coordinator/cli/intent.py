@@ -66,6 +66,21 @@ class SubmitRequest:
     params: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     init_from: str | None = None
+    # --image: the runtime image instead of the recipe's runtime (image:<registry>/<name>:<tag>
+    # or @sha256:<hex>; the "image:" prefix may be left out). The coordinator pins a tag at
+    # Preview.
+    image: str | None = None
+
+
+def _runtime(image: str) -> str:
+    """``--image`` as a runtime id; its form is checked by the coordinator at Preview."""
+    text = image.strip()
+    if not text:
+        raise IntentError(
+            "--image is empty; name an image as <registry>/<name>:<tag> or "
+            "<registry>/<name>@sha256:<64 hex digits>."
+        )
+    return text if text.startswith("image:") else f"image:{text}"
 
 
 # -- parameters ------------------------------------------------------------------------------
@@ -363,7 +378,7 @@ def build_jobspec(
         experiment=request.experiment,
         method_id=lock.method_id,
         recipe_digest=lock.recipe_digest,
-        runtime_id=lock.runtime_id,
+        runtime_id=_runtime(request.image) if request.image is not None else lock.runtime_id,
         entrypoint=resolve_entrypoint(recipe, parameters),
         resources=resources,
         parameters=parameters,

@@ -128,6 +128,7 @@ def preview_json(record: Submission, path: Path) -> dict[str, Any]:
         "kind": "preview",
         "preview_id": p.preview_id,
         "digest": p.digest,
+        "runtime_id": _runtime_id(p),
         "summary": _CONVERTER.unstructure(p.summary),
         "created_at_ms": p.created_at_ms,
         "project": record.project,
@@ -142,6 +143,22 @@ def preview_json(record: Submission, path: Path) -> dict[str, Any]:
 def receipt_json(receipt: Receipt) -> dict[str, Any]:
     data: dict[str, Any] = _CONVERTER.unstructure(receipt)
     return {"kind": "receipt", **data}
+
+
+def _runtime_id(preview: Preview) -> str | None:
+    """runtime_id of the resolved JobSpec (an image pinned by digest), or None when unreadable."""
+    try:
+        runtime = json.loads(preview.resolved_jobspec_json)["runtime_id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return runtime if isinstance(runtime, str) else None
+
+
+def _runtime(preview: Preview) -> str:
+    """The Runtime line: the resolved runtime, and the tag an image was pinned from."""
+    runtime = _runtime_id(preview) or "?"
+    tag = preview.summary.image_tag
+    return f"{runtime} (tag {tag!r} pinned at Preview)" if tag else runtime
 
 
 def _total_gpus(preview: Preview) -> int | None:
@@ -174,6 +191,7 @@ def preview_view(preview: Preview, experiment: str, project: str, saved: str) ->
         ("Profile", s.profile or "-"),
         ("Series", s.series or "-"),
         ("GPUs", _gpu_shape(preview)),
+        ("Runtime", _runtime(preview)),
         *launch_rows(preview.resolved_jobspec_json),
         ("Digest", preview.digest),
         ("Saved", saved),
@@ -261,6 +279,7 @@ def job_view(job: Job) -> list[RenderableType]:
                 ("Owner", job.owner or "-"),
                 ("Fleet", job.fleet or "-"),
                 ("Profile", job.profile or "-"),
+                ("Runtime", job.runtime_id or "-"),
                 ("Derivation", derivation),
                 ("Preview", f"{job.preview_id} ({job.digest})"),
                 ("Created", when(job.created_at_ms)),

@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="Recipe parameter.")
 @click.option("--env", "env_vars", multiple=True, metavar="NAME=VALUE", help="Workload env.")
 @click.option("--init-from", metavar="RUN_ID", help="Begin from another run's artifact.")
+@click.option(
+    "--image",
+    metavar="REGISTRY/NAME:TAG|@sha256:HEX",
+    help="Run in this image instead of the recipe's runtime; a tag is pinned at Preview.",
+)
 @click.option("--preview", "preview_only", is_flag=True, help="Preview only; commit later.")
 @click.option("--yes", is_flag=True, help="Preview and commit at once.")
 @click.option("--commit", "commit_target", metavar="PREVIEW", help="Commit a preview (file/id).")
@@ -50,6 +55,7 @@ def submit(
     params: tuple[str, ...],
     env_vars: tuple[str, ...],
     init_from: str | None,
+    image: str | None,
     preview_only: bool,
     yes: bool,
     commit_target: str | None,
@@ -62,7 +68,7 @@ def submit(
     receipt ("kind": "receipt") once committed.
     """
     if commit_target is not None:
-        shaping = (experiment, profile, members, init_from) != (None, None, None, None)
+        shaping = (experiment, profile, members, init_from, image) != (None,) * 5
         if shaping or params or env_vars or preview_only or yes:
             raise click.UsageError(
                 "--commit takes only the preview (file or id); the intent was fixed when it "
@@ -78,7 +84,7 @@ def submit(
             "or --yes to preview and commit at once."
         )
     project = here()
-    request = SubmitRequest(experiment, profile, members, params, env_vars, init_from)
+    request = SubmitRequest(experiment, profile, members, params, env_vars, init_from, image)
     spec = build_jobspec(project, request, Catalogue.bundled())
     endpoint = options.endpoint()
     log.debug("jobspec built experiment=%s local_digest=%s", experiment, jobspec.digest(spec))

@@ -24,6 +24,7 @@ from .values import CoordinatorConfig as CoordinatorConfig
 from .values import FleetSettings as FleetSettings
 from .values import Limits as Limits
 from .values import Profile as Profile
+from .values import RegistrySettings as RegistrySettings
 from .values import RuntimeSettings as RuntimeSettings
 from .values import Series as Series
 from .values import parse_duration as parse_duration

@@ -51,6 +51,17 @@ DEFAULT_CONFIG = """\
 #                             path and uses as its output root (node.toml out_root): a run
 #                             whose outputs lie under it can be an --init-from source
 #                             (docs/researcher.md, "Starting from another run")
+# [fleet.<name>.registries."<host[:port]>"]  optional: a registry whose images Jobs on this
+#                             Fleet may run (`image:<registry>/<name>:<tag>` or `@sha256:...`);
+#                             an image from a registry the Fleet does not list is refused at
+#                             Preview, where a tag is resolved to its digest (docs/operator.md,
+#                             "Registries"). Every key is optional:
+#   ca_file = "/etc/tuneplane/registry-ca.pem"    the CA that signed the registry's certificate
+#                             (default: the system's CA bundle; TLS is always verified)
+#   username = "tuneplane"    the account Preview reads manifests as, with
+#   password_file = "/etc/tuneplane/registry.password"   the file holding its password (read
+#                             at each Preview, never printed or logged)
+#   timeout_s = 10            how long a Preview waits for this registry
 # [runtimes."<runtime id>"]  optional: what Jobs on one runtime may do
 #   allow_loader_env = true   a JobSpec's env may set LD_*, PYTHONPATH and their kin on this
 #                             runtime (refused at Preview otherwise); the Node decides again

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 import attrs
 
@@ -78,6 +79,23 @@ class RuntimeSettings:
     allow_loader_env: bool = False
 
 
+#: How long Preview waits for a registry to answer a tag or digest, unless its entry says.
+DEFAULT_REGISTRY_TIMEOUT_S = 10.0
+
+
+@attrs.frozen
+class RegistrySettings:
+    """``[fleet.<name>.registries."<host[:port]>"]``: how the coordinator reaches one registry
+    when it resolves an image at Preview. The password stays in ``password_file``, read at each
+    resolution (so a rotated one needs no restart), and is never printed or logged."""
+
+    registry: str  # host[:port], as image references write it
+    ca_file: Path | None = None  # None: the system's CA bundle
+    username: str | None = None
+    password_file: Path | None = None
+    timeout_s: float = DEFAULT_REGISTRY_TIMEOUT_S
+
+
 @attrs.frozen
 class FleetSettings:
     """``[fleet.<name>]``: per-Fleet settings."""
@@ -90,6 +108,9 @@ class FleetSettings:
     # An absolute directory every Node of the Fleet mounts at this same path as its output
     # root; outputs under it can seed a Derivation (``--init-from``). "": none declared.
     shared_output_root: str = ""
+    # The registries whose images Jobs on this Fleet may run, by ``host[:port]``; an image from
+    # any other registry is refused at Preview.
+    registries: Mapping[str, RegistrySettings] = attrs.field(factory=dict)
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ from tuneplane.proto.contract.jobspec import JobSpecError
 
 from ..auth import AuthError, PermissionDenied
 from ..config import ConfigError
+from ..image_pin import RuntimeImageRefused
 from ..store.core import Conflict, EnrollRefused, NotFound
 from ..wire.errors import BadMessage
 
@@ -75,6 +76,8 @@ def grpc_errors() -> Iterator[None]:
     except Conflict as exc:
         raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from None
     except ConfigError as exc:
+        raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from None
+    except RuntimeImageRefused as exc:
         raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from None
     except InputRefused as exc:
         raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None

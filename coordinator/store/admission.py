@@ -84,8 +84,8 @@ class Admission(StoreBase):
                     "INSERT INTO jobs (run_id, preview_id, digest, retry_key, owner, project, "
                     "experiment, method_id, profile, fleet, series, gpus, members_wanted, "
                     "gpus_per_member, init_from, state, state_reason, created_at_ms, "
-                    "updated_at_ms) VALUES "
-                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "updated_at_ms, runtime_id) VALUES "
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         run_id,
                         preview_id,
@@ -106,19 +106,23 @@ class Admission(StoreBase):
                         "admitted; waiting for free GPUs",
                         now,
                         now,
+                        spec["runtime_id"],
                     ),
                 )
                 await db.execute(
                     "INSERT INTO job_states (run_id, state, reason, at_ms) VALUES (?, ?, ?, ?)",
                     (run_id, lc.QUEUED, "admitted; waiting for free GPUs", now),
                 )
-                await self.log_decision(
-                    db,
-                    now,
-                    "admission",
-                    {"preview_id": preview_id, "digest": digest, "owner": owner},
-                    run_id=run_id,
-                )
+                detail = {
+                    "preview_id": preview_id,
+                    "digest": digest,
+                    "owner": owner,
+                    "runtime_id": spec["runtime_id"],
+                }
+                if summary.get("image_tag"):
+                    # The image is pinned by digest; the tag it was resolved from at Preview.
+                    detail["image_tag"] = summary["image_tag"]
+                await self.log_decision(db, now, "admission", detail, run_id=run_id)
                 return Receipt(run_id, preview_id, digest, retry_key, now, created=True)
 
         try:

@@ -89,7 +89,7 @@ class JobReads(StoreBase):
             r = await first_row(
                 self.reader,
                 "SELECT run_id, project, experiment, owner, state, fleet, profile, method_id, "
-                "preview_id, digest, init_from, created_at_ms, state_reason FROM jobs "
+                "preview_id, digest, init_from, created_at_ms, state_reason, runtime_id FROM jobs "
                 "WHERE run_id = ?",
                 (run_id,),
             )
@@ -118,6 +118,7 @@ class JobReads(StoreBase):
                     history=history,
                     attempts=attempts,
                     state_reason=str(r[12]),
+                    runtime_id=str(r[13]),
                 )
             )
         return views

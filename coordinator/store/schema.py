@@ -312,6 +312,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE nodes ADD COLUMN outputs_grant_key TEXT NOT NULL DEFAULT ''",
         ),
     ),
+    (
+        16,
+        (
+            # The Job's runtime as admitted (the resolved JobSpec's runtime_id): an image is
+            # pinned by digest at Preview, so this names the exact image. '' for Jobs admitted
+            # before it was kept (their resolved JobSpec still says).
+            "ALTER TABLE jobs ADD COLUMN runtime_id TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -107,6 +107,9 @@ class Job:
     state_reason: str = ""
     # Only on a failed Job read with GetJob (``tp job show``); None otherwise.
     first_failure: FirstFailure | None = None
+    # The runtime as admitted: host:<interpreter>, or image:<registry>/<name>@sha256:<hex>
+    # pinned at Preview. "" for a Job admitted before the store kept it.
+    runtime_id: str = ""
 
 
 @attrs.frozen
@@ -119,6 +122,9 @@ class PreviewSummary:
     gpus_per_member: int
     members: int
     profile: str
+    # The tag Preview resolved the runtime image from ("" when the JobSpec named a digest or a
+    # host runtime); the resolved JobSpec names the pinned digest.
+    image_tag: str = ""
 
 
 @attrs.frozen

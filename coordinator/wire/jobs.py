@@ -142,6 +142,7 @@ def job_to_wire(job: Job) -> v1.Job:
         created_at_ms=job.created_at_ms,
         init_from=job.init_from,
         state_reason=job.state_reason,
+        runtime_id=job.runtime_id,
     )
     if job.first_failure is not None:
         msg.first_failure = first_failure_to_wire(job.first_failure)
@@ -165,6 +166,7 @@ def job_from_wire(msg: v1.Job) -> Job:
         history=_changes_from_wire(msg.history),
         attempts=tuple(attempt_from_wire(a) for a in msg.attempts),
         state_reason=msg.state_reason,
+        runtime_id=msg.runtime_id,
         first_failure=first_failure_from_wire(msg.first_failure),
     )
 
@@ -185,12 +187,15 @@ def summary_to_wire(s: PreviewSummary) -> v1.PreviewSummary:
         gpus_per_member=s.gpus_per_member,
         members=s.members,
         profile=s.profile,
+        image_tag=s.image_tag,
     )
 
 
 def summary_from_wire(s: v1.PreviewSummary | None) -> PreviewSummary:
     s = s or v1.PreviewSummary()
-    return PreviewSummary(s.fleet, s.backend, s.series, s.gpus_per_member, s.members, s.profile)
+    return PreviewSummary(
+        s.fleet, s.backend, s.series, s.gpus_per_member, s.members, s.profile, s.image_tag
+    )
 
 
 def preview_to_wire(preview: Preview) -> v1.PreviewReply:

@@ -332,6 +332,11 @@ class PreviewSummary(betterproto.Message):
     gpus_per_member: int = betterproto.uint32_field(4)
     members: int = betterproto.uint32_field(5)
     profile: str = betterproto.string_field(6)
+    image_tag: str = betterproto.string_field(7)
+    """
+    The tag Preview resolved the runtime image from; "" when the JobSpec named a digest (or a
+     host runtime). The resolved JobSpec's runtime_id is the pinned image:...@sha256:...
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -440,6 +445,12 @@ class Job(betterproto.Message):
     first_failure: "FirstFailure" = betterproto.message_field(16)
     """
     Set by GetJob on a failed Job: the member of its latest attempt that failed first.
+    """
+
+    runtime_id: str = betterproto.string_field(17)
+    """
+    The runtime it runs on, as admitted: a host:<interpreter>, or an image pinned by digest
+     (image:<registry>/<name>@sha256:<hex>). "" for a Job admitted before it was kept.
     """
 
 
