@@ -67,6 +67,7 @@ from .image_store import (
     Eviction,
     evict,
     gc_lock_path,
+    keep_root_bytes,
     mark_used,
     remove_tree,
     try_lock,
@@ -423,6 +424,7 @@ class ImageCache:
             crashpoint("before-image-root-renamed", image=ref.digest_hex[:12])
             os.rename(build, self.root_path(ref))
             fsync_dir(roots)
+            keep_root_bytes(self.directory, ref.digest_hex)
         except BaseException:
             remove_tree(build)
             raise

@@ -258,20 +258,27 @@ def _used_at(directory: Path, digest_hex: str, record_mtime: float) -> int:
         return int(record_mtime * 1000)  # never marked: when it became ready
 
 
-def _root_bytes(directory: Path, digest_hex: str) -> int:
-    """The root's size, measured once and kept in ``sizes/<hex>`` (a root never changes)."""
-    kept = directory / "sizes" / digest_hex
-    try:
-        return int(json.loads(kept.read_bytes())["root_bytes"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+def sizes_path(directory: Path, digest_hex: str) -> Path:
+    return directory / "sizes" / digest_hex
+
+
+def keep_root_bytes(directory: Path, digest_hex: str) -> int:
+    """Measure the image's root and keep its size in ``sizes/<hex>`` (a root never changes):
+    the cache does it once, when the root is put in place, so reading the cache writes
+    nothing."""
     measured = tree_bytes(directory / "roots" / digest_hex)
-    try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(kept, {"root_bytes": measured})
-    except OSError:
-        pass  # a read-only look (doctor as another user) measures again next time
+    path = sizes_path(directory, digest_hex)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"root_bytes": measured})
     return measured
+
+
+def _root_bytes(directory: Path, digest_hex: str) -> int:
+    """The root's kept size, or measured now (a root a cache before sizes/ unpacked)."""
+    try:
+        return int(json.loads(sizes_path(directory, digest_hex).read_bytes())["root_bytes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return tree_bytes(directory / "roots" / digest_hex)
 
 
 def _blobs_of(directory: Path, digest_hex: str, record: Mapping[str, Any]) -> frozenset[str]:
