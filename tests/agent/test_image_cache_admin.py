@@ -381,8 +381,8 @@ async def test_prune_waits_for_a_pull_in_progress_and_does_not_disturb_it(
         out = b""
         while chunk := await proc.stdout.receive_some(65536):
             out += chunk
-        await proc.wait()
-        outcome.append(subprocess.CompletedProcess([], proc.returncode, out.decode(), ""))
+        code = await proc.wait()
+        outcome.append(subprocess.CompletedProcess([], code, out.decode(), ""))
 
     layer_hex = hashlib.sha256(layer).hexdigest()
     async with trio.open_nursery() as nursery:
