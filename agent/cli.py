@@ -1,4 +1,5 @@
-"""``tuneplane-node``: enroll, run, status, doctor, journal (the on-call's offline reader), gpu.
+"""``tuneplane-node``: enroll, run, status, doctor, journal (the on-call's offline reader), gpu,
+images.
 
 Rules: every failure is a typed error turned into one sentence on stderr and exit status 1;
 ``journal``, ``status`` and ``doctor`` open the journal read-only and never need the daemon or
@@ -28,6 +29,8 @@ COMMANDS = {
     "status": "tuneplane.agent.status_cli:status_command",
     "doctor": "tuneplane.agent.doctor_cli:doctor_command",
     "gpu": "tuneplane.agent.gpu_cli:gpu_group",
+    # The runtime image cache (agent/images_cli.py).
+    "images": "tuneplane.agent.images_cli:images_group",
     # The on-call's offline reader (agent/journal_cli.py).
     "journal": "tuneplane.agent.journal_cli:journal_group",
 }

@@ -42,6 +42,14 @@ def outputs_settings() -> tuple[node_config.OutputsSettings, Path | None]:
     return node_config.OutputsSettings(), None
 
 
+def images_settings() -> int | None:
+    """node.toml's [images] max_size in bytes (None: no limit, or no node.toml)."""
+    found = click.get_current_context().find_root().obj
+    if isinstance(found, NodeSettings) and found.values is not None:
+        return node_config.images_settings(found.values, found.path).max_bytes
+    return None
+
+
 def workload_policy() -> node_config.WorkloadPolicy:
     """The workload policy of node.toml (or the safe default) for this agent's user."""
     found = click.get_current_context().find_root().obj

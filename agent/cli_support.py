@@ -6,6 +6,7 @@ traceback); anything else is a bug and propagates.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -57,6 +58,14 @@ def state_dir_option(fn: F) -> F:
         show_default=True,
         help="The Node's private state directory (node.json, credentials, journal.db).",
     )(fn)
+
+
+def duration_s(text: str) -> int | None:
+    """A duration written ``30s``, ``10m``, ``2h`` or ``1d`` in seconds; None for anything else."""
+    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if match is None:
+        return None
+    return int(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
 
 
 def ms_text(value: int | None) -> str:

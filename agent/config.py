@@ -25,6 +25,7 @@ from .metrics_listener import (
     MetricsListener,
     metrics_listener,
 )
+from .sizes import parse_size
 
 DEFAULT_PATH = Path("/etc/tuneplane/node.toml")
 DEFAULT_WORK_ROOT = Path("/var/lib/tuneplane-work")
@@ -40,7 +41,7 @@ ISOLATIONS = ("none", "bwrap")
 
 # key in node.toml -> (type, the commands whose option of the same name it sets)
 _KEYS: Mapping[str, tuple[type, tuple[str, ...]]] = {
-    "state_dir": (str, ("enroll", "run", "status", "doctor", "journal")),
+    "state_dir": (str, ("enroll", "run", "status", "doctor", "journal", "images")),
     "out_root": (str, ("run",)),
     "work_root": (str, ("run",)),
     "simulate_gpus": (str, ("enroll", "run")),
@@ -57,8 +58,16 @@ _KEYS: Mapping[str, tuple[type, tuple[str, ...]]] = {
     # [outputs]: where `run` serves its ended members' outputs to other Nodes; read by run and
     # doctor (outputs_settings).
     "outputs": (dict, ()),
+    # [images]: the runtime image cache's size limit (max_size); read by run, images and doctor
+    # (images_settings).
+    "images": (dict, ()),
 }
 _JOURNAL_COMMANDS = ("members", "show", "events", "reservations", "export")
+# Command groups whose subcommands each take the group's settings.
+_GROUPS: Mapping[str, tuple[str, ...]] = {
+    "journal": _JOURNAL_COMMANDS,
+    "images": ("ls", "rm", "prune"),
+}
 _ACCOUNT_KEYS: Mapping[str, type] = {"mode": str, "pool": list, "prefix": str, "count": int}
 _RUNTIME_KEYS: Mapping[str, type] = {"path": str, "interpreter": str, "allow_loader_env": bool}
 _TELEMETRY_KEYS: Mapping[str, type] = {"system_interval_s": float, "max_files": int}
@@ -311,6 +320,7 @@ def load(path: Path) -> dict[str, Any]:
         raw["telemetry"] = _telemetry(path, raw["telemetry"])
     metrics_settings(raw, path)
     outputs_settings(raw, path)
+    images_settings(raw, path)
     return dict(raw)
 
 
@@ -366,6 +376,38 @@ def outputs_settings(settings: Mapping[str, Any], path: Path | None = None) -> O
     return OutputsSettings(listen=listen, advertise=advertise.strip("[]"))
 
 
+@attrs.frozen
+class ImagesSettings:
+    """node.toml's [images]: ``max_bytes``, the image cache's size limit (None: no limit)."""
+
+    max_bytes: int | None = None
+
+
+def images_settings(settings: Mapping[str, Any], path: Path | None = None) -> ImagesSettings:
+    """The image cache's settings: ``max_size`` in bytes (an integer) or with a unit
+    (``"50GiB"``, ``"500GB"``); no limit without it. A malformed value names the key and the fix."""
+    where = path or DEFAULT_PATH
+    raw = settings.get("images", {})
+    for key in raw:
+        if key != "max_size":
+            raise NodeConfigError(
+                f"{where}: unknown key 'images.{key}'. The known key of [images] is max_size; "
+                "remove or rename it."
+            )
+    if "max_size" not in raw:
+        return ImagesSettings()
+    value = raw["max_size"]
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise NodeConfigError(
+            f"{where}: 'images.max_size' must be bytes (an integer) or a string with a unit, "
+            f'not {type(value).__name__} ({value!r}); e.g. max_size = "50GiB".'
+        )
+    try:
+        return ImagesSettings(parse_size(value))
+    except ValueError as exc:
+        raise NodeConfigError(f"{where}: 'images.max_size': {exc}") from None
+
+
 def metrics_settings(
     settings: Mapping[str, Any], path: Path | None = None
 ) -> MetricsListener | None:
@@ -411,9 +453,9 @@ def default_map(settings: Mapping[str, Any]) -> dict[str, Any]:
         if key == "telemetry" and "max_files" in value:
             defaults.setdefault("run", {})["telemetry_max_files"] = value["max_files"]
         for command in _KEYS[key][1]:
-            if command == "journal":
-                group = defaults.setdefault("journal", {})
-                for sub in _JOURNAL_COMMANDS:
+            if command in _GROUPS:
+                group = defaults.setdefault(command, {})
+                for sub in _GROUPS[command]:
                     group.setdefault(sub, {})[key] = value
             else:
                 defaults.setdefault(command, {})[key] = value

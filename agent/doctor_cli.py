@@ -13,10 +13,11 @@ from pathlib import Path
 import click
 
 from . import config as node_config
-from . import doctor, journal_read, workload_checks
+from . import doctor, image_checks, journal_read, workload_checks
 from .cli_gpu_source import scripted_nvml_option
-from .cli_settings import outputs_settings, roots, workload_policy
+from .cli_settings import images_settings, outputs_settings, roots, workload_policy
 from .cli_support import state_dir_option
+from .image_store import cache_directory
 from .inventory import Inventory, InventoryError, default_node_name
 from .inventory_source import PROBE_LIMIT_S, RELEASE_REQUEST, InventorySource, read_release
 from .journal_owner import owner_problem, stamped_node_id
@@ -92,9 +93,14 @@ def _gpu_doctor_lines(
 @click.command("doctor")
 @state_dir_option
 @scripted_nvml_option
-def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
+@click.option(
+    "--check-all-blobs",
+    is_flag=True,
+    help="Re-hash every blob of the image cache (default: up to 2 GiB of them, sampled).",
+)
+def doctor_command(state_dir: Path, scripted_nvml: Path | None, check_all_blobs: bool) -> None:
     """Check the state dir, the credential, the journal, the GPU source and NVML, the runtimes,
-    the coordinator's address and clock, and free disk space."""
+    the coordinator's address and clock, free disk space, and the image cache."""
     state = StateDir(state_dir)
     failures = 0
     node: NodeConfig | None = None
@@ -188,6 +194,8 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
     outputs = Path(status.get("out_root") or outputs)
     for label, root in (("state dir", state.root), ("work root", works), ("output root", outputs)):
         finding(doctor.measure_disk(label, root))
+    for found in _image_findings(state.root, check_all_blobs):
+        finding(found)
     served, _ = outputs_settings()
     pid = status.get("pid")
     finding(
@@ -200,6 +208,16 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None) -> None:
     )
     if failures:
         raise SystemExit(1)
+
+
+def _image_findings(state_dir: Path, check_all: bool) -> list[workload_checks.Finding]:
+    """The image cache's integrity and free space (agent/image_checks.py)."""
+    try:
+        limit = images_settings()
+    except node_config.NodeConfigError as exc:
+        return [workload_checks.Finding("FAIL", str(exc))]
+    budget = None if check_all else image_checks.HASH_BUDGET_BYTES
+    return image_checks.cache_findings(cache_directory(state_dir), limit, budget)
 
 
 def _xid_doctor_lines(state: StateDir) -> list[str]:

@@ -9,6 +9,9 @@ Layout under the cache's directory (``<state_dir>/images`` in the agent)::
     roots/.build-<image hex>-<pid>-<random>/   a root being unpacked (removed if left behind)
     images/<image hex>.json   the image's record: manifest, config (Env, WorkingDir, ...), layers
     locks/<hex>.lock          flock(2) files: one process at a time per image and per blob
+    locks/cache.lock          held shared by every pull while it writes, exclusively by removal
+    used/<image hex>          when a member last used the image (the size limit's LRU order)
+    sizes/<image hex>         the root's bytes on disk, measured once (agent/image_store.py)
 
 Rules:
 - ``<image hex>`` is the digest the runtime pins (an image index's when it names an index), so a
@@ -20,6 +23,10 @@ Rules:
   an flock across processes, so concurrent ``ensure`` calls of one image pull each blob once and
   a second agent (or a restarted one) waits, then finds it ready or resumes it.
 - Unpacking runs in a worker thread; the event loop only waits for it.
+- Removal (``tuneplane-node images``, the size limit) is agent/image_store.py's: it waits for
+  the cache's lock, which every pull holds shared, so it never removes what a pull writes.
+  With a :class:`CacheLimit`, a pull that completes evicts least recently used images; that
+  never fails the pull (it is logged).
 """
 
 from __future__ import annotations
@@ -27,10 +34,9 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import json
+import logging
 import os
 import secrets
-import shutil
-import stat
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -57,6 +63,19 @@ from .image_manifest import (
 )
 from .image_pull import RegistryAccess, RegistryClient
 from .image_ref import ImageRef
+from .image_store import (
+    Eviction,
+    evict,
+    gc_lock_path,
+    keep_root_bytes,
+    mark_used,
+    remove_tree,
+    try_lock,
+)
+from .image_usage import ImageUsage
+from .sizes import human_bytes
+
+log = logging.getLogger(__name__)
 
 RECORD_VERSION = 1
 _LOCK_POLL_S = 0.05
@@ -89,6 +108,15 @@ class ReadyImage:
     manifest_digest: str  # the platform manifest's, ``sha256:…``
     layers: int
     bytes: int  # of its blobs (compressed layers and the config)
+
+
+@attrs.frozen
+class CacheLimit:
+    """node.toml's ``[images] max_size`` (bytes) and how to learn which images live members use
+    (:func:`tuneplane.agent.image_usage.read_usage` of the journal, in the agent)."""
+
+    max_bytes: int
+    usage: Callable[[], ImageUsage]
 
 
 @attrs.frozen
@@ -159,8 +187,10 @@ class ImageCache:
         platform: Platform | None = None,
         concurrent_blobs: int = 3,
         client_options: Mapping[str, Any] | None = None,
+        limit: CacheLimit | None = None,
     ) -> None:
         self.directory = directory
+        self.limit = limit
         self.registries = dict(registries or {})
         self.platform = platform or host_platform()
         self.client_options = dict(client_options or {})
@@ -213,17 +243,52 @@ class ImageCache:
         the image cannot be had; what was verified stays cached for the next call."""
         await trio.lowlevel.checkpoint()
         found = self.ready(ref)
-        if found is not None:
-            return found
-        async with self._exclusive(ref.digest_hex):
-            found = self.ready(ref)  # another task or process made it while this one waited
-            if found is not None:
-                return found
-            async with self._clients(ref) as client_for:
-                manifest_hex, manifest = await self._manifest(ref, client_for)
-                return await self._complete(
-                    ref, manifest_hex, manifest, client_for, _Progress(progress)
-                )
+        pulled = False
+        if found is None:
+            async with self._exclusive(ref.digest_hex):
+                found = self.ready(ref)  # another task or process made it while this one waited
+                if found is None:
+                    async with self._writing(), self._clients(ref) as client_for:
+                        manifest_hex, manifest = await self._manifest(ref, client_for)
+                        found = await self._complete(
+                            ref, manifest_hex, manifest, client_for, _Progress(progress)
+                        )
+                    pulled = True
+        await trio.to_thread.run_sync(self.touch, ref)
+        if pulled:
+            await self._evict(keep=ref.digest_hex)
+        return found
+
+    def touch(self, ref: ImageRef) -> None:
+        """Record durably that ``ref`` was used now (what the size limit evicts last)."""
+        mark_used(self.directory, ref.digest_hex)
+
+    async def _evict(self, keep: str) -> Eviction | None:
+        """Bring the cache under its limit after a pull, keeping ``keep`` (just made ready for
+        a member). Logged, never raised: a full cache never fails a Prepare."""
+        if self.limit is None:
+            return None
+        limit = self.limit
+        try:
+            done = await trio.to_thread.run_sync(
+                lambda: evict(self.directory, limit.max_bytes, limit.usage(), frozenset({keep}))
+            )
+        except Exception as exc:  # eviction must never fail the pull
+            log.warning("image cache eviction failed directory=%s reason=%s", self.directory,
+                        exc)  # fmt: skip
+            return None
+        if done is None:
+            log.info("image cache eviction deferred: another pull or a removal holds the cache; "
+                     "the last pull to finish evicts")  # fmt: skip
+            return None
+        if done.removed.images or done.removed.blobs:
+            log.info("image cache evicted images=%d blobs=%d freed=%s", len(done.removed.images),
+                     len(done.removed.blobs), human_bytes(done.removed.bytes))  # fmt: skip
+        if done.over_by:
+            log.warning("The image cache %s stays %s over its limit of %s: %s.", self.directory,
+                        human_bytes(done.over_by), human_bytes(limit.max_bytes),
+                        "; ".join(done.kept) or "nothing more can be removed")  # fmt: skip
+        return done
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -342,7 +407,7 @@ class ImageCache:
         roots = self.directory / "roots"
         roots.mkdir(parents=True, exist_ok=True)
         for stale in roots.glob(f".build-{ref.digest_hex}-*"):
-            _remove_tree(stale)  # left by a crash: nobody else builds this image now
+            remove_tree(stale)  # left by a crash: nobody else builds this image now
         build = roots / f".build-{ref.digest_hex}-{os.getpid()}-{secrets.token_hex(4)}"
         build.mkdir(0o755)
         try:
@@ -359,8 +424,9 @@ class ImageCache:
             crashpoint("before-image-root-renamed", image=ref.digest_hex[:12])
             os.rename(build, self.root_path(ref))
             fsync_dir(roots)
+            keep_root_bytes(self.directory, ref.digest_hex)
         except BaseException:
-            _remove_tree(build)
+            remove_tree(build)
             raise
 
     # -- locks and clients -----------------------------------------------------------------
@@ -384,6 +450,20 @@ class ImageCache:
                 yield
             finally:
                 os.close(fd)  # releases the flock
+
+    @asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
+        """Hold the cache's lock shared while this pull writes: removal waits for it."""
+        path = gc_lock_path(self.directory)
+        while True:
+            fd = try_lock(path, shared=True)
+            if fd is not None:
+                break
+            await trio.sleep(_LOCK_POLL_S)  # a removal runs now; it is short
+        try:
+            yield
+        finally:
+            os.close(fd)
 
     @asynccontextmanager
     async def _clients(self, ref: ImageRef) -> AsyncIterator[ClientFor]:
@@ -415,30 +495,6 @@ def _write_blob(path: Path, data: bytes) -> None:
 def _write_record(path: Path, record: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, record)
-
-
-def _remove_tree(path: Path) -> None:
-    """Remove ``path`` and everything under it, even directories an image made read-only (no
-    link is followed: ``rmtree`` removes links, never their targets)."""
-
-    def writable_and_again(function: Any, failed: str, info: Any) -> None:
-        exc = info[1]
-        parent = os.path.dirname(failed)
-        if isinstance(exc, PermissionError) and parent:
-            st = os.lstat(parent)
-            if stat.S_ISDIR(st.st_mode):
-                os.chmod(parent, st.st_mode | stat.S_IRWXU)
-                function(failed)
-                return
-        if isinstance(exc, FileNotFoundError):
-            return
-        raise exc
-
-    if path.is_symlink() or not path.exists():
-        path.unlink(missing_ok=True)
-        return
-    os.chmod(path, 0o700)
-    shutil.rmtree(path, onerror=writable_and_again)  # onexc is Python 3.12's
 
 
 _libc: Any = None

@@ -8,7 +8,6 @@ reads, the plain form a table. The group is registered on ``tuneplane-node`` by 
 from __future__ import annotations
 
 import json
-import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import click
 
 from . import journal_read
-from .cli_support import ms_text, sentences, state_dir_option
+from .cli_support import duration_s, ms_text, sentences, state_dir_option
 from .journal_records import EVENT_KINDS, MemberKey
 from .state_dir import StateDir
 
@@ -30,9 +29,8 @@ def journal_group() -> None:
 def _since(value: str | None) -> int | None:
     if value is None:
         return None
-    match = re.fullmatch(r"(\d+)([smhd])", value.strip())
-    if match:
-        seconds = int(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
+    seconds = duration_s(value)
+    if seconds is not None:
         return int((time.time() - seconds) * 1000)
     try:
         when = datetime.fromisoformat(value)
