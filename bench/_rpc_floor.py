@@ -14,6 +14,7 @@ Python on this machine.
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import tempfile
@@ -57,10 +58,13 @@ class _DoNothing:
 
 
 async def _serve(state_dir: Path, port_file: Path) -> None:
+    # A socket bound here, so the port is known before serving (grpclib names none back); with
+    # IPPROTO_TCP named, as serve binds its own, or asyncio leaves Nagle on (40 ms stalls).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
     server = Server([_DoNothing()])
-    await server.start("127.0.0.1", 0, ssl=server_context(TlsPaths.under(state_dir)))
-    sockets = server._server.sockets if server._server is not None else ()
-    port_file.write_text(str(sockets[0].getsockname()[1]))  # noqa: ASYNC240 - once, tiny
+    await server.start(sock=sock, ssl=server_context(TlsPaths.under(state_dir)))
+    port_file.write_text(str(sock.getsockname()[1]))  # noqa: ASYNC240 - once, tiny
     await server.wait_closed()
 
 
