@@ -51,6 +51,8 @@ def tests(session: nox.Session) -> None:
         # Test root filesystems for images: a static busybox and a debootstrapped Debian.
         "busybox-static": "busybox",
         "debootstrap": "debootstrap",
+        # The console's browser tests drive Debian's chromium through Playwright.
+        "chromium": "chromium",
     }
     missing = [package for package, tool in wanted.items() if shutil.which(tool) is None]
     if os.geteuid() == 0 and missing:

@@ -33,6 +33,12 @@ def may_read(job: JobAccess, user: User) -> bool:
     return user.is_admin or user.name == job.owner or user.name in job.share_with
 
 
+def may_change(owner: str, who: str, is_admin: bool) -> bool:
+    """True when ``who`` may cancel or retry a Job ``owner`` owns: its owner or an admin (the
+    store decides it in the change's own transaction; the console shows its buttons by it)."""
+    return who == owner or is_admin
+
+
 def check_read(job: JobAccess, user: User, what: str) -> None:
     """:class:`PermissionDenied` with a sentence unless ``user`` may read ``job``'s ``what``."""
     if not may_read(job, user):

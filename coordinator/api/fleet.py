@@ -94,8 +94,9 @@ class FleetService:
         self._on_change = on_change
         self._heartbeats = heartbeats
 
-    def _live(self, node: Node) -> Node:
-        """``node`` with the last heartbeat this process heard, when it is newer."""
+    def live(self, node: Node) -> Node:
+        """``node`` with the last heartbeat this process heard, when it is newer (the console
+        shows Nodes through this too)."""
         if self._heartbeats is not None:
             live = self._heartbeats.last(node.id)
             if live > node.last_heartbeat_ms:
@@ -149,7 +150,7 @@ class FleetService:
                     f"there is no Fleet {request.fleet!r}. List the Fleets with `tp fleet ls`.",
                 )
             nodes = await node_views(self._store, fleet=request.fleet)
-            await stream.send_message(nodes_to_wire([self._live(n) for n in nodes]))
+            await stream.send_message(nodes_to_wire([self.live(n) for n in nodes]))
 
     async def _get_node(self, stream: Any) -> None:
         with grpc_errors():
@@ -158,7 +159,7 @@ class FleetService:
             require_node_id(request.node_id, "GetNodeRequest")
             node_id = await resolve_node(self._store, request.node_id)
             node = await node_view(self._store, node_id)
-            await stream.send_message(node_to_wire(self._live(node)))
+            await stream.send_message(node_to_wire(self.live(node)))
 
     async def _set_scheduling(self, stream: Any) -> None:
         with grpc_errors():
@@ -184,4 +185,4 @@ class FleetService:
             # Uncordoning frees capacity; the scheduler should look at the queue again now.
             self._on_change()
             node = await node_view(self._store, node_id)
-            await stream.send_message(node_to_wire(self._live(node)))
+            await stream.send_message(node_to_wire(self.live(node)))

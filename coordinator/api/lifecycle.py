@@ -36,6 +36,7 @@ from ..values.lifecycle import (
     LogPage,
     RetryOutcome,
 )
+from ..values.users import User
 from ..wire.lifecycle import cancel_to_wire, logs_to_wire, retry_to_wire
 from .fleet import caller, check_reason
 
@@ -78,27 +79,28 @@ class LifecycleApi:
             request: v1.CancelJobRequest = await stream.recv_message()
             _require_run_id(request.run_id, "CancelJobRequest")
             check_reason(request.reason, "CancelJobRequest")
-            result = await store_lifecycle.cancel_job(
-                self._store,
-                request.run_id,
-                user.name,
-                user.is_admin,
-                request.reason.strip(),
-                now_ms(),
-            )
-            log.info(
-                "job cancel run_id=%s by=%s outcome=%s orders=%d",
-                request.run_id,
-                user.name,
-                result.outcome,
-                len(result.orders),
-            )
-            self._registry.dispatch(list(result.orders))
-            if result.outcome == CANCELLED:
-                # GPUs went back (an aborted launch): queued Jobs may fit now.
-                self._wake()
-            job = await self._store.get_job(request.run_id)
-            await stream.send_message(cancel_to_wire(CancelOutcome(result.outcome, job)))
+            outcome = await self.cancel(user, request.run_id, request.reason)
+            await stream.send_message(cancel_to_wire(outcome))
+
+    async def cancel(self, user: User, run_id: str, reason: str) -> CancelOutcome:
+        """Cancel ``run_id`` as ``user`` (its owner or an admin, decided by the store in the
+        cancel's own transaction) and send the orders that carry it out: CancelJob and the
+        console's cancel both come here, so both follow the same rules."""
+        result = await store_lifecycle.cancel_job(
+            self._store, run_id, user.name, user.is_admin, reason.strip(), now_ms()
+        )
+        log.info(
+            "job cancel run_id=%s by=%s outcome=%s orders=%d",
+            run_id,
+            user.name,
+            result.outcome,
+            len(result.orders),
+        )
+        self._registry.dispatch(list(result.orders))
+        if result.outcome == CANCELLED:
+            # GPUs went back (an aborted launch): queued Jobs may fit now.
+            self._wake()
+        return CancelOutcome(result.outcome, await self._store.get_job(run_id))
 
     async def _retry(self, stream: Any) -> None:
         with grpc_errors():

@@ -20,6 +20,7 @@ from .load import parse_config as parse_config
 from .load import store_setting as store_setting
 from .values import AddressSettings as AddressSettings
 from .values import ConfigError as ConfigError
+from .values import ConsoleSettings as ConsoleSettings
 from .values import CoordinatorConfig as CoordinatorConfig
 from .values import FleetSettings as FleetSettings
 from .values import Limits as Limits

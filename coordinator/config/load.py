@@ -18,6 +18,7 @@ from .defaults import CONFIG_NAME
 from .tables import (
     check_keys,
     read_addresses,
+    read_console,
     read_fleets,
     read_leader,
     read_lifetimes,
@@ -60,6 +61,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
             "addresses",
             "store",
             "leader",
+            "console",
         },
         "<top level>",
         path,
@@ -119,6 +121,7 @@ def parse_config(text: str, path: Path) -> CoordinatorConfig:
         addresses=read_addresses(raw.get("addresses", {}), path),
         store_url=read_store(raw.get("store", {}), path),
         leader=read_leader(raw.get("leader", {}), path),
+        console=read_console(raw, path),
         warnings=tuple(warnings),
     )
 

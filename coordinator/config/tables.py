@@ -1,6 +1,6 @@
 """Readers of ``coordinator.toml``'s optional tables (``[quota.*]``, ``[credentials]``,
 ``[limits]``, ``[runtimes.*]``, ``[fleet.*]`` with their ``registries``, ``[metrics]``,
-``[addresses]``, ``[store]``) and the key and type checks every reader shares.
+``[addresses]``, ``[store]``, ``[console]``) and the key and type checks every reader shares.
 
 Rules:
 - A typo is a :class:`~tuneplane.coordinator.config.values.ConfigError` naming the file, the key
@@ -9,6 +9,7 @@ Rules:
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import re
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from tuneplane.agent.host_port import split_host_port
 from tuneplane.agent.image_ref import is_registry
 from tuneplane.agent.metrics_listener import (
     DEFAULT_COORDINATOR_PORT,
@@ -33,9 +35,11 @@ from ..auth import (
 from ..leadership import LeaseSettings, LeaseSettingsError
 from ..store_location import PostgresUrl, StoreUrlError, parse_store_url
 from .values import (
+    DEFAULT_CONSOLE_SESSION_S,
     DEFAULT_REGISTRY_TIMEOUT_S,
     AddressSettings,
     ConfigError,
+    ConsoleSettings,
     FleetSettings,
     Limits,
     RegistrySettings,
@@ -123,6 +127,43 @@ def read_metrics(raw: Mapping[str, Any], path: Path) -> MetricsListener | None:
         return metrics_listener(raw["metrics"], DEFAULT_COORDINATOR_PORT)
     except MetricsConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def read_console(raw: Mapping[str, Any], path: Path) -> ConsoleSettings | None:
+    """``[console]``: ``listen`` (``HOST:PORT``, an IP address; port 0: a free one) and
+    ``session_lifetime`` (a duration, default 12h); off without the table."""
+    if "console" not in raw:
+        return None
+    table = raw["console"]
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{path}: console must be a table. Write it as [console] with "
+            'listen = "127.0.0.1:8443".'
+        )
+    check_keys(table, {"listen", "session_lifetime"}, "console", path)
+    listen = table.get("listen")
+    found = split_host_port(listen, allow_zero=True) if isinstance(listen, str) else None
+    if found is not None:
+        try:
+            ipaddress.ip_address(found[0])
+        except ValueError:
+            found = None
+    if found is None:
+        raise ConfigError(
+            f"{path}: [console] listen = {listen!r} is not an IP address and port. Write where "
+            'the console listens in quotes, e.g. listen = "127.0.0.1:8443" (this machine only) '
+            'or listen = "0.0.0.0:8443" (every interface); remove [console] to turn it off.'
+        )
+    lifetime = table.get("session_lifetime", DEFAULT_CONSOLE_SESSION_S)
+    if "session_lifetime" in table:
+        value = table["session_lifetime"]
+        lifetime = parse_duration(value) if isinstance(value, str) else None
+        if lifetime is None:
+            raise ConfigError(
+                f"{path}: [console] session_lifetime = {value!r} is not a duration. Write how "
+                'long a sign-in lasts as a whole number and a unit in quotes: "30m", "12h" or "7d".'
+            )
+    return ConsoleSettings(found[0], found[1], lifetime)
 
 
 def read_fleets(raw: Any, path: Path) -> dict[str, FleetSettings]:

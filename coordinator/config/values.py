@@ -128,6 +128,20 @@ class AddressSettings:
         return self if not host else attrs.evolve(self, host=host)
 
 
+#: How long a console sign-in lasts unless ``[console] session_lifetime`` says otherwise.
+DEFAULT_CONSOLE_SESSION_S = 12 * 3600
+
+
+@attrs.frozen
+class ConsoleSettings:
+    """``[console]``: where the web console listens (``host``, ``port``; port 0: a free one) and
+    how long a sign-in lasts. The table being there turns the console on."""
+
+    host: str
+    port: int
+    session_lifetime_s: int = DEFAULT_CONSOLE_SESSION_S
+
+
 @attrs.frozen
 class CoordinatorConfig:
     series: Mapping[str, Series]
@@ -146,6 +160,8 @@ class CoordinatorConfig:
     store_url: PostgresUrl | None = None
     # [leader]: the lease's timings when coordinators share a PostgreSQL store.
     leader: LeaseSettings = attrs.field(factory=LeaseSettings)
+    # [console]: the web console's listener; None: off (the default).
+    console: ConsoleSettings | None = None
     # Sentences about keys that are still accepted but no longer do anything; `serve` logs them.
     warnings: tuple[str, ...] = ()
 

@@ -12,8 +12,8 @@ Rules:
 - Leaving (cancelled, or the lease lost): Node sessions are closed (and their Nodes recorded
   disconnected), the last heartbeats stored, then the stores close; a clean stop then resigns
   the lease so a standby takes over at its next poll.
-- ``endpoints.json`` and ``tp-context.json`` appear only after all three listeners accept, and
-  go when the round ends.
+- ``endpoints.json`` and ``tp-context.json`` appear only after all three listeners (and the
+  console's, when configured) accept, and go when the round ends.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from ..api.node_loss import MaxDisconnectWatch, NodeLossApi, NodeLossDesk
 from ..catalogue import Catalogue
 from ..clock import now_ms
 from ..config import CoordinatorConfig
+from ..console import ConsoleReads, console_app, run_console
+from ..console.sessions import SessionBook
 from ..gateways.collector_credentials import CollectorCredentials
 from ..gateways.control import ControlGateway
 from ..gateways.control_address import ControlAddressDesk
@@ -89,6 +91,10 @@ class Setting:
     exporter: RunningListener | None
     notifier: ServiceNotifier
     peers: Peers
+    # The console's TLS context (ALPN http/1.1); None: [console] is off.
+    console_ctx: ssl.SSLContext | None = None
+    # Where the console listens, https://HOST:PORT ("" when off); published once it accepts.
+    console_address: str = ""
 
 
 @attrs.frozen
@@ -247,6 +253,15 @@ async def _run(
                 run_listener, "control", bounded("control", [control], config.limits), host,
                 socks["control"], ctx,
             )  # fmt: skip
+            if setting.console_ctx is not None and config.console is not None:
+                reads = ConsoleReads(store, telemetry_store, fleets, lifecycle, config.quotas)
+                app, console = console_app(
+                    reads, SessionBook(config.console.session_lifetime_s * 1000)
+                )
+                await tg.start(
+                    run_console, app, console, config.console.host, socks["console"],
+                    setting.console_ctx,
+                )  # fmt: skip
             tg.start_soon(scheduler.run)
             if setting.exporter is not None:
                 tg.start_soon(refresh_gauges, store)
@@ -302,6 +317,7 @@ def _publish(setting: Setting) -> None:
             pid=os.getpid(),
             metrics=exporter.address if exporter is not None else "",
             api_addresses=setting.peers.api or (advertised.api,),
+            console=setting.console_address,
         ),
     )
 
@@ -311,10 +327,11 @@ def _announce(setting: Setting) -> None:
     advertised = setting.advertised
     _publish(setting)
     log.info(
-        "coordinator ready api=%s control=%s telemetry=%s state_dir=%s store=%s",
+        "coordinator ready api=%s control=%s telemetry=%s console=%s state_dir=%s store=%s",
         advertised.api,
         advertised.control,
         advertised.telemetry,
+        setting.console_address or "-",
         setting.state_dir,
         setting.url or "sqlite",
     )

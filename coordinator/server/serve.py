@@ -1,10 +1,10 @@
 """``serve``: the coordinator process - its listeners' sockets, its signals, and when it leads.
 
 Rules:
-- The three listeners' ports are bound before anything else (a taken port stops ``serve`` with
-  one sentence, nothing changed), but accept only while this coordinator leads
-  (:mod:`.lead`); until then a connection is refused at once, which turns Nodes, collectors and
-  ``tp`` to the leader.
+- The three listeners' ports (and the console's, ``[console]``) are bound before anything else
+  (a taken port stops ``serve`` with one sentence, nothing changed), but accept only while this
+  coordinator leads (:mod:`.lead`); until then a connection is refused at once, which turns
+  Nodes, collectors and ``tp`` to the leader.
 - On SQLite the coordinator leads from the start. On PostgreSQL it stands by until it takes the
   lease (:mod:`.leadership`), leads until it loses it, and stands by again.
 - One anyio task group owns the signal watcher, systemd's watchdog and the round being run;
@@ -23,6 +23,7 @@ from pathlib import Path
 import anyio
 import attrs
 
+from tuneplane.agent.host_port import join_host_port
 from tuneplane.agent.metrics_listener import (
     MetricsListenError,
     RunningListener,
@@ -31,7 +32,7 @@ from tuneplane.agent.metrics_listener import (
 from tuneplane.agent.sd_notify import ServiceNotifier
 from tuneplane.proto.contract import control_protocol
 
-from ..config import CoordinatorConfig, load_config, store_setting
+from ..config import ConsoleSettings, CoordinatorConfig, load_config, store_setting
 from ..counters import REGISTRY
 from ..store.handle import StoreUnavailable
 from ..store.lease import CoordinatorFacts, LeaseDesk
@@ -79,7 +80,7 @@ class ServeOptions:
     store_url: PostgresUrl | None = None
 
 
-def _bind(name: str, host: str, port: int) -> socket.socket:
+def _bind(name: str, host: str, port: int, fix: str = "") -> socket.socket:
     """A bound socket for listener ``name``, not yet listening: until the leader listens on it
     (:func:`~tuneplane.coordinator.server.lead.lead`) a connection to it is refused at once,
     which is how a standby turns clients to the leader. Port 0 lets the kernel pick a free
@@ -95,9 +96,10 @@ def _bind(name: str, host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
+        fix = fix or f"--{name}-port (0 picks a free port)"
         raise ServeError(
             f"The {name} listener cannot listen on {host}:{port} ({exc.strerror}). Change "
-            f"--{name}-port (0 picks a free port) or stop the process that holds it."
+            f"{fix} or stop the process that holds it."
         ) from None
     sock.setblocking(False)
     return sock
@@ -113,13 +115,23 @@ def _start_metrics(config: CoordinatorConfig) -> RunningListener | None:
         raise ServeError(str(exc)) from None
 
 
-def _bind_all(host: str, ports: dict[str, int]) -> dict[str, socket.socket]:
-    """Bind all three listeners before anything else happens, so a taken port stops ``serve``
-    with one sentence and nothing changed (no store touched, no endpoints published)."""
+def _bind_all(
+    host: str, ports: dict[str, int], console: ConsoleSettings | None
+) -> dict[str, socket.socket]:
+    """Bind all three listeners (and the console's, when configured) before anything else
+    happens, so a taken port stops ``serve`` with one sentence and nothing changed (no store
+    touched, no endpoints published)."""
     socks: dict[str, socket.socket] = {}
     try:
         for name in ("api", "telemetry", "control"):
             socks[name] = _bind(name, host, ports[name])
+        if console is not None:
+            socks["console"] = _bind(
+                "console",
+                console.host,
+                ports.get("console", console.port),
+                "[console] listen in coordinator.toml (port 0 picks a free port)",
+            )
     except ServeError:
         _close(socks)
         raise
@@ -140,7 +152,7 @@ async def _advertise(
     """The addresses serve hands out, checked against what this machine holds and covered by
     the server certificate (coordinator/server/advertise.py); :class:`ServeError` when they cannot
     be."""
-    ports = {name: sock.getsockname()[1] for name, sock in socks.items()}
+    ports = {name: socks[name].getsockname()[1] for name in ("api", "telemetry", "control")}
     try:
         advertised = plan(opts.host, config.addresses.with_host(opts.advertise), ports)
     except AdvertiseError as exc:
@@ -191,7 +203,7 @@ async def _serve(opts: ServeOptions, state_dir: Path, notifier: ServiceNotifier)
         log.warning("config key ignored message=%r", warning)
     tls_paths = TlsPaths.under(state_dir)
     ports = {"api": opts.api_port, "telemetry": opts.telemetry_port, "control": opts.control_port}
-    socks = _bind_all(opts.host, ports)
+    socks = _bind_all(opts.host, ports, config.console)
     exporter: RunningListener | None = None
     view = LeaderView(me="")
     try:
@@ -199,12 +211,17 @@ async def _serve(opts: ServeOptions, state_dir: Path, notifier: ServiceNotifier)
         advertised = await _advertise(opts, config, socks, tls_paths)
         ports = {name: sock.getsockname()[1] for name, sock in socks.items()}
         ctx = server_context(tls_paths)
+        console_ctx, console_address = None, ""
+        if config.console is not None:
+            console_ctx = server_context(tls_paths, ("http/1.1",))
+            port = socks["console"].getsockname()[1]
+            console_address = f"https://{join_host_port(config.console.host, port)}"
         exporter = _start_metrics(config)
         watch_leadership(view)
         setting = Setting(
             state_dir, opts.host, opts.heartbeat_interval_s, opts.heartbeat_timeout_s,
             opts.prepare_timeout_s, config, url, tls_paths, advertised, ctx, exporter, notifier,
-            Peers(),
+            Peers(), console_ctx, console_address,
         )  # fmt: skip
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_signals, tg.cancel_scope, notifier)
@@ -269,7 +286,7 @@ async def _stand_by_and_lead(
             await leadership.roll_call()  # the lists handed out name every coordinator
             log.info("took the lease over; leading now me=%s term=%d from=%s why=%s", facts.id,
                      won.term, won.previous or "-", won.why)  # fmt: skip
-            socks = socks or _bind_all(setting.host, ports)
+            socks = socks or _bind_all(setting.host, ports, setting.config.console)
             why = await lead(setting, socks, Lease(leadership, won))
             socks = None  # closed by their servers; the next round binds them again
             view.role = "standby"

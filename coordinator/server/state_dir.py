@@ -64,6 +64,8 @@ class Endpoints:
     api_addresses: tuple[str, ...] = attrs.field(
         default=attrs.Factory(_just_this_api, takes_self=True), converter=_address_tuple
     )
+    # The web console's address, https://HOST:PORT ([console] in coordinator.toml); "" when off.
+    console: str = ""
 
 
 def is_initialised(state_dir: Path) -> bool:

@@ -2,7 +2,8 @@
 
 Rules:
 - Server verification is always on: clients verify the server against ``tls/ca.pem``; there is no
-  switch that turns it off. ALPN offers only ``h2`` (gRPC is HTTP/2).
+  switch that turns it off. ALPN offers only ``h2`` (gRPC is HTTP/2); the console's listener,
+  on the same certificate, only ``http/1.1``.
 - Private keys are written 0600 in a 0700 directory, atomically.
 - The server certificate covers every name serve advertises (``cover_names``): one issued by
   this state directory's dev CA is reissued with the missing names, over the same key; any other
@@ -211,8 +212,9 @@ def _dev_ca_key(paths: TlsPaths, cert: x509.Certificate) -> ec.EllipticCurvePriv
     return ca_key
 
 
-def server_context(paths: TlsPaths) -> ssl.SSLContext:
-    """The TLS context every listener serves with: TLS 1.2+, ALPN h2."""
+def server_context(paths: TlsPaths, alpn: tuple[str, ...] = ("h2",)) -> ssl.SSLContext:
+    """The TLS context every listener serves with: TLS 1.2+, ALPN h2 (gRPC); the console's
+    (HTTP/1.1 under uvicorn) offers ``http/1.1`` instead."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -222,5 +224,5 @@ def server_context(paths: TlsPaths) -> ssl.SSLContext:
             f"cannot load the server certificate {paths.server_cert} and key {paths.server_key} "
             f"({exc}). Run `tuneplane-coordinator init` or put a certificate and key there."
         ) from None
-    ctx.set_alpn_protocols(["h2"])
+    ctx.set_alpn_protocols(list(alpn))
     return ctx

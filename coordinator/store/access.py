@@ -48,14 +48,22 @@ async def job_access(store: Store, run_id: str) -> JobAccess:
 
 
 async def readable_jobs(
-    store: Store, user: User, project: str, state: str, mine: bool, limit: int
+    store: Store,
+    user: User,
+    project: str,
+    state: str,
+    mine: bool,
+    limit: int,
+    owner: str = "",
 ) -> list[Job]:
     """The newest ``limit`` Jobs ``user`` may read (only their own with ``mine``), filtered by
-    ``project`` and ``state`` when set."""
-    if user.is_admin or mine:
-        return await store.list_jobs(
-            project=project, state=state, owner=user.name if mine else "", limit=limit
-        )
+    ``project``, ``state`` and ``owner`` (the console's owner filter) when set."""
+    if mine:
+        if owner and owner != user.name:
+            return []
+        owner = user.name
+    if user.is_admin or owner == user.name:
+        return await store.list_jobs(project=project, state=state, owner=owner, limit=limit)
     # Candidates: the user's own Jobs and those whose JobSpec mentions the name as a string.
     # The LIKE only narrows the scan; may_read decides, so a name that appears elsewhere in a
     # JobSpec (an env value, say) shows nothing.
@@ -67,6 +75,9 @@ async def readable_jobs(
     if state:
         clauses.append("j.state = ?")
         args.append(state)
+    if owner:
+        clauses.append("j.owner = ?")
+        args.append(owner)
     sql = (
         f"{_ACCESS_SQL} WHERE {' AND '.join(clauses)} "
         "ORDER BY j.created_at_ms DESC, j.run_id LIMIT ? OFFSET ?"

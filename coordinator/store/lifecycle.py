@@ -23,6 +23,7 @@ import attrs
 from .. import launch
 from .. import lifecycle as lc
 from ..auth import PermissionDenied
+from ..job_access import may_change
 from ..values.jobs import MemberKey
 from ..values.lifecycle import (
     ALREADY_CANCELLED,
@@ -52,7 +53,7 @@ class CancelResult:
 
 
 def _may_change(run_id: str, owner: str, who: str, is_admin: bool, what: str) -> None:
-    if who != owner and not is_admin:
+    if not may_change(owner, who, is_admin):
         raise PermissionDenied(
             f"the Job {run_id} belongs to {owner}; only its owner or an admin may {what} it."
         )

@@ -1,0 +1,152 @@
+"""The console's JSON API as an OpenAPI 3.1 document, generated from the route table the app
+serves (:data:`API`), so the schema cannot list a route the app lacks or miss one it has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from tuneplane.proto.contract.control_protocol import release
+
+PREFIX = "/api/v1"
+SESSION_COOKIE = "tp_console"
+CSRF_HEADER = "X-CSRF-Token"
+
+
+@attrs.frozen
+class ApiRoute:
+    """One route of the JSON API: what the schema says of it, and its handler's name in the app."""
+
+    method: str
+    path: str  # under PREFIX, Starlette's {param} syntax
+    handler: str
+    summary: str
+    query: tuple[tuple[str, str], ...] = ()  # (name, description)
+    changes: bool = False  # state-changing: needs the CSRF header
+    public: bool = False  # answered without a session
+    media_type: str = "application/json"
+
+
+API: tuple[ApiRoute, ...] = (
+    ApiRoute("get", "/openapi.json", "openapi", "This document.", public=True),
+    ApiRoute(
+        "get",
+        "/session",
+        "session",
+        "Who is signed in, and the CSRF token their session's changes carry.",
+    ),
+    ApiRoute("get", "/fleets", "fleets", "Every Fleet, its Nodes counted and its GPUs per Series."),
+    ApiRoute(
+        "get",
+        "/fleets/{name}",
+        "fleet",
+        "One Fleet and its Nodes: connectivity, scheduling state, GPUs by health and owner, "
+        "credential expiry, last heartbeat.",
+    ),
+    ApiRoute(
+        "get",
+        "/jobs",
+        "jobs",
+        "The newest Jobs the caller may read (as `tp job ls`).",
+        query=(
+            ("project", "Only Jobs of this project."),
+            ("state", "Only Jobs in this state."),
+            ("owner", "Only Jobs of this owner."),
+            ("limit", "How many Jobs, 1 to 1000 (default 100)."),
+        ),
+    ),
+    ApiRoute(
+        "get",
+        "/jobs/{run_id}",
+        "job",
+        "One Job: its attempts and members (Node, GPUs, state, exit) and its telemetry delivery "
+        "per member.",
+    ),
+    ApiRoute(
+        "post",
+        "/jobs/{run_id}/cancel",
+        "cancel",
+        'Cancel a Job (its owner or an admin, as CancelJob). Body: {"reason": "..."}, optional.',
+        changes=True,
+    ),
+    ApiRoute(
+        "get",
+        "/jobs/{run_id}/events",
+        "job_events",
+        "Server-sent events: a `job` event with the Job whenever its state or its members' states "
+        "change (checked once a second), until the Job ends.",
+        media_type="text/event-stream",
+    ),
+)
+
+
+def _parameters(route: ApiRoute) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for part in route.path.split("/"):
+        if part.startswith("{") and part.endswith("}"):
+            found.append(
+                {"name": part[1:-1], "in": "path", "required": True, "schema": {"type": "string"}}
+            )
+    for name, description in route.query:
+        kind = "integer" if name == "limit" else "string"
+        found.append(
+            {"name": name, "in": "query", "required": False, "description": description,
+             "schema": {"type": kind}}
+        )  # fmt: skip
+    if route.changes:
+        found.append(
+            {"name": CSRF_HEADER, "in": "header", "required": True, "schema": {"type": "string"},
+             "description": "The csrf_token of GET /api/v1/session."}
+        )  # fmt: skip
+    return found
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document of :data:`API`."""
+    error = {
+        "description": "Refused; `error` is a sentence that says why and what to do.",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"error": {"type": "string"}},
+                    "required": ["error"],
+                }
+            }
+        },
+    }
+    paths: dict[str, dict[str, Any]] = {}
+    for route in API:
+        operation: dict[str, Any] = {
+            "operationId": route.handler,
+            "summary": route.summary,
+            "parameters": _parameters(route),
+            "responses": {
+                "200": {"description": "OK", "content": {route.media_type: {"schema": {}}}},
+            },
+        }
+        if not route.public:
+            operation["security"] = [{"session": []}]
+            operation["responses"]["401"] = error
+            operation["responses"]["403"] = error
+            operation["responses"]["404"] = error
+        if route.changes:
+            operation["responses"]["400"] = error
+        paths.setdefault(PREFIX + route.path, {})[route.method] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "TunePlane console API",
+            "version": release(),
+            "description": "Sign in at /sign-in with a user token; the session cookie then "
+            "authorizes these calls, with the same rules as tp.",
+        },
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                "session": {"type": "apiKey", "in": "cookie", "name": SESSION_COOKIE}
+            }
+        },
+    }

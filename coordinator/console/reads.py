@@ -1,0 +1,97 @@
+"""What the console reads and changes, through the same store reads and authorization as the
+gRPC Api that ``tp`` calls.
+
+Rules:
+- Nothing here decides who may do what: authentication is the store's
+  :func:`~tuneplane.coordinator.store.identity.authenticate_user`, reading a Job is
+  :func:`~tuneplane.coordinator.job_access.check_read`, listing Jobs is
+  :func:`~tuneplane.coordinator.store.access.readable_jobs`, and a cancel is
+  :meth:`~tuneplane.coordinator.api.lifecycle.LifecycleApi.cancel`, the one CancelJob runs.
+- Any signed-in user reads Fleets and Nodes, as with ``tp fleet`` and ``tp node``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from ..api.fleet import FleetService, check_reason
+from ..api.lifecycle import LifecycleApi
+from ..clock import now_ms
+from ..job_access import check_read
+from ..queue_plan import PoolKey
+from ..store import access as store_access
+from ..store import identity as store_identity
+from ..store.core import Store
+from ..store.fleet_views import fleet_views, node_views
+from ..store.telemetry import TelemetryStore
+from ..values.fleet import Fleet, Node
+from ..values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, Job
+from ..values.lifecycle import CancelOutcome
+from ..values.metrics import Delivery
+from ..values.users import User
+
+
+@attrs.frozen
+class JobFilter:
+    """The Jobs list's filters: empty means any."""
+
+    project: str = ""
+    state: str = ""
+    owner: str = ""
+    limit: int = JOB_LIST_DEFAULT
+
+
+@attrs.define(eq=False)
+class ConsoleReads:
+    """The console's window on the store, the telemetry store and the lifecycle calls."""
+
+    store: Store
+    telemetry: TelemetryStore
+    fleet_service: FleetService
+    lifecycle: LifecycleApi
+    quotas: Mapping[PoolKey, int]
+
+    async def user(self, token_hash: str) -> User:
+        """The user a token (by its stored hash) belongs to now, or :class:`AuthError`."""
+        return await store_identity.authenticate_user(self.store, token_hash, now_ms())
+
+    async def fleets(self) -> list[Fleet]:
+        return await fleet_views(self.store, self.quotas)
+
+    async def fleet(self, name: str) -> tuple[Fleet, list[Node]]:
+        """One Fleet and its Nodes (last heartbeats as this process heard them);
+        :class:`NotFound` when there is no such Fleet."""
+        (fleet,) = await fleet_views(self.store, self.quotas, name)
+        nodes = await node_views(self.store, fleet=name)
+        return fleet, [self.fleet_service.live(n) for n in nodes]
+
+    async def jobs(self, user: User, where: JobFilter) -> list[Job]:
+        """The newest Jobs ``user`` may read, as ``tp job ls`` lists them."""
+        if not 1 <= where.limit <= JOB_LIST_MAX:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"limit is {where.limit}; ask for 1 to {JOB_LIST_MAX} Jobs (the default is "
+                f"{JOB_LIST_DEFAULT}) and narrow the list by project, state or owner.",
+            )
+        return await store_access.readable_jobs(
+            self.store, user, where.project, where.state, False, where.limit, owner=where.owner
+        )
+
+    async def job(self, user: User, run_id: str) -> Job:
+        """One Job with its attempts and members, as ``tp job show`` reads it."""
+        check_read(await store_access.job_access(self.store, run_id), user, "state")
+        return await self.store.get_job(run_id)
+
+    async def delivery(self, user: User, run_id: str) -> list[Delivery]:
+        """How far each member's telemetry reached the store, as ``tp metrics`` reads it."""
+        check_read(await store_access.job_access(self.store, run_id), user, "metrics")
+        return await self.telemetry.delivery(run_id)
+
+    async def cancel(self, user: User, run_id: str, reason: str) -> CancelOutcome:
+        """Cancel ``run_id`` as ``user``, by CancelJob's own rules."""
+        check_reason(reason, "CancelRequest")
+        return await self.lifecycle.cancel(user, run_id, reason)

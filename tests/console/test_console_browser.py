@@ -1,0 +1,104 @@
+"""The console in a real browser: Debian's chromium, headless, driven by Playwright for Python,
+against a real coordinator over TLS. The browser context accepts the test's dev CA with
+``ignore_https_errors`` (chromium has no per-context CA file); the HTTP tests
+(test_console_http.py) verify the certificate against the coordinator's CA.
+
+Outside CI a missing chromium or Playwright skips with a sentence; under CI=true it fails.
+Screenshots go to the test's temporary directory (and ``$TUNEPLANE_TEST_ARTIFACTS`` when set).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.accounts import require
+from tests.support.console import ConsoleWorld, console_world
+
+pytestmark = pytest.mark.timeout(240)
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+WAIT_MS = 15_000
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleWorld]:
+    with console_world(tmp_path_factory.mktemp("console-browser"), ("shown", "cancel")) as found:
+        yield found
+
+
+def _keep(shot: Path) -> None:
+    folder = os.environ.get("TUNEPLANE_TEST_ARTIFACTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(folder) / shot.name)
+
+
+def test_sign_in_see_the_fleet_and_a_job_and_cancel_it(world: ConsoleWorld, tmp_path: Path) -> None:
+    require(Path(CHROMIUM).exists(), f"Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        require(False, "Playwright for Python (pip install playwright)")
+        raise
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            context = browser.new_context(ignore_https_errors=True)
+            context.set_default_timeout(WAIT_MS)
+            page = context.new_page()
+
+            def shot(name: str) -> None:
+                path = tmp_path / f"console-{name}.png"
+                page.screenshot(path=str(path), full_page=True)
+                _keep(path)
+
+            page.goto(world.url + "/")
+            expect(page).to_have_url(world.url + "/sign-in")
+            # Keyboard only: the token field has its label and the button is reachable by Tab.
+            page.get_by_label("User token").fill(world.tokens["alice"])
+            shot("sign-in")
+            page.keyboard.press("Enter")
+            expect(page).to_have_url(world.url + "/fleets")
+            expect(page.get_by_text("Signed in as alice")).to_be_visible()
+            shot("fleets")
+
+            page.get_by_role("link", name="default").click()
+            expect(page.get_by_role("heading", name="Fleet default")).to_be_visible()
+            expect(page.get_by_role("cell", name="host-a", exact=True)).to_be_visible()
+            expect(page.get_by_text("GPU 0 h200: healthy, free")).to_be_visible()
+            shot("fleet")
+
+            page.get_by_role("link", name="Jobs").click()
+            page.get_by_label("Project").fill("vision")
+            page.get_by_role("button", name="Filter").click()
+            for run_id in world.jobs.values():
+                expect(page.get_by_role("link", name=run_id)).to_be_visible()
+            shot("jobs")
+
+            run_id = world.jobs["cancel"]
+            page.get_by_role("link", name=run_id).click()
+            expect(page.locator("#job-state")).to_have_text("queued")
+            shot("job")
+            page.get_by_label("Reason (optional)").fill("from the browser test")
+            page.get_by_role("button", name="Cancel this Job").click()
+            expect(page.locator("#job-state")).to_have_text("cancelled")
+            expect(page.get_by_role("button", name="Cancel this Job")).to_have_count(0)
+            shot("job-cancelled")
+        finally:
+            browser.close()
+    assert world.job_state(run_id) == "cancelled"
+    assert world.job_state(world.jobs["shown"]) == "queued"

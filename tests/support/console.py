@@ -1,0 +1,91 @@
+"""A real coordinator with its console on, its users, a Fleet with a Node and Jobs to look at,
+for the console's HTTP and browser tests.
+
+Rules: everything is real (``init``, ``serve`` with ``[console]`` in coordinator.toml, users made
+by ``user create``, a Node enrolled with a join token, Jobs submitted over the gRPC Api); the
+console is reached over TLS verified against the coordinator's own CA. Paths stay under the
+test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+import httpx
+
+from tests.coordinator.grpc_client import api_client, enroll, jobspec
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+
+CONSOLE_TOML = '\n[console]\nlisten = "127.0.0.1:0"\nsession_lifetime = "2h"\n'
+HTTP_TIMEOUT_S = 15.0
+
+
+@attrs.frozen
+class ConsoleWorld:
+    coord: CoordinatorProcess
+    url: str  # https://127.0.0.1:PORT
+    tokens: dict[str, str]  # user -> token
+    jobs: dict[str, str]  # label -> run id (all alice's, queued)
+    node_id: str
+
+    def client(self) -> httpx.Client:
+        """An HTTP client that verifies the console against the coordinator's CA."""
+        ctx = ssl.create_default_context(cafile=str(self.coord.ca_path))
+        return httpx.Client(base_url=self.url, verify=ctx, timeout=HTTP_TIMEOUT_S)
+
+    def job_state(self, run_id: str) -> str:
+        """The Job's state as the admin reads it over the gRPC Api (not through the console)."""
+
+        async def read() -> str:
+            async with api_client(
+                self.coord.api, self.coord.ca_path, self.coord.admin_token
+            ) as api:
+                return str((await api.job(run_id)).state)
+
+        return asyncio.run(read())
+
+
+def form_token(html: str) -> str:
+    """The csrf_token hidden field of a console page."""
+    found = re.search(r'name="csrf_token" value="([^"]*)"', html)
+    assert found is not None, html
+    return found.group(1)
+
+
+def sign_in(client: httpx.Client, token: str) -> httpx.Response:
+    """Sign in as the sign-in page does: its form, its CSRF token, the pasted token."""
+    page = client.get("/sign-in")
+    assert page.status_code == 200, page.text
+    return client.post("/sign-in", data={"token": token, "csrf_token": form_token(page.text)})
+
+
+@contextmanager
+def console_world(root: Path, labels: tuple[str, ...]) -> Iterator[ConsoleWorld]:
+    """A coordinator with the console on; alice owns one queued Job per label."""
+    with start_coordinator(root, heartbeat_timeout=120, config=CONSOLE_TOML) as coord:
+        endpoints = json.loads((coord.state_dir / "endpoints.json").read_text())
+        url = endpoints["console"]
+        assert url.startswith("https://127.0.0.1:"), endpoints
+        tokens = {name: coord.create_user(name) for name in ("alice", "bob")}
+        node = asyncio.run(
+            enroll(coord.control, coord.ca_path, coord.create_join_token(), "host-a", 2)
+        )
+
+        async def submit() -> dict[str, str]:
+            async with api_client(coord.api, coord.ca_path, tokens["alice"]) as api:
+                return {
+                    label: (
+                        await api.submit(jobspec(gpus=1, project="vision"), f"k-{label}")
+                    ).run_id
+                    for label in labels
+                }
+
+        jobs = asyncio.run(submit())
+        yield ConsoleWorld(coord, url, tokens, jobs, node.node_id)
