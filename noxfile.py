@@ -30,11 +30,11 @@ PACKAGE_FOLDERS = ["agent", "collector", "coordinator", "proto", "runner"]
 def tests(session: nox.Session) -> None:
     """Install TunePlane with its test extras and run the whole suite.
 
-    As root (CI), bubblewrap, faketime, prometheus (for promtool), busybox-static and
-    debootstrap are installed from the distribution when missing, so the sandbox tests, the
-    skewed-clock telemetry test, the alert-rule tests and the image sandbox tests (which build
-    their root filesystems with the last two) run instead of skipping (under CI=true a missing
-    prerequisite fails them).
+    As root (CI), the distribution's packages in ``wanted`` below are installed when missing
+    (bubblewrap, faketime, prometheus for promtool, the Distribution registry and htpasswd,
+    busybox-static and debootstrap for the image tests' root filesystems, chromium for the
+    console's browser tests), so the tests that need them run instead of skipping (under
+    CI=true a missing prerequisite fails them).
     torch (CPU build) is installed for the PyTorch DDP example's test. Without arguments the
     suite runs on every core (``-n auto --dist loadfile``); ``nox -s tests -- tests/ha -x`` runs
     what you name, in one process.
