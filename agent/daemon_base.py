@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -26,6 +26,7 @@ from .atomic_file import write_json_atomic
 from .collectors import CollectorSupervisor
 from .config import WorkloadPolicy
 from .daemon_status import Status, inventory_summary
+from .image_access import RegistryAccess
 from .inventory_source import InventorySource
 from .journal import Journal
 from .logship import LogShipper
@@ -69,6 +70,7 @@ class DaemonBase:
         system_interval_s: float = SYSTEM_INTERVAL_S,
         telemetry_max_files: int = DEFAULT_MAX_FILES,
         outputs: OutputsBound | None = None,
+        registries: Mapping[str, RegistryAccess] | None = None,
     ) -> None:
         self.state = state
         self.node = node
@@ -84,6 +86,8 @@ class DaemonBase:
         self.telemetry_max_files = telemetry_max_files
         # The outputs listener's bound socket (None: node.toml turns it off).
         self.outputs = outputs
+        # How this Node reaches the registries runtime images come from (node.toml).
+        self.registries = dict(registries or {})
         self.inventory_lock = trio.Lock()
         self.endpoint = Endpoint.parse(node.coordinator)
         self.ca_path = Path(node.ca)

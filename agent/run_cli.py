@@ -20,7 +20,7 @@ from . import config as node_config
 from . import daemon_log, outputs_identity, outputs_server, workload_checks
 from . import metrics as node_metrics
 from .cli_gpu_source import gpu_source, one_gpu_source, scripted_nvml_option
-from .cli_settings import metrics_listener, outputs_settings, workload_policy
+from .cli_settings import metrics_listener, outputs_settings, registries, workload_policy
 from .cli_support import sentences, state_dir_option
 from .daemon import Daemon, run_daemon
 from .daemon_base import INVENTORY_INTERVAL_S
@@ -125,6 +125,7 @@ def run_command(
         outputs = (out_root or workload_checks.default_out_root(state.root)).resolve()
         works = (work_root or workload_checks.default_work_root(state.root)).resolve()
         policy = workload_policy()
+        reached = registries()
         refused = workload_checks.start_problems(policy, state.root, works, outputs)
         if refused:
             raise click.ClickException(" ".join(refused))
@@ -148,7 +149,7 @@ def run_command(
         daemon = Daemon(
             state, node, credential, source, outputs, work_root=works, policy=policy,
             inventory_interval_s=inventory_interval_s, system_interval_s=system_interval_s,
-            telemetry_max_files=telemetry_max_files, outputs=bound,
+            telemetry_max_files=telemetry_max_files, outputs=bound, registries=reached,
         )  # fmt: skip
         logging.getLogger(__name__).info(
             "agent starting node_id=%s coordinator=%s gpus=%d gpu_source=%s pid=%d",
