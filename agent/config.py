@@ -44,6 +44,7 @@ _KEYS: Mapping[str, tuple[type, tuple[str, ...]]] = {
     "state_dir": (str, ("enroll", "run", "status", "doctor", "journal")),
     "out_root": (str, ("run",)),
     "work_root": (str, ("run",)),
+    "image_root": (str, ("run",)),
     "simulate_gpus": (str, ("enroll", "run")),
     "log_level": (str, ("run",)),
     # The workload policy: read by run, status and doctor from the file itself.

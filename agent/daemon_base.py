@@ -71,6 +71,7 @@ class DaemonBase:
         telemetry_max_files: int = DEFAULT_MAX_FILES,
         outputs: OutputsBound | None = None,
         registries: Mapping[str, RegistryAccess] | None = None,
+        image_root: Path | None = None,
     ) -> None:
         self.state = state
         self.node = node
@@ -88,6 +89,8 @@ class DaemonBase:
         self.outputs = outputs
         # How this Node reaches the registries runtime images come from (node.toml).
         self.registries = dict(registries or {})
+        # Where runtime images are cached, beside the state dir (agent/members_base.py).
+        self.image_root = image_root or state.root.parent / "tuneplane-images"
         self.inventory_lock = trio.Lock()
         self.endpoint = Endpoint.parse(node.coordinator)
         self.ca_path = Path(node.ca)

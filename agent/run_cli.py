@@ -55,6 +55,13 @@ def _setup_logging(level: str) -> None:
     help="Where members' work directories live, outside the state dir (default: "
     "tuneplane-work beside the state dir).",
 )
+@click.option(
+    "--image-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where runtime images are cached and unpacked, outside the state dir so members' "
+    "sandboxes can reach their image (default: tuneplane-images beside the state dir).",
+)
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]))
 @click.option(
     "--inventory-interval",
@@ -97,6 +104,7 @@ def run_command(
     scripted_nvml: Path | None,
     out_root: Path | None,
     work_root: Path | None,
+    image_root: Path | None,
     log_level: str,
     inventory_interval_s: float,
     probe_limit_s: float,
@@ -124,9 +132,10 @@ def run_command(
         state.create()
         outputs = (out_root or workload_checks.default_out_root(state.root)).resolve()
         works = (work_root or workload_checks.default_work_root(state.root)).resolve()
+        images = (image_root or workload_checks.default_image_root(state.root)).resolve()
         policy = workload_policy()
         reached = registries()
-        refused = workload_checks.start_problems(policy, state.root, works, outputs)
+        refused = workload_checks.start_problems(policy, state.root, works, outputs, images)
         if refused:
             raise click.ClickException(" ".join(refused))
         for warning in workload_checks.warnings(policy):
@@ -147,7 +156,8 @@ def run_command(
             except outputs_server.OutputsListenFailed as exc:
                 raise click.ClickException(str(exc)) from None
         daemon = Daemon(
-            state, node, credential, source, outputs, work_root=works, policy=policy,
+            state, node, credential, source, outputs, work_root=works, image_root=images,
+            policy=policy,
             inventory_interval_s=inventory_interval_s, system_interval_s=system_interval_s,
             telemetry_max_files=telemetry_max_files, outputs=bound, registries=reached,
         )  # fmt: skip

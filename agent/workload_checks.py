@@ -42,6 +42,13 @@ def default_work_root(state_dir: Path) -> Path:
     return state_dir.parent / "tuneplane-work"
 
 
+def default_image_root(state_dir: Path) -> Path:
+    """Where runtime images are cached when none is set: beside the state dir (a member's
+    sandbox, running as the member's account, must reach its image's root; the state dir is
+    0700)."""
+    return state_dir.parent / "tuneplane-images"
+
+
 def policy_from(settings: Mapping[str, Any] | None, path: Path | None) -> WorkloadPolicy:
     """The policy node.toml (already checked by ``config.load``) sets for this agent's user."""
     return workload_policy(settings or {}, path, os.geteuid())
@@ -53,7 +60,11 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def start_problems(
-    policy: WorkloadPolicy, state_dir: Path, work_root: Path, out_root: Path
+    policy: WorkloadPolicy,
+    state_dir: Path,
+    work_root: Path,
+    out_root: Path,
+    image_root: Path | None = None,
 ) -> list[str]:
     """Sentences for why the agent must not start with this policy (empty: it may)."""
     problems = []
@@ -61,7 +72,10 @@ def start_problems(
     if running_as:
         problems.append(running_as)
     if policy.mode != "agent":
-        for name, root in (("--work-root", work_root), ("--out-root", out_root)):
+        roots = [("--work-root", work_root), ("--out-root", out_root)]
+        if image_root is not None:
+            roots.append(("--image-root", image_root))
+        for name, root in roots:
             if _inside(root, state_dir):
                 problems.append(
                     f"{name} {root} is inside the state directory {state_dir}, which members "
