@@ -308,6 +308,12 @@ def test_progress_shows_in_tp_job_show_and_the_journal_while_the_image_is_pulled
         assert "preparing (pulling" in table and image in table
         assert f"{total / (1 << 20):.1f} MiB" in table and "of 2 layers)" in table
 
+        # The pull holds up nothing else: a host-runtime Job on the Node's other GPU is
+        # prepared, runs and ends while the image Job is still preparing.
+        other = _submit(coord, jobspec(gpus=1), "host-beside-the-pull")
+        assert wait_job(coord, other, 60)["state"] == "succeeded"
+        assert job(coord, run_id)["state"] == "preparing"
+
         done = wait_job(coord, run_id, 120)
         assert done["state"] == "succeeded", done
         # The Job's view forgets the pull once the member is past preparing.
@@ -371,3 +377,27 @@ def test_an_agent_killed_mid_pull_fails_the_member_resumes_the_pull_and_the_retr
         assert retried["state"] == "succeeded", retried
         (second,) = [m for m in _members(agent, run_id) if m["attempt"] == 2]
         assert "image-pull-started" not in _kinds(_events(agent, second["member"]))
+
+
+def test_the_prepare_deadline_cancels_the_pull_and_frees_the_gpus(
+    tmp_path: Path, registry: RegistryProcess
+) -> None:
+    pushed = _big_image(registry, "team/deadline")
+    image = pushed.ref_text(registry.address)
+    with _cluster(tmp_path, registry, ("node-d",), prepare_timeout=3) as (coord, (agent,)):
+        # The pull's first chunk holds its worker thread for 8 s: longer than the deadline.
+        agent.restart({"TUNEPLANE_HANGPOINT": "mid-image-blob:8"})
+        agent.wait_connected()
+        run_id = _submit(coord, _busybox_spec(image), "image-deadline")
+        done = wait_job(coord, run_id, 60)
+        assert done["state"] == "aborted", done
+        assert "were not prepared before the prepare deadline" in done["state_reason"], done
+        (member,) = _members(agent, run_id)
+        # The Abort cancelled the pull, waited for its task, then journaled the member aborted.
+        wait_until("the member to be aborted", lambda: _members(agent, run_id)[0]["state"]
+                   == "aborted", 30)  # fmt: skip
+        kinds = _kinds(_events(agent, member["member"]))
+        assert kinds[-2:] == ["image-pull-cancelled", "abort-received"], kinds
+        assert "image-ready" not in kinds and "prepare-succeeded" not in kinds
+        assert held_gpus(agent) == []
+        assert not (agent.image_root / "roots" / pushed.digest_hex).exists()
