@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import attrs
+import trio
 
 from tuneplane.proto.contract import jobspec
 from tuneplane.runner.member_file import Account as RunAs
@@ -211,6 +212,9 @@ class MemberLaunches(MemberExits):
             sdk_path=lease.work_dir / CAPSULE_DIR / runner_pyz.RUNNER_PYZ,
         )
 
+    def _write_launch(self, record: MemberRecord, inventory: Inventory) -> None:
+        supervision.write_launch(self._plan(record, inventory))
+
     async def _launch_failed(self, key: MemberKey, reason: str) -> None:
         log.error("member launch failed member=%s reason=%s", key, reason)
         _, report = await self.journal.transition(key, E.LAUNCH_FAILED, now_ms(), reason=reason)
@@ -231,7 +235,8 @@ class MemberLaunches(MemberExits):
             # lost or reordered since Prepare must not get the workload.
             inventory = await self.refresh() if self.refresh else self.inventory()
             try:
-                supervision.write_launch(self._plan(record, inventory))
+                # In a worker thread: an image member's plan reads the image and runs ldconfig.
+                await trio.to_thread.run_sync(self._write_launch, record, inventory)
             except supervision.LaunchAlreadyClaimed:
                 log.info("launch already claimed member=%s", key)
             except (LaunchFailed, supervision.LaunchSpecError) as exc:

@@ -312,15 +312,19 @@ class MemberPrepares(MemberBase):
         started = trio.current_time()
         try:
             image: ReadyImage | None = None
+            failed: ImageError | None = None
+            # Only the pull is in the Abort's scope: what is journaled after it never is cut.
             with preparation.scope:
                 try:
                     image = await self._pull(key, ref)
                 except ImageError as exc:
-                    await self.journal.member_event(
-                        key, now_ms(), IMAGE_PULL_FAILED, str(exc), image=str(ref)
-                    )
-                    await self._refuse(key, str(exc))
-                    return
+                    failed = exc
+            if failed is not None:
+                await self.journal.member_event(
+                    key, now_ms(), IMAGE_PULL_FAILED, str(failed), image=str(ref)
+                )
+                await self._refuse(key, str(failed))
+                return
             if image is None:
                 log.info("image pull cancelled member=%s image=%s", key, ref)
                 await self.journal.member_event(

@@ -162,7 +162,7 @@ def _kinds(events: list[dict[str, Any]]) -> list[str]:
 def _prepare_s(events: list[dict[str, Any]]) -> float:
     """Seconds from the member's first journal event (Prepare received) to ``prepared``."""
     done = next(e for e in events if e["kind"] == "prepare-succeeded")
-    return (done["at_ms"] - events[0]["at_ms"]) / 1000
+    return (int(done["at_ms"]) - int(events[0]["at_ms"])) / 1000
 
 
 @pytest.mark.timeout(rootfs.BUILD_TIMEOUT_S + 300)  # a cold rootfs cache runs debootstrap first
