@@ -401,3 +401,44 @@ def test_the_prepare_deadline_cancels_the_pull_and_frees_the_gpus(
         assert "image-ready" not in kinds and "prepare-succeeded" not in kinds
         assert held_gpus(agent) == []
         assert not (agent.image_root / "roots" / pushed.digest_hex).exists()
+
+
+def test_a_registry_with_credentials_is_pulled_from_with_the_nodes_and_the_job_never_sees_them(
+    tmp_path: Path,
+) -> None:
+    secret = "node-only-secret-9f3c"
+    with start_registry(tmp_path / "registry", users={"puller": secret}) as private:
+        busybox = rootfs.layer_tar(rootfs.busybox_root()).read_bytes()
+        pushed = private.push_image(
+            "team/private", [busybox], config={"Env": ["PATH=/bin"]}, layer_type=LAYER_TAR
+        )
+        password = tmp_path / "registry.password"
+        password.write_text(f"{secret}\n")
+        os.chmod(password, 0o600)
+        node_toml = (
+            f'[registries."{private.address}"]\nca_file = "{private.ca_file}"\n'
+            f'username = "puller"\npassword_file = "{password}"\n'
+        )
+        with start_coordinator(tmp_path) as coord:
+            agent = start_agent(tmp_path, coord, "node-c", "h200:2", node_toml=node_toml)
+            try:
+                agent.wait_connected()
+                spec = _busybox_spec(pushed.ref_text(private.address))
+                script = (
+                    f'env > "$TUNEPLANE_OUT_DIR/env"; cat {password} 2> "$TUNEPLANE_OUT_DIR/cat"'
+                )
+                spec["source_files"] = {"train.sh": base64.b64encode(script.encode()).decode()}
+                run_id = _submit(coord, spec, "image-private")
+                done = wait_job(coord, run_id, 90)
+                # The member's command fails (the password file is not even in its sandbox):
+                # that is the point.
+                assert done["state"] == "failed", done
+                (member,) = _members(agent, run_id)
+                out = Path(member["out_dir"])
+                assert secret not in (out / "env").read_text()
+                assert "TUNEPLANE_RUN_ID" in (out / "env").read_text()
+                assert secret not in (out / "cat").read_text() and (out / "cat").read_text()
+                assert "image-ready" in _kinds(_events(agent, member["member"]))
+                assert secret not in agent.read_log()
+            finally:
+                agent.stop()
