@@ -15,6 +15,7 @@ import click
 
 from . import config as node_config
 from . import workload_checks
+from .image_access import RegistryAccess
 from .metrics_listener import MetricsListener
 
 
@@ -56,6 +57,15 @@ def workload_policy() -> node_config.WorkloadPolicy:
     if isinstance(found, NodeSettings):
         return workload_checks.policy_from(found.values, found.path)
     return workload_checks.policy_from(None, None)
+
+
+def registries() -> dict[str, RegistryAccess]:
+    """node.toml's [registries."<host[:port]>"], their CA files and passwords read (by ``run``
+    only: the secrets stay in the agent); none without the tables or without a node.toml."""
+    found = click.get_current_context().find_root().obj
+    if isinstance(found, NodeSettings) and found.values is not None:
+        return node_config.registries_settings(found.values, found.path)
+    return {}
 
 
 def roots(state_dir: Path) -> tuple[Path, Path]:

@@ -60,6 +60,16 @@ def state_dir_option(fn: F) -> F:
     )(fn)
 
 
+def image_root_option(fn: F) -> F:
+    return click.option(
+        "--image-root",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Where runtime images are cached, as `run` was given it (default: tuneplane-images "
+        "beside the state dir).",
+    )(fn)
+
+
 def duration_s(text: str) -> int | None:
     """A duration written ``30s``, ``10m``, ``2h`` or ``1d`` in seconds; None for anything else."""
     match = re.fullmatch(r"(\d+)([smhd])", text.strip())

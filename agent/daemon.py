@@ -85,7 +85,8 @@ class Daemon(DaemonInventory, DaemonSession):
                             lambda: self.inventory, self.node_address, self.publish, nursery,
                             work_root=self.work_root, policy=self.policy,
                             refresh=self.refresh_inventory, node_id=self.node.node_id,
-                            runner_template=template,
+                            runner_template=template, registries=self.registries,
+                            image_root=self.image_root, image_max_bytes=self.image_max_bytes,
                         )  # fmt: skip
                         previous = await self.journal.record_start(
                             now_ms(), version=AGENT_VERSION, pid=os.getpid(),

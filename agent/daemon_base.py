@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -26,6 +26,8 @@ from .atomic_file import write_json_atomic
 from .collectors import CollectorSupervisor
 from .config import WorkloadPolicy
 from .daemon_status import Status, inventory_summary
+from .image_access import RegistryAccess
+from .image_store import default_image_root
 from .inventory_source import InventorySource
 from .journal import Journal
 from .logship import LogShipper
@@ -69,6 +71,9 @@ class DaemonBase:
         system_interval_s: float = SYSTEM_INTERVAL_S,
         telemetry_max_files: int = DEFAULT_MAX_FILES,
         outputs: OutputsBound | None = None,
+        registries: Mapping[str, RegistryAccess] | None = None,
+        image_root: Path | None = None,
+        image_max_bytes: int | None = None,
     ) -> None:
         self.state = state
         self.node = node
@@ -84,6 +89,12 @@ class DaemonBase:
         self.telemetry_max_files = telemetry_max_files
         # The outputs listener's bound socket (None: node.toml turns it off).
         self.outputs = outputs
+        # How this Node reaches the registries runtime images come from (node.toml).
+        self.registries = dict(registries or {})
+        # Where runtime images are cached, beside the state dir (agent/members_base.py), and
+        # node.toml's [images] max_size (None: no limit).
+        self.image_root = image_root or default_image_root(state.root)
+        self.image_max_bytes = image_max_bytes
         self.inventory_lock = trio.Lock()
         self.endpoint = Endpoint.parse(node.coordinator)
         self.ca_path = Path(node.ca)
@@ -94,6 +105,7 @@ class DaemonBase:
         self.status.protocol = control_protocol.PROTOCOL
         self.status.inventory = inventory_summary(self.inventory)
         self.status.work_root, self.status.out_root = str(work_root), str(out_root)
+        self.status.image_root = str(self.image_root)
         if outputs is not None:
             self.status.outputs_listen = outputs.listen_address()
         # Read at scrape time, from the listener's thread: two plain attributes.

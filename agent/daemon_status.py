@@ -41,9 +41,11 @@ class Status:
     # The coordinator's clock minus this host's at the last Welcome (for doctor), and when.
     clock_skew_ms: int | None = None
     clock_skew_at_ms: int | None = None
-    # Where members' work directories and outputs go (doctor measures free space there).
+    # Where members' work directories, outputs and runtime images go (doctor measures free
+    # space there and checks the image cache).
     work_root: str = ""
     out_root: str = ""
+    image_root: str = ""
     # Where the Prometheus listener ([metrics] in node.toml) serves; "" when it is off.
     metrics_address: str = ""
     # Where the outputs listener ([outputs] in node.toml) is bound and what Hello advertises;

@@ -16,7 +16,7 @@ from . import config as node_config
 from . import doctor, image_checks, journal_read, workload_checks
 from .cli_gpu_source import scripted_nvml_option
 from .cli_settings import images_settings, outputs_settings, roots, workload_policy
-from .cli_support import state_dir_option
+from .cli_support import image_root_option, state_dir_option
 from .image_store import cache_directory
 from .inventory import Inventory, InventoryError, default_node_name
 from .inventory_source import PROBE_LIMIT_S, RELEASE_REQUEST, InventorySource, read_release
@@ -92,13 +92,16 @@ def _gpu_doctor_lines(
 
 @click.command("doctor")
 @state_dir_option
+@image_root_option
 @scripted_nvml_option
 @click.option(
     "--check-all-blobs",
     is_flag=True,
     help="Re-hash every blob of the image cache (default: up to 2 GiB of them, sampled).",
 )
-def doctor_command(state_dir: Path, scripted_nvml: Path | None, check_all_blobs: bool) -> None:
+def doctor_command(
+    state_dir: Path, image_root: Path | None, scripted_nvml: Path | None, check_all_blobs: bool
+) -> None:
     """Check the state dir, the credential, the journal, the GPU source and NVML, the runtimes,
     the coordinator's address and clock, free disk space, and the image cache."""
     state = StateDir(state_dir)
@@ -194,7 +197,9 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None, check_all_blobs:
     outputs = Path(status.get("out_root") or outputs)
     for label, root in (("state dir", state.root), ("work root", works), ("output root", outputs)):
         finding(doctor.measure_disk(label, root))
-    for found in _image_findings(state.root, check_all_blobs):
+    # The image root likewise: the agent's, else --image-root (node.toml) or the default.
+    images = Path(status.get("image_root") or cache_directory(state.root, image_root))
+    for found in _image_findings(images, check_all_blobs):
         finding(found)
     served, _ = outputs_settings()
     pid = status.get("pid")
@@ -210,14 +215,14 @@ def doctor_command(state_dir: Path, scripted_nvml: Path | None, check_all_blobs:
         raise SystemExit(1)
 
 
-def _image_findings(state_dir: Path, check_all: bool) -> list[workload_checks.Finding]:
+def _image_findings(directory: Path, check_all: bool) -> list[workload_checks.Finding]:
     """The image cache's integrity and free space (agent/image_checks.py)."""
     try:
         limit = images_settings()
     except node_config.NodeConfigError as exc:
         return [workload_checks.Finding("FAIL", str(exc))]
     budget = None if check_all else image_checks.HASH_BUDGET_BYTES
-    return image_checks.cache_findings(cache_directory(state_dir), limit, budget)
+    return image_checks.cache_findings(directory, limit, budget)
 
 
 def _xid_doctor_lines(state: StateDir) -> list[str]:

@@ -44,6 +44,7 @@ import httpx
 
 from .atomic_file import fsync_dir
 from .crashpoint import crashpoint
+from .image_access import RegistryAccess as RegistryAccess
 from .image_errors import (
     DigestMismatch,
     ImageNotFound,
@@ -57,16 +58,6 @@ from .image_manifest import ACCEPT, MAX_MANIFEST_BYTES, Descriptor, read_documen
 #: Bytes read from the socket per write to the partial file (one worker-thread hop each).
 CHUNK = 1 << 20
 _CHALLENGE_PARAM = re.compile(r'\s*([A-Za-z0-9_.-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))\s*,?')
-
-
-@attrs.frozen
-class RegistryAccess:
-    """How this Node reaches one registry: the CA bundle that verifies it (``None``: the system's)
-    and the credentials the Node holds for it (never the workload's)."""
-
-    ca_file: Path | None = None
-    username: str | None = None
-    password: str | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen

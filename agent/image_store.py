@@ -41,7 +41,7 @@ from .sizes import human_bytes
 
 GC_LOCK = "cache.lock"
 #: The cache's folder in the Node's state directory.
-CACHE_DIR = "images"
+IMAGE_ROOT_NAME = "tuneplane-images"
 _HEX = re.compile(r"[0-9a-f]{64}")
 _BUILD = re.compile(r"\.build-([0-9a-f]{64})-.+")
 _RECORD = re.compile(r"[0-9a-f]{64}\.json")
@@ -53,9 +53,17 @@ class CacheRefused(Exception):
     """A cache command that must not be carried out; ``str()`` says why and what to do."""
 
 
-def cache_directory(state_dir: Path) -> Path:
-    """Where the Node keeps its image cache: ``<state dir>/images``."""
-    return state_dir / CACHE_DIR
+def default_image_root(state_dir: Path) -> Path:
+    """Where runtime images are cached when none is set: beside the state dir (a member's
+    sandbox, running as the member's account, must reach its image's root; the state dir is
+    0700)."""
+    return state_dir.parent / IMAGE_ROOT_NAME
+
+
+def cache_directory(state_dir: Path, image_root: Path | None = None) -> Path:
+    """Where the Node keeps its image cache: ``image_root`` (node.toml, ``--image-root``) or, by
+    default, ``tuneplane-images`` beside the state dir, as ``tuneplane-node run`` uses it."""
+    return image_root if image_root is not None else default_image_root(state_dir)
 
 
 # -- locks ----------------------------------------------------------------------------------

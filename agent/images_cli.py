@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from .cli_settings import images_settings
-from .cli_support import duration_s, ms_text, sentences, state_dir_option
+from .cli_support import duration_s, image_root_option, ms_text, sentences, state_dir_option
 from .image_store import (
     DEFAULT_PARTIAL_AGE_S,
     CacheContents,
@@ -100,12 +100,13 @@ def _summary(contents: CacheContents, limit: int | None) -> dict[str, Any]:
 
 @images_group.command("ls")
 @state_dir_option
+@image_root_option
 @click.option("--json", "as_json", is_flag=True)
-def images_ls(state_dir: Path, as_json: bool) -> None:
+def images_ls(state_dir: Path, image_root: Path | None, as_json: bool) -> None:
     """Every cached image: reference, manifest digest, size on disk, layers, last used, and the
     live members that use it."""
     with _refusals():
-        directory = cache_directory(state_dir)
+        directory = cache_directory(state_dir, image_root)
         contents = scan(directory)
         usage = _usage(state_dir)
         limit = images_settings()
@@ -186,12 +187,13 @@ def _tell(removed: Removed | Removal, contents: CacheContents, dry_run: bool) ->
 @images_group.command("rm")
 @click.argument("image")
 @state_dir_option
+@image_root_option
 @click.option("--json", "as_json", is_flag=True)
-def images_rm(image: str, state_dir: Path, as_json: bool) -> None:
+def images_rm(image: str, state_dir: Path, image_root: Path | None, as_json: bool) -> None:
     """Remove one image (a reference, its digest, or 12+ hex digits of it) and the blobs only it
     uses. Refused while a live member uses it; there is no way to force that."""
     with _refusals():
-        directory = cache_directory(state_dir)
+        directory = cache_directory(state_dir, image_root)
         with removing(directory, on_wait=_wait_note):
             contents = scan(directory)
             plan = plan_removal(contents, _usage(state_dir), contents.find(image))
@@ -208,6 +210,7 @@ def images_rm(image: str, state_dir: Path, as_json: bool) -> None:
 
 @images_group.command("prune")
 @state_dir_option
+@image_root_option
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.option(
     "--partials-older-than",
@@ -216,7 +219,13 @@ def images_rm(image: str, state_dir: Path, as_json: bool) -> None:
     help="Remove partial downloads untouched for this long (30m, 2h, 1d).",
 )
 @click.option("--json", "as_json", is_flag=True)
-def images_prune(state_dir: Path, dry_run: bool, partials_older_than: str, as_json: bool) -> None:
+def images_prune(
+    state_dir: Path,
+    image_root: Path | None,
+    dry_run: bool,
+    partials_older_than: str,
+    as_json: bool,
+) -> None:
     """Remove what no cached image needs (blobs no image refers to, roots and build folders a
     crash left, stale partial downloads), then least recently used images while the cache is
     over node.toml's [images] max_size, never one a live member uses."""
@@ -227,7 +236,7 @@ def images_prune(state_dir: Path, dry_run: bool, partials_older_than: str, as_js
                 f"{partials_older_than!r} is not a duration; give one like 30m, 2h or 1d.",
                 param_hint="--partials-older-than",
             )
-        directory = cache_directory(state_dir)
+        directory = cache_directory(state_dir, image_root)
         limit = images_settings()
         with removing(directory, on_wait=_wait_note):
             contents = scan(directory)

@@ -68,12 +68,24 @@ EXIT_COLLECTED = "exit-collected"
 # The coordinator named a new control address; node.json now dials it first (details: old, new).
 CONTROL_ADDRESS_CHANGED = "control-address-changed"
 AGENT_FAILED = "agent-failed"
+#: Member events of a runtime image made ready at Prepare (agent/members_prepare.py): the pull
+#: started (details: image), moved on (bytes and layers done and total, phase), the image is
+#: ready (bytes, layers, seconds), the pull failed (reason: the sentence) or was cancelled (an
+#: Abort), and, after a restart, the pull finished again with no member waiting for it.
+IMAGE_PULL_STARTED = "image-pull-started"
+IMAGE_PULL_PROGRESS = "image-pull-progress"
+IMAGE_READY = "image-ready"
+IMAGE_PULL_FAILED = "image-pull-failed"
+IMAGE_PULL_CANCELLED = "image-pull-cancelled"
+IMAGE_EVENTS = frozenset(
+    {IMAGE_PULL_STARTED, IMAGE_PULL_PROGRESS, IMAGE_READY, IMAGE_PULL_FAILED, IMAGE_PULL_CANCELLED}
+)
 #: Every event kind this agent writes (the lifecycle's, then the others), so a reader can tell a
 #: kind that has not happened yet from a typo.
 EVENT_KINDS: frozenset[str] = frozenset(e.value for e in MemberEvent) | {
     "prepare-received", "report-refused", "gpu-uuids-filled", MEMBER_REATTACHED, EXIT_COLLECTED,
     AGENT_STARTED, AGENT_STOPPED, AGENT_FAILED, "enrolled", "re-enrolled", "journal-created",
-    CONTROL_ADDRESS_CHANGED,
+    CONTROL_ADDRESS_CHANGED, *IMAGE_EVENTS,
 }  # fmt: skip
 
 

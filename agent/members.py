@@ -72,6 +72,8 @@ class MemberManager(MemberPrepares, MemberLaunches):
             await self.launch(record)
 
     async def abort(self, cmd: m.Abort) -> None:
+        # An image pull in flight is cancelled, and has ended, before the abort is journaled.
+        await self.stop_preparation(cmd.key)
         await self._respond(Command.ABORT, cmd.key, reason=cmd.reason or "the coordinator aborted")
 
     async def cancel(self, cmd: m.Cancel) -> None:
@@ -142,11 +144,18 @@ class MemberManager(MemberPrepares, MemberLaunches):
         for record in await self.journal.members():
             key = record.key
             if record.state is S.PREPARING:
+                image = await self._interrupted_pull(key)
+                reason = "the agent stopped while preparing this member; prepare it again"
+                if image is not None:
+                    reason = (
+                        f"the agent stopped while pulling the image {image} for this member; "
+                        "it finishes the pull now, keeping what was verified, so retry the Job"
+                    )
                 _, report = await self.journal.transition(
-                    key, E.PREPARE_FAILED, now_ms(),
-                    reason="the agent stopped while preparing this member; prepare it again",
-                )  # fmt: skip
+                    key, E.PREPARE_FAILED, now_ms(), reason=reason
+                )
                 await self.report(report)
+                await self.resume_pull(record)
             elif record.state is S.PREPARED and key.member_index == 0 and record.master_port:
                 await self.rendezvous.hold_again(record)
             elif record.state in (S.COMMITTED, S.STARTING):

@@ -8,19 +8,56 @@ daemon's nursery, handed in, owns every task a layer starts.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
+import attrs
 import trio
 
 from . import messages as m
 from .config import WorkloadPolicy
+from .image_access import RegistryAccess
+from .image_cache import CacheLimit, ImageCache
+from .image_store import default_image_root
+from .image_usage import read_usage
 from .inventory import Inventory
 from .journal import Journal
 from .journal_records import MemberKey, PendingReport
 from .members_rendezvous import RendezvousHolds
 from .runner_template import RunnerTemplate
+from .state_dir import JOURNAL_FILE
+
+#: The image cache's folders only the agent reads (verified blobs, partial ones, records,
+#: locks), and the one members pass through to their image's root without listing it.
+_PRIVATE = ("blobs", "partial", "images", "locks")
+_PASSABLE = ("roots",)
+
+
+def make_image_folders(directory: Path) -> None:
+    """The image cache's folders with their modes (before a pull writes anything there): the
+    cache and ``roots/`` passable by every account (0711: a member's sandbox, running as the
+    member's account, binds its image's root, but no member lists which images this Node
+    holds), the rest the agent's own (0700)."""
+    for folder, mode in (
+        (directory, 0o711),
+        *((directory / name, 0o700) for name in _PRIVATE),
+        *((directory / name, 0o711) for name in _PASSABLE),
+    ):
+        folder.mkdir(mode=mode, parents=True, exist_ok=True)
+        os.chmod(folder, mode)
+
+
+@attrs.define(eq=False)
+class Preparation:
+    """A preparing member's runtime image being made ready by a task the daemon's nursery owns:
+    an Abort cancels ``scope`` and waits for ``done`` before it journals the member aborted."""
+
+    image: str
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    done: trio.Event = attrs.field(factory=trio.Event)
+
 
 Publish = Callable[[m.Outgoing], Awaitable[None]]
 
@@ -62,6 +99,9 @@ class MemberBase:
         refresh: Callable[[], Awaitable[Inventory]] | None = None,
         node_id: str = "",
         runner_template: RunnerTemplate | None = None,
+        registries: Mapping[str, RegistryAccess] | None = None,
+        image_root: Path | None = None,
+        image_max_bytes: int | None = None,
     ) -> None:
         self.journal = journal
         # This Node's id: a Derivation whose source it holds itself is copied, not fetched.
@@ -85,6 +125,24 @@ class MemberBase:
         # The members a watcher follows (members_exits.py): one watcher each.
         self.watched: set[MemberKey] = set()
         self.rendezvous = RendezvousHolds(nursery, node_address)
+        # Runtime images, pulled at Prepare into the image root beside the state dir
+        # (agent/image_cache.py), kept under node.toml's [images] max_size by evicting the least
+        # recently used images no live member uses (the journal says which are used). Its
+        # folders are made (make_image_folders) before the first pull, never here.
+        journal_path = self.state_dir / JOURNAL_FILE
+        limit = (
+            None
+            if image_max_bytes is None
+            else CacheLimit(image_max_bytes, lambda: read_usage(journal_path))
+        )
+        self.images = ImageCache(
+            image_root or default_image_root(self.state_dir), registries, limit=limit
+        )
+        # Members whose image is being pulled, by key (one task each, members_prepare.py), and
+        # the lock the end of every Prepare (lease, files, journal) takes, so a Prepare finished
+        # by a pull never interleaves with one the command worker carries out.
+        self.preparations: dict[MemberKey, Preparation] = {}
+        self.prepare_lock = trio.Lock()
 
     async def report(self, report: PendingReport | None) -> None:
         """Send a report the journal queued (None: the transition queued none)."""

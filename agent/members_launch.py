@@ -15,13 +15,20 @@ import logging
 import os
 from pathlib import Path
 
+import attrs
+import trio
+
 from tuneplane.proto.contract import jobspec
 from tuneplane.runner.member_file import Account as RunAs
 
-from . import accounts, runner_pyz, sandbox, supervision
+from . import accounts, image_host, runner_pyz, sandbox, supervision
 from . import rendezvous as rdv
 from .collectors import telemetry_dir, tensorboard_dir
+from .config import Runtime
 from .crashpoint import crashpoint
+from .image_cache import ReadyImage
+from .image_ref import ImageRef
+from .image_sandbox import ImageConfig, ImageSandboxError, image_command, image_env
 from .init_from import ENV_NAME as INIT_FROM_ENV
 from .init_from import INIT_FROM_DIR
 from .inventory import Inventory
@@ -79,9 +86,20 @@ class MemberLaunches(MemberExits):
             runtime = runtime_of(spec, self.policy)
         except PrepareRefused as exc:
             raise LaunchFailed(str(exc)) from None
-        refused = refused_loader_variable(spec.env, runtime.name, runtime.allow_loader_env)
-        if refused:
-            raise LaunchFailed(refused)
+        image: ReadyImage | None = None
+        if isinstance(runtime, ImageRef):
+            image = self.images.ready(runtime)
+            if image is None:
+                raise LaunchFailed(
+                    f"The image {runtime} is no longer in this Node's image cache "
+                    f"({self.images.directory}) although the member was prepared with it; retry "
+                    f"the Job with `tp job retry {record.key.run_id}`: its Prepare pulls the "
+                    "image again."
+                )
+        else:
+            refused = refused_loader_variable(spec.env, runtime.name, runtime.allow_loader_env)
+            if refused:
+                raise LaunchFailed(refused)
         problem = check_launch(record.gpu_indexes, record.gpu_uuids, inventory)
         if problem is not None:
             raise LaunchFailed(problem)
@@ -112,36 +130,51 @@ class MemberLaunches(MemberExits):
                 if self.out_root in folder.parents:
                     os.chmod(folder, 0o711)
         key = record.key
-        base_env = workload_env(
-            spec.env,
-            {
-                # The recipe's parameters as the coordinator rendered them at Preview (the
-                # digest covers them); the argv flags are in the capsule's entrypoint.
-                **spec.parameter_env,
-                "TUNEPLANE_RUN_ID": key.run_id,
-                "TUNEPLANE_ATTEMPT": str(key.attempt),
-                "TUNEPLANE_MEMBER_INDEX": str(key.member_index),
-                "TUNEPLANE_MEMBER_COUNT": str(record.member_count),
-                "TUNEPLANE_OUT_DIR": str(out_dir),
-                "TUNEPLANE_TELEMETRY_DIR": str(telemetry),
-                # Where libraries look for a TensorBoard log directory (docs/telemetry.md,
-                # "Where to write"); the collector follows all of $TUNEPLANE_OUT_DIR anyway.
-                "TUNEPLANE_TENSORBOARD_DIR": str(tensorboard),
-                "TENSORBOARD_LOGDIR": str(tensorboard),
-                "AIP_TENSORBOARD_LOG_DIR": str(tensorboard),
-                # The Derivation's source, copied and verified at Prepare (agent/init_from.py).
-                **(
-                    {INIT_FROM_ENV: str(lease.work_dir / INIT_FROM_DIR)}
-                    if spec.init_from_source is not None
-                    else {}
-                ),
-                # The interface that routes to the rendezvous, unless the Job's env names one.
-                **rdv.ifname_env(addr, spec.env),
-            },
-            runtime.path,
-            str(lease.work_dir),
-        )
-        entrypoint = resolve_entrypoint(capsule.entrypoint, runtime.name, runtime.interpreter)
+        ours = {
+            # The recipe's parameters as the coordinator rendered them at Preview (the
+            # digest covers them); the argv flags are in the capsule's entrypoint.
+            **spec.parameter_env,
+            "TUNEPLANE_RUN_ID": key.run_id,
+            "TUNEPLANE_ATTEMPT": str(key.attempt),
+            "TUNEPLANE_MEMBER_INDEX": str(key.member_index),
+            "TUNEPLANE_MEMBER_COUNT": str(record.member_count),
+            "TUNEPLANE_OUT_DIR": str(out_dir),
+            "TUNEPLANE_TELEMETRY_DIR": str(telemetry),
+            # Where libraries look for a TensorBoard log directory (docs/telemetry.md,
+            # "Where to write"); the collector follows all of $TUNEPLANE_OUT_DIR anyway.
+            "TUNEPLANE_TENSORBOARD_DIR": str(tensorboard),
+            "TENSORBOARD_LOGDIR": str(tensorboard),
+            "AIP_TENSORBOARD_LOG_DIR": str(tensorboard),
+            # The Derivation's source, copied and verified at Prepare (agent/init_from.py).
+            **(
+                {INIT_FROM_ENV: str(lease.work_dir / INIT_FROM_DIR)}
+                if spec.init_from_source is not None
+                else {}
+            ),
+            # The interface that routes to the rendezvous, unless the Job's env names one.
+            **rdv.ifname_env(addr, spec.env),
+        }
+        wrapper: tuple[str, ...] = ()
+        if image is not None:
+            # The member runs in the image's root under bubblewrap, whatever node.toml's
+            # isolation says (agent/image_sandbox.py): the image's Env, then the Job's, then
+            # TunePlane's; the recipe's command after the image's Entrypoint.
+            try:
+                config = ImageConfig(**attrs.asdict(image.config))
+                box = image_host.member_sandbox(
+                    root=image.root, work_dir=lease.work_dir, out_dir=out_dir,
+                    telemetry_dir=telemetry, gpus=gpus, driver_version=inventory.driver_version,
+                    config=config, command=capsule.entrypoint,
+                )  # fmt: skip
+                base_env = image_env(config, spec.env, ours, str(lease.work_dir), box.driver)
+                entrypoint = image_command(config, capsule.entrypoint)
+                wrapper = image_host.image_bwrap_argv(box)
+            except ImageSandboxError as exc:
+                raise LaunchFailed(str(exc)) from None
+        else:
+            assert isinstance(runtime, Runtime)
+            base_env = workload_env(spec.env, ours, runtime.path, str(lease.work_dir))
+            entrypoint = resolve_entrypoint(capsule.entrypoint, runtime.name, runtime.interpreter)
         try:
             processes = plan_processes(
                 capsule.launcher, entrypoint, tuple(uuids), key.member_index,
@@ -157,8 +190,7 @@ class MemberLaunches(MemberExits):
                 lease.account.name, lease.account.uid, lease.account.gid, lease.account.groups,
                 reap=True, release_paths=released,
             )  # fmt: skip
-        wrapper: tuple[str, ...] = ()
-        if self.policy.isolation == "bwrap":
+        if image is None and self.policy.isolation == "bwrap":
             present = {str(p) for p in Path("/dev").glob("nvidia*")}
             wrapper = sandbox.bwrap_argv(
                 state_dir=self.state_dir, work_root=self.work_root, out_root=self.out_root,
@@ -180,6 +212,9 @@ class MemberLaunches(MemberExits):
             sdk_path=lease.work_dir / CAPSULE_DIR / runner_pyz.RUNNER_PYZ,
         )
 
+    def _write_launch(self, record: MemberRecord, inventory: Inventory) -> None:
+        supervision.write_launch(self._plan(record, inventory))
+
     async def _launch_failed(self, key: MemberKey, reason: str) -> None:
         log.error("member launch failed member=%s reason=%s", key, reason)
         _, report = await self.journal.transition(key, E.LAUNCH_FAILED, now_ms(), reason=reason)
@@ -200,7 +235,8 @@ class MemberLaunches(MemberExits):
             # lost or reordered since Prepare must not get the workload.
             inventory = await self.refresh() if self.refresh else self.inventory()
             try:
-                supervision.write_launch(self._plan(record, inventory))
+                # In a worker thread: an image member's plan reads the image and runs ldconfig.
+                await trio.to_thread.run_sync(self._write_launch, record, inventory)
             except supervision.LaunchAlreadyClaimed:
                 log.info("launch already claimed member=%s", key)
             except (LaunchFailed, supervision.LaunchSpecError) as exc:

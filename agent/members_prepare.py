@@ -12,6 +12,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -25,11 +26,38 @@ from . import accounts, runner_pyz
 from . import messages as m
 from .config import DEFAULT_RUNTIME_PATH, Runtime, WorkloadPolicy
 from .crashpoint import crashpoint
+from .image_cache import PullProgress, ReadyImage
+from .image_errors import ImageError
+from .image_progress import ProgressPace
+from .image_ref import ImageRef, ImageRefError, parse_image_ref
 from .init_from import INIT_FROM_DIR, materialise_init_from
-from .journal_records import GpuAlreadyOwned, MemberKey, MemberRecord, NewMember
+from .journal_records import (
+    IMAGE_PULL_CANCELLED,
+    IMAGE_PULL_FAILED,
+    IMAGE_PULL_PROGRESS,
+    IMAGE_PULL_STARTED,
+    IMAGE_READY,
+    GpuAlreadyOwned,
+    MemberKey,
+    MemberRecord,
+    NewMember,
+)
 from .launch_plan import LAUNCHERS, UnknownLauncher, refused_loader_variable
-from .member_state import COMMITTED_OR_LATER, TERMINAL, MemberEvent, MemberState
-from .members_base import MemberBase, now_ms, out_dir_for, work_dir_for
+from .member_state import (
+    COMMITTED_OR_LATER,
+    TERMINAL,
+    IllegalTransition,
+    MemberEvent,
+    MemberState,
+)
+from .members_base import (
+    MemberBase,
+    Preparation,
+    make_image_folders,
+    now_ms,
+    out_dir_for,
+    work_dir_for,
+)
 from .prepare import CAPSULE_DIR, PrepareRefused, check_gpus, materialise, read_capsule
 from .workload_checks import resolve_interpreter
 
@@ -41,15 +69,22 @@ S = MemberState
 LIVE_STATES = frozenset(MemberState) - TERMINAL
 
 
-def runtime_of(spec: jobspec.JobSpec, policy: WorkloadPolicy) -> Runtime:
-    """The node.toml runtime a JobSpec's ``host:<name>`` runtime id names, refused (with what
-    this Node offers) when it is not a host runtime or its interpreter is not an executable file
-    here: checked at Prepare, so no GPU is held for a Job this Node cannot start."""
+def runtime_of(spec: jobspec.JobSpec, policy: WorkloadPolicy) -> Runtime | ImageRef:
+    """What a JobSpec's runtime id names on this Node: the node.toml runtime of ``host:<name>``
+    (refused, with what this Node offers, when its interpreter is not an executable file here),
+    or the image ``image:<registry>/<name>@sha256:<hex>`` pins (refused when it is not pinned by
+    digest: the coordinator resolves a tag at Preview). Checked at Prepare, so no GPU is held for
+    a Job this Node cannot start."""
     kind, _, name = spec.runtime_id.partition(":")
+    if kind == "image":
+        try:
+            return parse_image_ref(spec.runtime_id)
+        except ImageRefError as exc:
+            raise PrepareRefused(str(exc)) from None
     if kind != "host" or not name:
         raise PrepareRefused(
-            f"The runtime {spec.runtime_id!r} is not a host runtime; this Node runs "
-            f"{offered_runtimes(policy)}."
+            f"The runtime {spec.runtime_id!r} is neither a host runtime nor an image; this Node "
+            f"runs {offered_runtimes(policy)}."
         )
     runtime = policy.runtime(name)
     where = resolve_interpreter(runtime.interpreter, runtime.path)
@@ -85,11 +120,20 @@ def offered_runtimes(policy: WorkloadPolicy) -> str:
     tables = (
         ", ".join(f"host:{name}" for name in configured) + " (node.toml) and " if configured else ""
     )
-    return f"{tables}host:<program> for a program on {DEFAULT_RUNTIME_PATH}"
+    return (
+        f"{tables}host:<program> for a program on {DEFAULT_RUNTIME_PATH}, and images pinned as "
+        "image:<registry>/<name>@sha256:<digest>"
+    )
 
 
 class MemberPrepares(MemberBase):
-    """Prepare: journal the member in ``preparing``, check and materialise it, then answer."""
+    """Prepare: journal the member in ``preparing``, check and materialise it, then answer.
+
+    A member whose runtime image is not in the cache yet is answered later: its pull runs in a
+    task the daemon's nursery owns (so the command worker, heartbeats and other members go on),
+    journaled as it goes, and the rest of Prepare runs once the image is ready. An Abort cancels
+    the pull (:meth:`stop_preparation`); a failed pull refuses the Prepare with its sentence.
+    """
 
     @staticmethod
     def prepare_answer(record: MemberRecord) -> m.PrepareReply:
@@ -109,6 +153,12 @@ class MemberPrepares(MemberBase):
         key = cmd.key
         existing = await self.journal.member(key)
         if existing is not None:
+            if existing.state is S.PREPARING and key in self.preparations:
+                # A resent Prepare (a reconnect) while the image is pulled: the answer comes
+                # when the pull ends, as for the first one.
+                log.info("prepare repeated while its image is prepared member=%s image=%s", key,
+                         self.preparations[key].image)  # fmt: skip
+                return
             log.info("prepare repeated run_id=%s member=%s state=%s", key.run_id, key,
                      existing.state.value)  # fmt: skip
             await self.publish(self.prepare_answer(existing))
@@ -140,16 +190,48 @@ class MemberPrepares(MemberBase):
             ),
             now_ms(),
         )
-        rendezvous: m.Rendezvous | None = None
         try:
             if spec is None:
                 raise PrepareRefused(spec_error)
             owners, unnamed = await self.journal.gpu_owners_by_uuid()
             check_gpus(key, cmd.gpu_indexes, cmd.gpu_uuids, inventory, owners, unnamed)
             runtime = runtime_of(spec, self.policy)
-            refused = refused_loader_variable(spec.env, runtime.name, runtime.allow_loader_env)
-            if refused:
-                raise PrepareRefused(refused)
+            if isinstance(runtime, Runtime):
+                refused = refused_loader_variable(spec.env, runtime.name, runtime.allow_loader_env)
+                if refused:
+                    raise PrepareRefused(refused)
+        except PrepareRefused as exc:
+            await self._refuse(key, str(exc))
+            return
+        if isinstance(runtime, ImageRef) and self.images.ready(runtime) is None:
+            await self._start_pull(cmd, spec, runtime, uuids)
+            return
+        async with self.prepare_lock:
+            await self._complete(cmd, spec, runtime, uuids)
+
+    async def _refuse(self, key: MemberKey, reason: str) -> None:
+        """Journal the member's Prepare as failed with ``reason`` (its GPUs were never owned),
+        then answer and report it."""
+        await self.rendezvous.release(key)
+        log.warning("prepare refused run_id=%s member=%s reason=%s", key.run_id, key, reason)
+        _, report = await self.journal.transition(key, E.PREPARE_FAILED, now_ms(), reason=reason)
+        await self.publish(m.PrepareReply(key, False, reason, None))
+        await self.report(report)
+
+    async def _complete(
+        self, cmd: m.Prepare, spec: jobspec.JobSpec, runtime: Runtime | ImageRef,
+        uuids: tuple[str, ...],
+    ) -> None:  # fmt: skip
+        """The rest of Prepare, once the runtime is on this Node: the GPUs again (a pull may
+        have taken minutes), the account lease, the member's files, the Derivation, the
+        capsule, the rendezvous; then ``prepared`` is journaled and answered. The caller holds
+        :attr:`prepare_lock`."""
+        key = cmd.key
+        member_dir = self.members_dir / str(key)
+        rendezvous: m.Rendezvous | None = None
+        try:
+            owners, unnamed = await self.journal.gpu_owners_by_uuid()
+            check_gpus(key, cmd.gpu_indexes, cmd.gpu_uuids, self.inventory(), owners, unnamed)
             # The lease is on disk before any file is written for the member, so a crash here
             # still holds the account until the member is failed on replay.
             held, ended, through = await self._pool_leases(key)
@@ -173,21 +255,16 @@ class MemberPrepares(MemberBase):
             checked = await self.rendezvous.check(cmd)
             if cmd.pick_rendezvous:
                 rendezvous = await self.rendezvous.hold(cmd, member_dir)
+            image = {"image": str(runtime)} if isinstance(runtime, ImageRef) else {}
             await self.journal.transition(
                 key, E.PREPARE_SUCCEEDED, now_ms(),
                 rendezvous=(rendezvous.master_addr, rendezvous.master_port) if rendezvous else None,
                 details={"gpu_indexes": list(cmd.gpu_indexes), "gpu_uuids": list(uuids),
-                         "runner_sha256": runner_pyz.recorded(work / CAPSULE_DIR), **checked},
+                         "runner_sha256": runner_pyz.recorded(work / CAPSULE_DIR), **checked,
+                         **image},
             )  # fmt: skip
         except (PrepareRefused, GpuAlreadyOwned, accounts.AccountError, OSError) as exc:
-            await self.rendezvous.release(key)
-            reason = str(exc)
-            log.warning("prepare refused run_id=%s member=%s reason=%s", key.run_id, key, reason)
-            _, report = await self.journal.transition(
-                key, E.PREPARE_FAILED, now_ms(), reason=reason
-            )
-            await self.publish(m.PrepareReply(key, False, reason, None))
-            await self.report(report)
+            await self._refuse(key, str(exc))
             return
         log.info("member prepared run_id=%s member=%s gpus=%s", key.run_id, key,
                  list(cmd.gpu_indexes))  # fmt: skip
@@ -195,6 +272,183 @@ class MemberPrepares(MemberBase):
         await self.publish(
             m.PrepareReply(key, True, "", rendezvous, rendezvous_held=rendezvous is not None)
         )
+
+    # --- runtime images ------------------------------------------------------------------------
+
+    async def _start_pull(
+        self, cmd: m.Prepare, spec: jobspec.JobSpec, ref: ImageRef, uuids: tuple[str, ...]
+    ) -> None:
+        """Journal that the member's image is being pulled, then pull it in a task of the
+        daemon's nursery; the Prepare is answered when that task ends."""
+        key = cmd.key
+        try:
+            await trio.to_thread.run_sync(make_image_folders, self.images.directory)
+        except OSError as exc:
+            await self._refuse(
+                key,
+                f"This Node cannot make its image cache {self.images.directory} ({exc.strerror});"
+                " ask its operator to fix that folder or name another with --image-root.",
+            )
+            return
+        await self.journal.member_event(key, now_ms(), IMAGE_PULL_STARTED, image=str(ref))
+        log.info("image pull started member=%s image=%s", key, ref)
+        preparation = Preparation(str(ref))
+        self.preparations[key] = preparation
+        self.nursery.start_soon(self._pull_then_prepare, cmd, spec, ref, uuids, preparation)
+
+    async def stop_preparation(self, key: MemberKey) -> None:
+        """Cancel the member's image pull, if one runs, and wait until its task has ended, so
+        the caller's journal write comes after anything the task wrote (an Abort's does)."""
+        preparation = self.preparations.get(key)
+        if preparation is not None:
+            preparation.scope.cancel()
+            await preparation.done.wait()
+
+    async def _pull_then_prepare(
+        self, cmd: m.Prepare, spec: jobspec.JobSpec, ref: ImageRef, uuids: tuple[str, ...],
+        preparation: Preparation,
+    ) -> None:  # fmt: skip
+        key = cmd.key
+        started = trio.current_time()
+        try:
+            image: ReadyImage | None = None
+            failed: ImageError | None = None
+            # Only the pull is in the Abort's scope: what is journaled after it never is cut.
+            with preparation.scope:
+                try:
+                    image = await self._pull(key, ref)
+                except ImageError as exc:
+                    failed = exc
+            if failed is not None:
+                await self.journal.member_event(
+                    key, now_ms(), IMAGE_PULL_FAILED, str(failed), image=str(ref)
+                )
+                await self._refuse(key, str(failed))
+                return
+            if image is None:
+                log.info("image pull cancelled member=%s image=%s", key, ref)
+                await self.journal.member_event(
+                    key, now_ms(), IMAGE_PULL_CANCELLED,
+                    "the coordinator aborted the member while its image was pulled; what was "
+                    "verified stays in the cache", image=str(ref),
+                )  # fmt: skip
+                return
+            took = round(trio.current_time() - started, 3)
+            log.info("image ready member=%s image=%s bytes=%d layers=%d seconds=%.3f", key, ref,
+                     image.bytes, image.layers, took)  # fmt: skip
+            await self.journal.member_event(
+                key, now_ms(), IMAGE_READY, image=str(ref), bytes=image.bytes,
+                layers=image.layers, seconds=took,
+            )  # fmt: skip
+            async with self.prepare_lock:
+                record = await self.journal.member(key)
+                if record is None or record.state is not S.PREPARING:
+                    return
+                await self._complete(cmd, spec, ref, uuids)
+        except Exception as exc:
+            # Whatever else goes wrong must still answer the Prepare (a member left preparing
+            # would keep its Job waiting for the deadline) and never end the daemon.
+            log.exception("image preparation failed unexpectedly member=%s", key)
+            with contextlib.suppress(IllegalTransition):
+                await self._refuse(
+                    key,
+                    f"The Node failed unexpectedly while preparing the image {ref} "
+                    f"({type(exc).__name__}: {exc}); the agent's log has the details.",
+                )
+        finally:
+            self.preparations.pop(key, None)
+            preparation.done.set()
+
+    async def _pull(self, key: MemberKey, ref: ImageRef) -> ReadyImage:
+        """``images.ensure(ref)``, its progress journaled and sent to the coordinator at a
+        bounded rate (agent/image_progress.py) while it runs."""
+        told = ProgressPace()
+        latest: list[PullProgress] = []
+        moved = trio.Event()
+        found: list[ReadyImage] = []
+
+        def on_progress(progress: PullProgress) -> None:
+            nonlocal moved
+            latest.append(progress)
+            del latest[:-1]
+            moved.set()
+
+        async def pull(nursery: trio.Nursery) -> None:
+            found.append(await self.images.ensure(ref, on_progress))
+            nursery.cancel_scope.cancel()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pull, nursery)
+                while not found:
+                    await moved.wait()
+                    moved = trio.Event()
+                    progress = latest[-1]
+                    if progress.phase == "ready" or not told.due(progress, trio.current_time()):
+                        continue
+                    await self.journal.member_event(
+                        key, now_ms(), IMAGE_PULL_PROGRESS, image=str(ref),
+                        bytes_done=progress.bytes_done, bytes_total=progress.bytes_total,
+                        layers_done=progress.layers_done, layers_total=progress.layers_total,
+                        phase=progress.phase,
+                    )  # fmt: skip
+                    await self.publish(
+                        m.PrepareProgress(
+                            key, str(ref), progress.bytes_done, progress.bytes_total,
+                            progress.layers_done, progress.layers_total, progress.phase,
+                        )
+                    )  # fmt: skip
+        except BaseExceptionGroup as group:
+            # The pull's ImageError is the answer; anything else goes on as it is.
+            errors = group.subgroup(lambda e: isinstance(e, ImageError))
+            if errors is not None and errors.split(ImageError)[1] is None:
+                leaf: BaseException = errors
+                while isinstance(leaf, BaseExceptionGroup):
+                    leaf = leaf.exceptions[0]
+                raise leaf from None
+            raise
+        # Only the pull ends the nursery without an error, once the image is ready; an Abort
+        # that cancelled it meanwhile surfaces at this checkpoint.
+        await trio.lowlevel.checkpoint()
+        assert found, "the pull ends the nursery only once the image is ready"
+        return found[0]
+
+    async def resume_pull(self, record: MemberRecord) -> None:
+        """After a restart, finish in the background the image pull a member that was cut
+        short was waiting for (the member itself is refused, as every cut-short Prepare is), so
+        the cache holds the image when the Job is retried. Owned by the daemon's nursery."""
+        ref = await self._interrupted_pull(record.key)
+        if ref is None:
+            return
+        log.info("image pull resumed after restart member=%s image=%s", record.key, ref)
+
+        async def finish() -> None:
+            try:
+                image = await self.images.ensure(ref)
+            except ImageError as exc:
+                log.warning("image pull after restart failed image=%s reason=%s", ref, exc)
+                return
+            await self.journal.member_event(
+                record.key, now_ms(), IMAGE_READY, "pulled again after the agent restarted; "
+                "no member waits for it", image=str(ref), bytes=image.bytes, layers=image.layers,
+            )  # fmt: skip
+
+        self.nursery.start_soon(finish)
+
+    async def _interrupted_pull(self, key: MemberKey) -> ImageRef | None:
+        """The image whose pull the member's journal shows started and never ended, or None."""
+        pulling: str | None = None
+        for event in await self.journal.events(key):
+            if event["kind"] == IMAGE_PULL_STARTED:
+                pulling = str(event["details"].get("image", ""))
+            elif event["kind"] in (IMAGE_READY, IMAGE_PULL_FAILED, IMAGE_PULL_CANCELLED):
+                pulling = None
+        if not pulling:
+            return None
+        try:
+            return parse_image_ref(pulling)
+        except ImageRefError:
+            return None
 
     async def _pool_leases(
         self, key: MemberKey

@@ -227,6 +227,21 @@ class PrepareReply:
 
 
 @attrs.frozen
+class PrepareProgress:
+    """How far a preparing member's runtime image is (agent/members_image.py): bytes of its
+    blobs on disk and layers verified, of all it needs, and the phase (``pulling``,
+    ``unpacking``). Sent only to a coordinator that announced ``prepare-progress``."""
+
+    key: MemberKey
+    image: str
+    bytes_done: int
+    bytes_total: int
+    layers_done: int
+    layers_total: int
+    phase: str
+
+
+@attrs.frozen
 class DecisionQuery:
     key: MemberKey
 
@@ -261,6 +276,7 @@ Outgoing = (
     | Heartbeat
     | Report
     | PrepareReply
+    | PrepareProgress
     | DecisionQuery
     | LogChunk
     | CredentialRenewal

@@ -20,10 +20,17 @@ from . import config as node_config
 from . import daemon_log, outputs_identity, outputs_server, workload_checks
 from . import metrics as node_metrics
 from .cli_gpu_source import gpu_source, one_gpu_source, scripted_nvml_option
-from .cli_settings import metrics_listener, outputs_settings, workload_policy
+from .cli_settings import (
+    images_settings,
+    metrics_listener,
+    outputs_settings,
+    registries,
+    workload_policy,
+)
 from .cli_support import sentences, state_dir_option
 from .daemon import Daemon, run_daemon
 from .daemon_base import INVENTORY_INTERVAL_S
+from .image_store import default_image_root
 from .inventory_source import PROBE_LIMIT_S, RELEASE_REQUEST
 from .sd_notify import ServiceNotifier
 from .state_dir import StateDir
@@ -54,6 +61,13 @@ def _setup_logging(level: str) -> None:
     default=None,
     help="Where members' work directories live, outside the state dir (default: "
     "tuneplane-work beside the state dir).",
+)
+@click.option(
+    "--image-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where runtime images are cached and unpacked, outside the state dir so members' "
+    "sandboxes can reach their image (default: tuneplane-images beside the state dir).",
 )
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]))
 @click.option(
@@ -97,6 +111,7 @@ def run_command(
     scripted_nvml: Path | None,
     out_root: Path | None,
     work_root: Path | None,
+    image_root: Path | None,
     log_level: str,
     inventory_interval_s: float,
     probe_limit_s: float,
@@ -124,8 +139,11 @@ def run_command(
         state.create()
         outputs = (out_root or workload_checks.default_out_root(state.root)).resolve()
         works = (work_root or workload_checks.default_work_root(state.root)).resolve()
+        images = (image_root or default_image_root(state.root)).resolve()
         policy = workload_policy()
-        refused = workload_checks.start_problems(policy, state.root, works, outputs)
+        reached = registries()
+        image_max_bytes = images_settings()
+        refused = workload_checks.start_problems(policy, state.root, works, outputs, images)
         if refused:
             raise click.ClickException(" ".join(refused))
         for warning in workload_checks.warnings(policy):
@@ -146,9 +164,11 @@ def run_command(
             except outputs_server.OutputsListenFailed as exc:
                 raise click.ClickException(str(exc)) from None
         daemon = Daemon(
-            state, node, credential, source, outputs, work_root=works, policy=policy,
+            state, node, credential, source, outputs, work_root=works, image_root=images,
+            policy=policy,
             inventory_interval_s=inventory_interval_s, system_interval_s=system_interval_s,
-            telemetry_max_files=telemetry_max_files, outputs=bound,
+            telemetry_max_files=telemetry_max_files, outputs=bound, registries=reached,
+            image_max_bytes=image_max_bytes,
         )  # fmt: skip
         logging.getLogger(__name__).info(
             "agent starting node_id=%s coordinator=%s gpus=%d gpu_source=%s pid=%d",

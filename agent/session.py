@@ -203,6 +203,8 @@ class ControlSession:
     renewal_request: int = 0
     renewal_sent_at: float = 0.0
     renewal_seq: int = 0
+    # What the coordinator's Welcome announced: what this session may send it.
+    coordinator_capabilities: frozenset[str] = frozenset()
 
     def start(
         self,
@@ -318,6 +320,7 @@ class ControlSession:
         coordinator = protocol.Peer.said(
             welcome.coordinator_version, welcome.protocol, list(welcome.capabilities)
         )
+        self.coordinator_capabilities = frozenset(welcome.capabilities)
         effects: list[Effect] = [
             Connected(
                 self.heartbeat_interval_s,
@@ -344,6 +347,11 @@ class ControlSession:
         """
         if self.phase is not Phase.OPEN:
             return []
+        if (
+            isinstance(message, m.PrepareProgress)
+            and protocol.Capability.PREPARE_PROGRESS not in self.coordinator_capabilities
+        ):
+            return []  # an older coordinator has no use for it (Prepared still comes)
         if isinstance(message, m.Report) and not self.reports.publish(
             message.report.report_seq, now, self.heartbeat_timeout_s
         ):

@@ -138,6 +138,18 @@ def to_wire(msg: m.Outgoing) -> v1.NodeMessage:
                 master_addr=msg.rendezvous.master_addr, master_port=msg.rendezvous.master_port
             )
         return v1.NodeMessage(prepare_reply=reply)
+    if isinstance(msg, m.PrepareProgress):
+        return v1.NodeMessage(
+            prepare_progress=v1.PrepareProgress(
+                member=_ref(msg.key),
+                image=msg.image,
+                bytes_done=msg.bytes_done,
+                bytes_total=msg.bytes_total,
+                layers_done=msg.layers_done,
+                layers_total=msg.layers_total,
+                phase=msg.phase,
+            )
+        )
     if isinstance(msg, m.LogChunk):
         return v1.NodeMessage(
             log_chunk=v1.LogChunk(

@@ -53,7 +53,11 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def start_problems(
-    policy: WorkloadPolicy, state_dir: Path, work_root: Path, out_root: Path
+    policy: WorkloadPolicy,
+    state_dir: Path,
+    work_root: Path,
+    out_root: Path,
+    image_root: Path | None = None,
 ) -> list[str]:
     """Sentences for why the agent must not start with this policy (empty: it may)."""
     problems = []
@@ -61,7 +65,10 @@ def start_problems(
     if running_as:
         problems.append(running_as)
     if policy.mode != "agent":
-        for name, root in (("--work-root", work_root), ("--out-root", out_root)):
+        roots = [("--work-root", work_root), ("--out-root", out_root)]
+        if image_root is not None:
+            roots.append(("--image-root", image_root))
+        for name, root in roots:
             if _inside(root, state_dir):
                 problems.append(
                     f"{name} {root} is inside the state directory {state_dir}, which members "

@@ -39,6 +39,7 @@ from ..jobspec import check_loader_policy
 from ..lifecycle_failure import TAIL_BYTES, culprit, first_failure
 from ..offload import PROCESS_TEXT_CHARS, in_process, in_thread
 from ..placement import Request
+from ..preparations import PreparationBook
 from ..store import access as store_access
 from ..store import identity as store_identity
 from ..store.core import NotFound, Store
@@ -79,8 +80,11 @@ class ApiService:
         catalogue: Catalogue,
         on_admitted: Callable[[str], None],
         logs: LogStore | None = None,
+        preparations: PreparationBook | None = None,
     ) -> None:
         self._store = store
+        # Preparing members' image pulls as their Nodes last reported them (in memory).
+        self._preparations = preparations
         # Where GetJob reads a failed member's stderr (its last lines); None: not shown.
         self._logs = logs
         self._config = config
@@ -270,6 +274,8 @@ class ApiService:
                 )
             check_read(await store_access.job_access(self._store, request.run_id), user, "state")
             job = await self._store.get_job(request.run_id)
+            if self._preparations is not None:
+                job = self._preparations.shown(job)
             failed = await self._first_failure(job)
             await stream.send_message(job_to_wire(attrs.evolve(job, first_failure=failed)))
 

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ..catalogue import Catalogue, Recipe
 from ..parameters import env_name
-from ..values.jobs import Attempt, FirstFailure, Job, Preview, Receipt
+from ..values.jobs import Attempt, FirstFailure, ImagePreparation, Job, Preview, Receipt
 from .render_launch import launch_json, launch_rows
 from .submissions import Submission
 
@@ -246,13 +246,27 @@ def _members_table(attempt: Attempt, node_names: Mapping[str, str]) -> Table:
             str(m.index),
             node_text(m.node_id, node_names),
             ",".join(str(g) for g in m.gpu_indexes) or "-",
-            m.state,
+            m.state + (f" ({preparation_text(m.preparation)})" if m.preparation else ""),
             exit_text(m.has_exit, m.exit_code, m.signal),
             m.out_dir or "-",
         )
     if not attempt.members:
         table.add_row("(no members placed yet)", "", "", "", "", "")
     return table
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def preparation_text(p: ImagePreparation) -> str:
+    """A preparing member's image pull as the STATE column shows it, for example
+    ``pulling image:registry.example/team/pytorch@sha256:…: 312.0 MiB of 1024.0 MiB, 2 of 9
+    layers``."""
+    return (
+        f"{p.phase} {p.image}: {_mib(p.bytes_done)} of {_mib(p.bytes_total)}, "
+        f"{p.layers_done} of {p.layers_total} layers"
+    )
 
 
 def node_text(node_id: str, node_names: Mapping[str, str]) -> str:

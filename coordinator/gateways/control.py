@@ -41,6 +41,7 @@ from ..auth import DEFAULT_NODE_CREDENTIAL_LIFETIME_S, CredentialLife, Permissio
 from ..clock import now_ms
 from ..counters import CONNECTS_DEFERRED, CONNECTS_QUEUED
 from ..hello_gate import GateSettings, HelloGate, Ticket
+from ..preparations import PreparationBook
 from ..store.core import Store
 from ..store.hellos import NodeHello, ReplacedStream
 from ..store.lifecycle import stops_to_resend
@@ -108,6 +109,7 @@ class ControlGateway:
         enroll_limit: PeerRateLimit | None = None,
         addresses: ControlAddressDesk | None = None,
         gate: GateSettings | None = None,
+        preparations: PreparationBook | None = None,
     ) -> None:
         # The control address every Welcome names (tuneplane-coordinator control-address).
         self._addresses = addresses
@@ -120,8 +122,9 @@ class ControlGateway:
             enroll_limit if enroll_limit is not None else PeerRateLimit(0, 0),
         )
         self._messages = NodeMessages(
-            store, registry, wake_scheduler, heartbeats, self._credentials, collectors, logs
-        )
+            store, registry, wake_scheduler, heartbeats, self._credentials, collectors, logs,
+            preparations,
+        )  # fmt: skip
         self._heartbeats = heartbeats
         self._store = store
         self._registry = registry

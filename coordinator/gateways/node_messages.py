@@ -27,10 +27,12 @@ from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.proto import v1
 
 from ..clock import now_ms
+from ..preparations import PreparationBook
 from ..store.core import Store
 from ..store.lifecycle import stop_siblings
 from ..store.logs import LogStore
 from ..store.lost_nodes import declared_lost_order
+from ..values.jobs import ImagePreparation
 from ..values.orders import AbortOrder, CommitOrder, Order
 from ..wire.control import inventory_from_wire, report_from_wire
 from ..wire.members import member_key
@@ -57,8 +59,11 @@ class NodeMessages:
         credentials: NodeCredentials,
         collectors: CollectorCredentials | None,
         logs: LogStore | None,
+        preparations: PreparationBook | None = None,
     ) -> None:
         self._store = store
+        # Where a preparing member's image progress waits for GetJob (in memory only).
+        self._preparations = preparations
         self._registry = registry
         self._wake = wake_scheduler
         self._heartbeats = heartbeats
@@ -124,6 +129,17 @@ class NodeMessages:
             self._registry.dispatch(await self.with_credentials(orders))
             if any(isinstance(o, AbortOrder) for o in orders):
                 self._wake()
+        elif isinstance(body, v1.PrepareProgress):
+            # Shown by GetJob only for a member its Job places on this very Node.
+            if self._preparations is not None:
+                self._preparations.record(
+                    node_id,
+                    member_key(body.member),
+                    ImagePreparation(
+                        body.image[:512], body.bytes_done, body.bytes_total, body.layers_done,
+                        body.layers_total, body.phase[:32], now,
+                    ),
+                )  # fmt: skip
         elif isinstance(body, v1.DecisionQuery):
             # A member declared lost gets its stop, never the Commit its attempt recorded.
             key = member_key(body.member)

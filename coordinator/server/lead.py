@@ -52,6 +52,7 @@ from ..gateways.rate_limit import PeerRateLimit
 from ..gateways.sessions import SessionRegistry
 from ..gateways.telemetry import TelemetryGateway
 from ..hello_gate import GateSettings
+from ..preparations import PreparationBook
 from ..store.core import Store
 from ..store.handle import Fenced, StoreError, StoreUnavailable
 from ..store.leadership_log import record_takeover
@@ -197,7 +198,8 @@ async def _run(
         quotas=config.quotas,
         loader_env_runtimes=config.loader_env_runtimes,
     )
-    api = ApiService(store, config, catalogue, scheduler.admitted, log_store)
+    preparations = PreparationBook()
+    api = ApiService(store, config, catalogue, scheduler.admitted, log_store, preparations)
     addresses = ControlAddressDesk(store, registry, tls_paths.server_cert)
     await addresses.load()
     heartbeats = HeartbeatBook()
@@ -215,6 +217,7 @@ async def _run(
         credential_lifetime_s=config.node_credential_lifetime_s,
         enroll_limit=PeerRateLimit(config.limits.enroll_burst, config.limits.enroll_per_second),
         addresses=addresses,
+        preparations=preparations,
         gate=GateSettings(
             config.limits.connects_at_once,
             config.limits.connect_wait_s,

@@ -39,6 +39,20 @@ class StateChange:
 
 
 @attrs.frozen
+class ImagePreparation:
+    """A preparing member's runtime image as its Node last reported it (PrepareProgress): a live
+    view the coordinator keeps in memory, never stored."""
+
+    image: str
+    bytes_done: int
+    bytes_total: int
+    layers_done: int
+    layers_total: int
+    phase: str  # "pulling" or "unpacking"
+    reported_at_ms: int
+
+
+@attrs.frozen
 class Member:
     index: int
     node_id: str
@@ -56,6 +70,8 @@ class Member:
     node_name: str = ""
     # Its output manifest as its Node reported it when the member ended; None before that.
     output_manifest: ManifestSummary | None = None
+    # While it is preparing and its Node pulls its runtime image: how far; None otherwise.
+    preparation: ImagePreparation | None = None
 
 
 @attrs.frozen

@@ -16,6 +16,7 @@ from tuneplane.proto import v1
 from ..values.jobs import (
     Attempt,
     FirstFailure,
+    ImagePreparation,
     Job,
     Member,
     Preview,
@@ -48,7 +49,29 @@ def member_to_wire(m: Member) -> v1.Member:
         ended_at_ms=m.ended_at_ms,
         node_name=m.node_name,
         output_manifest=manifest_to_wire(m.output_manifest),
+        preparation=_preparation_to_wire(m.preparation),
     )
+
+
+def _preparation_to_wire(p: ImagePreparation | None) -> v1.ImagePreparation:
+    """Member.preparation; empty (no image) for a member not pulling an image."""
+    if p is None:
+        return v1.ImagePreparation()
+    return v1.ImagePreparation(
+        image=p.image, bytes_done=p.bytes_done, bytes_total=p.bytes_total,
+        layers_done=p.layers_done, layers_total=p.layers_total, phase=p.phase,
+        reported_at_ms=p.reported_at_ms,
+    )  # fmt: skip
+
+
+def _preparation_from_wire(p: v1.ImagePreparation | None) -> ImagePreparation | None:
+    """Member.preparation; None when the server set none (any member not pulling an image)."""
+    if p is None or not betterproto.serialized_on_wire(p) or not p.image:
+        return None
+    return ImagePreparation(
+        p.image, p.bytes_done, p.bytes_total, p.layers_done, p.layers_total, p.phase,
+        p.reported_at_ms,
+    )  # fmt: skip
 
 
 def member_from_wire(m: v1.Member) -> Member:
@@ -65,6 +88,7 @@ def member_from_wire(m: v1.Member) -> Member:
         ended_at_ms=m.ended_at_ms,
         node_name=m.node_name,
         output_manifest=manifest_from_wire(m.output_manifest),
+        preparation=_preparation_from_wire(m.preparation),
     )
 
 

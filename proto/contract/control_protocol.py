@@ -79,6 +79,9 @@ class Capability(enum.StrEnum):
     #: long as a place in line says (:data:`QUEUED_HEADER`), so a coordinator in a reconnect
     #: storm keeps it in line instead of refusing it as busy.
     QUEUED_CONNECT = "queued-connect"
+    #: The coordinator takes ``PrepareProgress`` (a preparing member's runtime image pull) and
+    #: shows it with the member; an agent sends it to no other coordinator.
+    PREPARE_PROGRESS = "prepare-progress"
 
 
 #: What this release's agent announces in Hello.
@@ -91,6 +94,7 @@ AGENT_CAPABILITIES: tuple[str, ...] = (
 COORDINATOR_CAPABILITIES: tuple[str, ...] = (
     Capability.COORDINATORS_UPDATE.value,
     Capability.VERSION_SKEW_POLICY.value,
+    Capability.PREPARE_PROGRESS.value,
 )
 
 

@@ -411,6 +411,29 @@ class Member(betterproto.Message):
     Its output manifest as its Node reported it when the member ended; unset before that.
     """
 
+    preparation: "ImagePreparation" = betterproto.message_field(13)
+    """
+    While it is preparing and its Node pulls its runtime image: how far the pull is, as the
+     Node's last PrepareProgress said. Unset otherwise (and for a while after a coordinator
+     failover: it is a live view, not stored).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ImagePreparation(betterproto.Message):
+    """A preparing member's runtime image, as its Node last reported it."""
+
+    image: str = betterproto.string_field(1)
+    bytes_done: int = betterproto.uint64_field(2)
+    bytes_total: int = betterproto.uint64_field(3)
+    layers_done: int = betterproto.uint32_field(4)
+    layers_total: int = betterproto.uint32_field(5)
+    phase: str = betterproto.string_field(6)
+    """pulling" or "unpacking"."""
+
+    reported_at_ms: int = betterproto.int64_field(7)
+    """When the coordinator received the report (epoch ms)."""
+
 
 @dataclass(eq=False, repr=False)
 class Attempt(betterproto.Message):
@@ -931,6 +954,7 @@ class NodeMessage(betterproto.Message):
     log_chunk: "LogChunk" = betterproto.message_field(6, group="body")
     credential_renewal: "CredentialRenewal" = betterproto.message_field(7, group="body")
     credential_stored: "CredentialStored" = betterproto.message_field(8, group="body")
+    prepare_progress: "PrepareProgress" = betterproto.message_field(9, group="body")
 
 
 @dataclass(eq=False, repr=False)
@@ -1220,6 +1244,33 @@ class PrepareReply(betterproto.Message):
      attempt's nonce. False from an older agent: the coordinator then sends the other members no
      nonce, and they are prepared without the check (they could never pass it).
     """
+
+
+@dataclass(eq=False, repr=False)
+class PrepareProgress(betterproto.Message):
+    """
+    How far a preparing member's runtime image is, while its Node pulls it (Prepare is answered
+     only once the image is ready). Sent at a bounded rate (each 10 % of the bytes, a new phase, or
+     5 s), and only to a coordinator whose Welcome announced "prepare-progress". A live view: the
+     coordinator keeps the latest one with the member until the member is no longer preparing.
+    """
+
+    member: "MemberRef" = betterproto.message_field(1)
+    image: str = betterproto.string_field(2)
+    """The image being made ready: image:<registry>/<name>@sha256:<hex>."""
+
+    bytes_done: int = betterproto.uint64_field(3)
+    """
+    Bytes of the image's blobs (layers and config) on this Node's disk, of all it needs.
+    """
+
+    bytes_total: int = betterproto.uint64_field(4)
+    layers_done: int = betterproto.uint32_field(5)
+    """Layers verified, of all the image has."""
+
+    layers_total: int = betterproto.uint32_field(6)
+    phase: str = betterproto.string_field(7)
+    """pulling" or "unpacking"."""
 
 
 @dataclass(eq=False, repr=False)

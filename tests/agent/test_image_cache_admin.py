@@ -23,7 +23,7 @@ from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.agent.image_cache import CacheLimit, ImageCache, PullProgress
 from tuneplane.agent.image_pull import RegistryAccess
 from tuneplane.agent.image_ref import ImageRef, parse_image_ref
-from tuneplane.agent.image_store import mark_used, scan
+from tuneplane.agent.image_store import default_image_root, mark_used, scan
 from tuneplane.agent.image_usage import read_usage
 from tuneplane.agent.journal import Journal
 from tuneplane.agent.journal_records import MemberKey, NewMember
@@ -49,7 +49,7 @@ def _cache(
     tmp_path: Path, registry: RegistryProcess, limit: CacheLimit | None = None
 ) -> ImageCache:
     return ImageCache(
-        _state(tmp_path) / "images",
+        default_image_root(_state(tmp_path)),
         {registry.address: RegistryAccess(ca_file=registry.ca_file)},
         client_options={"first_pause": 0.05, "retries": 40},
         limit=limit,
@@ -150,11 +150,13 @@ async def test_ls_shows_each_image_its_size_layers_and_users(
     for ref in (one, two):
         row = rows[str(ref)]
         assert row["digest"] == ref.digest and row["layers"] == 2 and row["root_present"]
-        record = json.loads((state / "images" / "images" / f"{ref.digest_hex}.json").read_text())
+        record = json.loads(
+            (default_image_root(state) / "images" / f"{ref.digest_hex}.json").read_text()
+        )
         assert row["manifest"] == record["manifest"]
         # Its root (at least the files' bytes) plus its blobs.
         assert row["bytes"] > record["bytes"] and row["last_used_ms"] > 0
-    assert listed["cache"]["bytes"] == scan(state / "images").total_bytes
+    assert listed["cache"]["bytes"] == scan(default_image_root(state)).total_bytes
     # Two is newer (used last): listed first in the table, with its user.
     table = node_cli("images", "ls", "--state-dir", str(state))
     assert table.returncode == 0, table.stderr
@@ -176,16 +178,16 @@ async def test_rm_is_refused_while_a_live_member_uses_the_image_and_changes_noth
     await cache.ensure(two)
     user = MemberKey("run-a", 1, 0)
     await _add_member(state, user, str(one))
-    before = _snapshot(state / "images")
+    before = _snapshot(default_image_root(state))
 
     refused = node_cli("images", "rm", str(one), "--state-dir", str(state))
     assert refused.returncode == 1
     assert f"The image {one} is used by live member {user}" in refused.stderr
     assert "cannot be removed while a member uses it" in refused.stderr
-    assert _snapshot(state / "images") == before
+    assert _snapshot(default_image_root(state)) == before
     # There is no force.
     forced = node_cli("images", "rm", "--force", str(one), "--state-dir", str(state))
-    assert forced.returncode == 2 and _snapshot(state / "images") == before
+    assert forced.returncode == 2 and _snapshot(default_image_root(state)) == before
 
     # Once the member has ended, rm removes the record, the root and the blobs only it used;
     # the layer it shared with two stays.
@@ -194,7 +196,7 @@ async def test_rm_is_refused_while_a_live_member_uses_the_image_and_changes_noth
     assert done.returncode == 0, done.stderr
     removed = json.loads(done.stdout)
     assert removed["images"] == [one.digest]
-    images = state / "images"
+    images = default_image_root(state)
     assert not (images / "roots" / one.digest_hex).exists()
     assert not (images / "images" / f"{one.digest_hex}.json").exists()
     left = scan(images)
@@ -219,10 +221,10 @@ async def test_rm_is_refused_while_a_live_members_runtime_is_not_known(
     one = _push(registry, "team/one", BASE)
     await _cache(tmp_path, registry).ensure(one)
     await _add_member(state, MemberKey("run-p", 1, 0), None)  # Prepare has not written it yet
-    before = _snapshot(state / "images")
+    before = _snapshot(default_image_root(state))
     refused = node_cli("images", "rm", str(one), "--state-dir", str(state))
     assert refused.returncode == 1 and "its runtime is not on disk yet" in refused.stderr
-    assert _snapshot(state / "images") == before
+    assert _snapshot(default_image_root(state)) == before
 
 
 async def test_prune_removes_exactly_what_no_image_needs_and_nothing_outside(
@@ -231,7 +233,7 @@ async def test_prune_removes_exactly_what_no_image_needs_and_nothing_outside(
     state = _state(tmp_path)
     one = _push(registry, "team/one", BASE, [("app/one.py", b"print(1)\n")])
     await _cache(tmp_path, registry).ensure(one)
-    images = state / "images"
+    images = default_image_root(state)
     needed = _blob_names(images)
     # A blob no image refers to (verified bytes, named by their digest), a root without a
     # record and a build folder a crash left, a stale and a fresh partial download, and links
@@ -288,7 +290,7 @@ async def test_a_cache_folder_that_is_a_link_out_of_the_cache_is_refused(
     tmp_path: Path, registry: RegistryProcess
 ) -> None:
     state = _state(tmp_path)
-    images = state / "images"
+    images = default_image_root(state)
     outside = tmp_path / "outside"
     (outside / ("a" * 64)).mkdir(parents=True)
     (outside / ("a" * 64) / "precious").write_bytes(b"keep me")
@@ -304,7 +306,7 @@ async def test_eviction_keeps_the_limit_and_never_evicts_an_image_in_use(
     tmp_path: Path, registry: RegistryProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     state = _state(tmp_path)
-    images = state / "images"
+    images = default_image_root(state)
     big = [os.urandom(256 << 10) for _ in range(4)]  # incompressible: 256 KiB per image
     refs = [_push(registry, f"team/img{i}", [(f"data/{i}.bin", big[i])]) for i in range(4)]
     # Without a limit, three images; the oldest (0) is in use by a live member.
@@ -343,7 +345,7 @@ async def test_prune_waits_for_a_pull_in_progress_and_does_not_disturb_it(
     tmp_path: Path, registry: RegistryProcess
 ) -> None:
     state = _state(tmp_path)
-    images = state / "images"
+    images = default_image_root(state)
     # An image already there that no image refers to any more: what prune would remove.
     old = _push(registry, "team/old", [("old.txt", b"old\n")])
     await _cache(tmp_path, registry).ensure(old)
@@ -403,7 +405,7 @@ async def test_doctor_finds_a_corrupt_blob_and_a_missing_root(
     tmp_path: Path, registry: RegistryProcess
 ) -> None:
     state = _state(tmp_path)
-    images = state / "images"
+    images = default_image_root(state)
     one = _push(registry, "team/one", BASE, [("app/one.py", b"print(1)\n" * 100)])
     two = _push(registry, "team/two", [("two.txt", b"two\n")])
     await _cache(tmp_path, registry).ensure(one)
@@ -456,3 +458,11 @@ def test_max_size_is_read_in_bytes_or_with_a_unit_and_a_typo_is_a_sentence(
     done = node_cli("images", "ls", config=good)
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith("; limit 1.0 GiB")
+    # ... and the cache where `run` keeps it: image_root when node.toml sets one, else
+    # tuneplane-images beside the state dir.
+    assert f"cache {tmp_path / 'tuneplane-images'}:" in done.stdout
+    elsewhere = tmp_path / "elsewhere"
+    good.write_text(f'state_dir = "{tmp_path / "state"}"\nimage_root = "{elsewhere}"\n')
+    done = node_cli("images", "ls", config=good)
+    assert done.returncode == 0, done.stderr
+    assert f"cache {elsewhere}:" in done.stdout

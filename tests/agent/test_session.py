@@ -271,3 +271,18 @@ def test_a_coordinators_update_mid_session_is_stored_like_welcomes() -> None:
     update = m.Coordinators(("a:1", "b:2"))
     assert s.receive(1.0, update) == [AdoptCoordinators(("a:1", "b:2"))]
     assert s.receive(1.1, m.Coordinators(())) == [AdoptCoordinators(())]
+
+
+def test_prepare_progress_goes_only_to_a_coordinator_that_announced_it() -> None:
+    progress = m.PrepareProgress(KEY, "image:r.example/x@sha256:" + "0" * 64, 1, 2, 0, 1, "pulling")
+    assert opened().outgoing(progress) == [Send(progress)]
+    older = ControlSession("node-1", "0.1.0")
+    older.start(0.0, INV, [])
+    announced = tuple(
+        c for c in protocol.COORDINATOR_CAPABILITIES if c != protocol.Capability.PREPARE_PROGRESS
+    )
+    older.receive(0.0, m.Welcome(500, 3000, 0, protocol=protocol.PROTOCOL, capabilities=announced))
+    assert older.outgoing(progress) == []
+    # What Prepare answers still goes: the coordinator waits for it.
+    reply = m.PrepareReply(KEY, True, "", None)
+    assert older.outgoing(reply) == [Send(reply)]

@@ -13,6 +13,7 @@ import pytest
 
 from tests.support import accounts as test_accounts
 from tuneplane.agent import accounts, config, sandbox, workload_checks
+from tuneplane.agent.image_store import default_image_root
 from tuneplane.agent.inventory import Gpu
 from tuneplane.agent.launch_plan import (
     refused_loader_variable,
@@ -239,6 +240,12 @@ def test_start_problems_refuse_root_members_and_roots_inside_the_state_dir(
     assert "--work-root" in inside[-1] and "inside the state directory" in inside[-1]
     beside = workload_checks.start_problems(pool, state, tmp_path / "work", tmp_path / "out")
     assert beside == ([] if os.geteuid() == 0 else [pool.problem_running_as(os.geteuid())])
+    # The image cache too: a member's sandbox must reach its image's root.
+    images = workload_checks.start_problems(
+        pool, state, tmp_path / "work", tmp_path / "out", state / "images"
+    )
+    assert "--image-root" in images[-1] and "inside the state directory" in images[-1]
+    assert default_image_root(state) == tmp_path / "tuneplane-images"
     assert workload_checks.warnings(pool) == []
     (warning,) = workload_checks.warnings(config.WorkloadPolicy("agent"))
     assert "members run as the agent's own user" in warning

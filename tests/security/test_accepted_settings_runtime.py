@@ -1,5 +1,6 @@
 """A Job's ``runtime_id`` is checked by the Node at Prepare against what it can run: a runtime
-whose interpreter is not an executable file on this Node is refused with a sentence naming the
+whose interpreter is not an executable file on this Node (or an image not pinned by digest, or a
+runtime of no kind it knows) is refused with a sentence naming the
 runtime and what the Node offers, before any account, file or process exists for the member and
 with its GPUs released; the Node keeps serving. Real coordinator, real agent."""
 
@@ -21,7 +22,10 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 MISSING = "/opt/tuneplane-test-missing/python3"
 # host:python3 points at an interpreter this machine does not have; host:bash is real.
 NODE_TOML = f'[runtimes.python3]\npath = "/usr/bin:/bin"\ninterpreter = "{MISSING}"\n'
-OFFERS = "host:python3 (node.toml) and host:<program> for a program on /usr/local/bin:/usr/bin:/bin"
+OFFERS = (
+    "host:python3 (node.toml) and host:<program> for a program on /usr/local/bin:/usr/bin:/bin, "
+    "and images pinned as image:<registry>/<name>@sha256:<digest>"
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +67,13 @@ def test_the_node_refuses_at_prepare_a_runtime_it_cannot_run(
                 "/usr/local/bin:/usr/bin:/bin, as node.toml has no "
                 "[runtimes.tuneplane-no-such-program]) is not an executable file here."
             ),
-            "image:registry.example/trainer@sha256:" + "0" * 64: (
-                "is not a host runtime; this Node runs " + OFFERS + "."
+            # An image named by tag: the coordinator pins digests at Preview; a Node never pulls
+            # a tag.
+            "image:registry.example/trainer:2.4": (
+                "The image reference 'image:registry.example/trainer:2.4' names no digest "
+                "(resolve the tag '2.4' at Preview); a Node pulls images only by digest"
             ),
+            "conda:trainer": "is neither a host runtime nor an image; this Node runs " + OFFERS,
         }
         for n, (runtime_id, sentence) in enumerate(cases.items()):
             run_id = _submit(coord, runtime_id, f"runtime-{n}")

@@ -53,8 +53,11 @@ class AgentProcess:
         config_path: Path,
         work_root: Path,
         pool: tuple[str, ...] = (),
+        image_root: Path | None = None,
     ) -> None:
         self.state_dir = state_dir
+        # The runtime image cache, beside the work root so members' sandboxes can reach it.
+        self.image_root = image_root or work_root.parent / f"{work_root.name}-images"
         self.out_root = out_root
         self.config_path = config_path
         self.work_root = work_root
@@ -95,6 +98,7 @@ class AgentProcess:
         args = [
             "--config", str(self.config_path), "run", "--state-dir", str(self.state_dir),
             "--out-root", str(self.out_root), "--work-root", str(self.work_root),
+            "--image-root", str(self.image_root),
         ]  # fmt: skip
         if self.simulate_gpus:
             args += ["--simulate-gpus", self.simulate_gpus]
@@ -273,6 +277,7 @@ def start_agent(
     agent = AgentProcess(
         state_dir, roots / f"{name}-outputs", str(node["node_id"]), simulate_gpus,
         tmp_path / f"{name}.log", config_path, roots / f"{name}-work", pool,
+        roots / f"{name}-images",
     )  # fmt: skip
     agent.run_args = run_args
     agent.prefix_argv = tuple(prefix_argv)

@@ -28,6 +28,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -103,6 +104,36 @@ def _cached(name: str, key: str, build: Callable[[Path], None]) -> Path:
         finally:
             if building.exists():
                 shutil.rmtree(building)
+    return final
+
+
+def layer_tar(root: Path) -> Path:
+    """``root`` (one of this module's cached roots) as one uncompressed OCI layer: a tar that
+    Python's tarfile writes entry by entry (owners, modes, links and hard links as they are; no
+    ``./`` prefix), cached beside the root as ``<root>.layer.tar`` and built once (under a lock,
+    renamed into place when whole). Only the cache folder is written."""
+    final = root.with_name(f"{root.name}.layer.tar")
+    if final.is_file():
+        return final
+    with open(root.with_name(f"{root.name}.layer.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if final.is_file():
+            return final
+        fd, building = tempfile.mkstemp(prefix=f".{root.name}-layer-", dir=root.parent)
+        os.close(fd)
+        try:
+            with tarfile.open(building, "w", format=tarfile.PAX_FORMAT) as tar:
+                for folder, dirs, files in os.walk(root):
+                    dirs.sort()
+                    rel = os.path.relpath(folder, root)
+                    for name in sorted(dirs) + sorted(files):
+                        arcname = name if rel == "." else f"{rel}/{name}"
+                        tar.add(os.path.join(folder, name), arcname=arcname, recursive=False)
+            os.chmod(building, 0o644)
+            os.rename(building, final)
+        finally:
+            if os.path.exists(building):
+                os.unlink(building)
     return final
 
 

@@ -21,6 +21,7 @@ from tuneplane.coordinator.values.fleet import Fleet, Node, NodeMember, SeriesCa
 from tuneplane.coordinator.values.jobs import (
     Attempt,
     FirstFailure,
+    ImagePreparation,
     Job,
     Member,
     MemberKey,
@@ -90,6 +91,14 @@ manifests = st.one_of(
     st.builds(ManifestSummary, files=u32, bytes=u64, sha256=text, problem=name),
 )
 member_states = st.sampled_from(REPORTED_STATES)
+# A preparing member's image pull; the wire reads an empty image as none.
+preparations = st.one_of(
+    st.none(),
+    st.builds(
+        ImagePreparation, image=name, bytes_done=u64, bytes_total=u64, layers_done=u32,
+        layers_total=u32, phase=text, reported_at_ms=i64,
+    ),
+)  # fmt: skip
 
 # -- jobs ---------------------------------------------------------------------------------------
 
@@ -108,6 +117,7 @@ members = st.builds(
     ended_at_ms=i64,
     node_name=text,
     output_manifest=manifests,
+    preparation=preparations,
 )
 attempts = st.builds(
     Attempt,
