@@ -30,11 +30,12 @@ PACKAGE_FOLDERS = ["agent", "collector", "coordinator", "proto", "runner"]
 def tests(session: nox.Session) -> None:
     """Install TunePlane with its test extras and run the whole suite.
 
-    As root (CI), bubblewrap, faketime, prometheus (for promtool), busybox-static and
-    debootstrap are installed from the distribution when missing, so the sandbox tests, the
-    skewed-clock telemetry test, the alert-rule tests and the image sandbox tests (which build
-    their root filesystems with the last two) run instead of skipping (under CI=true a missing
-    prerequisite fails them).
+    As root (CI), bubblewrap, faketime, prometheus (for promtool), busybox-static, debootstrap
+    and Slurm (slurm-wlm, munge, slurmrestd, slurm-wlm-jwt-plugin) are installed from the
+    distribution when missing, so the sandbox tests, the skewed-clock telemetry test, the
+    alert-rule tests, the image sandbox tests (which build their root filesystems with
+    busybox-static and debootstrap) and the Slurm tests run instead of skipping (under CI=true
+    a missing prerequisite fails them).
     torch (CPU build) is installed for the PyTorch DDP example's test. Without arguments the
     suite runs on every core (``-n auto --dist loadfile``); ``nox -s tests -- tests/ha -x`` runs
     what you name, in one process.
@@ -51,8 +52,18 @@ def tests(session: nox.Session) -> None:
         # Test root filesystems for images: a static busybox and a debootstrapped Debian.
         "busybox-static": "busybox",
         "debootstrap": "debootstrap",
+        # A throwaway Slurm cluster with slurmrestd and JWT for the Slurm Fleet tests
+        # (tests/support/slurm.py); the JWT plugin installs no binary, so its library stands in.
+        "slurm-wlm": "slurmctld",
+        "munge": "munged",
+        "slurmrestd": "slurmrestd",
+        "slurm-wlm-jwt-plugin": "/usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so",
     }
-    missing = [package for package, tool in wanted.items() if shutil.which(tool) is None]
+
+    def present(tool: str) -> bool:
+        return os.path.exists(tool) if tool.startswith("/") else shutil.which(tool) is not None
+
+    missing = [package for package, tool in wanted.items() if not present(tool)]
     if os.geteuid() == 0 and missing:
         quiet = {"DEBIAN_FRONTEND": "noninteractive"}
         session.run("apt-get", "update", "-q", external=True, env=quiet)
