@@ -21,6 +21,10 @@ from ._errors import SlurmUnreachable as SlurmUnreachable
 from ._errors import SlurmVersionUnsupported as SlurmVersionUnsupported
 from ._gres import gpu_count as gpu_count
 from ._protocol import SlurmRest as SlurmRest
+from ._settings import SlurmSettingsError as SlurmSettingsError
+from ._settings import check_settings as check_settings
+from ._settings import probe_settings as probe_settings
+from ._settings import read_token as read_token
 from ._states import FAILURE_REASONS as FAILURE_REASONS
 from ._states import SLURM_TO_JOB_STATE as SLURM_TO_JOB_STATE
 from ._states import exit_status as exit_status

@@ -85,3 +85,14 @@ class NodeRecord:
     fleet: str
     hostname: str
     connected: bool
+
+
+@attrs.frozen
+class SlurmSettings:
+    """Where a Fleet of kind ``slurm`` reaches its cluster: slurmrestd's URL, the file holding
+    the JWT (read at each use, so the operator can replace the token), and the partition its
+    Jobs run in."""
+
+    slurmrestd: str
+    token_file: str  # an absolute path on the coordinator's machine
+    partition: str
