@@ -37,3 +37,4 @@ from ._values import ExitStatus as ExitStatus
 from ._values import JobRequest as JobRequest
 from ._values import SlurmJob as SlurmJob
 from ._values import SlurmNode as SlurmNode
+from ._views import partition_view as partition_view

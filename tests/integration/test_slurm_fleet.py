@@ -1,6 +1,7 @@
-"""``tuneplane-coordinator fleet create --kind slurm`` against a real slurmrestd: a Fleet is
-stored (with its settings, in the decision log) only after slurmrestd answered with the
-partition; every wrong setting is refused with a sentence and stores nothing."""
+"""``tuneplane-coordinator fleet create --kind slurm`` and ``tp fleet show`` against a real
+slurmrestd: a Fleet is stored (with its settings, in the decision log) only after slurmrestd
+answered with the partition; every wrong setting is refused with a sentence and stores nothing;
+``tp fleet show`` lists the partition's nodes and GPUs, or says why it could not."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.coordinator import admin_argv
+from tests.cli.tp_process import run_tp_as
+from tests.support.coordinator import admin_argv, start_coordinator
 from tests.support.slurm import GPUS_PER_NODE, SlurmCluster, slurm_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -119,3 +121,38 @@ def test_slurm_settings_need_kind_slurm_and_kind_slurm_needs_them_all(state_dir:
     assert short.returncode != 0
     assert "needs --slurmrestd, --token-file" in short.stderr
     assert fleets(state_dir) == {"default": "node"}
+
+
+def test_tp_fleet_show_lists_the_partitions_nodes_and_gpus_as_slurmrestd_reports_them(
+    cluster: SlurmCluster, tmp_path: Path, token_file: Path
+) -> None:
+    with start_coordinator(tmp_path) as coord:
+        made = coord.admin("fleet", "create", "hpc", "--kind", "slurm", "--slurmrestd",
+                           cluster.rest_url, "--token-file", str(token_file), "--partition",
+                           cluster.partition)  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        shown = run_tp_as(coord, None, "fleet", "show", "hpc", "--json")
+        assert shown.returncode == 0, shown.stderr
+        fleet = json.loads(shown.stdout)
+        assert fleet["kind"] == "slurm"
+        assert fleet["slurm"]["partition"] == cluster.partition
+        assert fleet["slurm"]["slurmrestd"] == cluster.rest_url and fleet["slurm"]["error"] == ""
+        [node] = fleet["slurm"]["nodes"]
+        assert (node["name"], node["gpus"], node["gpus_used"]) == (cluster.host, GPUS_PER_NODE, 0)
+        text = run_tp_as(coord, None, "fleet", "show", "hpc")
+        assert text.returncode == 0, text.stderr
+        assert f"Slurm partition {cluster.partition}" in text.stdout and cluster.host in text.stdout
+        # A Fleet of Nodes says nothing about Slurm.
+        default = json.loads(run_tp_as(coord, None, "fleet", "show", "default", "--json").stdout)
+        assert default["slurm"] is None
+
+        # slurmrestd gone: the Fleet is still shown, with a sentence instead of the nodes.
+        cluster.stop_rest()
+        try:
+            down = run_tp_as(coord, None, "fleet", "show", "hpc", "--json")
+        finally:
+            cluster.start_rest()
+        assert down.returncode == 0, down.stderr
+        slurm = json.loads(down.stdout)["slurm"]
+        assert slurm["nodes"] == [] and "did not answer" in slurm["error"]
+        assert slurm["error"].endswith(".")
