@@ -144,22 +144,22 @@ def fleets_table(fleets: list[Fleet]) -> Table:
 
 
 def fleet_view(fleet: Fleet) -> list[RenderableType]:
-    parts: list[RenderableType] = [
-        pairs(
-            [
-                ("Fleet", fleet.name),
-                ("Kind", fleet.kind),
-                ("Created", when(fleet.created_at_ms)),
-                (
-                    "Nodes",
-                    f"{fleet.nodes} enrolled, {fleet.connected_nodes} connected, "
-                    f"{fleet.schedulable_nodes} schedulable",
-                ),
-                ("Jobs", f"{fleet.queued_jobs} queued, {fleet.active_jobs} active"),
-            ]
-        ),
-        heading("GPUs per Series"),
-    ]
+    rows = [("Fleet", fleet.name), ("Kind", fleet.kind), ("Created", when(fleet.created_at_ms))]
+    if fleet.slurm is None:
+        rows.append(
+            (
+                "Nodes",
+                f"{fleet.nodes} enrolled, {fleet.connected_nodes} connected, "
+                f"{fleet.schedulable_nodes} schedulable",
+            )
+        )
+    rows.append(("Jobs", f"{fleet.queued_jobs} queued, {fleet.active_jobs} active"))
+    parts: list[RenderableType] = [pairs(rows)]
+    if fleet.slurm is not None:
+        # No Node enrolls into a Slurm Fleet: its machines and GPUs are the partition's.
+        parts.extend(_slurm_view(fleet.slurm))
+        return parts
+    parts.append(heading("GPUs per Series"))
     table = Table()
     for column in ("SERIES", "TOTAL", "HEALTHY", "FREE", "IN USE", "QUOTA"):
         table.add_column(column)
@@ -175,8 +175,6 @@ def fleet_view(fleet: Fleet) -> list[RenderableType]:
     if not fleet.capacity:
         table.add_row("(no GPUs reported)", "", "", "", "", "")
     parts.append(table)
-    if fleet.slurm is not None:
-        parts.extend(_slurm_view(fleet.slurm))
     return parts
 
 

@@ -142,6 +142,8 @@ def test_tp_fleet_show_lists_the_partitions_nodes_and_gpus_as_slurmrestd_reports
         text = run_tp_as(coord, None, "fleet", "show", "hpc")
         assert text.returncode == 0, text.stderr
         assert f"Slurm partition {cluster.partition}" in text.stdout and cluster.host in text.stdout
+        # No Node enrolls into a Slurm Fleet, so it shows no Nodes or GPUs of its own.
+        assert "enrolled" not in text.stdout and "GPUs per Series" not in text.stdout
         # A Fleet of Nodes says nothing about Slurm.
         default = json.loads(run_tp_as(coord, None, "fleet", "show", "default", "--json").stdout)
         assert default["slurm"] is None
