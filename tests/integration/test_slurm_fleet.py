@@ -1,18 +1,23 @@
 """``tuneplane-coordinator fleet create --kind slurm`` and ``tp fleet show`` against a real
 slurmrestd: a Fleet is stored (with its settings, in the decision log) only after slurmrestd
 answered with the partition; every wrong setting is refused with a sentence and stores nothing;
-``tp fleet show`` lists the partition's nodes and GPUs, or says why it could not."""
+``tp fleet show`` lists the partition's nodes and GPUs, or says why it could not; a Preview for
+a Slurm Fleet is refused, since nothing runs Jobs there yet."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from grpclib import GRPCError
+from grpclib.const import Status
 
 from tests.cli.tp_process import run_tp_as
+from tests.coordinator.grpc_client import api_client, jobspec
 from tests.support.coordinator import admin_argv, start_coordinator
 from tests.support.slurm import GPUS_PER_NODE, SlurmCluster, slurm_cluster
 
@@ -158,3 +163,26 @@ def test_tp_fleet_show_lists_the_partitions_nodes_and_gpus_as_slurmrestd_reports
         slurm = json.loads(down.stdout)["slurm"]
         assert slurm["nodes"] == [] and "did not answer" in slurm["error"]
         assert slurm["error"].endswith(".")
+
+
+def test_a_preview_for_a_slurm_fleet_is_refused_not_queued(
+    cluster: SlurmCluster, tmp_path: Path, token_file: Path
+) -> None:
+    profile = '\n[profiles.hpc-cpu]\nseries = "cpu"\nfleet = "hpc"\n'
+    with start_coordinator(tmp_path, config=profile) as coord:
+        made = coord.admin("fleet", "create", "hpc", "--kind", "slurm", "--slurmrestd",
+                           cluster.rest_url, "--token-file", str(token_file), "--partition",
+                           cluster.partition)  # fmt: skip
+        assert made.returncode == 0, made.stderr
+
+        async def preview() -> None:
+            async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+                await api.preview(jobspec(gpus=0, profile="hpc-cpu"))
+
+        with pytest.raises(GRPCError) as caught:
+            asyncio.run(preview())
+        assert caught.value.status == Status.INVALID_ARGUMENT
+        assert "of kind slurm" in str(caught.value.message)
+        assert "does not run Jobs on Slurm Fleets yet" in str(caught.value.message)
+        listed = run_tp_as(coord, None, "job", "ls", "--json")
+        assert listed.returncode == 0 and json.loads(listed.stdout) == []
