@@ -33,8 +33,9 @@ def tests(session: nox.Session) -> None:
     As root (CI), the distribution's packages in ``wanted`` below are installed when missing
     (bubblewrap, faketime, prometheus for promtool, the Distribution registry and htpasswd,
     busybox-static and debootstrap for the image tests' root filesystems, chromium for the
-    console's browser tests), so the tests that need them run instead of skipping (under
-    CI=true a missing prerequisite fails them).
+    console's browser tests, Slurm with slurmrestd and its JWT plugin for the Slurm Fleet
+    tests), so the tests that need them run instead of skipping (under CI=true a missing
+    prerequisite fails them).
     torch (CPU build) is installed for the PyTorch DDP example's test. Without arguments the
     suite runs on every core (``-n auto --dist loadfile``); ``nox -s tests -- tests/ha -x`` runs
     what you name, in one process.
@@ -53,8 +54,18 @@ def tests(session: nox.Session) -> None:
         "debootstrap": "debootstrap",
         # The console's browser tests drive Debian's chromium through Playwright.
         "chromium": "chromium",
+        # A throwaway Slurm cluster with slurmrestd and JWT for the Slurm Fleet tests
+        # (tests/support/slurm.py); the JWT plugin installs no binary, so its library stands in.
+        "slurm-wlm": "slurmctld",
+        "munge": "munged",
+        "slurmrestd": "slurmrestd",
+        "slurm-wlm-jwt-plugin": "/usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so",
     }
-    missing = [package for package, tool in wanted.items() if shutil.which(tool) is None]
+
+    def present(tool: str) -> bool:
+        return os.path.exists(tool) if tool.startswith("/") else shutil.which(tool) is not None
+
+    missing = [package for package, tool in wanted.items() if not present(tool)]
     if os.geteuid() == 0 and missing:
         quiet = {"DEBIAN_FRONTEND": "noninteractive"}
         session.run("apt-get", "update", "-q", external=True, env=quiet)

@@ -28,6 +28,7 @@ from ..faultpoint import faultpoint
 from ..gateways.heartbeats import HeartbeatBook
 from ..gateways.status import grpc_errors
 from ..queue_plan import PoolKey
+from ..slurm import partition_view
 from ..store import identity as store_identity
 from ..store.core import Store
 from ..store.fleet_views import fleet_views, node_view, node_views, resolve_node
@@ -138,6 +139,12 @@ class FleetService:
                     Status.INVALID_ARGUMENT, "GetFleetRequest.name is empty. Name a Fleet."
                 )
             (fleet,) = await fleet_views(self._store, self._quotas, request.name)
+            if fleet.kind == "slurm":
+                settings = await self._store.slurm_settings(fleet.name)
+                if settings is not None:
+                    # Asked now, bounded: a slurmrestd that is down makes the view's error
+                    # sentence, never a failed GetFleet.
+                    fleet = attrs.evolve(fleet, slurm=await partition_view(settings))
             await stream.send_message(fleet_to_wire(fleet))
 
     async def _list_nodes(self, stream: Any) -> None:

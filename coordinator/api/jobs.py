@@ -121,6 +121,16 @@ class ApiService:
                     f"places Jobs on the Fleet {s.fleet!r}, which does not exist",
                     "Ask the coordinator's operator to create it or fix the Profile.",
                 )
+            if await self._store.slurm_settings(s.fleet) is not None:
+                # Explicit, never a fallback: a Job for a Slurm Fleet is refused, not queued
+                # where nothing would ever run it.
+                raise jobspec.JobSpecError(
+                    "resources.profile",
+                    admitted.profile,
+                    f"places Jobs on the Fleet {s.fleet!r}, of kind slurm, and this coordinator "
+                    "does not run Jobs on Slurm Fleets yet",
+                    "Use a Profile whose Fleet is of kind node.",
+                )
             admitted = await self._derive(admitted, stream)
             admitted = await self._pin_image(admitted)
             refusal = never_fits(

@@ -1,8 +1,8 @@
 """``tuneplane-coordinator token`` and ``fleet``: join tokens that let a Node enroll, and the
-Fleets Nodes enroll into.
+Fleets Nodes enroll into (kind node) or that reach an existing Slurm cluster (kind slurm).
 
-Rules: a join token is printed once and stored only hashed; a Fleet's name is checked here,
-before the store is opened.
+Rules: a join token is printed once and stored only hashed; a Fleet's name, and a slurm Fleet's
+settings and its slurmrestd's answer, are checked here, before the store is opened.
 """
 
 from __future__ import annotations
@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import attrs
 import click
 
 from ..auth import JOIN_PREFIX, hash_credential, new_credential
 from ..clock import now_ms
 from ..config import load_config
+from ..slurm import SlurmError, SlurmNode, SlurmSettingsError, check_settings, probe_settings
 from ..store.core import NotFound, Store
 from ..store.fleet_views import fleet_views
-from ..values.fleet import Fleet
+from ..values.fleet import Fleet, SlurmSettings
 from .admin_common import (
     NAME_PATTERN,
     parse_ttl,
@@ -96,22 +98,87 @@ def fleet() -> None:
     "--kind",
     default="node",
     show_default=True,
-    type=click.Choice(["node"]),
-    help="Fleet kind (only node is supported by this backend).",
+    type=click.Choice(["node", "slurm"]),
+    help="Fleet kind: node (TunePlane Nodes enroll into it) or slurm (an existing Slurm "
+    "cluster, reached through slurmrestd).",
 )
-def fleet_create(name: str, state_dir: Path, kind: str) -> None:
-    """Create a Fleet called NAME."""
+@click.option(
+    "--slurmrestd",
+    default=None,
+    metavar="URL",
+    help="kind slurm: slurmrestd's URL, http://HOST:PORT.",
+)
+@click.option(
+    "--token-file",
+    default=None,
+    metavar="PATH",
+    help="kind slurm: a file holding a JWT from `scontrol token`, read at each use.",
+)
+@click.option(
+    "--partition", default=None, metavar="P", help="kind slurm: the partition its Jobs run in."
+)
+def fleet_create(
+    name: str,
+    state_dir: Path,
+    kind: str,
+    slurmrestd: str | None,
+    token_file: str | None,
+    partition: str | None,
+) -> None:
+    """Create a Fleet called NAME.
+
+    A Fleet of kind slurm is checked before it is stored: slurmrestd must answer in an API
+    version this coordinator speaks, accept the token, and have the partition."""
     if not NAME_PATTERN.match(name):
         raise click.BadParameter(
             f"{name!r} is not a Fleet name: use 1-63 lowercase letters, digits, '.', '_' or '-'.",
             param_hint="NAME",
         )
+    given = {"--slurmrestd": slurmrestd, "--token-file": token_file, "--partition": partition}
+    settings: SlurmSettings | None = None
+    nodes: list[SlurmNode] = []
+    if kind == "node":
+        extra = [flag for flag, value in given.items() if value is not None]
+        if extra:
+            raise click.UsageError(
+                f"{', '.join(extra)} {'describes' if len(extra) == 1 else 'describe'} a Fleet "
+                "of kind slurm; add --kind slurm, or drop them for a Fleet of Nodes."
+            )
+    else:
+        absent = [flag for flag, value in given.items() if value is None]
+        if absent:
+            raise click.UsageError(
+                f"A Fleet of kind slurm needs {', '.join(absent)}: where slurmrestd listens, "
+                "the file holding a token from `scontrol token`, and the partition to run in."
+            )
+        assert slurmrestd is not None and token_file is not None and partition is not None
+        try:
+            settings = check_settings(slurmrestd, token_file, partition)
+        except (SlurmSettingsError, SlurmError) as exc:
+            raise click.ClickException(str(exc)) from None
+        nodes = _probe(settings)
 
     async def work(store: Store) -> None:
-        await store.create_fleet(name, kind, now_ms())
+        await store.create_fleet(name, kind, now_ms(), slurm=settings)
 
     run(with_store, state_dir, work)
-    click.echo(f"Created Fleet {name} (kind {kind}).")
+    if settings is None:
+        click.echo(f"Created Fleet {name} (kind {kind}).")
+        return
+    gpus = sum(n.gpus for n in nodes)
+    click.echo(
+        f"Created Fleet {name} (kind slurm): partition {settings.partition} on "
+        f"{settings.slurmrestd}, {len(nodes)} node{'s' * (len(nodes) != 1)}, {gpus} GPU"
+        f"{'s' * (gpus != 1)}."
+    )
+
+
+def _probe(settings: SlurmSettings) -> list[SlurmNode]:
+    """The partition's nodes, or the command's failure saying why the Fleet was not created."""
+    try:
+        return anyio.run(probe_settings, settings, backend="asyncio")
+    except (SlurmSettingsError, SlurmError) as exc:
+        raise click.ClickException(f"{exc} The Fleet was not created.") from None
 
 
 @fleet.command(name="ls")

@@ -16,7 +16,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..values.fleet import Fleet, Node, SeriesCapacity
+from ..values.fleet import Fleet, Node, SeriesCapacity, SlurmPartition
 from .render import heading, pairs, when
 
 
@@ -144,22 +144,22 @@ def fleets_table(fleets: list[Fleet]) -> Table:
 
 
 def fleet_view(fleet: Fleet) -> list[RenderableType]:
-    parts: list[RenderableType] = [
-        pairs(
-            [
-                ("Fleet", fleet.name),
-                ("Kind", fleet.kind),
-                ("Created", when(fleet.created_at_ms)),
-                (
-                    "Nodes",
-                    f"{fleet.nodes} enrolled, {fleet.connected_nodes} connected, "
-                    f"{fleet.schedulable_nodes} schedulable",
-                ),
-                ("Jobs", f"{fleet.queued_jobs} queued, {fleet.active_jobs} active"),
-            ]
-        ),
-        heading("GPUs per Series"),
-    ]
+    rows = [("Fleet", fleet.name), ("Kind", fleet.kind), ("Created", when(fleet.created_at_ms))]
+    if fleet.slurm is None:
+        rows.append(
+            (
+                "Nodes",
+                f"{fleet.nodes} enrolled, {fleet.connected_nodes} connected, "
+                f"{fleet.schedulable_nodes} schedulable",
+            )
+        )
+    rows.append(("Jobs", f"{fleet.queued_jobs} queued, {fleet.active_jobs} active"))
+    parts: list[RenderableType] = [pairs(rows)]
+    if fleet.slurm is not None:
+        # No Node enrolls into a Slurm Fleet: its machines and GPUs are the partition's.
+        parts.extend(_slurm_view(fleet.slurm))
+        return parts
+    parts.append(heading("GPUs per Series"))
     table = Table()
     for column in ("SERIES", "TOTAL", "HEALTHY", "FREE", "IN USE", "QUOTA"):
         table.add_column(column)
@@ -174,6 +174,25 @@ def fleet_view(fleet: Fleet) -> list[RenderableType]:
         )
     if not fleet.capacity:
         table.add_row("(no GPUs reported)", "", "", "", "", "")
+    parts.append(table)
+    return parts
+
+
+def _slurm_view(slurm: SlurmPartition) -> list[RenderableType]:
+    """A slurm Fleet's partition, as slurmrestd reported it while ``tp fleet show`` asked."""
+    parts: list[RenderableType] = [
+        heading(f"Slurm partition {slurm.partition} (slurmrestd {slurm.slurmrestd})")
+    ]
+    if slurm.error:
+        parts.append(f"Not read: {slurm.error}")
+        return parts
+    table = Table()
+    for column in ("NODE", "STATE", "CPUS", "GPUS", "GPUS IN USE", "GRES"):
+        table.add_column(column)
+    for n in slurm.nodes:
+        table.add_row(n.name, n.state, str(n.cpus), str(n.gpus), str(n.gpus_used), n.gres)
+    if not slurm.nodes:
+        table.add_row("(no nodes in this partition)", "", "", "", "", "")
     parts.append(table)
     return parts
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..values.fleet import SlurmSettings
 from ..values.orders import Inventory
 from .base import Conflict, EnrollRefused, NotFound, StoreBase
 from .handle import Handle
@@ -38,7 +39,15 @@ class Enrollment(StoreBase):
 
         await self.shielded(work)
 
-    async def create_fleet(self, name: str, kind: str, now: int) -> None:
+    async def create_fleet(
+        self, name: str, kind: str, now: int, slurm: SlurmSettings | None = None
+    ) -> None:
+        """Create a Fleet; one of kind ``slurm`` needs its ``slurm`` settings (and no other kind
+        takes them), written in the same transaction."""
+        if (kind == "slurm") != (slurm is not None):
+            verb = "needs" if kind == "slurm" else "takes no"
+            raise ValueError(f"a Fleet of kind {kind!r} {verb} Slurm settings")
+
         async def work() -> None:
             async with self.transaction() as db:
                 rows = await db.execute_fetchall("SELECT 1 FROM fleets WHERE name = ?", (name,))
@@ -48,9 +57,30 @@ class Enrollment(StoreBase):
                     "INSERT INTO fleets (name, kind, created_at_ms) VALUES (?, ?, ?)",
                     (name, kind, now),
                 )
-                await self.log_decision(db, now, "fleet created", {"fleet": name, "kind": kind})
+                detail: dict[str, Any] = {"fleet": name, "kind": kind}
+                if slurm is not None:
+                    await db.execute(
+                        "INSERT INTO slurm_fleets (fleet, slurmrestd_url, token_file, "
+                        "partition_name) VALUES (?, ?, ?, ?)",
+                        (name, slurm.slurmrestd, slurm.token_file, slurm.partition),
+                    )
+                    detail.update(slurmrestd=slurm.slurmrestd, token_file=slurm.token_file,
+                                  partition=slurm.partition)  # fmt: skip
+                await self.log_decision(db, now, "fleet created", detail)
 
         await self.shielded(work)
+
+    async def slurm_settings(self, fleet: str) -> SlurmSettings | None:
+        """How the Fleet ``fleet`` reaches its Slurm cluster; None unless it is of kind slurm."""
+        rows = await self.reader.execute_fetchall(
+            "SELECT slurmrestd_url, token_file, partition_name FROM slurm_fleets WHERE fleet = ?",
+            (fleet,),
+        )
+        found = list(rows)
+        if not found:
+            return None
+        url, token_file, partition = found[0]
+        return SlurmSettings(str(url), str(token_file), str(partition))
 
     async def fleet_names(self) -> list[str]:
         rows = await self.reader.execute_fetchall("SELECT name FROM fleets ORDER BY name")

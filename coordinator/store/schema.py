@@ -321,6 +321,20 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE jobs ADD COLUMN runtime_id TEXT NOT NULL DEFAULT ''",
         ),
     ),
+    (
+        17,
+        (
+            # How a Fleet of kind 'slurm' reaches its cluster: slurmrestd's URL, the absolute
+            # path of the file holding its JWT (read at each use, never copied here) and the
+            # partition its Jobs run in. Exactly one row per Fleet of kind 'slurm'.
+            """CREATE TABLE slurm_fleets (
+                fleet TEXT PRIMARY KEY REFERENCES fleets(name),
+                slurmrestd_url TEXT NOT NULL,
+                token_file TEXT NOT NULL,
+                partition_name TEXT NOT NULL
+            )""",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -25,6 +25,29 @@ class SeriesCapacity:
 
 
 @attrs.frozen
+class SlurmPartitionNode:
+    """One node of a Slurm partition, in Slurm's own words (``state`` as slurmrestd writes it)."""
+
+    name: str
+    state: str
+    cpus: int
+    gpus: int
+    gpus_used: int
+    gres: str
+
+
+@attrs.frozen
+class SlurmPartition:
+    """A Fleet of kind slurm's partition as slurmrestd reported it when it was asked; ``error``
+    is the sentence saying why it could not be read ("" when it was)."""
+
+    slurmrestd: str
+    partition: str
+    nodes: tuple[SlurmPartitionNode, ...]
+    error: str = ""
+
+
+@attrs.frozen
 class Fleet:
     name: str
     kind: str
@@ -35,6 +58,8 @@ class Fleet:
     capacity: tuple[SeriesCapacity, ...]
     queued_jobs: int
     active_jobs: int
+    # Kind slurm, when one Fleet was asked for (GetFleet, `tp fleet show`); None otherwise.
+    slurm: SlurmPartition | None = None
 
 
 @attrs.frozen
@@ -85,3 +110,14 @@ class NodeRecord:
     fleet: str
     hostname: str
     connected: bool
+
+
+@attrs.frozen
+class SlurmSettings:
+    """Where a Fleet of kind ``slurm`` reaches its cluster: slurmrestd's URL, the file holding
+    the JWT (read at each use, so the operator can replace the token), and the partition its
+    Jobs run in."""
+
+    slurmrestd: str
+    token_file: str  # an absolute path on the coordinator's machine
+    partition: str

@@ -16,14 +16,21 @@ import betterproto
 from tuneplane.proto import v1
 from tuneplane.proto.contract.input_checks import printable_message
 
-from ..values.fleet import Fleet, Node, NodeMember, SeriesCapacity
+from ..values.fleet import (
+    Fleet,
+    Node,
+    NodeMember,
+    SeriesCapacity,
+    SlurmPartition,
+    SlurmPartitionNode,
+)
 from ..values.jobs import MemberKey
 from .control import gpu_to_wire, inventory_from_wire, inventory_to_wire
 from .members import member_key_as_sent, member_ref
 
 
 def fleet_to_wire(fleet: Fleet) -> v1.Fleet:
-    return v1.Fleet(
+    msg = v1.Fleet(
         name=fleet.name,
         kind=fleet.kind,
         created_at_ms=fleet.created_at_ms,
@@ -44,9 +51,45 @@ def fleet_to_wire(fleet: Fleet) -> v1.Fleet:
         queued_jobs=fleet.queued_jobs,
         active_jobs=fleet.active_jobs,
     )
+    if fleet.slurm is not None:  # absent from the message otherwise (serialized_on_wire)
+        msg.slurm = _slurm_to_wire(fleet.slurm)
+    return msg
+
+
+def _slurm_to_wire(slurm: SlurmPartition) -> v1.SlurmPartition:
+    return v1.SlurmPartition(
+        slurmrestd=slurm.slurmrestd,
+        partition=slurm.partition,
+        nodes=[
+            v1.SlurmPartitionNode(
+                name=n.name, state=n.state, cpus=n.cpus, gpus=n.gpus, gpus_used=n.gpus_used,
+                gres=n.gres,
+            )
+            for n in slurm.nodes
+        ],
+        error=slurm.error,
+    )  # fmt: skip
+
+
+def _slurm_from_wire(msg: v1.Fleet, sent: bool) -> SlurmPartition | None:
+    if not sent:
+        return None
+    s = msg.slurm
+    return SlurmPartition(
+        slurmrestd=s.slurmrestd,
+        partition=s.partition,
+        nodes=tuple(
+            SlurmPartitionNode(n.name, n.state, n.cpus, n.gpus, n.gpus_used, n.gres)
+            for n in s.nodes
+        ),
+        error=s.error,
+    )
 
 
 def fleet_from_wire(msg: v1.Fleet) -> Fleet:
+    # Asked before printable_message, which sets every field it cleans and so marks an absent
+    # SlurmPartition as sent.
+    slurm_sent = betterproto.serialized_on_wire(msg.slurm)
     printable_message(msg)
     return Fleet(
         name=msg.name,
@@ -61,6 +104,7 @@ def fleet_from_wire(msg: v1.Fleet) -> Fleet:
         ),
         queued_jobs=msg.queued_jobs,
         active_jobs=msg.active_jobs,
+        slurm=_slurm_from_wire(msg, slurm_sent),
     )
 
 

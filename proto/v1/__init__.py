@@ -553,6 +553,37 @@ class Fleet(betterproto.Message):
     capacity: List["SeriesCapacity"] = betterproto.message_field(7)
     queued_jobs: int = betterproto.uint32_field(8)
     active_jobs: int = betterproto.uint32_field(9)
+    slurm: "SlurmPartition" = betterproto.message_field(10)
+    """
+    Kind slurm, GetFleet only: the partition as slurmrestd reported it while GetFleet ran.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class SlurmPartition(betterproto.Message):
+    """
+    A Fleet of kind slurm's partition, read from slurmrestd when GetFleet asked.
+    """
+
+    slurmrestd: str = betterproto.string_field(1)
+    partition: str = betterproto.string_field(2)
+    nodes: List["SlurmPartitionNode"] = betterproto.message_field(3)
+    error: str = betterproto.string_field(4)
+    """
+    Why the nodes could not be read (slurmrestd down, token refused), a sentence; "" if read.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class SlurmPartitionNode(betterproto.Message):
+    """One node of a Slurm partition, in Slurm's own words."""
+
+    name: str = betterproto.string_field(1)
+    state: str = betterproto.string_field(2)
+    cpus: int = betterproto.uint32_field(3)
+    gpus: int = betterproto.uint32_field(4)
+    gpus_used: int = betterproto.uint32_field(5)
+    gres: str = betterproto.string_field(6)
 
 
 @dataclass(eq=False, repr=False)

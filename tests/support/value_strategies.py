@@ -17,7 +17,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 from tuneplane.coordinator.downsample import Bucket
-from tuneplane.coordinator.values.fleet import Fleet, Node, NodeMember, SeriesCapacity
+from tuneplane.coordinator.values.fleet import (
+    Fleet,
+    Node,
+    NodeMember,
+    SeriesCapacity,
+    SlurmPartition,
+    SlurmPartitionNode,
+)
 from tuneplane.coordinator.values.jobs import (
     Attempt,
     FirstFailure,
@@ -287,6 +294,18 @@ capacities = st.builds(
     in_use=u32,
     quota=u32,
 )
+slurm_partitions = st.builds(
+    SlurmPartition,
+    slurmrestd=printable,
+    partition=printable,
+    nodes=tuples(
+        st.builds(
+            SlurmPartitionNode, name=printable, state=printable, cpus=u32, gpus=u32,
+            gpus_used=u32, gres=printable,
+        )
+    ),
+    error=printable,
+)  # fmt: skip
 fleets = st.builds(
     Fleet,
     name=printable,
@@ -298,6 +317,7 @@ fleets = st.builds(
     capacity=tuples(capacities),
     queued_jobs=u32,
     active_jobs=u32,
+    slurm=st.none() | slurm_partitions,
 )
 printable_keys = st.builds(MemberKey, run_id=name, attempt=u32, member_index=u32)
 node_members = st.builds(
