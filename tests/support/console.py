@@ -20,6 +20,7 @@ from pathlib import Path
 import attrs
 import httpx
 
+from tests.cli.tp_process import run_tp_as
 from tests.coordinator.grpc_client import api_client, enroll, jobspec
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 
@@ -50,6 +51,16 @@ class ConsoleWorld:
                 return str((await api.job(run_id)).state)
 
         return asyncio.run(read())
+
+    def tp_cancel(self, who: str, run_id: str, reason: str) -> str:
+        """``tp job cancel`` as ``who``, a real tp process outside the console (so it also works
+        while a browser's event loop runs in this thread); the outcome CancelJob answered."""
+        token_file = self.coord.state_dir / f"{who}.token"
+        token_file.write_text(self.tokens[who] + "\n")
+        done = run_tp_as(self.coord, token_file, "job", "cancel", run_id, "--reason", reason,
+                         "--json")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return str(json.loads(done.stdout)["outcome"])
 
 
 def form_token(html: str) -> str:
