@@ -274,7 +274,12 @@ def test_the_openapi_schema_lists_the_routes(world: ConsoleWorld) -> None:
         "/api/v1/jobs/{run_id}",
         "/api/v1/jobs/{run_id}/cancel",
         "/api/v1/jobs/{run_id}/events",
+        "/api/v1/jobs/{run_id}/metrics",
+        "/api/v1/jobs/{run_id}/series",
     }
+    series = paths["/api/v1/jobs/{run_id}/series"]["get"]
+    assert {p["name"] for p in series["parameters"]} >= {"tag", "from", "to", "buckets", "format"}
+    assert set(series["responses"]["200"]["content"]) == {"application/json", "text/csv"}
     cancel = paths["/api/v1/jobs/{run_id}/cancel"]["post"]
     assert any(p["name"] == "X-CSRF-Token" for p in cancel["parameters"])
     assert {p["name"] for p in paths["/api/v1/jobs"]["get"]["parameters"]} >= {
