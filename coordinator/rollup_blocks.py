@@ -133,9 +133,15 @@ class Plan:
     steps: tuple[int, ...]
 
 
-def plan(grid: Grid) -> Plan:
-    """The blocks and steps that answer ``grid`` (the same for every series)."""
+def plan(grid: Grid, window: bool = False) -> Plan:
+    """The blocks and steps that answer ``grid`` (the same for every series).
+
+    ``window``: the series may have points outside ``[lo, hi]`` (a zoomed read of part of it),
+    so ``lo`` and ``hi + 1`` count as edges too: the blocks that straddle them are split like
+    any other, and no block reaching past the range is read."""
     edges = grid.edges()
+    if window:
+        edges += [grid.lo, grid.hi + 1]
     top = grid.top_level()
 
     def split(level: int) -> set[int]:
@@ -146,7 +152,17 @@ def plan(grid: Grid) -> Plan:
     levels: list[tuple[int, tuple[int, ...]]] = []
     for level in range(top - 1, 0, -1):
         here = split(level)
-        levels.append((level, tuple(c for c in children(above) if c not in here)))
+        w = width(level)
+        levels.append(
+            (
+                level,
+                tuple(
+                    c
+                    for c in children(above)
+                    if c not in here and c * w <= grid.hi and c * w + w - 1 >= grid.lo
+                ),
+            )
+        )
         above = here
     w = width(1)
     steps = [

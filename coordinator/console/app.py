@@ -49,7 +49,17 @@ from .errors import ConsoleError, http_errors
 from .openapi import API, CSRF_HEADER, PREFIX, SESSION_COOKIE, openapi_document
 from .reads import ConsoleReads, JobFilter
 from .sessions import Session, SessionBook
-from .views import cancel_json, delivery_json, fleet_json, job_json, node_json, user_json
+from .views import (
+    cancel_json,
+    delivery_json,
+    fleet_json,
+    job_json,
+    node_json,
+    series_csv,
+    series_json,
+    tags_json,
+    user_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +71,19 @@ MAX_STREAMS = 200
 STREAM_POLL_S = 1.0
 STREAM_MAX_S = 600.0
 MAX_TOKEN_CHARS = 200
+#: Buckets a series read gives when the caller names none (QuerySeries' own default).
+DEFAULT_BUCKETS = 1000
+#: Runs one Charts page overlays at most (each is one bounded read per tag).
+MAX_CHART_RUNS = 8
+#: The files under static/ the console serves, and their media types; uPlot is vendored there
+#: as its built files (docs/console.md says how to refresh it).
+STATIC = {
+    "console.css": "text/css",
+    "console.js": "text/javascript",
+    "charts.js": "text/javascript",
+    "uPlot.iife.min.js": "text/javascript",
+    "uPlot.min.css": "text/css",
+}
 
 _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'; "
@@ -278,6 +301,20 @@ class Console:
             return RedirectResponse(f"/jobs/{run_id}", 303)
         return response
 
+    async def charts_page(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        runs = _chart_runs(run_id, request.query_params.getlist("run"))
+
+        async def render(c: Caller) -> str:
+            found: list[tuple[str, list[str]]] = []
+            for run in runs:
+                _, tags = await self.reads.tags(c.user, run, 0)
+                found.append((run, [t.tag for t in tags]))
+            picked = request.query_params.getlist("tag")
+            return pages.charts_page(run_id, found, picked, c.user, c.session.csrf_token)
+
+        return await self.page(request, render)
+
     # ----- the JSON API -----------------------------------------------------------------------
 
     async def openapi(self, request: Request) -> Response:
@@ -372,6 +409,40 @@ class Console:
         finally:
             self.streams -= 1
 
+    async def metrics(self, request: Request, c: Caller) -> Response:
+        run_id = request.path_params["run_id"]
+        attempt = _int_or(request, "attempt", 0)
+        found, tags = await self.reads.tags(c.user, run_id, attempt)
+        return JSONResponse(tags_json(run_id, found, tags))
+
+    async def series(self, request: Request, c: Caller) -> Response:
+        run_id = request.path_params["run_id"]
+        q = request.query_params
+        kind = q.get("format", "json")
+        if kind not in ("json", "csv"):
+            raise ConsoleError(400, f"format is {kind!r}; ask for json (the default) or csv.")
+        first = _int_query(request, "from")
+        last = _int_query(request, "to")
+        steps = None
+        if first is not None or last is not None:
+            steps = (-(2**63) if first is None else first, 2**63 - 1 if last is None else last)
+        result = await self.reads.series(
+            c.user,
+            run_id,
+            q.get("tag", ""),
+            _int_or(request, "attempt", 0),
+            _int_or(request, "buckets", DEFAULT_BUCKETS),
+            steps,
+        )
+        if kind == "csv":
+            name = f"{run_id}-{result.tag}".replace("/", "_")
+            return Response(
+                series_csv(result),
+                media_type="text/csv",
+                headers={"Content-Disposition": f'attachment; filename="{_safe_name(name)}.csv"'},
+            )
+        return JSONResponse(series_json(run_id, result, steps))
+
     def api(
         self, handler: Callable[[Request, Caller], Awaitable[Response]]
     ) -> Callable[[Request], Awaitable[Response]]:
@@ -418,6 +489,41 @@ def _job_filter(request: Request) -> JobFilter:
     )
 
 
+def _int_or(request: Request, name: str, default: int) -> int:
+    found = _int_query(request, name)
+    return default if found is None else found
+
+
+def _int_query(request: Request, name: str) -> int | None:
+    """The integer query parameter ``name``; None when absent; a sentence when not an
+    integer."""
+    text = request.query_params.get(name, "").strip()
+    if not text:
+        return None
+    digits = text[1:] if text[:1] == "-" else text
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
+        raise ConsoleError(400, f"{name} is {text[:40]!r}; it must be a whole number.")
+    return int(text)
+
+
+def _chart_runs(run_id: str, more: list[str]) -> list[str]:
+    """The runs a Charts page overlays: its own, then ``run`` parameters, once each."""
+    runs = [run_id]
+    for run in more:
+        run = run.strip()
+        if run and run not in runs:
+            runs.append(run)
+    if len(runs) > MAX_CHART_RUNS:
+        raise ConsoleError(
+            400, f"{len(runs)} runs asked for; a Charts page overlays at most {MAX_CHART_RUNS}."
+        )
+    return runs
+
+
+def _safe_name(name: str) -> str:
+    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_.") else "_" for ch in name)
+
+
 def _set_cookie(response: Response, name: str, value: str, max_age_s: int) -> None:
     response.set_cookie(
         name, value, max_age=max_age_s, path="/", secure=True, httponly=True, samesite="strict"
@@ -450,13 +556,13 @@ async def _form(request: Request) -> dict[str, str]:
 def console_app(reads: ConsoleReads, book: SessionBook) -> tuple[ASGIApp, Console]:
     """The console's ASGI app, and its handlers' owner (to close live streams on shutdown)."""
     console = Console(reads, book)
-    css, js = _static("console.css"), _static("console.js")
+    files = {name: (_static(name), media) for name, media in STATIC.items()}
 
-    async def style(request: Request) -> Response:
-        return Response(css, media_type="text/css")
-
-    async def script(request: Request) -> Response:
-        return Response(js, media_type="text/javascript")
+    async def static(request: Request) -> Response:
+        found = files.get(request.path_params["name"])
+        if found is None:
+            return Response("Not Found", 404, media_type="text/plain")
+        return Response(found[0], media_type=found[1])
 
     async def openapi(request: Request) -> Response:
         return await console.openapi(request)
@@ -486,8 +592,8 @@ def console_app(reads: ConsoleReads, book: SessionBook) -> tuple[ASGIApp, Consol
         Route("/jobs", console.jobs_page),
         Route("/jobs/{run_id}", console.job_page),
         Route("/jobs/{run_id}/cancel", console.cancel_form, methods=["POST"]),
-        Route("/static/console.css", style),
-        Route("/static/console.js", script),
+        Route("/jobs/{run_id}/charts", console.charts_page),
+        Route("/static/{name}", static),
     ]
     for route in API:
         handler = getattr(console, route.handler)

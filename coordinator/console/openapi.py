@@ -13,6 +13,7 @@ from tuneplane.proto.contract.control_protocol import release
 PREFIX = "/api/v1"
 SESSION_COOKIE = "tp_console"
 CSRF_HEADER = "X-CSRF-Token"
+INTEGER_QUERY = frozenset({"limit", "attempt", "from", "to", "buckets"})
 
 
 @attrs.frozen
@@ -27,6 +28,7 @@ class ApiRoute:
     changes: bool = False  # state-changing: needs the CSRF header
     public: bool = False  # answered without a session
     media_type: str = "application/json"
+    also_media: tuple[str, ...] = ()  # other answers it can give (``format=csv``)
 
 
 API: tuple[ApiRoute, ...] = (
@@ -79,6 +81,31 @@ API: tuple[ApiRoute, ...] = (
         "change (checked once a second), until the Job ends.",
         media_type="text/event-stream",
     ),
+    ApiRoute(
+        "get",
+        "/jobs/{run_id}/metrics",
+        "metrics",
+        "The Job's metric tags (as ListMetrics: every member merged), with point counts and "
+        "last values.",
+        query=(("attempt", "Which attempt (default: the latest with points)."),),
+    ),
+    ApiRoute(
+        "get",
+        "/jobs/{run_id}/series",
+        "series",
+        "One tag as at most `buckets` buckets (as QuerySeries), each with its first and last "
+        "step, count, min, max and last; `from`/`to` narrow it to a step range (a zoom, at finer "
+        "resolution). `format=csv` answers the same buckets as text/csv.",
+        query=(
+            ("tag", "The tag (required)."),
+            ("from", "First step of the range (default: the series' first)."),
+            ("to", "Last step of the range (default: the series' last)."),
+            ("buckets", "At most this many buckets, 1 to 10000 (default 1000)."),
+            ("attempt", "Which attempt (default: the latest with points)."),
+            ("format", "`json` (default) or `csv`."),
+        ),
+        also_media=("text/csv",),
+    ),
 )
 
 
@@ -90,7 +117,7 @@ def _parameters(route: ApiRoute) -> list[dict[str, Any]]:
                 {"name": part[1:-1], "in": "path", "required": True, "schema": {"type": "string"}}
             )
     for name, description in route.query:
-        kind = "integer" if name == "limit" else "string"
+        kind = "integer" if name in INTEGER_QUERY else "string"
         found.append(
             {"name": name, "in": "query", "required": False, "description": description,
              "schema": {"type": kind}}
@@ -124,7 +151,10 @@ def openapi_document() -> dict[str, Any]:
             "summary": route.summary,
             "parameters": _parameters(route),
             "responses": {
-                "200": {"description": "OK", "content": {route.media_type: {"schema": {}}}},
+                "200": {
+                    "description": "OK",
+                    "content": {t: {"schema": {}} for t in (route.media_type, *route.also_media)},
+                },
             },
         }
         if not route.public:

@@ -48,7 +48,14 @@ def _table(caption: str, head: Iterable[str], rows: Iterable[Iterable[str]], emp
     )
 
 
-def layout(title: str, body: str, user: User | None = None, csrf: str = "") -> str:
+def layout(
+    title: str,
+    body: str,
+    user: User | None = None,
+    csrf: str = "",
+    scripts: tuple[str, ...] = (),
+    styles: tuple[str, ...] = (),
+) -> str:
     """The page around ``body`` (already HTML): header, navigation, sign-out for who is in."""
     nav = ""
     if user is not None:
@@ -63,8 +70,11 @@ def layout(title: str, body: str, user: User | None = None, csrf: str = "") -> s
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)} - TunePlane console</title>"
-        '<link rel="stylesheet" href="/static/console.css">'
-        '<script src="/static/console.js" defer></script></head>'
+        + "".join(f'<link rel="stylesheet" href="/static/{_e(name)}">' for name in styles)
+        + '<link rel="stylesheet" href="/static/console.css">'
+        '<script src="/static/console.js" defer></script>'
+        + "".join(f'<script src="/static/{_e(name)}" defer></script>' for name in scripts)
+        + "</head>"
         f'<body><header><span class="brand">TunePlane</span>{nav}</header>'
         f'<main id="main"><h1>{_e(title)}</h1>{body}</main></body></html>'
     )
@@ -285,8 +295,10 @@ def job_page(job: Job, delivery: list[Delivery], user: User, csrf: str) -> str:
         "No state changes recorded.",
     )
     live = f'<div id="job-live" data-run-id="{_e(job.run_id)}" hidden></div>'
+    charts = f'<p><a href="/jobs/{quote(job.run_id, safe="")}/charts">Charts</a></p>'
     body = (
         facts
+        + charts
         + cancel
         + '<section aria-labelledby="h-attempts" id="attempts"><h2 id="h-attempts">Attempts</h2>'
         + ("".join(attempts) or "<p>No attempt yet (the Job waits in the queue).</p>")
@@ -298,3 +310,72 @@ def job_page(job: Job, delivery: list[Delivery], user: User, csrf: str) -> str:
         + live
     )
     return layout(f"Job {job.run_id}", body, user, csrf)
+
+
+def charts_page(
+    run_id: str, runs: list[tuple[str, list[str]]], picked: list[str], user: User, csrf: str
+) -> str:
+    """Charts of ``run_id`` with other runs overlaid: ``runs`` is each run and its tags; a
+    chart per picked tag (the first tag when none is picked). The drawing, zoom, smoothing,
+    log scale and CSV links are ``/static/charts.js`` over ``/api/v1/jobs/{run_id}/series``."""
+    every = sorted({tag for _, tags in runs for tag in tags})
+    chosen = [t for t in picked if t in every] or every[:1]
+    others = [run for run, _ in runs[1:]]
+    run_fields = "".join(
+        f'<label for="run-{i}">Overlay run {i}</label> '
+        f'<input id="run-{i}" name="run" value="{_e(run)}" size="28" spellcheck="false">'
+        for i, run in enumerate([*others, ""], start=1)
+    )
+    tag_boxes = "".join(
+        f'<label><input type="checkbox" name="tag" value="{_e(tag)}"'
+        f"{' checked' if tag in chosen else ''}> {_e(tag)}</label>"
+        for tag in every
+    )
+    form = (
+        f'<form method="get" action="/jobs/{quote(run_id, safe="")}/charts" class="filters">'
+        f"<fieldset><legend>Runs</legend>{run_fields}</fieldset>"
+        f"<fieldset><legend>Tags</legend>{tag_boxes or 'none yet'}</fieldset>"
+        '<button type="submit">Draw</button></form>'
+    )
+    controls = (
+        '<div class="filters" id="chart-controls">'
+        '<label for="smoothing">Smoothing</label> '
+        '<input id="smoothing" type="range" min="0" max="0.99" step="0.01" value="0"> '
+        '<output id="smoothing-value" for="smoothing">0</output>'
+        '<label><input id="log-scale" type="checkbox"> Log scale</label>'
+        '<button type="button" id="reset-zoom">Reset zoom</button>'
+        "<span>Drag across a chart to zoom: it reads that step range again, finer.</span></div>"
+    )
+    all_runs = [run for run, _ in runs]
+    figures = []
+    for i, tag in enumerate(chosen):
+        having = [run for run, tags in runs if tag in tags]
+        links = " ".join(
+            f'<a class="csv" data-run="{_e(run)}" href="/api/v1/jobs/{quote(run, safe="")}/series'
+            f'?{urlencode({"tag": tag, "format": "csv"})}">CSV of {_e(run)}</a>'
+            for run in having
+        )
+        figures.append(
+            f'<figure class="chart" id="chart-{i}" data-tag="{_e(tag)}" '
+            f'data-runs="{_e(" ".join(having))}" data-state="loading">'
+            f"<figcaption>{_e(tag)} <small>(band: min to max per bucket; line: last)</small> "
+            f'{links}</figcaption><div class="plot"></div></figure>'
+        )
+    missing = [run for run, tags in runs if not tags]
+    note = f"<p>No metrics stored yet for {_e(', '.join(missing))}.</p>" if missing else ""
+    body = (
+        f'<p><a href="/jobs/{quote(run_id, safe="")}">Back to Job {_e(run_id)}</a></p>'
+        + form
+        + controls
+        + note
+        + ("".join(figures) or "<p>No metrics to chart yet.</p>")
+        + f'<div id="charts-live" data-runs="{_e(" ".join(all_runs))}" hidden></div>'
+    )
+    return layout(
+        f"Charts of {run_id}",
+        body,
+        user,
+        csrf,
+        scripts=("uPlot.iife.min.js", "charts.js"),
+        styles=("uPlot.min.css",),
+    )

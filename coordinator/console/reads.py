@@ -7,6 +7,8 @@ Rules:
   :func:`~tuneplane.coordinator.job_access.check_read`, listing Jobs is
   :func:`~tuneplane.coordinator.store.access.readable_jobs`, and a cancel is
   :meth:`~tuneplane.coordinator.api.lifecycle.LifecycleApi.cancel`, the one CancelJob runs.
+- Metric reads are ListMetrics' and QuerySeries': the same check (``metrics``), the same store
+  reads, the same bound on buckets (:data:`~tuneplane.coordinator.api.metrics.MAX_MAX_POINTS`).
 - Any signed-in user reads Fleets and Nodes, as with ``tp fleet`` and ``tp node``.
 """
 
@@ -20,6 +22,7 @@ from grpclib.const import Status
 
 from ..api.fleet import FleetService, check_reason
 from ..api.lifecycle import LifecycleApi
+from ..api.metrics import MAX_MAX_POINTS
 from ..clock import now_ms
 from ..job_access import check_read
 from ..queue_plan import PoolKey
@@ -31,7 +34,7 @@ from ..store.telemetry import TelemetryStore
 from ..values.fleet import Fleet, Node
 from ..values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, Job
 from ..values.lifecycle import CancelOutcome
-from ..values.metrics import Delivery
+from ..values.metrics import Delivery, MetricSelector, SeriesResult, TagSummary
 from ..values.users import User
 
 
@@ -95,3 +98,43 @@ class ConsoleReads:
         """Cancel ``run_id`` as ``user``, by CancelJob's own rules."""
         check_reason(reason, "CancelRequest")
         return await self.lifecycle.cancel(user, run_id, reason)
+
+    async def tags(self, user: User, run_id: str, attempt: int) -> tuple[int, list[TagSummary]]:
+        """The attempt read (0: the latest with points) and its tags, as ListMetrics lists
+        them (canonical: every member merged)."""
+        check_read(await store_access.job_access(self.store, run_id), user, "metrics")
+        return await self.telemetry.list_tags(MetricSelector(run_id, attempt=attempt))
+
+    async def series(
+        self,
+        user: User,
+        run_id: str,
+        tag: str,
+        attempt: int,
+        buckets: int,
+        steps: tuple[int, int] | None,
+    ) -> SeriesResult:
+        """``tag`` of ``run_id`` in at most ``buckets`` buckets, as QuerySeries reads it;
+        ``steps`` (first, last) narrows it to a step range, for a zoom."""
+        if not tag:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                "tag is empty. Name a tag (the Charts page lists them; so does `tp metrics "
+                f"{run_id}`).",
+            )
+        if not 1 <= buckets <= MAX_MAX_POINTS:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"buckets is {buckets}; ask for 1 to {MAX_MAX_POINTS}. Buckets keep each "
+                "interval's min, max and last, so fewer still show every spike.",
+            )
+        if steps is not None and steps[0] > steps[1]:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"the step range from {steps[0]} to {steps[1]} is empty; `from` must not exceed "
+                "`to`.",
+            )
+        check_read(await store_access.job_access(self.store, run_id), user, "metrics")
+        return await self.telemetry.query_series(
+            MetricSelector(run_id, attempt=attempt), tag, buckets, steps
+        )

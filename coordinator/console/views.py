@@ -1,18 +1,21 @@
 """The console's JSON: values as the ``/api/v1`` answers carry them, one function per value.
 
-Rules: times are epoch milliseconds (0 or null: not known), as the values hold them. A Node's
-connectivity and its scheduling state are separate fields, never merged. Secrets never appear
-(the values carry none).
+Rules: a float that is not finite (NaN) is JSON null. Times are epoch milliseconds (0 or
+null: not known), as the values hold them. A Node's connectivity and its scheduling state are
+separate fields, never merged. Secrets never appear (the values carry none).
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import math
 from typing import Any
 
 from ..values.fleet import Fleet, Node
 from ..values.jobs import Attempt, Job, Member, StateChange
 from ..values.lifecycle import CancelOutcome
-from ..values.metrics import Delivery
+from ..values.metrics import Delivery, SeriesResult, TagSummary
 from ..values.users import User
 
 JsonObject = dict[str, Any]
@@ -146,3 +149,64 @@ def delivery_json(delivery: Delivery) -> JsonObject:
 
 def cancel_json(outcome: CancelOutcome) -> JsonObject:
     return {"outcome": outcome.outcome, "job": job_json(outcome.job)}
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def tags_json(run_id: str, attempt: int, tags: list[TagSummary]) -> JsonObject:
+    return {
+        "run_id": run_id,
+        "attempt": attempt,
+        "tags": [
+            {
+                "tag": t.tag,
+                "points": t.points,
+                "last_step": t.last_step,
+                "last_value": _finite(t.last_value),
+                "series": t.series,
+            }
+            for t in tags
+        ],
+    }
+
+
+def series_json(run_id: str, result: SeriesResult, steps: tuple[int, int] | None) -> JsonObject:
+    """A bounded series, by column (what a chart draws from): per bucket its first and last
+    step, point count, min, max and last (the value at its last step)."""
+    b = result.buckets
+    return {
+        "run_id": run_id,
+        "tag": result.tag,
+        "attempt": result.attempt,
+        "total_points": result.total_points,
+        "downsampled": result.downsampled,
+        "series": result.series,
+        "from": None if steps is None else steps[0],
+        "to": None if steps is None else steps[1],
+        "buckets": len(b),
+        "first_step": [x.first_step for x in b],
+        "last_step": [x.last_step for x in b],
+        "count": [x.count for x in b],
+        "min": [_finite(x.min) for x in b],
+        "max": [_finite(x.max) for x in b],
+        "last": [_finite(x.last) for x in b],
+    }
+
+
+def series_csv(result: SeriesResult) -> str:
+    """The same buckets as CSV, one row each; a value that is not finite is an empty cell."""
+    out = io.StringIO()
+    rows = csv.writer(out, lineterminator="\n")
+    rows.writerow(["first_step", "last_step", "count", "min", "max", "last"])
+    for x in result.buckets:
+        rows.writerow(
+            [
+                x.first_step,
+                x.last_step,
+                x.count,
+                *("" if not math.isfinite(v) else repr(v) for v in (x.min, x.max, x.last)),
+            ]
+        )
+    return out.getvalue()

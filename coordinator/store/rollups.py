@@ -150,12 +150,19 @@ def _in_chunks(fetch: Fetch, sql: str, head: Sequence[Any], values: Sequence[int
 
 
 def read_buckets(
-    fetch: Fetch, series_ids: Sequence[int], lo: int, hi: int, max_buckets: int
+    fetch: Fetch,
+    series_ids: Sequence[int],
+    lo: int,
+    hi: int,
+    max_buckets: int,
+    window: bool = False,
 ) -> list[Bucket]:
     """The buckets :func:`~tuneplane.coordinator.downsample.downsample` makes of the visible
-    points of ``series_ids`` over ``[lo, hi]`` (their lowest and highest step), from rollups."""
+    points of ``series_ids`` over ``[lo, hi]`` (their lowest and highest step), from rollups.
+    ``window``: ``[lo, hi]`` is part of the series' steps (a zoom); points outside it are left
+    out (:func:`~tuneplane.coordinator.rollup_blocks.plan`)."""
     grid = Grid.over(lo, hi, max_buckets)
-    todo = plan(grid)
+    todo = plan(grid, window)
     fold = Fold(grid)
     series = _marks(len(series_ids))
     summary = "points, first_step, last_step, min_value, max_value"

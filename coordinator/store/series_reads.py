@@ -178,10 +178,18 @@ class SeriesReads(StoreDb):
         return attempt, list(merged.values())
 
     async def query_series(
-        self, selector: MetricSelector, tag: str, max_points: int
+        self,
+        selector: MetricSelector,
+        tag: str,
+        max_points: int,
+        steps: tuple[int, int] | None = None,
     ) -> SeriesResult:
         """A bounded series of ``tag``: whole when it has at most ``max_points`` points,
-        otherwise at most ``max_points`` buckets (min, max and last each) over its steps."""
+        otherwise at most ``max_points`` buckets (min, max and last each) over its steps.
+
+        ``steps`` (first, last), inclusive: only the points in that range (a zoom), in at most
+        ``max_points`` buckets over the part of it the series covers, read from rollups; then
+        ``downsampled`` says whether any bucket holds more than one point."""
         attempt = await self._attempt(selector)
         where, args = self._where(selector, attempt)
         rows = list(
@@ -199,6 +207,19 @@ class SeriesReads(StoreDb):
             )
         series_ids = [int(r[0]) for r in rows]
         total = sum(int(r[1]) for r in rows)
+        if steps is not None:
+            window = steps
+            zoomed: list[Bucket] = await self.read_snapshot(
+                lambda db: window_buckets(db, series_ids, *window, max_points)
+            )
+            return SeriesResult(
+                tag,
+                attempt,
+                total,
+                any(b.count > 1 for b in zoomed),
+                tuple(zoomed),
+                len(series_ids),
+            )
         buckets = await self.read_snapshot(
             lambda db: _read_buckets(db, series_ids, total, max_points)
         )
@@ -264,6 +285,28 @@ def rollup_buckets(db: SnapshotReader, series_ids: list[int], max_points: int) -
         return []
     return store_rollups.read_buckets(
         lambda sql, args: db.execute(sql, args).fetchall(), series_ids, *bounds, max_points
+    )
+
+
+def window_buckets(
+    db: SnapshotReader, series_ids: list[int], first: int, last: int, max_points: int
+) -> list[Bucket]:
+    """The buckets of the points of ``series_ids`` with steps in ``[first, last]``, over the
+    part of that range the series cover (a zoom that reaches past their ends draws no empty
+    space), from rollups; none when no point lies there."""
+    bounds = _step_range(db, series_ids)
+    if bounds is None:
+        return []
+    lo, hi = max(first, bounds[0]), min(last, bounds[1])
+    if lo > hi:
+        return []
+    return store_rollups.read_buckets(
+        lambda sql, args: db.execute(sql, args).fetchall(),
+        series_ids,
+        lo,
+        hi,
+        max_points,
+        window=True,
     )
 
 

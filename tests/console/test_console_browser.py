@@ -9,12 +9,17 @@ Screenshots go to the test's temporary directory (and ``$TUNEPLANE_TEST_ARTIFACT
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# Missing, the tests skip with a sentence (_require_browser), or fail under CI.
+with contextlib.suppress(ImportError):
+    from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.support.accounts import require
 from tests.support.console import ConsoleWorld, console_world
@@ -36,7 +41,9 @@ WAIT_MS = 15_000
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleWorld]:
-    with console_world(tmp_path_factory.mktemp("console-browser"), ("shown", "cancel")) as found:
+    with console_world(
+        tmp_path_factory.mktemp("console-browser"), ("shown", "cancel", "live")
+    ) as found:
         yield found
 
 
@@ -47,13 +54,23 @@ def _keep(shot: Path) -> None:
         shutil.copy(shot, Path(folder) / shot.name)
 
 
-def test_sign_in_see_the_fleet_and_a_job_and_cancel_it(world: ConsoleWorld, tmp_path: Path) -> None:
+def _require_browser() -> None:
     require(Path(CHROMIUM).exists(), f"Debian's chromium at {CHROMIUM} (apt-get install chromium)")
     try:
-        from playwright.sync_api import expect, sync_playwright
+        import playwright.sync_api  # noqa: F401
     except ImportError:
         require(False, "Playwright for Python (pip install playwright)")
-        raise
+
+
+def _sign_in(page: Page, world: ConsoleWorld, who: str) -> None:
+    page.goto(world.url + "/sign-in")
+    page.get_by_label("User token").fill(world.tokens[who])
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(world.url + "/fleets")
+
+
+def test_sign_in_see_the_fleet_and_a_job_and_cancel_it(world: ConsoleWorld, tmp_path: Path) -> None:
+    _require_browser()
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
@@ -102,3 +119,39 @@ def test_sign_in_see_the_fleet_and_a_job_and_cancel_it(world: ConsoleWorld, tmp_
             browser.close()
     assert world.job_state(run_id) == "cancelled"
     assert world.job_state(world.jobs["shown"]) == "queued"
+
+
+def test_a_job_page_follows_a_cancel_made_elsewhere_without_a_reload(
+    world: ConsoleWorld, tmp_path: Path
+) -> None:
+    """The Job page's server-sent events: another client (its owner running ``tp job cancel``)
+    cancels the Job, and the open page shows it, in the same document."""
+    _require_browser()
+    run_id = world.jobs["live"]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            context = browser.new_context(ignore_https_errors=True)
+            context.set_default_timeout(WAIT_MS)
+            page = context.new_page()
+            _sign_in(page, world, "alice")
+            # The stream's first event is the Job as it is; wait for it so the cancel below
+            # lands after the page is following (not before the page loaded).
+            with page.expect_response(lambda r: r.url.endswith(f"/jobs/{run_id}/events")):
+                page.goto(f"{world.url}/jobs/{run_id}")
+            expect(page.locator("#job-state")).to_have_text("queued")
+            # A mark on this document: a reload would make a new one without it.
+            page.evaluate("document.documentElement.dataset.sameDocument = 'yes'")
+
+            assert world.tp_cancel("alice", run_id, "cancelled with tp") == "cancelled"
+
+            expect(page.locator("#job-state")).to_have_text("cancelled")
+            expect(page.locator("#job-state-reason")).to_contain_text("cancelled with tp")
+            expect(page.get_by_role("button", name="Cancel this Job")).to_have_count(0)
+            assert page.evaluate("document.documentElement.dataset.sameDocument") == "yes"
+            path = tmp_path / "console-job-live-cancelled.png"
+            page.screenshot(path=str(path), full_page=True)
+            _keep(path)
+        finally:
+            browser.close()
+    assert world.job_state(run_id) == "cancelled"

@@ -7,8 +7,10 @@ gRPC Api as the admin, not through the console).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +19,7 @@ from tests.support.console import ConsoleWorld, console_world, form_token, sign_
 
 pytestmark = pytest.mark.timeout(180)
 
-LABELS = ("private", "csrf", "page")
+LABELS = ("private", "csrf", "page", "followed")
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +202,64 @@ def test_sign_out_ends_the_session(world: ConsoleWorld) -> None:
         assert replay.get("/api/v1/session").status_code == 401
 
 
+def _events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Server-sent events ``(name, data)`` from a stream's lines; comments skipped."""
+    name, data = "", ""
+    for line in lines:
+        if line.startswith("event: "):
+            name = line[len("event: ") :]
+        elif line.startswith("data: "):
+            data = line[len("data: ") :]
+        elif line == "" and name:
+            yield name, json.loads(data)
+            name, data = "", ""
+
+
+def test_the_events_stream_refuses_without_a_session(world: ConsoleWorld) -> None:
+    run_id = world.jobs["private"]
+    with world.client() as client:
+        refused = client.get(f"/api/v1/jobs/{run_id}/events")
+        assert refused.status_code == 401
+        assert refused.headers["content-type"].startswith("application/json")
+        assert "Sign in at /sign-in" in refused.json()["error"]
+        assert "queued" not in refused.text
+    with world.client() as forger:
+        forger.cookies.set("tp_console", "forged-session-id")
+        assert forger.get(f"/api/v1/jobs/{run_id}/events").status_code == 401
+    assert world.job_state(run_id) == "queued"
+
+
+def test_the_events_stream_refuses_another_users_job(world: ConsoleWorld) -> None:
+    run_id = world.jobs["private"]
+    with _signed_in(world, "bob") as bob:
+        refused = bob.get(f"/api/v1/jobs/{run_id}/events")
+        assert refused.status_code == 403
+        assert not refused.headers["content-type"].startswith("text/event-stream")
+        assert "belongs to alice" in refused.json()["error"]
+        assert "queued" not in refused.text
+    assert world.job_state(run_id) == "queued"
+
+
+def test_the_events_stream_follows_the_owners_job_until_it_ends(world: ConsoleWorld) -> None:
+    run_id = world.jobs["followed"]
+    with (
+        _signed_in(world, "alice") as alice,
+        alice.stream("GET", f"/api/v1/jobs/{run_id}/events") as stream,
+    ):
+        assert stream.status_code == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        events = _events(stream.iter_lines())
+        name, first = next(events)
+        assert (name, first["run_id"], first["state"]) == ("job", run_id, "queued")
+        assert world.tp_cancel("alice", run_id, "cancelled with tp") == "cancelled"
+        name, changed = next(events)
+        assert (name, changed["state"]) == ("job", "cancelled")
+        assert "cancelled with tp" in changed["state_reason"]
+        # The Job has ended: the server ends the stream (no third event, no hang).
+        assert list(events) == []
+    assert world.job_state(run_id) == "cancelled"
+
+
 def test_the_openapi_schema_lists_the_routes(world: ConsoleWorld) -> None:
     with world.client() as client:
         schema = client.get("/api/v1/openapi.json").json()
@@ -214,7 +274,12 @@ def test_the_openapi_schema_lists_the_routes(world: ConsoleWorld) -> None:
         "/api/v1/jobs/{run_id}",
         "/api/v1/jobs/{run_id}/cancel",
         "/api/v1/jobs/{run_id}/events",
+        "/api/v1/jobs/{run_id}/metrics",
+        "/api/v1/jobs/{run_id}/series",
     }
+    series = paths["/api/v1/jobs/{run_id}/series"]["get"]
+    assert {p["name"] for p in series["parameters"]} >= {"tag", "from", "to", "buckets", "format"}
+    assert set(series["responses"]["200"]["content"]) == {"application/json", "text/csv"}
     cancel = paths["/api/v1/jobs/{run_id}/cancel"]["post"]
     assert any(p["name"] == "X-CSRF-Token" for p in cancel["parameters"])
     assert {p["name"] for p in paths["/api/v1/jobs"]["get"]["parameters"]} >= {

@@ -188,3 +188,65 @@ def test_folding_the_planned_blocks_equals_the_raw_downsampler(
     assert fold.last_steps() == [b.last_step for b in want]
     lasts = [max((r for r in rows if r[0] == b.last_step), key=lambda r: r[1])[2] for b in want]
     assert same(fold.buckets(lasts), want)
+
+
+def _fold_planned(
+    rows: list[tuple[int, int, float]], grid: Grid, window: bool
+) -> tuple[Fold, list[int]]:
+    """Fold what ``plan(grid, window)`` reads out of every summary of ``rows``."""
+    todo = plan(grid, window)
+    stored = summarise(rows)
+    fold = Fold(grid)
+    level, first, last = todo.top
+    fold.blocks(
+        row
+        for (lv, b), row in sorted(stored.items())
+        if lv == level and first <= b <= last and b not in todo.top_split
+    )
+    for lv, blocks in todo.levels:
+        fold.blocks(stored[(lv, b)] for b in blocks if (lv, b) in stored)
+    wanted = set(todo.steps)
+    fold.points((s, None if math.isnan(v) else v) for s, _, v in rows if s in wanted)
+    return fold, fold.last_steps()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(small_steps, values), min_size=1, max_size=80),
+    small_steps,
+    st.integers(0, 400),
+    st.integers(1, 60),
+)
+def test_a_window_folds_to_the_raw_downsampler_of_its_points_only(
+    points: list[tuple[int, float]], lo: int, extent: int, max_buckets: int
+) -> None:
+    """A zoomed read: points on both sides of ``[lo, hi]`` stay out of its buckets."""
+    rows = [(step, arrival, value) for arrival, (step, value) in enumerate(points)]
+    hi = lo + extent
+    inside = [r for r in rows if lo <= r[0] <= hi]
+    want = downsample(inside, lo, hi, max_buckets)
+    fold, last_steps = _fold_planned(rows, Grid.over(lo, hi, max_buckets), window=True)
+    assert last_steps == [b.last_step for b in want]
+    lasts = [max((r for r in rows if r[0] == b.last_step), key=lambda r: r[1])[2] for b in want]
+    assert same(fold.buckets(lasts), want)
+
+
+@settings(max_examples=300)
+@given(st.integers(-(10**6), 10**6), st.integers(0, 3000), st.integers(1, 500))
+def test_a_window_plan_reads_nothing_outside_its_range(
+    lo: int, extent: int, max_buckets: int
+) -> None:
+    grid = Grid.over(lo, lo + extent, max_buckets)
+    todo = plan(grid, window=True)
+    level, first, last = todo.top
+    blocks = [(level, b) for b in range(first, last + 1) if b not in todo.top_split]
+    blocks += [(lv, b) for lv, bs in todo.levels for b in bs]
+    pieces = sorted(
+        [(b * width(lv), (b + 1) * width(lv) - 1) for lv, b in blocks]
+        + [(s, s) for s in todo.steps]
+    )
+    assert pieces[0][0] == grid.lo and pieces[-1][1] == grid.hi  # unclamped: nothing past them
+    for (_, end), (start, _) in itertools.pairwise(pieces):
+        assert start == end + 1
+    for start, end in pieces:
+        assert grid.bucket(start) == grid.bucket(end)

@@ -20,8 +20,11 @@ from pathlib import Path
 import attrs
 import httpx
 
-from tests.coordinator.grpc_client import api_client, enroll, jobspec
+from tests.cli.tp_process import run_tp_as
+from tests.collector.delivery import Launched
+from tests.coordinator.grpc_client import api_client, bearer, enroll, jobspec, open_channel
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tuneplane.proto import v1
 
 CONSOLE_TOML = '\n[console]\nlisten = "127.0.0.1:0"\nsession_lifetime = "2h"\n'
 HTTP_TIMEOUT_S = 15.0
@@ -50,6 +53,16 @@ class ConsoleWorld:
                 return str((await api.job(run_id)).state)
 
         return asyncio.run(read())
+
+    def tp_cancel(self, who: str, run_id: str, reason: str) -> str:
+        """``tp job cancel`` as ``who``, a real tp process outside the console (so it also works
+        while a browser's event loop runs in this thread); the outcome CancelJob answered."""
+        token_file = self.coord.state_dir / f"{who}.token"
+        token_file.write_text(self.tokens[who] + "\n")
+        done = run_tp_as(self.coord, token_file, "job", "cancel", run_id, "--reason", reason,
+                         "--json")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return str(json.loads(done.stdout)["outcome"])
 
 
 def form_token(html: str) -> str:
@@ -89,3 +102,38 @@ def console_world(root: Path, labels: tuple[str, ...]) -> Iterator[ConsoleWorld]
 
         jobs = asyncio.run(submit())
         yield ConsoleWorld(coord, url, tokens, jobs, node.node_id)
+
+
+def ship_points(coord: CoordinatorProcess, who: Launched, tag: str, values: list[float]) -> None:
+    """Ship ``values`` (step i: values[i]) as ``tag`` through the real Ship RPC of the
+    telemetry listener, with the member's own collector credential, in batches as a collector
+    sends them."""
+    points = [
+        v1.MetricPoint(
+            source_id="report.rank0.jsonl",
+            offset=step * 10 + len(tag),
+            tag=tag,
+            step=step,
+            has_wall_time=True,
+            wall_time=1.7e9 + step,
+            value=value,
+        )
+        for step, value in enumerate(values)
+    ]
+
+    async def go() -> None:
+        channel = open_channel(coord.telemetry, coord.ca_path)
+        try:
+            stub = v1.TelemetryStub(channel, metadata=bearer(who.credential), timeout=30)
+            for start in range(0, len(points), 5000):
+                await stub.ship(
+                    v1.ShipRequest(
+                        member=who.member,
+                        points=points[start : start + 5000],
+                        progress=v1.CollectorProgress(spool_points=0),
+                    )
+                )
+        finally:
+            channel.close()
+
+    asyncio.run(go())
