@@ -22,7 +22,7 @@ from tuneplane.proto.contract import jobspec
 from . import journal_read
 from .image_ref import PREFIX, ImageRefError, parse_image_ref
 from .journal_records import MemberKey, MemberRecord
-from .members_prepare import LIVE_STATES
+from .member_state import LIVE_STATES
 from .prepare import JOBSPEC_FILE
 
 

@@ -94,6 +94,10 @@ TRANSITIONS: Mapping[MemberState, Mapping[MemberEvent, MemberState]] = {
 
 TERMINAL: frozenset[MemberState] = frozenset(s for s, moves in TRANSITIONS.items() if not moves)
 
+#: States of members that have not ended: the ones whose pool accounts are held, and whose
+#: runtime image the cache must keep.
+LIVE_STATES: frozenset[MemberState] = frozenset(MemberState) - TERMINAL
+
 #: States in which the member owns its GPUs (from prepared until it ends).
 OWNS_GPUS: frozenset[MemberState] = frozenset(
     {S.PREPARED, S.COMMITTED, S.STARTING, S.RUNNING, S.CANCELLING}

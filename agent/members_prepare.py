@@ -45,7 +45,7 @@ from .journal_records import (
 from .launch_plan import LAUNCHERS, UnknownLauncher, refused_loader_variable
 from .member_state import (
     COMMITTED_OR_LATER,
-    TERMINAL,
+    LIVE_STATES,
     IllegalTransition,
     MemberEvent,
     MemberState,
@@ -65,8 +65,6 @@ log = logging.getLogger(__name__)
 
 E = MemberEvent
 S = MemberState
-#: States of members that have not ended: the ones whose pool accounts are held.
-LIVE_STATES = frozenset(MemberState) - TERMINAL
 
 
 def runtime_of(spec: jobspec.JobSpec, policy: WorkloadPolicy) -> Runtime | ImageRef:
