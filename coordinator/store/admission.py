@@ -78,6 +78,7 @@ class Admission(StoreBase):
                         "Run `tp submit --preview` again and confirm the new preview."
                     )
                 spec = json.loads(resolved_json)
+                # A stored JobSpec without a runtime_id (an older Preview) is recorded with none.
                 summary = json.loads(summary_json)
                 res = spec["resources"]
                 await db.execute(
@@ -106,7 +107,7 @@ class Admission(StoreBase):
                         "admitted; waiting for free GPUs",
                         now,
                         now,
-                        spec["runtime_id"],
+                        spec.get("runtime_id", ""),
                     ),
                 )
                 await db.execute(
@@ -117,7 +118,7 @@ class Admission(StoreBase):
                     "preview_id": preview_id,
                     "digest": digest,
                     "owner": owner,
-                    "runtime_id": spec["runtime_id"],
+                    "runtime_id": spec.get("runtime_id", ""),
                 }
                 if summary.get("image_tag"):
                     # The image is pinned by digest; the tag it was resolved from at Preview.
