@@ -19,10 +19,10 @@ import pytest
 
 # Missing, the tests skip with a sentence (_require_browser), or fail under CI.
 with contextlib.suppress(ImportError):
-    from playwright.sync_api import Page, expect, sync_playwright
+    from playwright.sync_api import Page, expect
 
 from tests.support.accounts import require
-from tests.support.console import ConsoleWorld, console_world
+from tests.support.console import ConsoleWorld, console_world, playwright_session
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -71,7 +71,7 @@ def _sign_in(page: Page, world: ConsoleWorld, who: str) -> None:
 
 def test_sign_in_see_the_fleet_and_a_job_and_cancel_it(world: ConsoleWorld, tmp_path: Path) -> None:
     _require_browser()
-    with sync_playwright() as pw:
+    with playwright_session() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
             context = browser.new_context(ignore_https_errors=True)
@@ -128,7 +128,7 @@ def test_a_job_page_follows_a_cancel_made_elsewhere_without_a_reload(
     cancels the Job, and the open page shows it, in the same document."""
     _require_browser()
     run_id = world.jobs["live"]
-    with sync_playwright() as pw:
+    with playwright_session() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
             context = browser.new_context(ignore_https_errors=True)

@@ -25,7 +25,13 @@ import pytest
 
 from tests.collector.delivery import launch_member
 from tests.console.test_console_browser import ARGS, CHROMIUM, WAIT_MS, _require_browser
-from tests.support.console import CONSOLE_TOML, HTTP_TIMEOUT_S, ship_points, sign_in
+from tests.support.console import (
+    CONSOLE_TOML,
+    HTTP_TIMEOUT_S,
+    playwright_session,
+    ship_points,
+    sign_in,
+)
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 
 pytestmark = pytest.mark.timeout(240)
@@ -181,10 +187,10 @@ def _drawn(page: Any, figure: str) -> dict[str, Any]:
 
 def test_the_charts_page_draws_every_bucket_and_zooms(charted: Charted, tmp_path: Path) -> None:
     _require_browser()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     run_id = charted.run_id
-    with sync_playwright() as pw:
+    with playwright_session() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
             context = browser.new_context(

@@ -16,6 +16,7 @@ import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -137,3 +138,20 @@ def ship_points(coord: CoordinatorProcess, who: Launched, tag: str, values: list
             channel.close()
 
     asyncio.run(go())
+
+
+@contextmanager
+def playwright_session() -> Iterator[Any]:
+    """Playwright's sync API on a plain asyncio loop. Once any test in this pytest worker has
+    imported trio_asyncio (the agent's tests do), ``asyncio.new_event_loop()`` makes its own
+    loop, on which Playwright fails ("You can't nest calls to run_until_complete()"); an
+    explicit default policy gives Playwright a plain loop for this block, and None afterwards
+    hands new loops back to whoever made them before."""
+    from playwright.sync_api import sync_playwright
+
+    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+    try:
+        with sync_playwright() as pw:
+            yield pw
+    finally:
+        asyncio.set_event_loop_policy(None)
