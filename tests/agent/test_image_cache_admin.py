@@ -164,7 +164,7 @@ async def test_ls_shows_each_image_its_size_layers_and_users(
     assert lines[0].split()[:3] == ["IMAGE", "MANIFEST", "SIZE"]
     assert lines[1].startswith(str(two).removeprefix("image:")) and lines[1].endswith(str(user))
     assert lines[2].startswith(str(one).removeprefix("image:")) and lines[2].endswith("-")
-    assert lines[3].startswith(f"cache {state / 'images'}: 2 images")
+    assert lines[3].startswith(f"cache {default_image_root(state)}: 2 images")
 
 
 async def test_rm_is_refused_while_a_live_member_uses_the_image_and_changes_nothing(

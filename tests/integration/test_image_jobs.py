@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from grpclib.exceptions import GRPCError
 
 from tests.agent.jobs import job, journal, tp, wait_job
 from tests.coordinator.grpc_client import api_client, jobspec
@@ -84,11 +85,20 @@ def _registries_toml(registry: RegistryProcess) -> str:
     return f'[registries."{registry.address}"]\nca_file = "{registry.ca_file}"\n'
 
 
+def _fleet_registries_toml(registry: RegistryProcess, extra: str = "") -> str:
+    """The coordinator's access to ``registry`` for the default Fleet (Preview pins and checks
+    images there)."""
+    return (
+        f'[fleet.default.registries."{registry.address}"]\nca_file = "{registry.ca_file}"\n' + extra
+    )
+
+
 @contextmanager
 def _cluster(
     root: Path, registry: RegistryProcess, names: tuple[str, ...], **coordinator: Any
 ) -> Iterator[tuple[CoordinatorProcess, tuple[AgentProcess, ...]]]:
     """A coordinator and connected agents (h200:2 each) that reach ``registry`` with its CA."""
+    coordinator["config"] = coordinator.get("config", "") + _fleet_registries_toml(registry)
     with start_coordinator(root, **coordinator) as coord:
         agents: list[AgentProcess] = []
         try:
@@ -222,20 +232,31 @@ def test_a_process_group_runs_in_the_python_image_and_a_second_job_finds_it_cach
           f"cold {max(cold):.2f} s, warm {max(warm):.2f} s")  # fmt: skip
 
 
-def test_a_missing_image_aborts_the_job_with_a_sentence_naming_it_and_frees_the_gpus(
+def test_a_missing_image_is_refused_at_preview_and_a_lost_layer_aborts_at_prepare(
     two_nodes: tuple[CoordinatorProcess, AgentProcess, AgentProcess], registry: RegistryProcess
 ) -> None:
+    """An image the registry does not have never becomes a Job (Preview checks the digest); a
+    layer the registry loses after Preview aborts the attempt at Prepare with a sentence naming
+    the image, holding no GPU and making nothing of the member."""
     coord, a, b = two_nodes
     image = f"image:{registry.address}/team/never-pushed@sha256:{'ab' * 32}"
-    run_id = _submit(coord, _spec(image, TRAIN_PY, gpus=1, members=1), "image-missing")
+    with pytest.raises(GRPCError) as refused:
+        _submit(coord, _spec(image, TRAIN_PY, gpus=1, members=1), "image-missing")
+    assert f"{registry.address}/team/never-pushed" in str(refused.value.message), refused.value
+    assert "404" in str(refused.value.message), refused.value
+
+    layer = tar_layer([("etc/lost", os.urandom(4096))], gzipped=False)
+    pushed = registry.push_image("team/lost", [layer], layer_type=LAYER_TAR)
+    registry.blob_data(RegistryProcess.sha256(layer)).unlink()
+    run_id = _submit(coord, _spec(pushed.ref_text(registry.address), TRAIN_PY, 1, 1), "lost")
     done = wait_job(coord, run_id, 90)
     assert done["state"] == "aborted", done
     assert "refused Prepare" in done["state_reason"], done
-    assert f"{registry.address}/team/never-pushed" in done["state_reason"], done
+    assert f"{registry.address}/team/lost" in done["state_reason"], done
     (agent, member), = [(x, m) for x in (a, b) for m in _members(x, run_id)]  # fmt: skip
     assert member["state"] == "aborted"
     assert _kinds(_events(agent, member["member"]))[-2:] == ["image-pull-failed", "prepare-failed"]
-    # No GPU held, nothing of the member made, and the Node runs the next Job.
+    # No GPU held, nothing of the member made.
     assert held_gpus(a) == [] and held_gpus(b) == []
     assert not (agent.work_root / member["member"]).exists()
 
@@ -419,7 +440,8 @@ def test_a_registry_with_credentials_is_pulled_from_with_the_nodes_and_the_job_n
             f'[registries."{private.address}"]\nca_file = "{private.ca_file}"\n'
             f'username = "puller"\npassword_file = "{password}"\n'
         )
-        with start_coordinator(tmp_path) as coord:
+        login = f'username = "puller"\npassword_file = "{password}"\n'
+        with start_coordinator(tmp_path, config=_fleet_registries_toml(private, login)) as coord:
             agent = start_agent(tmp_path, coord, "node-c", "h200:2", node_toml=node_toml)
             try:
                 agent.wait_connected()

@@ -1,12 +1,13 @@
 """A Job's ``runtime_id`` is checked by the Node at Prepare against what it can run: a runtime
-whose interpreter is not an executable file on this Node (or an image not pinned by digest, or a
-runtime of no kind it knows) is refused with a sentence naming the
+whose interpreter is not an executable file on this Node (or a runtime of no kind it knows) is
+refused with a sentence naming the
 runtime and what the Node offers, before any account, file or process exists for the member and
 with its GPUs released; the Node keeps serving. Real coordinator, real agent."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,10 @@ from tests.coordinator.grpc_client import api_client, jobspec
 from tests.faults.jobs import held_gpus
 from tests.support.agent import start_agent
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tuneplane.agent.config import WorkloadPolicy
+from tuneplane.agent.members_prepare import runtime_of
+from tuneplane.agent.prepare import PrepareRefused
+from tuneplane.proto.contract import jobspec as contract_jobspec
 
 MISSING = "/opt/tuneplane-test-missing/python3"
 # host:python3 points at an interpreter this machine does not have; host:bash is real.
@@ -67,12 +72,6 @@ def test_the_node_refuses_at_prepare_a_runtime_it_cannot_run(
                 "/usr/local/bin:/usr/bin:/bin, as node.toml has no "
                 "[runtimes.tuneplane-no-such-program]) is not an executable file here."
             ),
-            # An image named by tag: the coordinator pins digests at Preview; a Node never pulls
-            # a tag.
-            "image:registry.example/trainer:2.4": (
-                "The image reference 'image:registry.example/trainer:2.4' names no digest "
-                "(resolve the tag '2.4' at Preview); a Node pulls images only by digest"
-            ),
             "conda:trainer": "is neither a host runtime nor an image; this Node runs " + OFFERS,
         }
         for n, (runtime_id, sentence) in enumerate(cases.items()):
@@ -96,3 +95,17 @@ def test_the_node_refuses_at_prepare_a_runtime_it_cannot_run(
         assert held_gpus(agent) == []
     finally:
         agent.stop()
+
+
+def test_the_node_refuses_an_image_named_by_tag() -> None:
+    """A tag never reaches a Node through a coordinator (Preview pins it, or refuses a registry
+    its Fleet does not list: tests/coordinator/test_image_pin.py), but a Node that is handed one
+    still refuses it rather than pull whatever the tag names today."""
+    spec: dict[str, Any] = jobspec(gpus=1)
+    spec["runtime_id"] = "image:registry.example/trainer:2.4"
+    with pytest.raises(PrepareRefused) as refused:
+        runtime_of(contract_jobspec.loads(json.dumps(spec)), WorkloadPolicy("pool"))
+    assert (
+        "The image reference 'image:registry.example/trainer:2.4' names no digest (resolve the "
+        "tag '2.4' at Preview); a Node pulls images only by digest"
+    ) in str(refused.value)
