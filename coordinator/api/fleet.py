@@ -24,11 +24,11 @@ from tuneplane.proto import v1
 
 from ..auth import PermissionDenied, bearer_token, hash_credential
 from ..clock import now_ms
+from ..executors.slurm import partition_view
 from ..faultpoint import faultpoint
 from ..gateways.heartbeats import HeartbeatBook
 from ..gateways.status import grpc_errors
 from ..queue_plan import PoolKey
-from ..slurm import partition_view
 from ..store import identity as store_identity
 from ..store.core import Store
 from ..store.fleet_views import fleet_views, node_view, node_views, resolve_node

@@ -17,7 +17,13 @@ import click
 from ..auth import JOIN_PREFIX, hash_credential, new_credential
 from ..clock import now_ms
 from ..config import load_config
-from ..slurm import SlurmError, SlurmNode, SlurmSettingsError, check_settings, probe_settings
+from ..executors.slurm import (
+    SlurmError,
+    SlurmNode,
+    SlurmSettingsError,
+    check_settings,
+    probe_settings,
+)
 from ..store.core import NotFound, Store
 from ..store.fleet_views import fleet_views
 from ..values.fleet import Fleet, SlurmSettings

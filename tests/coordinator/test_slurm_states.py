@@ -1,5 +1,5 @@
 """Slurm's job states read as TunePlane Job states, wait statuses, GRES text, tokens and the
-choice of OpenAPI version: the pure parts of tuneplane.coordinator.slurm."""
+choice of OpenAPI version: the pure parts of tuneplane.coordinator.executors.slurm."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuneplane.coordinator.lifecycle.states import JOB_TRANSITIONS, TERMINAL_JOB_STATES
-from tuneplane.coordinator.slurm import (
+from tuneplane.coordinator.executors.slurm import (
     FAILURE_REASONS,
     SLURM_TO_JOB_STATE,
     ExitStatus,
@@ -29,6 +28,7 @@ from tuneplane.coordinator.slurm import (
     read_token_file,
     token_user,
 )
+from tuneplane.coordinator.lifecycle.states import JOB_TRANSITIONS, TERMINAL_JOB_STATES
 
 # Every word Slurm 22.05's job_state_string() can return, and what each must read as.
 EXPECTED = {

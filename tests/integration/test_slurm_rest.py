@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from tests.support.slurm import GPUS_PER_NODE, SlurmCluster, slurm_cluster
-from tuneplane.coordinator.slurm import (
+from tuneplane.coordinator.executors.slurm import (
     ExitStatus,
     JobRequest,
     SlurmAuthRefused,
