@@ -45,6 +45,8 @@ MEMBERS_LINE = "members: "
 # In the marker: the folder in /var/tmp a root run kept the embedded PostgreSQL's data in.
 POSTGRES_LINE = "postgres: "
 AGENTS = ("node-a", "node-b")
+# The demo's coordinator serves its web console on a free loopback port (endpoints.json says which).
+CONSOLE_TOML = '\n[console]\nlisten = "127.0.0.1:0"\n'
 
 
 def _example_project(dest: Path) -> Path:
@@ -176,8 +178,20 @@ def main() -> None:
     help="Two coordinators on an embedded PostgreSQL (implies --store postgresql): the demo "
     "kills the leader with SIGKILL while the Job runs, and the standby takes over.",
 )
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="When the Job has ended, keep the coordinator (and so its web console) and the agents "
+    "running until Ctrl-C, so a person can look.",
+)
 def demo(
-    workdir: Path, experiment: str, profile: str, timeout: float, store: str | None, ha: bool
+    workdir: Path,
+    experiment: str,
+    profile: str,
+    timeout: float,
+    store: str | None,
+    ha: bool,
+    keep: bool,
 ) -> None:
     """Start a coordinator and two agents on loopback and run the example Job end to end."""
     console = Console()
@@ -202,9 +216,9 @@ def demo(
         created = _create_accounts(console, accounts.DEFAULT_POOL)
     try:
         if store == "postgresql":
-            ok = _on_postgres(console, workdir, experiment, profile, timeout, ha)
+            ok = _on_postgres(console, workdir, experiment, profile, timeout, ha, keep)
         else:
-            ok = _run_demo(console, workdir, experiment, profile, timeout)
+            ok = _run_demo(console, workdir, experiment, profile, timeout, keep=keep)
     finally:
         ok = _remove_accounts(console, created) and ok
     console.print("[green]demo succeeded[/]" if ok else "[red]demo failed[/]")
@@ -212,7 +226,13 @@ def demo(
 
 
 def _on_postgres(
-    console: Console, workdir: Path, experiment: str, profile: str, timeout: float, ha: bool
+    console: Console,
+    workdir: Path,
+    experiment: str,
+    profile: str,
+    timeout: float,
+    ha: bool,
+    keep: bool,
 ) -> bool:
     """The demo with its coordinator on an embedded PostgreSQL, stopped when the demo ends."""
     created: list[str] = []
@@ -231,7 +251,7 @@ def _on_postgres(
             console.print(
                 f"store: an embedded PostgreSQL, database {server.url} (data in {server.data})"
             )
-            ok = _run_demo(console, workdir, experiment, profile, timeout, server.url, ha)
+            ok = _run_demo(console, workdir, experiment, profile, timeout, server.url, ha, keep)
         finally:
             if server.stop():
                 console.print("stopped the embedded PostgreSQL")
@@ -243,6 +263,33 @@ def _on_postgres(
     return ok
 
 
+def console_line(cluster: LocalCluster) -> str:
+    """Where the demo's console is and how to sign in to it (``endpoints.json`` names it)."""
+    state = cluster.coordinator_dir
+    return (
+        f"console: {cluster.endpoints['console']}/ (sign in with the token in "
+        f"{state / 'admin.token'}; its certificate is from the demo's CA, "
+        f"{state / 'tls' / 'ca.pem'})"
+    )
+
+
+def _keep_open(console: Console, cluster: LocalCluster, run_id: str) -> None:
+    """Until Ctrl-C (or the coordinator ending by itself): the console stays up to look at."""
+    coordinator = cluster.coordinator
+    if coordinator is None or not coordinator.alive():
+        console.print("[red]--keep: the coordinator is not running, nothing to keep open[/]")
+        return
+    console.print(console_line(cluster), soft_wrap=True)
+    console.print(f"the Job's page: {cluster.endpoints['console']}/jobs/{run_id}")
+    console.print("--keep: the coordinator and agents stay up; press Ctrl-C to stop them")
+    try:
+        coordinator.popen.wait()
+    except KeyboardInterrupt:
+        console.print("Ctrl-C")
+        return
+    console.print(f"[red]the coordinator exited by itself ({coordinator.popen.returncode})[/]")
+
+
 def _run_demo(
     console: Console,
     workdir: Path,
@@ -251,11 +298,13 @@ def _run_demo(
     timeout: float,
     store_url: str = "",
     ha: bool = False,
+    keep: bool = False,
 ) -> bool:
     """The demo on a cluster in ``workdir``; with ``ha`` a standby too, and the leader killed
-    while the Job runs (:mod:`.ha`)."""
+    while the Job runs (:mod:`.ha`); with ``keep`` everything stays up until Ctrl-C once the Job
+    has ended."""
     ok = False
-    with LocalCluster(workdir, store_url=store_url) as cluster:
+    with LocalCluster(workdir, store_url=store_url, config=CONSOLE_TOML) as cluster:
         try:
             _note_member_root(console, cluster)
             cluster.start_coordinator()
@@ -263,6 +312,7 @@ def _run_demo(
                 f"coordinator: api {cluster.endpoints['api']}, control "
                 f"{cluster.endpoints['control']}, telemetry {cluster.endpoints['telemetry']} (TLS)"
             )
+            console.print(console_line(cluster), soft_wrap=True)
             if ha:
                 ha_run.start_standby(cluster)
                 console.print(
@@ -298,6 +348,8 @@ def _run_demo(
             ok = watch(history, timeout)
             if ok:
                 ok = chart(console, cluster, history.run_id, timeout)
+            if keep:
+                _keep_open(console, cluster, history.run_id)
         except ClusterError as exc:
             console.print(f"[red]demo failed:[/] {exc}")
             agents = [a.process for a in cluster.agents]

@@ -170,6 +170,8 @@ class LocalCluster:
     # The PostgreSQL database the coordinator keeps its stores in (``init --store``); "" for
     # the SQLite files of its state directory.
     store_url: str = ""
+    # TOML appended to the coordinator.toml that ``init`` writes (the demo's ``[console]``).
+    config: str = ""
     coordinator: ManagedProcess | None = None
     # The state directory (under ``root``) of the coordinator that ``tp`` and tokens go through.
     coordinator_name: str = "coordinator"
@@ -206,6 +208,9 @@ class LocalCluster:
                 [*COORDINATOR, "init", "--state-dir", str(state), *store],
                 "tuneplane-coordinator init",
             )
+            if self.config:
+                with (state / "coordinator.toml").open("a") as toml:
+                    toml.write(self.config)
         (state / "endpoints.json").unlink(missing_ok=True)
         self.coordinator = self.serve(self.coordinator_name)
         self.endpoints = _wait_for_file(state / "endpoints.json", self.coordinator, 60)

