@@ -98,8 +98,8 @@ def proto(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks: ``nox -s bench -- agent|coordinator|heartbeats|idle|images|telemetry`` (all when
-    none is named)."""
+    """Benchmarks: ``nox -s bench -- agent|console|coordinator|heartbeats|idle|images|telemetry``
+    (all when none is named)."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "bench", *session.posargs)
 
