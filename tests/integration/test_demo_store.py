@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import ssl
 import subprocess
 import sys
@@ -39,29 +40,31 @@ CONSOLE_LINE = re.compile(
 )
 
 
-def _console_answers(demo: subprocess.Popen[str], state: Path) -> str:
-    """Reads the demo's output up to its console line, checks the line names the demo's own
-    token and CA, and GETs the sign-in page over TLS verified against that CA (200) while the
-    demo still runs; returns what the demo printed so far."""
+def _read_until(demo: subprocess.Popen[str], pattern: re.Pattern[str]) -> tuple[str, re.Match[str]]:
+    """What the demo printed up to and including the first line matching ``pattern``."""
     assert demo.stdout is not None
     seen: list[str] = []
     for line in demo.stdout:
         seen.append(line)
-        found = CONSOLE_LINE.match(line.rstrip("\n"))
-        if found is None:
-            continue
-        url, token, ca = found.groups()
-        assert Path(token) == state / "admin.token" and Path(token).read_text().strip()
-        assert Path(ca) == state / "tls" / "ca.pem"
-        assert json.loads((state / "endpoints.json").read_text())["console"] == url
-        context = ssl.create_default_context(cafile=ca)
-        with httpx.Client(base_url=url, verify=context, timeout=15) as client:
-            page = client.get("/sign-in")
-        assert page.status_code == 200, page.text
-        assert 'name="token"' in page.text
-        assert demo.poll() is None  # the answer came from the running demo's coordinator
-        return "".join(seen)
-    raise AssertionError("the demo never printed its console line:\n" + "".join(seen))
+        found = pattern.match(line.rstrip("\n"))
+        if found is not None:
+            return "".join(seen), found
+    raise AssertionError(f"the demo never printed {pattern.pattern!r}:\n" + "".join(seen))
+
+
+def _console_answers(demo: subprocess.Popen[str], line: re.Match[str], state: Path) -> None:
+    """The console line names the demo's own token and CA, and the address it names serves the
+    sign-in page over TLS verified against that CA (200) while the demo still runs."""
+    url, token, ca = line.groups()
+    assert Path(token) == state / "admin.token" and Path(token).read_text().strip()
+    assert Path(ca) == state / "tls" / "ca.pem"
+    assert json.loads((state / "endpoints.json").read_text())["console"] == url
+    context = ssl.create_default_context(cafile=ca)
+    with httpx.Client(base_url=url, verify=context, timeout=15) as client:
+        page = client.get("/sign-in")
+    assert page.status_code == 200, page.text
+    assert 'name="token"' in page.text
+    assert demo.poll() is None  # the answer came from the running demo's coordinator
 
 
 def _postgres_processes(data: str) -> list[int]:
@@ -89,7 +92,8 @@ def test_the_demo_runs_its_job_end_to_end(store: str, tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         # While the demo runs (agents enroll after it prints the line), its console answers.
-        head = _console_answers(demo, workdir / "coordinator")
+        head, line = _read_until(demo, CONSOLE_LINE)
+        _console_answers(demo, line, workdir / "coordinator")
         rest, _ = demo.communicate(timeout=280)
     finally:
         if demo.poll() is None:
@@ -128,6 +132,34 @@ def _processes_naming(text: str) -> list[str]:
         if text in line:
             found.append(line)
     return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_demo_with_keep_holds_its_console_open_until_ctrl_c(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [DEMO, "demo", "--workdir", str(workdir), "--keep"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+        env={**os.environ, "COLUMNS": "250"},
+    )  # fmt: skip
+    try:
+        head, _ = _read_until(demo, re.compile(r"^--keep: .*press Ctrl-C to stop them$"))
+        # The Job has ended and its chart was printed, and the console still answers.
+        assert "job succeeded" in head and "telemetry delivered: 600 points" in head
+        (line,) = [m for m in map(CONSOLE_LINE.match, head.splitlines()[-3:]) if m]
+        _console_answers(demo, line, workdir / "coordinator")
+        job_page = re.search(r"^the Job's page: (https://\S+/jobs/\S+)$", head, re.MULTILINE)
+        assert job_page is not None and job_page.group(1).startswith(line.group(1) + "/jobs/")
+        demo.send_signal(signal.SIGINT)  # the demo alone, as Ctrl-C would reach it
+        rest, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, head + rest
+    assert "Ctrl-C" in rest and "demo succeeded" in rest
+    assert _processes_naming(str(workdir)) == []
 
 
 @pytest.mark.slow
