@@ -464,3 +464,46 @@ def test_a_registry_with_credentials_is_pulled_from_with_the_nodes_and_the_job_n
                 assert secret not in agent.read_log()
             finally:
                 agent.stop()
+
+
+def test_a_member_in_an_image_survives_an_agent_killed_while_it_runs(
+    tmp_path: Path, registry: RegistryProcess
+) -> None:
+    """As a host member does: the agent SIGKILLed while the member runs in its image, and
+    started again, adopts it; the workload is neither stopped nor started twice, and its exit
+    reaches the coordinator."""
+    busybox = rootfs.layer_tar(rootfs.busybox_root()).read_bytes()
+    pushed = registry.push_image(
+        "team/survivor", [busybox], config={"Env": ["PATH=/bin"]}, layer_type=LAYER_TAR
+    )
+    script = (
+        'echo "$$" >> "$TUNEPLANE_OUT_DIR/starts"\n'
+        'while [ ! -e "$TUNEPLANE_OUT_DIR/go" ]; do sleep 0.1; done\n'
+        'echo done > "$TUNEPLANE_OUT_DIR/finished"\n'
+    )
+    spec = jobspec(gpus=1)
+    spec["runtime_id"] = pushed.ref_text(registry.address)
+    spec["entrypoint"] = ["sh", "train.sh"]
+    spec["source_files"] = {"train.sh": base64.b64encode(script.encode()).decode()}
+    with _cluster(tmp_path, registry, ("node-s",)) as (coord, (agent,)):
+        run_id = _submit(coord, spec, "image-survivor")
+
+        def started() -> Path | None:
+            found = _members(agent, run_id)
+            if found and (Path(found[0]["out_dir"]) / "starts").exists():
+                return Path(found[0]["out_dir"])
+            return None
+
+        out_dir = wait_until("the member to start in its image", started, 120)
+        agent.kill()
+        # A Node gone quiet makes its members unknown, never failed.
+        assert job(coord, run_id)["state"] in ("running", "unknown")
+        agent.restart()
+        agent.wait_connected()
+        (out_dir / "go").write_text("")
+        done = wait_job(coord, run_id, 120)
+        assert done["state"] == "succeeded", done
+        # One start, before the kill: the restarted agent adopted the running workload.
+        assert len((out_dir / "starts").read_text().split()) == 1
+        assert (out_dir / "finished").read_text().strip() == "done"
+        assert held_gpus(agent) == []
