@@ -98,8 +98,10 @@ class AgentProcess:
         args = [
             "--config", str(self.config_path), "run", "--state-dir", str(self.state_dir),
             "--out-root", str(self.out_root), "--work-root", str(self.work_root),
-            "--image-root", str(self.image_root),
         ]  # fmt: skip
+        if not self.prefix_argv:
+            # A previous release's agent (prefix_argv) has no --image-root.
+            args += ["--image-root", str(self.image_root)]
         if self.simulate_gpus:
             args += ["--simulate-gpus", self.simulate_gpus]
         args += self.run_args
