@@ -16,7 +16,6 @@ from pathlib import Path
 from ..store_location import PostgresUrl
 from .defaults import CONFIG_NAME
 from .tables import (
-    check_keys,
     read_addresses,
     read_console,
     read_fleets,
@@ -29,7 +28,7 @@ from .tables import (
     read_store,
     take,
 )
-from .values import ConfigError, CoordinatorConfig, Profile, Series
+from .values import ConfigError, CoordinatorConfig, Profile, Series, check_keys
 
 # Keys a Series once required that placement never read; a config that still has them loads,
 # and each one becomes a warning naming it (never silently ignored, never a broken upgrade).

@@ -19,7 +19,6 @@ from typing import Any
 import attrs
 
 from tuneplane.agent.host_port import split_host_port
-from tuneplane.agent.image_ref import is_registry
 from tuneplane.agent.metrics_listener import (
     DEFAULT_COORDINATOR_PORT,
     MetricsConfigError,
@@ -34,17 +33,17 @@ from ..auth import (
 )
 from ..leadership import LeaseSettings, LeaseSettingsError
 from ..store_location import PostgresUrl, StoreUrlError, parse_store_url
+from .registries import read_registries
 from .values import (
     DEFAULT_CONSOLE_SESSION_S,
-    DEFAULT_REGISTRY_TIMEOUT_S,
     AddressSettings,
     ConfigError,
     ConsoleSettings,
     FleetSettings,
     Limits,
-    RegistrySettings,
     RuntimeSettings,
     Series,
+    check_keys,
     parse_duration,
 )
 
@@ -59,15 +58,6 @@ def take(table: Mapping[str, Any], key: str, kind: type, where: str, path: Path)
             f"but it must be a {kind.__name__}. Fix the value."
         )
     return value
-
-
-def check_keys(table: Mapping[str, Any], allowed: set[str], where: str, path: Path) -> None:
-    extra = sorted(set(table) - allowed)
-    if extra:
-        raise ConfigError(
-            f"{path}: [{where}] has unknown key(s) {', '.join(extra)}. "
-            f"Allowed keys are {', '.join(sorted(allowed))}."
-        )
 
 
 def read_store(table: Any, path: Path) -> PostgresUrl | None:
@@ -179,7 +169,7 @@ def read_fleets(raw: Any, path: Path) -> dict[str, FleetSettings]:
             )
         check_keys(table, {"max_disconnect", "shared_output_root", "registries"}, where, path)
         shared = _shared_output_root(table.get("shared_output_root", ""), where, path)
-        registries = _registries(table.get("registries", {}), where, path)
+        registries = read_registries(table.get("registries", {}), where, path)
         value = table.get("max_disconnect")
         if value is None:
             found[name] = FleetSettings(name, shared_output_root=shared, registries=registries)
@@ -193,81 +183,6 @@ def read_fleets(raw: Any, path: Path) -> dict[str, FleetSettings]:
             )
         found[name] = FleetSettings(name, seconds, value.strip(), shared, registries)
     return found
-
-
-_REGISTRY_KEYS = {"ca_file", "username", "password_file", "timeout_s"}
-
-
-def _registries(raw: object, fleet: str, path: Path) -> dict[str, RegistrySettings]:
-    """``[<fleet>.registries."<host[:port]>"]`` tables: ``ca_file``, ``username`` with
-    ``password_file``, and ``timeout_s``; every one optional, the paths absolute."""
-    example = f'[{fleet}.registries."registry.example.org:5000"]'
-    if not isinstance(raw, dict):
-        raise ConfigError(
-            f"{path}: {fleet}.registries must hold tables, one per registry: {example}."
-        )
-    found: dict[str, RegistrySettings] = {}
-    for registry, table in raw.items():
-        where = f'{fleet}.registries."{registry}"'
-        if not is_registry(registry):
-            raise ConfigError(
-                f"{path}: [{where}] does not name a registry. Write the registry as image "
-                "references name it, host[:port] in quotes, the host a name with a dot, "
-                f"localhost or an IP address: {example}."
-            )
-        if not isinstance(table, dict):
-            raise ConfigError(
-                f"{path}: {where} must be a table ([{where}] with ca_file, username and "
-                "password_file, each optional)."
-            )
-        check_keys(table, _REGISTRY_KEYS, where, path)
-        ca_file = _absolute_file(table, "ca_file", where, path)
-        password_file = _absolute_file(table, "password_file", where, path)
-        username = table.get("username")
-        if username is not None and (
-            type(username) is not str
-            or not username
-            or ":" in username
-            or not username.isprintable()
-        ):
-            raise ConfigError(
-                f"{path}: [{where}] username = {username!r} must be a non-empty string without "
-                "':' or control characters, the account the coordinator pulls manifests as."
-            )
-        if (username is None) != (password_file is None):
-            have, lack = (
-                ("username", "password_file") if username else ("password_file", "username")
-            )
-            raise ConfigError(
-                f"{path}: [{where}] has {have} but no {lack}. Set both (the password itself "
-                "stays in the file password_file names), or neither for anonymous pulls."
-            )
-        timeout = table.get("timeout_s", DEFAULT_REGISTRY_TIMEOUT_S)
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not (0 < timeout <= 60)
-        ):
-            raise ConfigError(
-                f"{path}: [{where}] timeout_s = {timeout!r} must be a number of seconds above 0 "
-                "and at most 60: how long a Preview waits for this registry."
-            )
-        found[registry] = RegistrySettings(
-            registry, ca_file, username, password_file, float(timeout)
-        )
-    return found
-
-
-def _absolute_file(table: Mapping[str, Any], key: str, where: str, path: Path) -> Path | None:
-    value = table.get(key)
-    if value is None:
-        return None
-    if type(value) is not str or not value.startswith("/") or "\0" in value:
-        raise ConfigError(
-            f"{path}: [{where}] {key} = {value!r} must be an absolute file path in quotes, "
-            f'e.g. {key} = "/etc/tuneplane/registry-{key.removesuffix("_file")}". Fix the value.'
-        )
-    return Path(value)
 
 
 def _shared_output_root(value: object, where: str, path: Path) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -36,6 +37,15 @@ def parse_duration(text: str) -> int | None:
 
 class ConfigError(ValueError):
     """``coordinator.toml`` is missing or wrong; ``str()`` names the file, the key and the fix."""
+
+
+def check_keys(table: Mapping[str, Any], allowed: set[str], where: str, path: Path) -> None:
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise ConfigError(
+            f"{path}: [{where}] has unknown key(s) {', '.join(extra)}. "
+            f"Allowed keys are {', '.join(sorted(allowed))}."
+        )
 
 
 @attrs.frozen

@@ -40,10 +40,16 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "store": frozenset({TOP, "values"}),
     "gateways": frozenset({TOP, "values", "wire", "store"}),
     "api": frozenset({TOP, "values", "wire", "store", "gateways"}),
-    "server": frozenset({TOP, "values", "wire", "store", "gateways", "api"}),
+    # The web console answers what the gRPC Api answers, through the same handlers' rules.
+    "console": frozenset({TOP, "values", "wire", "store", "gateways", "api"}),
+    "server": frozenset({TOP, "values", "wire", "store", "gateways", "api", "console"}),
     "tp": frozenset({TOP, "values", "wire"}),
-    "admin": frozenset({TOP, "values", "wire", "store", "gateways", "api", "server", "tp"}),
-    "demo": frozenset({TOP, "values", "wire", "store", "gateways", "api", "server", "tp", "admin"}),
+    "admin": frozenset(
+        {TOP, "values", "wire", "store", "gateways", "api", "console", "server", "tp"}
+    ),
+    "demo": frozenset(
+        {TOP, "values", "wire", "store", "gateways", "api", "console", "server", "tp", "admin"}
+    ),
 }
 DRIVERS = ("aiosqlite", "asyncpg", "sqlite3")
 SQL = re.compile(
