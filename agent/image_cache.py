@@ -224,13 +224,7 @@ class ImageCache:
         return ReadyImage(
             ref=ref,
             root=self.root_path(ref),
-            config=ImageConfig(
-                env=tuple(config["Env"]),
-                working_dir=config["WorkingDir"],
-                entrypoint=tuple(config["Entrypoint"]),
-                cmd=tuple(config["Cmd"]),
-                user=config["User"],
-            ),
+            config=ImageConfig.from_json(config),
             manifest_digest=record["manifest"],
             layers=len(record["layers"]),
             bytes=record["bytes"],

@@ -17,12 +17,12 @@ import subprocess
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from .image_manifest import ImageConfig
 from .image_sandbox import (
     DRIVER_BINARIES,
     HOST_FILES,
     DriverFiles,
     Entry,
-    ImageConfig,
     ImageSandbox,
     ImageSandboxError,
     ImageTree,

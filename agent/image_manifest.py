@@ -101,7 +101,12 @@ class Index:
 
 @attrs.frozen
 class ImageConfig:
-    """What of the image config says how a member's processes start in the image."""
+    """What of the image config says how a member's processes start in the image: ``env`` is
+    its ``Env`` (``NAME=value`` strings, in order), ``working_dir`` its ``WorkingDir`` ("" when
+    unset), ``entrypoint`` and ``cmd`` its ``Entrypoint`` and ``Cmd``. ``user`` is kept to be
+    shown, never honoured (see :mod:`.image_sandbox`'s rules). Read by :func:`read_config`;
+    :meth:`to_json` and :meth:`from_json` are its form in the cache's image record.
+    """
 
     env: tuple[str, ...] = ()
     working_dir: str = ""
@@ -117,6 +122,16 @@ class ImageConfig:
             "Cmd": list(self.cmd),
             "User": self.user,
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ImageConfig:
+        return cls(
+            env=tuple(data["Env"]),
+            working_dir=data["WorkingDir"],
+            entrypoint=tuple(data["Entrypoint"]),
+            cmd=tuple(data["Cmd"]),
+            user=data["User"],
+        )
 
 
 def host_platform() -> Platform:
@@ -198,7 +213,8 @@ def select_manifest(index: Index, want: Platform, where: str) -> Descriptor:
 
 
 def read_config(data: bytes, where: str) -> ImageConfig:
-    """Env, WorkingDir, Entrypoint, Cmd and User of the image config in ``data``."""
+    """Env, WorkingDir, Entrypoint, Cmd and User of the image config in ``data``, checked so
+    that a member can be started from them (refused at pull time, not at launch)."""
     if len(data) > MAX_CONFIG_BYTES:
         raise ManifestRefused(
             f"The config of {where} is {len(data)} bytes, more than the {MAX_CONFIG_BYTES} a "
@@ -212,25 +228,49 @@ def read_config(data: bytes, where: str) -> ImageConfig:
     if config is None:
         return ImageConfig()
     if not isinstance(config, dict):
-        raise ManifestRefused(f"The config of {where} has a 'config' that is not an object.")
+        raise ManifestRefused(
+            f"The config of {where} has a 'config' that is not an object; rebuild the image "
+            "with a valid configuration."
+        )
 
     def strings(key: str) -> tuple[str, ...]:
-        value = config.get(key) or []
+        value = config.get(key)
+        if value is None:
+            return ()
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ManifestRefused(
-                f"The config of {where} has {key} {value!r}, which is not a list of strings."
+                f"The config of {where} has {key} {value!r}, which is not a list of strings; "
+                "rebuild the image with a valid configuration."
             )
         return tuple(value)
 
     def text(key: str) -> str:
-        value = config.get(key) or ""
+        value = config.get(key)
+        if value is None:
+            return ""
         if not isinstance(value, str):
-            raise ManifestRefused(f"The config of {where} has {key} {value!r}, not a string.")
+            raise ManifestRefused(
+                f"The config of {where} has {key} {value!r}, which is not a string; rebuild "
+                "the image with a valid configuration."
+            )
         return value
 
+    env = strings("Env")
+    for entry in env:
+        if "=" not in entry or entry.startswith("="):
+            raise ManifestRefused(
+                f"The config of {where} has an Env entry {entry!r} that is not NAME=value; "
+                "rebuild the image with its ENV lines as NAME=value."
+            )
+    working_dir = text("WorkingDir")
+    if working_dir and not working_dir.startswith("/"):
+        raise ManifestRefused(
+            f"The config of {where} has WorkingDir {working_dir!r}, which is not an absolute "
+            "path; rebuild the image with an absolute WORKDIR."
+        )
     return ImageConfig(
-        env=strings("Env"),
-        working_dir=text("WorkingDir"),
+        env=env,
+        working_dir=working_dir,
         entrypoint=strings("Entrypoint"),
         cmd=strings("Cmd"),
         user=text("User"),

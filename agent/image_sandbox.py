@@ -43,6 +43,7 @@ from typing import Literal
 
 import attrs
 
+from .image_manifest import ImageConfig
 from .sandbox import BWRAP
 
 #: Where the host's driver libraries and tools appear in the image (nvidia-docker's directories).
@@ -80,76 +81,6 @@ Kind = Literal["dir", "file", "link", "missing"]
 
 class ImageSandboxError(ValueError):
     """The image cannot be run as asked. ``str()`` names what was wrong and how to fix it."""
-
-
-@attrs.frozen
-class ImageConfig:
-    """What the sandbox uses of an OCI image's configuration (the image config's ``config``).
-
-    ``env`` is the image's ``Env`` (``NAME=value`` strings, in order), ``working_dir`` its
-    ``WorkingDir`` ("" when unset), ``entrypoint`` and ``cmd`` its ``Entrypoint`` and ``Cmd``.
-    ``user`` is kept to be shown, never honoured (see the module's rules).
-    """
-
-    env: tuple[str, ...] = ()
-    working_dir: str = ""
-    entrypoint: tuple[str, ...] = ()
-    cmd: tuple[str, ...] = ()
-    user: str = ""
-
-
-def _strings(raw: Mapping[str, object], field: str, source: str) -> tuple[str, ...]:
-    value = raw.get(field)
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ImageSandboxError(
-            f"The image config {source} has {field}={value!r}, which is not a list of strings; "
-            "rebuild the image with a valid configuration."
-        )
-    return tuple(value)
-
-
-def image_config(raw: object, source: str) -> ImageConfig:
-    """The :class:`ImageConfig` of an image config's ``config`` object (JSON already decoded).
-
-    ``source`` names the image in errors. A missing ``config`` (``None``) is an empty one.
-    """
-    if raw is None:
-        return ImageConfig()
-    if not isinstance(raw, dict):
-        raise ImageSandboxError(
-            f"The image config {source} has a 'config' that is not a JSON object; rebuild the "
-            "image with a valid configuration."
-        )
-    env = _strings(raw, "Env", source)
-    for entry in env:
-        if "=" not in entry or entry.startswith("="):
-            raise ImageSandboxError(
-                f"The image config {source} has an Env entry {entry!r} that is not NAME=value; "
-                "rebuild the image with its ENV lines as NAME=value."
-            )
-    working_dir = raw.get("WorkingDir")
-    working_dir = "" if working_dir is None else working_dir
-    user = raw.get("User")
-    user = "" if user is None else user
-    if not isinstance(working_dir, str) or (working_dir and not working_dir.startswith("/")):
-        raise ImageSandboxError(
-            f"The image config {source} has WorkingDir={working_dir!r}, which is not an absolute "
-            "path; rebuild the image with an absolute WORKDIR."
-        )
-    if not isinstance(user, str):
-        raise ImageSandboxError(
-            f"The image config {source} has User={user!r}, which is not a string; rebuild the "
-            "image with a valid configuration."
-        )
-    return ImageConfig(
-        env=env,
-        working_dir=working_dir,
-        entrypoint=_strings(raw, "Entrypoint", source),
-        cmd=_strings(raw, "Cmd", source),
-        user=user,
-    )
 
 
 def image_command(config: ImageConfig, command: Sequence[str]) -> tuple[str, ...]:

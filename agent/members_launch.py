@@ -15,7 +15,6 @@ import logging
 import os
 from pathlib import Path
 
-import attrs
 import trio
 
 from tuneplane.proto.contract import jobspec
@@ -28,7 +27,7 @@ from .config import Runtime
 from .crashpoint import crashpoint
 from .image_cache import ReadyImage
 from .image_ref import ImageRef
-from .image_sandbox import ImageConfig, ImageSandboxError, image_command, image_env
+from .image_sandbox import ImageSandboxError, image_command, image_env
 from .init_from import ENV_NAME as INIT_FROM_ENV
 from .init_from import INIT_FROM_DIR
 from .inventory import Inventory
@@ -160,7 +159,7 @@ class MemberLaunches(MemberExits):
             # isolation says (agent/image_sandbox.py): the image's Env, then the Job's, then
             # TunePlane's; the recipe's command after the image's Entrypoint.
             try:
-                config = ImageConfig(**attrs.asdict(image.config))
+                config = image.config
                 box = image_host.member_sandbox(
                     root=image.root, work_dir=lease.work_dir, out_dir=out_dir,
                     telemetry_dir=telemetry, gpus=gpus, driver_version=inventory.driver_version,

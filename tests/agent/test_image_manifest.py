@@ -116,6 +116,33 @@ def test_the_config_gives_env_workdir_entrypoint_cmd_and_user() -> None:
         read_config(json.dumps({"config": {"Env": "A=1"}}).encode(), "w")
 
 
+def test_a_config_a_member_cannot_start_from_is_refused_at_pull_with_a_sentence() -> None:
+    fields = {"Env": ["PATH=/opt/bin:/usr/bin", "A=1=2"], "WorkingDir": None,
+              "Entrypoint": ["/entry.sh"], "Cmd": None, "User": "1000:1000"}  # fmt: skip
+    config = {"config": fields}
+    assert read_config(json.dumps(config).encode(), "r/i@sha256:ab") == ImageConfig(
+        env=("PATH=/opt/bin:/usr/bin", "A=1=2"), entrypoint=("/entry.sh",), user="1000:1000"
+    )
+    refusals = [
+        ({"Env": ["JUSTANAME"]}, "Env entry 'JUSTANAME' that is not NAME=value"),
+        ({"Env": ["=x"]}, "Env entry '=x' that is not NAME=value"),
+        ({"Cmd": "python3 x.py"}, "Cmd 'python3 x.py', which is not a list of strings"),
+        ({"WorkingDir": "rel/dir"}, "WorkingDir 'rel/dir', which is not an absolute path"),
+        ({"User": 0}, "User 0, which is not a string"),
+        (["not", "an", "object"], "a 'config' that is not an object"),
+    ]
+    for bad, says in refusals:
+        with pytest.raises(ManifestRefused) as caught:
+            read_config(json.dumps({"config": bad}).encode(), "r/i@sha256:ab")
+        assert says in str(caught.value) and "r/i@sha256:ab" in str(caught.value)
+        assert "rebuild the image" in str(caught.value)
+
+
+def test_the_config_round_trips_through_the_cache_record() -> None:
+    config = ImageConfig(("A=1",), "/w", ("/e",), ("sh", "-c"), "app")
+    assert ImageConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+
+
 def _manifest(layer_digests: list[str]) -> Manifest:
     def desc(hex_: str) -> Descriptor:
         return Descriptor(LAYER, hex_ * 64, 1)

@@ -25,18 +25,17 @@ import trio
 from tests.runner.members import member_launch, prepared, wait_observation, wait_until
 from tests.support import accounts, rootfs
 from tuneplane.agent import image_host, image_sandbox
+from tuneplane.agent.image_manifest import ImageConfig
 from tuneplane.agent.image_sandbox import (
     NVIDIA_BIN_DIR,
     NVIDIA_LIB_DIR,
     DriverFiles,
     Entry,
-    ImageConfig,
     ImageSandbox,
     ImageSandboxError,
     ImageTree,
     LdCacheEntry,
     image_command,
-    image_config,
     image_cwd,
     image_env,
 )
@@ -168,32 +167,6 @@ def test_a_recipe_command_runs_in_the_work_dir_and_the_images_own_in_its_working
     assert image_cwd(image, ("bash", "train.sh"), work) == str(work)
     assert image_cwd(image, (), work) == "/workspace"
     assert image_cwd(ImageConfig(cmd=("sh",)), (), work) == "/"
-
-
-def test_an_image_config_is_read_field_by_field_and_refused_with_a_sentence() -> None:
-    raw = {
-        "Env": ["PATH=/opt/bin:/usr/bin", "A=1=2"],
-        "WorkingDir": "/workspace",
-        "Entrypoint": ["/entry.sh"],
-        "Cmd": None,
-        "User": "1000:1000",
-    }
-    assert image_config(raw, "reg/img@sha256:ab") == ImageConfig(
-        env=("PATH=/opt/bin:/usr/bin", "A=1=2"), working_dir="/workspace",
-        entrypoint=("/entry.sh",), user="1000:1000",
-    )  # fmt: skip
-    assert image_config(None, "x") == ImageConfig()
-    refusals = [
-        ({"Env": ["JUSTANAME"]}, "Env entry 'JUSTANAME' that is not NAME=value"),
-        ({"Cmd": "python3 x.py"}, "Cmd='python3 x.py', which is not a list of strings"),
-        ({"WorkingDir": "rel/dir"}, "WorkingDir='rel/dir', which is not an absolute path"),
-        ({"User": 0}, "User=0, which is not a string"),
-    ]
-    for bad, says in refusals:
-        with pytest.raises(ImageSandboxError) as caught:
-            image_config(bad, "reg/img@sha256:ab")
-        assert says in str(caught.value) and "reg/img@sha256:ab" in str(caught.value)
-        assert "rebuild the image" in str(caught.value)
 
 
 def test_the_image_env_yields_to_the_job_and_both_to_tuneplanes_names() -> None:
