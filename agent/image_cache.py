@@ -23,7 +23,7 @@ Rules:
   an flock across processes, so concurrent ``ensure`` calls of one image pull each blob once and
   a second agent (or a restarted one) waits, then finds it ready or resumes it.
 - Unpacking runs in a worker thread; the event loop only waits for it.
-- Removal (``tuneplane-node images``, the size limit) is agent/image_store.py's: it waits for
+- Removal (``tuneplane-node images``, the size limit) is agent/image_removal.py's: it waits for
   the cache's lock, which every pull holds shared, so it never removes what a pull writes.
   With a :class:`CacheLimit`, a pull that completes evicts least recently used images; that
   never fails the pull (it is logged).
@@ -63,13 +63,15 @@ from .image_manifest import (
 )
 from .image_pull import RegistryAccess, RegistryClient
 from .image_ref import ImageRef
-from .image_store import (
+from .image_removal import (
     Eviction,
     evict,
+    remove_tree,
+)
+from .image_store import (
     gc_lock_path,
     keep_root_bytes,
     mark_used,
-    remove_tree,
     try_lock,
 )
 from .image_usage import ImageUsage

@@ -1,5 +1,5 @@
 """``tuneplane-node images ls|rm|prune``: the operator's view of the runtime image cache
-(``<state dir>/images``) and its removals.
+(``image_root``: ``tuneplane-images`` beside the state directory unless set) and its removals.
 
 Rules: ``ls`` only reads. ``rm`` and ``prune`` wait for the pulls in progress (the cache's lock,
 agent/image_store.py), never remove an image a live member uses (the journal, read-only), and
@@ -21,19 +21,23 @@ import click
 
 from .cli_settings import images_settings
 from .cli_support import duration_s, image_root_option, ms_text, sentences, state_dir_option
+from .image_removal import (
+    OutsideCache,
+    Removed,
+    busy_documents,
+    carry_out,
+)
+from .image_removal_plan import (
+    Removal,
+    plan_eviction,
+    plan_prune,
+    plan_removal,
+)
 from .image_store import (
     DEFAULT_PARTIAL_AGE_S,
     CacheContents,
     CacheRefused,
-    OutsideCache,
-    Removal,
-    Removed,
-    busy_documents,
     cache_directory,
-    carry_out,
-    plan_eviction,
-    plan_prune,
-    plan_removal,
     removing,
     scan,
 )
