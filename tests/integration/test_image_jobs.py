@@ -36,6 +36,7 @@ from tests.support.oci_registry import (
     start_registry,
     tar_layer,
 )
+from tests.support.payloads import MEET_PY
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +44,10 @@ DEBIAN_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 # Two ranks on two Nodes: each imports the module only the image has, records what it saw, and
 # they meet at the rendezvous (rank 0 listens, rank 1 connects and says its rank).
-TRAIN_PY = r"""
-import json, os, socket, sys, time
+TRAIN_PY = (
+    MEET_PY
+    + r"""
+import json, os, sys
 from pathlib import Path
 
 import tp_image_only
@@ -60,25 +63,10 @@ seen = {
 }
 (out / f"seen-{rank}.json").write_text(json.dumps(seen))
 addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-if rank == 0:
-    server = socket.create_server(addr)
-    server.settimeout(60)
-    conn, _ = server.accept()
-    peer = int(conn.makefile().readline())
-else:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            conn = socket.create_connection(addr, timeout=5)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    conn.sendall(f"{rank}\n".encode())
-    peer = 0
-(out / f"met-{rank}.json").write_text(json.dumps(sorted([rank, peer])))
+met = meet(rank, world, addr)
+(out / f"met-{rank}.json").write_text(json.dumps(met))
 """
+)
 
 
 def _registries_toml(registry: RegistryProcess) -> str:

@@ -24,6 +24,7 @@ from tests.support import accounts
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.netns import Network, open_network, require_netns
+from tests.support.payloads import MEET_PY
 
 pytestmark = pytest.mark.slow
 
@@ -86,8 +87,10 @@ def test_hosts_reach_each_other_by_name_and_a_cut_link_heals() -> None:
 # Rank 0 listens at MASTER_ADDR:MASTER_PORT, the other ranks connect (retrying until it is up)
 # and say their rank; once all are in, rank 0 answers everyone and every rank trains alone: a
 # metric and a log line per step, 40 steps, or (hold mode) until the release file appears.
-TRAIN_PY = r"""
-import json, os, socket, sys, time
+TRAIN_PY = (
+    MEET_PY
+    + r"""
+import os, sys, time
 from pathlib import Path
 from tuneplane.report import finish, init, log
 
@@ -95,32 +98,7 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 out = Path(os.environ["TUNEPLANE_OUT_DIR"])
 mode = (Path.cwd() / "mode.txt").read_text().strip()
 addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-if rank == 0:
-    server = socket.create_server(addr)
-    server.settimeout(60)
-    peers, seen = [], [0]
-    while len(seen) < world:
-        conn, _ = server.accept()
-        seen.append(int(conn.makefile().readline()))
-        peers.append(conn)
-    for conn in peers:
-        conn.sendall((json.dumps(sorted(seen)) + "\n").encode())
-        conn.close()
-    server.close()
-    met = sorted(seen)
-else:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            conn = socket.create_connection(addr, timeout=5)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    conn.sendall(f"{rank}\n".encode())
-    met = json.loads(conn.makefile().readline())
-    conn.close()
+met = meet(rank, world, addr)
 print(f"rank {rank} met {met} at {addr[0]}:{addr[1]}", flush=True)
 init({"lr": 0.1})
 release = Path(mode[len("hold:"):]) if mode.startswith("hold:") else None
@@ -138,6 +116,7 @@ while True:
 finish()
 (out / f"steps-{rank}.txt").write_text(str(step))
 """
+)
 
 HEARTBEAT_TIMEOUT_S = 3.0
 

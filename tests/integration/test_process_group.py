@@ -15,14 +15,17 @@ from tests.agent.jobs import job, journal, wait_job
 from tests.faults.jobs import held_gpus, project, submit
 from tests.support.agent import AgentProcess, two_agents, wait_until
 from tests.support.coordinator import CoordinatorProcess
+from tests.support.payloads import MEET_PY
 
 pytestmark = pytest.mark.slow
 
 # Rank 0 listens at MASTER_ADDR:MASTER_PORT; every other rank connects (retrying until rank 0
 # is up) and says its rank; rank 0 answers everyone with the sorted list once all WORLD_SIZE
 # ranks are in. Every process records its environment, so the test can check what it saw.
-TRAIN_PY = r"""
-import json, os, socket, sys, time
+TRAIN_PY = (
+    MEET_PY
+    + r"""
+import json, os, sys, time
 from pathlib import Path
 
 NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES",
@@ -45,33 +48,10 @@ if mode == "fail":
         time.sleep(300)  # a sibling that would wait forever: the runner must stop it
     sys.exit(0)
 addr = (env["MASTER_ADDR"], int(env["MASTER_PORT"]))
-if rank == 0:
-    server = socket.create_server(addr)
-    server.settimeout(60)
-    peers, seen = [], [0]
-    while len(seen) < world:
-        conn, _ = server.accept()
-        seen.append(int(conn.makefile().readline()))
-        peers.append(conn)
-    answer = (json.dumps(sorted(seen)) + "\n").encode()
-    for conn in peers:
-        conn.sendall(answer)
-        conn.close()
-    result = sorted(seen)
-else:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            conn = socket.create_connection(addr, timeout=5)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    conn.sendall(f"{rank}\n".encode())
-    result = json.loads(conn.makefile().readline())
+result = meet(rank, world, addr)
 (out / f"met-{rank}.json").write_text(json.dumps(result))
 """
+)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import psutil
 
 from tests.support import accounts, processes
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tests.support.processes import stop_cleanly, track, untrack
+from tests.support.processes import kill_now, stop_cleanly, track, untrack
 from tuneplane.collector.template import COLLECTOR_NAME
 
 CONNECT_TIMEOUT_S = 30.0
@@ -184,10 +184,7 @@ class AgentProcess:
         if proc is None:
             return
         self._proc = None
-        untrack(proc)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        kill_now(proc)
 
     def restart(self, env: Mapping[str, str] | None = None) -> None:
         """Stop (or reap) the daemon and run it again on the same state directory."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.support.processes import stop_cleanly, track, untrack
+from tests.support.processes import kill_now, stop_cleanly, track, untrack
 from tests.support.store_backend import current, read, where_in
 from tuneplane.coordinator.store.core import Store
 
@@ -233,10 +233,7 @@ class CoordinatorProcess:
         if proc is None:
             return
         self._proc = None
-        untrack(proc)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        kill_now(proc)
 
     def restart(self, env: Mapping[str, str] | None = None) -> None:
         """Stop (if running) and start again on the same ports, so Nodes can reconnect."""

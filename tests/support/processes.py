@@ -38,6 +38,14 @@ def untrack(proc: subprocess.Popen[bytes]) -> None:
     _LIVE.discard(proc)
 
 
+def kill_now(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc`` (unless it has exited) and reap it: the crash a daemon must survive."""
+    untrack(proc)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
 
 
