@@ -23,40 +23,29 @@ from tests.agent.jobs import job, journal, tp, wait_job
 from tests.faults.jobs import held_gpus, project, submit
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.payloads import MEET_PY
 from tuneplane.agent import rendezvous as rdv
 
 pytestmark = pytest.mark.slow
 
 UNREACHABLE = "203.0.113.7"  # TEST-NET-3 (RFC 5737): routed nowhere that answers
 
-# Rank 0 binds the rendezvous port (free again: the Node's listener let go of it) and waits for
-# every other rank; each records what it saw.
-TRAIN_PY = r"""
-import json, os, socket, time
+# The ranks meet at the rendezvous (rank 0 binds its port, free again once the Node's listener let
+# go of it); each records what it saw.
+TRAIN_PY = (
+    MEET_PY
+    + r"""
+import json, os
 from pathlib import Path
 
 NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME",
          "GLOO_SOCKET_IFNAME")
 env = {name: os.environ.get(name) for name in NAMES}
 rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-addr = (env["MASTER_ADDR"], int(env["MASTER_PORT"]))
-if rank == 0:
-    server = socket.create_server(("", addr[1]))
-    server.settimeout(60)
-    for _ in range(world - 1):
-        server.accept()[0].close()
-else:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(addr, timeout=5).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+meet(rank, world, (env["MASTER_ADDR"], int(env["MASTER_PORT"])))
 Path(os.environ["TUNEPLANE_OUT_DIR"], f"env-{rank}.json").write_text(json.dumps(env))
 """
+)
 
 
 @pytest.fixture(scope="module")

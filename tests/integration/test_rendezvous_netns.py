@@ -30,36 +30,25 @@ from tests.faults.jobs import held_gpus
 from tests.support.agent import AgentProcess, start_agent, wait_until
 from tests.support.coordinator import CoordinatorProcess, admin_argv, start_coordinator
 from tests.support.netns import Network, open_network, require_netns
+from tests.support.payloads import MEET_PY
 from tuneplane.agent import rendezvous as rdv
 
 pytestmark = pytest.mark.slow
 
-TRAIN_PY = r"""
-import json, os, socket, time
+TRAIN_PY = (
+    MEET_PY
+    + r"""
+import json, os
 from pathlib import Path
 
 NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME",
          "GLOO_SOCKET_IFNAME")
 env = {name: os.environ.get(name) for name in NAMES}
 rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-addr = (env["MASTER_ADDR"], int(env["MASTER_PORT"]))
-if rank == 0:
-    server = socket.create_server(("", addr[1]))
-    server.settimeout(60)
-    for _ in range(world - 1):
-        server.accept()[0].close()
-else:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(addr, timeout=5).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+meet(rank, world, (env["MASTER_ADDR"], int(env["MASTER_PORT"])))
 Path(os.environ["TUNEPLANE_OUT_DIR"], f"env-{rank}.json").write_text(json.dumps(env))
 """
+)
 
 
 class Site:
