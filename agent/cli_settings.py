@@ -15,6 +15,7 @@ import click
 
 from . import config as node_config
 from . import workload_checks
+from .config_registries import registries_settings
 from .image_access import RegistryAccess
 from .metrics_listener import MetricsListener
 
@@ -64,7 +65,7 @@ def registries() -> dict[str, RegistryAccess]:
     only: the secrets stay in the agent); none without the tables or without a node.toml."""
     found = click.get_current_context().find_root().obj
     if isinstance(found, NodeSettings) and found.values is not None:
-        return node_config.registries_settings(found.values, found.path)
+        return registries_settings(found.values, found.path)
     return {}
 
 

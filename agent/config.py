@@ -18,8 +18,11 @@ from typing import Any
 
 import attrs
 
+from .config_registries import registries_settings
+from .config_tables import DEFAULT_PATH as DEFAULT_PATH
+from .config_tables import NodeConfigError as NodeConfigError
+from .config_tables import check_table
 from .host_port import split_host_port
-from .image_access import RegistryAccess
 from .metrics_listener import (
     DEFAULT_NODE_PORT,
     MetricsConfigError,
@@ -28,7 +31,6 @@ from .metrics_listener import (
 )
 from .sizes import parse_size
 
-DEFAULT_PATH = Path("/etc/tuneplane/node.toml")
 DEFAULT_WORK_ROOT = Path("/var/lib/tuneplane-work")
 # Where a runtime without its own [runtimes.<name>] table looks for its interpreter, and the
 # PATH its workloads get: the distribution's directories, never the agent's own PATH.
@@ -77,11 +79,6 @@ _ACCOUNT_KEYS: Mapping[str, type] = {"mode": str, "pool": list, "prefix": str, "
 _RUNTIME_KEYS: Mapping[str, type] = {"path": str, "interpreter": str, "allow_loader_env": bool}
 _TELEMETRY_KEYS: Mapping[str, type] = {"system_interval_s": float, "max_files": int}
 _OUTPUTS_KEYS: Mapping[str, type] = {"listen": str, "advertise": str}
-_REGISTRY_KEYS: Mapping[str, type] = {"ca_file": str, "username": str, "password_file": str}
-# A registry as image references name it: a host name or address, an optional port.
-_REGISTRY_HOST = re.compile(
-    r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)(:[0-9]{1,5})?$"
-)
 #: Where a Node serves its ended members' outputs unless [outputs] listen says otherwise.
 DEFAULT_OUTPUTS_LISTEN = "0.0.0.0:7463"
 _HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
@@ -90,10 +87,6 @@ MAX_TELEMETRY_FILES = 100_000
 # The most seconds between system samples (an hour), as `run --system-interval` accepts.
 MAX_SYSTEM_INTERVAL_S = 3600.0
 _ACCOUNT_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
-
-
-class NodeConfigError(ValueError):
-    """node.toml cannot be used; the message says which key and how to fix it."""
 
 
 @attrs.frozen
@@ -175,29 +168,8 @@ def default_policy(euid: int) -> WorkloadPolicy:
     return WorkloadPolicy(mode="agent", defaulted=True)
 
 
-def _type_name(kind: type) -> str:
-    return {str: "a string", int: "an integer", bool: "true or false", list: "a list",
-            dict: "a table", float: "a number of seconds"}[kind]  # fmt: skip
-
-
-def _check_table(path: Path, where: str, raw: Mapping[str, Any], keys: Mapping[str, type]) -> None:
-    for key, value in raw.items():
-        if key not in keys:
-            known = ", ".join(sorted(keys))
-            raise NodeConfigError(
-                f"{path}: unknown key '{where}.{key}'. Known keys of [{where}] are {known}; "
-                "remove or rename it."
-            )
-        kind = keys[key]
-        if type(value) is not kind:
-            raise NodeConfigError(
-                f"{path}: '{where}.{key}' must be {_type_name(kind)}, not "
-                f"{type(value).__name__} ({value!r}). Fix its value."
-            )
-
-
 def _accounts(path: Path, raw: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
-    _check_table(path, "accounts", raw, _ACCOUNT_KEYS)
+    check_table(path, "accounts", raw, _ACCOUNT_KEYS)
     mode = raw.get("mode")
     if mode not in ACCOUNT_MODES:
         raise NodeConfigError(
@@ -255,7 +227,7 @@ def _runtimes(path: Path, raw: Mapping[str, Any]) -> dict[str, Runtime]:
             raise NodeConfigError(
                 f"{path}: '{where}' must be a table ([{where}] with path and interpreter)."
             )
-        _check_table(path, where, table, _RUNTIME_KEYS)
+        check_table(path, where, table, _RUNTIME_KEYS)
         for key in ("path", "interpreter"):
             if key not in table:
                 raise NodeConfigError(f"{path}: [{where}] has no '{key}'; add it.")
@@ -284,7 +256,7 @@ def _telemetry(path: Path, raw: Mapping[str, Any]) -> dict[str, Any]:
     table = dict(raw)
     if type(table.get("system_interval_s")) is int:
         table["system_interval_s"] = float(table["system_interval_s"])
-    _check_table(path, "telemetry", table, _TELEMETRY_KEYS)
+    check_table(path, "telemetry", table, _TELEMETRY_KEYS)
     interval = table.get("system_interval_s")
     if interval is not None and not 0 <= interval <= MAX_SYSTEM_INTERVAL_S:
         raise NodeConfigError(
@@ -367,7 +339,7 @@ def outputs_settings(settings: Mapping[str, Any], path: Path | None = None) -> O
     otherwise; ``listen = ""`` turns it off. A malformed value names the key and the fix."""
     where = path or DEFAULT_PATH
     raw = settings.get("outputs", {})
-    _check_table(where, "outputs", raw, _OUTPUTS_KEYS)
+    check_table(where, "outputs", raw, _OUTPUTS_KEYS)
     listen = raw.get("listen", DEFAULT_OUTPUTS_LISTEN).strip()
     advertise = raw.get("advertise", "").strip()
     if listen:
@@ -471,93 +443,3 @@ def default_map(settings: Mapping[str, Any]) -> dict[str, Any]:
             else:
                 defaults.setdefault(command, {})[key] = value
     return defaults
-
-
-def registries_settings(
-    settings: Mapping[str, Any], path: Path | None = None, *, read_files: bool = True
-) -> dict[str, RegistryAccess]:
-    """How this Node reaches each registry node.toml names (``[registries."host[:port]"]``):
-    ``ca_file`` (a PEM bundle; the system's CAs when unset), ``username`` and ``password_file``.
-
-    The password is read here, by the agent, and only from a file no group or other user can
-    read, owned by root or the agent's own user: it never reaches a workload, an argument list
-    or a log. ``read_files=False`` checks the keys only (every command reads node.toml; only
-    ``run`` reads the secrets).
-    """
-    where = path or DEFAULT_PATH
-    raw = settings.get("registries", {})
-    found: dict[str, RegistryAccess] = {}
-    for host, table in raw.items():
-        name = f'registries."{host}"'
-        if not _REGISTRY_HOST.match(host):
-            raise NodeConfigError(
-                f"{where}: [{name}] does not name a registry; write its host and optional port "
-                'as images name it, e.g. [registries."registry.example:5000"].'
-            )
-        if not isinstance(table, dict):
-            raise NodeConfigError(
-                f"{where}: '{name}' must be a table ([{name}] with ca_file, username and "
-                "password_file)."
-            )
-        _check_table(where, name, table, _REGISTRY_KEYS)
-        for key in ("ca_file", "password_file"):
-            if key in table and not table[key].startswith("/"):
-                raise NodeConfigError(
-                    f"{where}: '{name}.{key}' = {table[key]!r} is not an absolute path; give "
-                    "the full path of the file."
-                )
-        if ("username" in table) != ("password_file" in table):
-            raise NodeConfigError(
-                f"{where}: [{name}] gives {'username' if 'username' in table else 'password_file'}"
-                " without "
-                f"{'password_file' if 'username' in table else 'username'}; give both, or "
-                "neither for a registry that needs no credentials."
-            )
-        ca_file = Path(table["ca_file"]) if "ca_file" in table else None
-        password = None
-        if read_files:
-            if ca_file is not None and not os.access(ca_file, os.R_OK):
-                raise NodeConfigError(
-                    f"{where}: '{name}.ca_file' = {str(ca_file)!r} cannot be read by the agent; "
-                    "put the registry's CA bundle (PEM) there or fix the path."
-                )
-            if "password_file" in table:
-                password = _read_password(Path(table["password_file"]), where, name)
-        found[host] = RegistryAccess(
-            ca_file=ca_file, username=table.get("username"), password=password
-        )
-    return found
-
-
-def _read_password(file: Path, where: Path, name: str) -> str:
-    """The registry password in ``file`` (its first line), refused unless only its owner, root
-    or the agent's own user, can read it."""
-    try:
-        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise NodeConfigError(
-            f"{where}: '{name}.password_file' = {str(file)!r} cannot be opened "
-            f"({exc.strerror}); put the registry password there or fix the path."
-        ) from None
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if info.st_mode & 0o077:
-            raise NodeConfigError(
-                f"{where}: '{name}.password_file' = {str(file)!r} can be read by its group or "
-                f"other users (mode {info.st_mode & 0o777:04o}); make it readable by its owner "
-                f"only: chmod 600 {file}."
-            )
-        if info.st_uid not in (0, os.geteuid()):
-            raise NodeConfigError(
-                f"{where}: '{name}.password_file' = {str(file)!r} is owned by uid "
-                f"{info.st_uid}, neither root nor the agent's user; chown it to root (or the "
-                "agent's user)."
-            )
-        text = fh.read().decode("utf-8", errors="replace")
-    password = text.splitlines()[0] if text else ""
-    if not password:
-        raise NodeConfigError(
-            f"{where}: '{name}.password_file' = {str(file)!r} is empty; write the registry "
-            "password on its first line."
-        )
-    return password

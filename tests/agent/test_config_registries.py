@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuneplane.agent import config
+from tuneplane.agent.config_registries import registries_settings
 from tuneplane.agent.image_access import RegistryAccess
 
 
@@ -31,7 +32,7 @@ def test_a_registry_table_gives_its_ca_and_the_password_from_a_private_file(
         0o644,
     )
     settings = config.load(node_toml)
-    found = config.registries_settings(settings, node_toml)
+    found = registries_settings(settings, node_toml)
     assert found == {
         "registry.example:5000": RegistryAccess(ca, "puller", "s3cret"),
         "127.0.0.1:5001": RegistryAccess(None, None, None),
@@ -74,12 +75,12 @@ def test_a_password_file_its_group_or_others_can_read_is_refused(tmp_path: Path)
     )
     settings = config.load(node_toml)  # the keys are right: only `run` reads the file
     with pytest.raises(config.NodeConfigError) as refused:
-        config.registries_settings(settings, node_toml)
+        registries_settings(settings, node_toml)
     message = str(refused.value)
     assert "can be read by its group or other users (mode 0640)" in message
     assert f"chmod 600 {secret}" in message and "s3cret" not in message
     os.chmod(secret, 0o600)
-    assert config.registries_settings(settings, node_toml)["registry.example"].password == "s3cret"
+    assert registries_settings(settings, node_toml)["registry.example"].password == "s3cret"
 
 
 def test_a_missing_or_empty_password_file_and_an_unreadable_ca_are_refused(
@@ -94,5 +95,5 @@ def test_a_missing_or_empty_password_file_and_an_unreadable_ca_are_refused(
     for body, expected in cases.items():
         node_toml = _write(tmp_path / "node.toml", f'[registries."r.example"]\n{body}', 0o644)
         with pytest.raises(config.NodeConfigError) as refused:
-            config.registries_settings(config.load(node_toml), node_toml)
+            registries_settings(config.load(node_toml), node_toml)
         assert expected in str(refused.value), body
