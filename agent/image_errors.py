@@ -28,6 +28,15 @@ class RegistryFailed(ImageError):
     """The registry answered, but with an HTTP status a pull cannot go on from."""
 
 
+class RegistryBusy(RegistryFailed):
+    """The registry answered 429 or a 5xx that it may recover from: retried, with the pause it
+    asks for (``retry_after_s``, from ``Retry-After``) when it names one."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ManifestRefused(ImageError):
     """The manifest (or image index, or config) is too large, malformed, of a media type
     TunePlane does not run, or has no manifest for this Node's platform."""

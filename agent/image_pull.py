@@ -50,6 +50,7 @@ from .image_errors import (
     ImageNotFound,
     ManifestRefused,
     RegistryAuthRefused,
+    RegistryBusy,
     RegistryFailed,
     RegistryUnreachable,
 )
@@ -57,6 +58,10 @@ from .image_manifest import ACCEPT, MAX_MANIFEST_BYTES, Descriptor, read_documen
 
 #: Bytes read from the socket per write to the partial file (one worker-thread hop each).
 CHUNK = 1 << 20
+#: Answers a registry gives while overloaded or restarting: retried like a dropped connection.
+BUSY_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: The longest pause between tries, whatever the backoff or a Retry-After asks.
+MAX_PAUSE_S = 8.0
 _CHALLENGE_PARAM = re.compile(r'\s*([A-Za-z0-9_.-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))\s*,?')
 
 
@@ -103,6 +108,20 @@ class PullStatistics:
     restarts: int = 0
     blob_bytes: int = 0
     retries: int = 0
+
+
+def retry_after(header: str) -> float | None:
+    """The seconds a ``Retry-After`` header asks for; None when it gives none this client reads
+    (an HTTP date is not read: the backoff applies)."""
+    text = header.strip()
+    return float(text) if text.isdigit() else None
+
+
+def retry_pause(first_pause: float, attempt: int, asked: float | None) -> float:
+    """How long to wait before try ``attempt + 2``: the doubling backoff, or longer when the
+    registry asked for longer, never over :data:`MAX_PAUSE_S`."""
+    backoff: float = first_pause * 2.0**attempt
+    return min(max(backoff, asked or 0.0), MAX_PAUSE_S)
 
 
 class RegistryClient:
@@ -200,7 +219,7 @@ class RegistryClient:
                         headers.get("Content-Type", ""),
                         headers.get("Docker-Content-Digest", "").strip(),
                     )
-            except httpx.TransportError as exc:
+            except (httpx.TransportError, RegistryBusy) as exc:
                 await self._pause_or_raise(attempt, where, exc, resumes=False)
         raise AssertionError("unreachable: the last attempt raises")
 
@@ -232,7 +251,7 @@ class RegistryClient:
                         break
                     # The body ended early without a transport error: resume like a drop.
                     raise httpx.RemoteProtocolError("the response ended before the blob did")
-                except httpx.TransportError as exc:
+                except (httpx.TransportError, RegistryBusy) as exc:
                     await self._pause_or_raise(attempt, where, exc)
             await anyio.to_thread.run_sync(writer.finish, dest)
         finally:
@@ -395,6 +414,12 @@ class RegistryClient:
                 "name and the digest, and that the image was pushed to this registry."
             )
         text = response.text[:200].strip()
+        if status in BUSY_STATUSES:
+            return RegistryBusy(
+                f"The registry {self.registry} answered HTTP {status} for {where}"
+                f"{f' ({text})' if text else ''}",
+                retry_after(response.headers.get("Retry-After", "")),
+            )
         return RegistryFailed(
             f"The registry {self.registry} answered HTTP {status} for {where}"
             f"{f' ({text})' if text else ''}; the pull cannot go on from that."
@@ -403,19 +428,23 @@ class RegistryClient:
     async def _pause_or_raise(
         self, attempt: int, where: str, exc: Exception, resumes: bool = True
     ) -> None:
+        kept = "what was pulled is kept and the next pull resumes it"
+        if attempt >= self.retries and isinstance(exc, RegistryBusy):
+            then = f"{kept}; pull again" if resumes else "try again"
+            raise RegistryFailed(
+                f"{exc}{f', {attempt + 1} times in a row' if attempt else ''}; {then} once the "
+                "registry is healthy."
+            ) from None
         if attempt >= self.retries:
-            then = (
-                "what was pulled is kept and the next pull resumes it"
-                if resumes
-                else "check that it is up and that this machine reaches it"
-            )
+            then = kept if resumes else "check that it is up and that this machine reaches it"
             raise RegistryUnreachable(
                 f"The registry {self.registry} could not be reached for {where} after "
                 f"{attempt + 1} tries ({type(exc).__name__}: {exc or 'connection lost'}); "
                 f"{then}."
             ) from None
         self.stats.retries += 1
-        await anyio.sleep(min(self.first_pause * 2**attempt, 8.0))
+        asked = exc.retry_after_s if isinstance(exc, RegistryBusy) else None
+        await anyio.sleep(retry_pause(self.first_pause, attempt, asked))
 
 
 def _tls_context(ca_file: Path | None, registry: str) -> ssl.SSLContext:

@@ -4,6 +4,7 @@ registry being SIGKILLed mid-blob. Every path written is under the test's tmp_pa
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tarfile
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.support.busy_proxy import busy_proxy
 from tests.support.oci_registry import LAYER_TAR, RegistryProcess, start_registry, tar_layer
 from tuneplane.agent.image_cache import ImageCache, PullProgress
 from tuneplane.agent.image_errors import (
@@ -20,9 +22,10 @@ from tuneplane.agent.image_errors import (
     ImageNotFound,
     ImageRefused,
     RegistryAuthRefused,
+    RegistryFailed,
 )
 from tuneplane.agent.image_manifest import ImageConfig
-from tuneplane.agent.image_pull import RegistryAccess
+from tuneplane.agent.image_pull import MAX_PAUSE_S, RegistryAccess, retry_after, retry_pause
 from tuneplane.agent.image_ref import ImageRef, parse_image_ref
 
 pytestmark = pytest.mark.timeout(120)
@@ -292,3 +295,55 @@ def test_tar_layer_helper_writes_what_it_is_given() -> None:
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         member = tar.extractfile("a/b")
         assert member is not None and member.read() == b"data"
+
+
+async def test_a_registry_answering_busy_is_retried_with_the_pause_it_asks_for(
+    tmp_path: Path, registry: RegistryProcess
+) -> None:
+    layer = tar_layer([("app/main.py", b"print('up')\n")])
+    pushed = registry.push_image("team/busy", [layer])
+    # An overloaded registry behind its load balancer: the manifest twice, a blob once.
+    failures = {"/manifests/": [503, 429], "/blobs/": [502]}
+    with busy_proxy(registry, failures, retry_after="0") as proxy:
+        ref = parse_image_ref(pushed.ref_text(proxy.address))
+        cache = ImageCache(
+            tmp_path / "cache",
+            {proxy.address: RegistryAccess(ca_file=registry.ca_file)},
+            client_options={"first_pause": 0.01, "retries": 3},
+        )
+        ready = await cache.ensure(ref)
+    assert (ready.root / "app" / "main.py").read_bytes() == b"print('up')\n"
+    assert sorted(status for _, status in proxy.failed()) == [429, 502, 503]
+    (client,) = cache.clients
+    assert client.stats.retries == 3
+
+
+async def test_a_registry_that_stays_busy_fails_the_pull_with_a_sentence(
+    tmp_path: Path, registry: RegistryProcess
+) -> None:
+    layer = tar_layer([("big.bin", os.urandom(1 << 16))], gzipped=False)
+    pushed = registry.push_image("team/down", [layer], layer_type=LAYER_TAR)
+    layer_hex = hashlib.sha256(layer).hexdigest()
+    with busy_proxy(registry, {f"/blobs/sha256:{layer_hex}": [503] * 10}) as proxy:
+        ref = parse_image_ref(pushed.ref_text(proxy.address))
+        cache = ImageCache(
+            tmp_path / "cache",
+            {proxy.address: RegistryAccess(ca_file=registry.ca_file)},
+            client_options={"first_pause": 0.01, "retries": 2},
+        )
+        with pytest.raises(RegistryFailed) as caught:
+            await cache.ensure(ref)
+    message = str(caught.value)
+    assert f"answered HTTP 503 for {proxy.address}/team/down@sha256:{layer_hex}" in message
+    assert "3 times in a row" in message and "once the registry is healthy" in message
+    assert len(proxy.failed()) == 3  # the first try and two retries, no more
+    assert layer_hex not in _cached_blobs(tmp_path)
+    assert not (tmp_path / "cache" / "roots").exists()
+
+
+def test_the_pause_doubles_honours_retry_after_and_is_capped() -> None:
+    assert [retry_pause(0.25, n, None) for n in range(4)] == [0.25, 0.5, 1.0, 2.0]
+    assert retry_pause(0.25, 0, 3.0) == 3.0 and retry_pause(0.25, 2, 0.1) == 1.0
+    assert retry_pause(0.25, 10, None) == MAX_PAUSE_S and retry_pause(0.25, 0, 60) == MAX_PAUSE_S
+    assert retry_after("5") == 5.0 and retry_after(" 0 ") == 0.0
+    assert retry_after("Wed, 21 Oct 2026 07:28:00 GMT") is None and retry_after("") is None
