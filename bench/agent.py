@@ -55,6 +55,7 @@ from tuneplane.coordinator.cli.connection import resolve_connection
 from tuneplane.coordinator.demo import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
 
+from ._launch_trace import job_steps, trace_lines
 from ._slurm import SlurmCluster, slurm_cluster
 from ._slurm_runs import LAUNCH_GOALS, launch_lines
 
@@ -91,6 +92,8 @@ class Sample:
     running_s: float
     exited_s: float
     succeeded_s: float
+    # Each recorded step, ms after submit (bench/_launch_trace.py).
+    steps: dict[str, float] = attrs.field(factory=dict, eq=False)
 
 
 def _jobspec(size: Size, i: int) -> str:
@@ -175,10 +178,16 @@ async def _one_job(cluster: LocalCluster, api: ApiClient, size: Size, i: int) ->
             f"benchmark Job {run_id} left {count} start records for {size.processes} "
             f"processes and {len(exits)} exit records for {size.members} members"
         )
+    steps = job_steps(
+        run_id, t0, cluster.coordinator_dir / "coordinator.db",
+        [(a.name, a.state_dir) for a in cluster.agents], _boot_skew(),
+    )  # fmt: skip
+    steps["client: saw succeeded"] = (seen - t0) * 1000
     return Sample(
         running_s=running - t0,
         exited_s=_max_float(exits, "finished_at") - t0,
         succeeded_s=seen - t0,
+        steps=steps,
     )
 
 
@@ -231,6 +240,8 @@ def _report(size: Size, samples: list[Sample], srun: list[float]) -> None:
         )
     if srun:
         print("\n".join(launch_lines(size.processes, [s.exited_s for s in samples], srun)))
+    if size.members == 1:
+        print("\n".join(trace_lines([s.steps for s in samples])))
 
 
 def bench_size(root: Path, size: Size, pool: list[str], slurm: SlurmCluster | None) -> None:
