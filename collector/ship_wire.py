@@ -134,6 +134,47 @@ def columns(points: Sequence[SpooledPoint]) -> v1.PointColumns:
     )
 
 
+def ship_request(
+    member: tuple[str, int, int],
+    points: Sequence[SpooledPoint],
+    progress: Progress,
+    marks: Sequence[Mark] = (),
+) -> v1.ShipRequest:
+    """The ShipRequest that stores ``points`` and ``marks`` of ``member`` (run id, attempt,
+    index) and says where the collector stands (``progress``)."""
+    run_id, attempt, index = member
+    restarts, hparams = mark_messages(marks)
+    return v1.ShipRequest(
+        restarts=restarts,
+        hparams=hparams,
+        member=v1.MemberRef(run_id=run_id, attempt=attempt, member_index=index),
+        columns=columns(points),
+        progress=v1.CollectorProgress(
+            spool_points=progress.spool_points,
+            backpressure=progress.backpressure,
+            member_exited=progress.member_exited,
+            drained=progress.drained,
+            warnings=progress.warnings,
+            data_loss_warnings=progress.data_loss_warnings,
+        ),
+    )
+
+
+def warm_messages() -> None:
+    """Encode a ShipRequest of every kind of field and decode a ShipReply once, so a collector
+    forked from the template (collector/template.py) inherits betterproto's per-class metadata
+    (type hints, defaults, field tables) instead of building it again at its first ship."""
+    point = SpooledPoint(1, "source", 0, 0, "tag", 1, 1.0, 0.5)
+    marks: list[Mark] = [
+        RestartMark("s", "source", 0, 1, ("tag",), 1.0),
+        HParamsMark("s", "source", 0, 0, (("lr", "0.1"),), ("tag",)),
+    ]
+    request = ship_request(("run", 1, 0), [point], Progress(1, False, False, False, 0, 0), marks)
+    v1.ShipRequest().parse(bytes(request))
+    reply = v1.ShipReply(stored=1, refused=[v1.RefusedPoint(index=0, reason="r")])
+    v1.ShipReply().parse(bytes(reply))
+
+
 def mark_messages(marks: Sequence[Mark]) -> tuple[list[v1.RestartMark], list[v1.HParamsMark]]:
     """``marks`` as the ``restarts`` and ``hparams`` of a ShipRequest."""
     restarts: list[v1.RestartMark] = []
@@ -194,22 +235,7 @@ class TelemetryClient:
             token = read_credential(self._credential_file)
         except CollectorConfigError as exc:
             raise ShipFailed(str(exc)) from None
-        run_id, attempt, index = member
-        restarts, hparams = mark_messages(marks)
-        request = v1.ShipRequest(
-            restarts=restarts,
-            hparams=hparams,
-            member=v1.MemberRef(run_id=run_id, attempt=attempt, member_index=index),
-            columns=columns(points),
-            progress=v1.CollectorProgress(
-                spool_points=progress.spool_points,
-                backpressure=progress.backpressure,
-                member_exited=progress.member_exited,
-                drained=progress.drained,
-                warnings=progress.warnings,
-                data_loss_warnings=progress.data_loss_warnings,
-            ),
-        )
+        request = ship_request(member, points, progress, marks)
         stub = v1.TelemetryStub(
             self._channels[at], metadata={"authorization": f"Bearer {token}"}, timeout=DEADLINE_S
         )

@@ -215,6 +215,8 @@ def run_template() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in RUN_MODULES:
         importlib.import_module(name)
+    # What the first ship would build in every child is built once, here.
+    importlib.import_module("tuneplane.collector.ship_wire").warm_messages()
     sock = socket.socket(fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

@@ -203,3 +203,12 @@ def test_setting_a_oneof_member_clears_its_siblings_the_same(plan: Any) -> None:
 
     plain, fast = both(work)
     assert fast == plain
+
+
+def test_a_message_is_told_from_other_values_as_isinstance_tells() -> None:
+    messages = [cls() for cls in vars(v1).values()
+                if isinstance(cls, type) and issubclass(cls, betterproto.Message)]  # fmt: skip
+    others: list[object] = [b"", "", 0, 0.5, [], {}, None, True, object(), betterproto.Message]
+    assert len(messages) > 50
+    for value in [*messages, *others]:
+        assert message_speed._is_message(value) is isinstance(value, betterproto.Message), value
