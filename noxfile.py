@@ -31,7 +31,7 @@ def tests(session: nox.Session) -> None:
     """Install TunePlane with its test extras and run the whole suite.
 
     As root (CI), the distribution's packages in ``wanted`` below are installed when missing
-    (bubblewrap, faketime, prometheus for promtool, the Distribution registry and htpasswd,
+    (bubblewrap, faketime, strace, prometheus for promtool, the Distribution registry and htpasswd,
     busybox-static and debootstrap for the image tests' root filesystems, chromium for the
     console's browser tests, Slurm with slurmrestd and its JWT plugin for the Slurm Fleet
     tests), so the tests that need them run instead of skipping (under CI=true a missing
@@ -45,6 +45,8 @@ def tests(session: nox.Session) -> None:
     wanted = {
         "bubblewrap": "bwrap",
         "faketime": "faketime",
+        # Durability tests watch a real process's fsync and rename calls.
+        "strace": "strace",
         "prometheus": "promtool",
         # A real OCI registry for the runtime image tests, and htpasswd for its users.
         "docker-registry": "docker-registry",

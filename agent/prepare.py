@@ -21,7 +21,7 @@ import attrs
 from tuneplane.proto.contract.input_checks import InputRefused, check_file_name
 
 from . import runner_pyz
-from .atomic_file import write_atomic
+from .atomic_file import DirSync, make_dirs, make_parents, write_atomic
 from .inventory import Inventory
 from .journal_records import MemberKey
 from .runner_pyz import CAPSULE_DIR as CAPSULE_DIR
@@ -135,9 +135,9 @@ def _digest_matches(data: bytes, expected: str) -> bool:
     return algorithm == "sha256" and hashlib.sha256(data).hexdigest() == value.lower()
 
 
-def _write_checked(path: Path, data: bytes, digest: str | None, what: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, data, 0o644)
+def _write_checked(path: Path, data: bytes, digest: str | None, what: str, synced: DirSync) -> None:
+    make_parents(path, synced)
+    write_atomic(path, data, 0o644, dir_sync=synced)
     if digest is not None and not _digest_matches(path.read_bytes(), digest):
         raise PrepareRefused(
             f"The {what} {path.name} does not match its digest {digest} after writing; the "
@@ -184,24 +184,33 @@ def materialise(
     for name in capsule_files:
         _safe_relative(name, "capsule file")
     work = work_dir if work_dir is not None else member_dir / WORK_DIR
-    work.mkdir(parents=True, exist_ok=True)
-    write_atomic(member_dir / JOBSPEC_FILE, jobspec_json.encode(), 0o644)
+    # One fsync per directory, once every file is written: nothing is promised before this
+    # returns (Prepare answers after it), so that is as durable as one per file.
+    synced = DirSync()
+    make_dirs(work, synced)
+    write_atomic(member_dir / JOBSPEC_FILE, jobspec_json.encode(), 0o644, dir_sync=synced)
     for name, content in source_files.items():
         rel = _safe_relative(name, "experiment file")
         try:
             data = base64.b64decode(content, validate=True)
         except ValueError:
             raise PrepareRefused(f"The experiment file {name} is not valid base64.") from None
-        _write_checked(work / rel, data, None, "experiment file")
+        _write_checked(work / rel, data, None, "experiment file", synced)
     for name, data in capsule_files.items():
         rel = _safe_relative(name, "capsule file")
-        _write_checked(work / CAPSULE_DIR / rel, data, capsule_digests[name], "capsule file")
+        _write_checked(
+            work / CAPSULE_DIR / rel, data, capsule_digests[name], "capsule file", synced
+        )
     try:
-        runner_pyz.materialise(work / CAPSULE_DIR)
+        make_dirs(work / CAPSULE_DIR, synced)
+        runner_pyz.materialise(work / CAPSULE_DIR, synced)
         if work != member_dir / WORK_DIR:
-            runner_pyz.materialise(runner_pyz.capsule_dir(member_dir))
+            sealed = runner_pyz.capsule_dir(member_dir)
+            make_dirs(sealed, synced)
+            runner_pyz.materialise(sealed, synced)
     except runner_pyz.RunnerPyzError as exc:
         raise PrepareRefused(str(exc)) from None
+    synced.flush()
     return work
 
 

@@ -26,7 +26,7 @@ import marshal
 import zipfile
 from pathlib import Path
 
-from .atomic_file import write_atomic
+from .atomic_file import DirSync, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +135,9 @@ def own_digest() -> str:
     return _sha256(build())
 
 
-def materialise(capsule: Path) -> str:
+def materialise(capsule: Path, dir_sync: DirSync | None = None) -> str:
     """Write ``runner.pyz`` and ``runner.sha256`` into ``capsule``; return the sha256 (hex).
+    With ``dir_sync``, ``capsule`` is fsynced at its flush (the caller's Prepare), not here.
 
     Idempotent: a second Prepare writes the same bytes again. A file already there with other
     bytes (edited, or left by an older runner) is replaced and the replacement is logged. The
@@ -152,14 +153,14 @@ def materialise(capsule: Path) -> str:
         found = None
     if found is not None and found != digest:
         log.warning("runner replaced path=%s found_sha256=%s sha256=%s", path, found, digest)
-    write_atomic(path, data, 0o644)
+    write_atomic(path, data, 0o644, dir_sync=dir_sync)
     written = _sha256(path.read_bytes())
     if written != digest:
         raise RunnerPyzError(
             f"The runner {path} reads back with sha256 {written} instead of {digest} after "
             f"writing; check the disk under {capsule} and prepare the member again."
         )
-    write_atomic(capsule / RUNNER_DIGEST, f"{digest}\n".encode(), 0o644)
+    write_atomic(capsule / RUNNER_DIGEST, f"{digest}\n".encode(), 0o644, dir_sync=dir_sync)
     return digest
 
 

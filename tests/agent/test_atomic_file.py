@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.accounts import require
 from tuneplane.agent.atomic_file import fsync_dir, write_atomic, write_json_atomic
 
 pytestmark = pytest.mark.timeout(30)
@@ -147,3 +152,55 @@ def test_fsync_dir_refuses_a_file(tmp_path: Path) -> None:
     with pytest.raises(NotADirectoryError):
         fsync_dir(plain)
     fsync_dir(tmp_path)
+
+
+# Writes three files into a new a/b and one into a, with one DirSync, then flushes it.
+_BATCH = """
+import sys
+from pathlib import Path
+from tuneplane.agent.atomic_file import DirSync, make_dirs, write_atomic
+root = Path(sys.argv[1])
+synced = DirSync()
+make_dirs(root / "a" / "b", synced)
+for name in ("x", "y", "z"):
+    write_atomic(root / "a" / "b" / name, name.encode(), dir_sync=synced)
+write_atomic(root / "a" / "w", b"w", dir_sync=synced)
+synced.flush()
+"""
+
+
+def test_a_dir_sync_fsyncs_each_changed_directory_once_after_its_last_entry(
+    tmp_path: Path,
+) -> None:
+    """Watched with strace on a real process: every file is fsynced before its rename, and
+    every directory that got an entry (a rename or a new directory) is fsynced exactly once,
+    after the last entry it got; the deferred fsyncs lose no durability, only repeats."""
+    require(
+        shutil.which("strace") is not None,
+        "strace to watch the fsync calls; install the distribution's strace package",
+    )
+    root = (tmp_path / "root").resolve()
+    root.mkdir()
+    trace = tmp_path / "trace"
+    subprocess.run(
+        ["strace", "-f", "-y", "-o", str(trace), "-e", "trace=fsync,rename,mkdir",
+         sys.executable, "-c", _BATCH, str(root)],
+        check=True, timeout=60, capture_output=True,
+    )  # fmt: skip
+    steps: list[tuple[str, str]] = []
+    for line in trace.read_text().splitlines():
+        if found := re.search(r"fsync\(\d+<([^>]+)>\) = 0", line):
+            steps.append(("fsync", found[1]))
+        elif found := re.search(r'rename\("([^"]+)", "([^"]+)"\) = 0', line):
+            steps.append(("rename", found[2]))
+            assert ("fsync", found[1]) in steps, f"{found[1]} was renamed before its fsync"
+        elif found := re.search(r'mkdir\("([^"]+)", \d+\) = 0', line):
+            steps.append(("mkdir", found[1]))
+    changed = {os.path.dirname(path) for kind, path in steps if kind in ("rename", "mkdir")}
+    assert changed == {str(root), str(root / "a"), str(root / "a" / "b")}
+    for directory in changed:
+        synced_at = [i for i, step in enumerate(steps) if step == ("fsync", directory)]
+        last_entry = max(i for i, (kind, path) in enumerate(steps)
+                         if kind != "fsync" and os.path.dirname(path) == directory)  # fmt: skip
+        assert len(synced_at) == 1 and synced_at[0] > last_entry, (directory, steps)
+    assert (root / "a" / "b" / "y").read_bytes() == b"y"
