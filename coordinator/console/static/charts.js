@@ -9,6 +9,10 @@
 //   figure's id to {plot: the uPlot instance, buckets: {run: buckets the server returned},
 //   columns: {run: index of its last line in plot.data}}; a figure's data-state is "drawn"
 //   once drawn (or "failed"), and data-render-ms is how long the reads and the drawing took.
+//   Once drawn, data-points is how many stored points the drawn buckets summarize (their
+//   counts, every run), data-buckets how many values uPlot holds in the runs' last lines, and
+//   data-drawn-at the performance.now() of the frame after uPlot drew (ms since navigation
+//   start: the end-to-end figure the bench reads).
 "use strict";
 
 window.tuneplaneCharts = {};
@@ -121,7 +125,18 @@ function chartFigure(figure, view) {
       answers = await readRuns(figure, range);
       draw(figure, answers, view);
       await new Promise((done) => requestAnimationFrame(() => done()));
-      figure.dataset.renderMs = String(Math.round(performance.now() - started));
+      const drawnAt = performance.now();
+      const chart = window.tuneplaneCharts[figure.id];
+      let held = 0;
+      Object.values(chart.columns).forEach((column) => {
+        held += chart.plot.data[column].filter((v) => v !== null && v !== undefined).length;
+      });
+      figure.dataset.points = String(
+        answers.reduce((n, [, s]) => n + s.count.reduce((a, b) => a + b, 0), 0)
+      );
+      figure.dataset.buckets = String(held);
+      figure.dataset.drawnAt = String(Math.round(drawnAt));
+      figure.dataset.renderMs = String(Math.round(drawnAt - started));
       figure.dataset.state = "drawn";
     } catch (err) {
       figure.dataset.state = "failed";
