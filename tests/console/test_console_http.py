@@ -272,16 +272,28 @@ def test_the_openapi_schema_lists_the_routes(world: ConsoleWorld) -> None:
         "/api/v1/fleets/{name}",
         "/api/v1/jobs",
         "/api/v1/jobs/{run_id}",
+        "/api/v1/jobs/events",
         "/api/v1/jobs/{run_id}/cancel",
+        "/api/v1/jobs/{run_id}/retry",
+        "/api/v1/jobs/{run_id}/decisions",
+        "/api/v1/jobs/{run_id}/logs",
+        "/api/v1/jobs/{run_id}/logs/events",
         "/api/v1/jobs/{run_id}/events",
         "/api/v1/jobs/{run_id}/metrics",
+        "/api/v1/jobs/{run_id}/metrics/events",
         "/api/v1/jobs/{run_id}/series",
     }
     series = paths["/api/v1/jobs/{run_id}/series"]["get"]
     assert {p["name"] for p in series["parameters"]} >= {"tag", "from", "to", "buckets", "format"}
     assert set(series["responses"]["200"]["content"]) == {"application/json", "text/csv"}
-    cancel = paths["/api/v1/jobs/{run_id}/cancel"]["post"]
-    assert any(p["name"] == "X-CSRF-Token" for p in cancel["parameters"])
+    for change in ("cancel", "retry"):
+        post = paths[f"/api/v1/jobs/{{run_id}}/{change}"]["post"]
+        assert any(p["name"] == "X-CSRF-Token" for p in post["parameters"])
+    logs = {p["name"] for p in paths["/api/v1/jobs/{run_id}/logs"]["get"]["parameters"]}
+    assert {"attempt", "member", "stream", "from", "max_bytes"} <= logs
+    for live in ("/jobs/events", "/jobs/{run_id}/logs/events", "/jobs/{run_id}/metrics/events"):
+        content = paths["/api/v1" + live]["get"]["responses"]["200"]["content"]
+        assert set(content) == {"text/event-stream"}
     assert {p["name"] for p in paths["/api/v1/jobs"]["get"]["parameters"]} >= {
         "project",
         "state",

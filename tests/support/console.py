@@ -83,14 +83,15 @@ def sign_in(client: httpx.Client, token: str) -> httpx.Response:
 
 @contextmanager
 def console_world(
-    root: Path, labels: tuple[str, ...], launched: str = ""
+    root: Path, labels: tuple[str, ...], launched: str = "", heartbeat_timeout: int = 120
 ) -> Iterator[ConsoleWorld]:
     """A coordinator with the console on; alice owns one queued Job per label. With
     ``launched``, first a Node of that name runs one member of a Job of the admin's (launched
-    before alice submits, so none of hers takes its GPU)."""
-    with start_coordinator(
-        root, heartbeat_timeout=3600 if launched else 120, config=CONSOLE_TOML
-    ) as coord:
+    before alice submits, so none of hers takes its GPU). A test that holds a Node's stream
+    open (tests/support/live_node.py) asks for a ``heartbeat_timeout`` longer than it runs."""
+    if launched:
+        heartbeat_timeout = max(heartbeat_timeout, 3600)
+    with start_coordinator(root, heartbeat_timeout=heartbeat_timeout, config=CONSOLE_TOML) as coord:
         who = launch_member(coord, launched) if launched else None
         endpoints = json.loads((coord.state_dir / "endpoints.json").read_text())
         url = endpoints["console"]
@@ -113,10 +114,12 @@ def console_world(
         yield ConsoleWorld(coord, url, tokens, jobs, node.node_id, who)
 
 
-def ship_points(coord: CoordinatorProcess, who: Launched, tag: str, values: list[float]) -> None:
-    """Ship ``values`` (step i: values[i]) as ``tag`` through the real Ship RPC of the
-    telemetry listener, with the member's own collector credential, in batches as a collector
-    sends them."""
+def ship_points(
+    coord: CoordinatorProcess, who: Launched, tag: str, values: list[float], first_step: int = 0
+) -> None:
+    """Ship ``values`` (step ``first_step + i``: values[i]) as ``tag`` through the real Ship
+    RPC of the telemetry listener, with the member's own collector credential, in batches as a
+    collector sends them."""
     points = [
         v1.MetricPoint(
             source_id="report.rank0.jsonl",
@@ -127,7 +130,7 @@ def ship_points(coord: CoordinatorProcess, who: Launched, tag: str, values: list
             wall_time=1.7e9 + step,
             value=value,
         )
-        for step, value in enumerate(values)
+        for step, value in enumerate(values, start=first_step)
     ]
 
     async def go() -> None:

@@ -5,6 +5,10 @@
 //   finer; "Reset zoom" reads the whole series again. The server bounds every read.
 // - Smoothing (EMA over the last line, debiased as TensorBoard does) and log scale are drawn
 //   here, from the buckets already read; CSV links follow the zoom.
+// - Live: the page follows /api/v1/jobs/{run_id}/metrics/events (a "metrics" event when any
+//   run's points grow, at most one a second, the server's bound) and reads a chart again when
+//   one of its runs' tag grew, unless it is zoomed (a zoom is a range the reader chose); one
+//   read at a time per chart.
 // - Test hook, deliberate and documented (docs/console.md): window.tuneplaneCharts maps a
 //   figure's id to {plot: the uPlot instance, buckets: {run: buckets the server returned},
 //   columns: {run: index of its last line in plot.data}}; a figure's data-state is "drawn"
@@ -118,7 +122,15 @@ function chartFigure(figure, view) {
     });
   }
 
+  let loading = false;
+  let again = false;
+
   async function load() {
+    if (loading) {
+      again = true;
+      return;
+    }
+    loading = true;
     const started = performance.now();
     figure.dataset.state = "loading";
     try {
@@ -147,10 +159,18 @@ function chartFigure(figure, view) {
       figure.appendChild(said);
     }
     links();
+    loading = false;
+    if (again) {
+      again = false;
+      load();
+    }
   }
 
   return {
     load: load,
+    grew: () => {
+      if (range.from === null && range.to === null) load();
+    },
     redraw: () => {
       if (answers) draw(figure, answers, view);
     },
@@ -167,6 +187,29 @@ function chartFigure(figure, view) {
   };
 }
 
+function followMetrics(holder, charts) {
+  const runs = holder.dataset.runs.split(" ").filter((r) => r);
+  const q = new URLSearchParams();
+  runs.slice(1).forEach((run) => q.append("run", run));
+  const tail = runs.length > 1 ? "?" + q.toString() : "";
+  const events = new EventSource("/api/v1/jobs/" + encodeURIComponent(runs[0]) + "/metrics/events" + tail);
+  let seen = null;
+  events.addEventListener("metrics", (message) => {
+    const now = JSON.parse(message.data).runs;
+    if (seen !== null) {
+      charts.forEach(([, chart, figure]) => {
+        const tag = figure.dataset.tag;
+        const grew = figure.dataset.runs
+          .split(" ")
+          .filter((r) => r)
+          .some((run) => JSON.stringify((now[run] || {})[tag]) !== JSON.stringify((seen[run] || {})[tag]));
+        if (grew) chart.grew();
+      });
+    }
+    seen = now;
+  });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   const figures = Array.from(document.querySelectorAll("figure.chart"));
   if (!figures.length) return;
@@ -178,7 +221,7 @@ document.addEventListener("DOMContentLoaded", () => {
     const view = { smoothing: 0, log: false, zoom: null };
     const chart = chartFigure(figure, view);
     view.zoom = chart.zoom;
-    charts.push([view, chart]);
+    charts.push([view, chart, figure]);
   });
   smoothing.addEventListener("input", () => {
     shown.textContent = smoothing.value;
@@ -197,4 +240,5 @@ document.addEventListener("DOMContentLoaded", () => {
     charts.forEach(([, chart]) => chart.reset());
   });
   charts.forEach(([, chart]) => chart.load());
+  followMetrics(document.getElementById("charts-live"), charts);
 });
