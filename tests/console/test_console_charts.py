@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import ssl
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +28,7 @@ from tests.support.console import (
     CONSOLE_TOML,
     HTTP_TIMEOUT_S,
     playwright_session,
+    screenshot,
     ship_points,
     sign_in,
     sign_in_page,
@@ -224,9 +223,7 @@ def test_the_charts_page_draws_every_bucket_and_zooms(charted: Charted, tmp_path
             render_ms = int(figure.get_attribute("data-render-ms") or "-1")
             assert 0 <= render_ms < 5000
             print(f"chart of {POINTS} points in {run['returned']} buckets drawn in {render_ms} ms")
-            path = tmp_path / "console-charts.png"
-            page.screenshot(path=str(path), full_page=True)
-            _keep(path)
+            screenshot(page, tmp_path, "charts")
 
             # Zoom: drag across the middle of the plot; the page reads that range again.
             box = page.locator("#chart-0 .u-over").bounding_box()
@@ -248,9 +245,7 @@ def test_the_charts_page_draws_every_bucket_and_zooms(charted: Charted, tmp_path
             page.get_by_label("Log scale").check()
             page.get_by_label("Smoothing").fill("0.9")
             expect(figure).to_have_attribute("data-state", "drawn")
-            path = tmp_path / "console-charts-zoomed.png"
-            page.screenshot(path=str(path), full_page=True)
-            _keep(path)
+            screenshot(page, tmp_path, "charts-zoomed")
             assert not [e for e in errors if "Content Security Policy" in e], errors
         finally:
             browser.close()
@@ -281,15 +276,6 @@ def test_a_chart_takes_new_points_as_they_arrive(charted: Charted, tmp_path: Pat
             expect(figure).to_have_attribute("data-points", "150")
             expect(figure).to_have_attribute("data-buckets", "150")
             assert page.evaluate("document.documentElement.dataset.sameDocument") == "yes"
-            path = tmp_path / "console-charts-live.png"
-            page.screenshot(path=str(path), full_page=True)
-            _keep(path)
+            screenshot(page, tmp_path, "charts-live")
         finally:
             browser.close()
-
-
-def _keep(shot: Path) -> None:
-    folder = os.environ.get("TUNEPLANE_TEST_ARTIFACTS")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(folder) / shot.name)

@@ -24,6 +24,7 @@ from tests.support.console import (
     console_world,
     form_token,
     playwright_session,
+    screenshot,
     sign_in,
     sign_in_page,
 )
@@ -196,7 +197,7 @@ def test_pages_follow_the_log_and_the_jobs_list_and_retry(jw: JobWorld, tmp_path
             jw.node.call(jw.node.log(jw.running, "epoch 3: loss 0.5\n"))
             expect(log).to_have_text(FIRST_LINES + "epoch 3: loss 0.5\n")
             assert _same_document(page)
-            page.screenshot(path=str(tmp_path / "console-job-logs.png"), full_page=True)
+            screenshot(page, tmp_path, "job-logs")
 
             # The Jobs list, filtered to queued Jobs: a cancel elsewhere takes one out of it.
             listed = jw.ended["listed"]
@@ -215,7 +216,7 @@ def test_pages_follow_the_log_and_the_jobs_list_and_retry(jw: JobWorld, tmp_path
             page.get_by_role("button", name="Retry this Job").click()
             expect(page.locator("#job-state")).to_have_text("queued")
             expect(page.get_by_role("button", name="Retry this Job")).to_have_count(0)
-            page.screenshot(path=str(tmp_path / "console-job-retried.png"), full_page=True)
+            screenshot(page, tmp_path, "job-retried")
         finally:
             browser.close()
     assert w.job_state(jw.ended["browser"]) == "queued"

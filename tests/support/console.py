@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import shutil
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -181,3 +183,15 @@ def sign_in_page(browser: Any, url: str, token: str, wait_ms: int = 15_000) -> A
     page.get_by_role("button", name="Sign in").click()
     expect(page).to_have_url(url + "/fleets")
     return page
+
+
+def screenshot(page: Any, folder: Path, name: str) -> None:
+    """A full-page screenshot ``console-<name>.png`` into ``folder`` (the test's temporary
+    directory), copied into ``$TUNEPLANE_TEST_ARTIFACTS`` when that is set (docs/console.md
+    lists them)."""
+    shot = folder / f"console-{name}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    kept = os.environ.get("TUNEPLANE_TEST_ARTIFACTS")
+    if kept:
+        Path(kept).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(kept) / shot.name)
