@@ -216,16 +216,21 @@ class Console(LiveHandlers):
             job = await self.reads.job(c.user, run_id)
             delivery = await self.reads.delivery(c.user, run_id)
             decisions = await self.reads.decisions(c.user, run_id)
-            q = log_query(request)
-            logs = None
-            if job.attempts:
-                member = (q.attempt, q.member)
-                logs = await self.reads.logs(
-                    c.user, run_id, member, q.stream, q.offset, LOG_READ_BYTES
-                )
-            return job_page.job_page(
-                job_page.JobShown(job, delivery, decisions, logs), c.user, c.session.csrf_token
-            )
+            logs, said = None, ""
+            try:
+                with http_errors():
+                    q = log_query(request)
+                    if job.attempts:
+                        member = (q.attempt, q.member)
+                        logs = await self.reads.logs(
+                            c.user, run_id, member, q.stream, q.offset, LOG_READ_BYTES
+                        )
+            except ConsoleError as exc:
+                if exc.status not in (400, 404):
+                    raise
+                said = exc.message[:1].upper() + exc.message[1:]  # the rest of the page stands
+            shown = job_page.JobShown(job, delivery, decisions, logs, said)
+            return job_page.job_page(shown, c.user, c.session.csrf_token)
 
         return await self.page(request, render)
 

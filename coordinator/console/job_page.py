@@ -27,12 +27,14 @@ from .pages import esc, layout, table, when
 @attrs.frozen
 class JobShown:
     """What a Job page shows: the Job, its telemetry delivery, its newest decisions (and
-    whether older ones exist) and one read of a member's log (None: no attempt yet)."""
+    whether older ones exist) and one read of a member's log (None: no attempt yet, or the
+    read was refused: ``logs_refused`` says why)."""
 
     job: Job
     delivery: list[Delivery]
     decisions: tuple[list[DecisionRow], bool]
     logs: LogPage | None
+    logs_refused: str = ""
 
 
 def _button_form(run_id: str, action: str, csrf: str, fields: str, label: str) -> str:
@@ -44,7 +46,10 @@ def _button_form(run_id: str, action: str, csrf: str, fields: str, label: str) -
     )
 
 
-def _logs(job: Job, page: LogPage | None) -> str:
+def _logs(job: Job, page: LogPage | None, refused: str) -> str:
+    if refused:
+        back = f'<a href="/jobs/{quote(job.run_id, safe="")}">the latest attempt\'s member 0</a>'
+        return f'<p class="refusal" role="alert">{esc(refused)}</p><p>Show {back}.</p>'
     if page is None:
         return "<p>No logs yet: the Job has no attempt (it waits in the queue).</p>"
     (attempt,) = [a for a in job.attempts if a.number == page.attempt] or [job.attempts[-1]]
@@ -200,7 +205,7 @@ def job_page(shown: JobShown, user: User, csrf: str) -> str:
         + '<section aria-labelledby="h-delivery"><h2 id="h-delivery">Telemetry delivery</h2>'
         + f"{delivered}</section>"
         + '<section aria-labelledby="h-logs"><h2 id="h-logs">Logs</h2>'
-        + f"{_logs(job, shown.logs)}</section>"
+        + f"{_logs(job, shown.logs, shown.logs_refused)}</section>"
         + '<section aria-labelledby="h-decisions"><h2 id="h-decisions">Decision log</h2>'
         + f"{_decisions(*shown.decisions)}</section>"
         + '<section aria-labelledby="h-history"><h2 id="h-history">History</h2>'

@@ -129,6 +129,10 @@ def test_logs_are_read_as_tp_logs_reads_them(jw: JobWorld) -> None:
             assert refused.status_code == 400 and said in refused.json()["error"], refused.text
         missing = alice.get(path, params={"member": 3})
         assert missing.status_code == 404 and "no member 3" in missing.json()["error"]
+        # On the Job page a log that cannot be read is a sentence in its section; the rest stands.
+        for params, said in (({"member": 3}, "no member 3"), ({"stream": "x"}, "not one of")):
+            page = alice.get(f"/jobs/{jw.running.run_id}", params=params)
+            assert page.status_code == 200 and said in page.text and "Decision log" in page.text
         refused = bob.get(path)
         assert refused.status_code == 403 and "epoch" not in refused.text
         refused = bob.get(f"{path}/events")
