@@ -9,7 +9,6 @@ log's server-sent events from the ``data-next-offset`` the page was rendered wit
 
 from __future__ import annotations
 
-import json
 from urllib.parse import quote
 
 import attrs
@@ -101,7 +100,7 @@ def _decisions(rows: list[DecisionRow], older: bool) -> str:
                 esc("-" if r.attempt is None else r.attempt),
                 esc("-" if r.member_index is None else r.member_index),
                 esc(r.node_id or "-"),
-                esc(" ".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in r.detail.items())),
+                esc(r.detail_text()),
             ]
             for r in rows
         ],

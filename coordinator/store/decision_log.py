@@ -160,6 +160,6 @@ def format_row(row: DecisionRow) -> str:
         about.append(f"member={row.member_index}")
     if row.node_id:
         about.append(f"node={row.node_id}")
-    detail = " ".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in row.detail.items())
+    detail = row.detail_text()
     head = f"{stamp:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z"
     return "  ".join(p for p in (head, row.kind.ljust(18), " ".join(about), detail) if p)

@@ -7,15 +7,13 @@ gRPC Api as the admin, not through the console).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.console import ConsoleWorld, console_world, form_token, sign_in
+from tests.support.console import ConsoleWorld, console_world, form_token, sign_in, sse_events
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -202,19 +200,6 @@ def test_sign_out_ends_the_session(world: ConsoleWorld) -> None:
         assert replay.get("/api/v1/session").status_code == 401
 
 
-def _events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Server-sent events ``(name, data)`` from a stream's lines; comments skipped."""
-    name, data = "", ""
-    for line in lines:
-        if line.startswith("event: "):
-            name = line[len("event: ") :]
-        elif line.startswith("data: "):
-            data = line[len("data: ") :]
-        elif line == "" and name:
-            yield name, json.loads(data)
-            name, data = "", ""
-
-
 def test_the_events_stream_refuses_without_a_session(world: ConsoleWorld) -> None:
     run_id = world.jobs["private"]
     with world.client() as client:
@@ -248,7 +233,7 @@ def test_the_events_stream_follows_the_owners_job_until_it_ends(world: ConsoleWo
     ):
         assert stream.status_code == 200
         assert stream.headers["content-type"].startswith("text/event-stream")
-        events = _events(stream.iter_lines())
+        events = sse_events(stream.iter_lines())
         name, first = next(events)
         assert (name, first["run_id"], first["state"]) == ("job", run_id, "queued")
         assert world.tp_cancel("alice", run_id, "cancelled with tp") == "cancelled"

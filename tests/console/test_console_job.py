@@ -27,6 +27,7 @@ from tests.support.console import (
     screenshot,
     sign_in,
     sign_in_page,
+    sse_events,
 )
 from tests.support.live_node import LiveNode, live_node
 from tuneplane.proto import v1
@@ -171,6 +172,32 @@ def test_the_owner_retries_an_ended_job(jw: JobWorld) -> None:
         assert kinds[-1] == "retry"
         again = alice.post(f"/api/v1/jobs/{run_id}/retry", headers={"X-CSRF-Token": _csrf(alice)})
         assert again.status_code == 409 and "has not ended" in again.json()["error"]
+
+
+def test_the_new_streams_refuse_before_they_open(jw: JobWorld) -> None:
+    run_id = jw.running.run_id
+    streams = ("/api/v1/jobs/events", f"/api/v1/jobs/{run_id}/logs/events",
+               f"/api/v1/jobs/{run_id}/metrics/events")  # fmt: skip
+    with jw.world.client() as nobody:
+        for path in streams:
+            refused = nobody.get(path)
+            assert refused.status_code == 401 and "Sign in" in refused.json()["error"]
+    with _signed_in(jw.world, "bob") as bob:
+        refused = bob.get(f"/api/v1/jobs/{run_id}/metrics/events")
+        assert refused.status_code == 403 and "belongs to alice" in refused.json()["error"]
+        refused = bob.get("/api/v1/jobs/events", params={"limit": 0})
+        assert refused.status_code == 400 and "Limit is 0" in refused.json()["error"]
+        runs = {"run": [f"run-{i}" for i in range(8)]}
+        refused = bob.get(f"/api/v1/jobs/{run_id}/metrics/events", params=runs)
+        assert refused.status_code == 400 and "at most 8" in refused.json()["error"]
+    with (
+        _signed_in(jw.world, "alice") as alice,
+        alice.stream("GET", "/api/v1/jobs/events", params={"project": "vision"}) as stream,
+    ):
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        name, first = next(sse_events(stream.iter_lines()))
+        assert name == "jobs"
+        assert {j["run_id"] for j in first["jobs"]} == {run_id, *jw.ended.values()}
 
 
 def _mark(page: Any) -> None:

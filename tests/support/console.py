@@ -195,3 +195,16 @@ def screenshot(page: Any, folder: Path, name: str) -> None:
     if kept:
         Path(kept).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(kept) / shot.name)
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Server-sent events ``(name, data)`` from a stream's lines; comments skipped."""
+    name, data = "", ""
+    for line in lines:
+        if line.startswith("event: "):
+            name = line[len("event: ") :]
+        elif line.startswith("data: "):
+            data = line[len("data: ") :]
+        elif line == "" and name:
+            yield name, json.loads(data)
+            name, data = "", ""
