@@ -234,25 +234,39 @@ class Console(LiveHandlers):
 
         return await self.page(request, render)
 
-    async def change_form(self, request: Request) -> Response:
-        """The Job page's Cancel and Retry buttons (``/jobs/{run_id}/cancel`` and ``/retry``):
-        the session's CSRF token, then the same call the API makes; back to the Job page."""
+    async def change_form(
+        self, request: Request, change: Callable[[Caller, dict[str, str]], Awaitable[object]]
+    ) -> Response:
+        """A Job page's button: the session's CSRF token, then ``change`` (the same call the
+        API makes), then back to the Job page; a refusal is a page that says why."""
         run_id = request.path_params["run_id"]
-        action = request.url.path.rsplit("/", 1)[-1]
 
         async def render(c: Caller) -> str:
             form = await read_form(request)
             self.check_csrf(c, form.get("csrf_token", ""))
-            if action == "retry":
-                await self.reads.retry(c.user, run_id)
-            else:
-                await self.reads.cancel(c.user, run_id, form.get("reason", ""))
+            await change(c, form)
             return ""
 
         response = await self.page(request, render)
         if response.status_code == 200:
             return RedirectResponse(f"/jobs/{run_id}", 303)
         return response
+
+    async def cancel_form(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+
+        async def cancel(c: Caller, form: dict[str, str]) -> object:
+            return await self.reads.cancel(c.user, run_id, form.get("reason", ""))
+
+        return await self.change_form(request, cancel)
+
+    async def retry_form(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+
+        async def retry(c: Caller, form: dict[str, str]) -> object:
+            return await self.reads.retry(c.user, run_id)
+
+        return await self.change_form(request, retry)
 
     async def charts_page(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -309,8 +323,8 @@ def console_app(reads: ConsoleReads, book: SessionBook) -> tuple[ASGIApp, Consol
         Route("/fleets/{name}", console.fleet_page),
         Route("/jobs", console.jobs_page),
         Route("/jobs/{run_id}", console.job_page),
-        Route("/jobs/{run_id}/cancel", console.change_form, methods=["POST"]),
-        Route("/jobs/{run_id}/retry", console.change_form, methods=["POST"]),
+        Route("/jobs/{run_id}/cancel", console.cancel_form, methods=["POST"]),
+        Route("/jobs/{run_id}/retry", console.retry_form, methods=["POST"]),
         Route("/jobs/{run_id}/charts", console.charts_page),
         Route("/static/{name}", static),
     ]

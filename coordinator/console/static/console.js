@@ -35,6 +35,7 @@ function followJob(holder) {
 function followLog(pre) {
   const status = document.getElementById("log-status");
   let at = Number(pre.dataset.nextOffset);
+  let failures = 0;
   function open() {
     const q = new URLSearchParams({
       attempt: pre.dataset.attempt,
@@ -45,6 +46,7 @@ function followLog(pre) {
     const url = "/api/v1/jobs/" + encodeURIComponent(pre.dataset.runId) + "/logs/events?" + q;
     const events = new EventSource(url);
     events.addEventListener("log", (message) => {
+      failures = 0;
       const page = JSON.parse(message.data);
       page.pieces.forEach((piece) => {
         if (piece.dropped_before) pre.append("[" + piece.dropped_before + " bytes dropped here]\n");
@@ -59,10 +61,14 @@ function followLog(pre) {
       }
     });
     events.onerror = () => {
-      // The server ended the stream (its time is up) or the connection broke: open it again
-      // from what is shown, unless the log is complete.
+      // The server ended the stream (its time is up), refused it or the connection broke: open
+      // it again from what is shown, unless the log is complete; give up after a few tries in
+      // a row that brought nothing (a refusal, say: a reload shows its sentence).
       events.close();
-      if (pre.dataset.complete !== "yes") setTimeout(open, 2000);
+      failures += 1;
+      if (pre.dataset.complete === "yes") return;
+      if (failures < 5) setTimeout(open, 2000);
+      else status.textContent = "not following: reload the page";
     };
   }
   open();
