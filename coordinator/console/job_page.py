@@ -95,7 +95,7 @@ def _decisions(rows: list[DecisionRow], older: bool) -> str:
         ["At", "Kind", "Attempt", "Member", "Node", "Detail"],
         [
             [
-                esc(when(r.at_ms)),
+                f'<span class="nowrap">{esc(when(r.at_ms))}</span>',
                 esc(r.kind),
                 esc("-" if r.attempt is None else r.attempt),
                 esc("-" if r.member_index is None else r.member_index),
