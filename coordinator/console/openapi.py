@@ -222,8 +222,10 @@ def openapi_document() -> dict[str, Any]:
             operation["responses"]["401"] = error
             operation["responses"]["403"] = error
             operation["responses"]["404"] = error
-        if route.changes:
+        if route.changes or route.query:
             operation["responses"]["400"] = error
+        if route.media_type == "text/event-stream":
+            operation["responses"]["429"] = error  # the console's streams are all taken
         paths.setdefault(PREFIX + route.path, {})[route.method] = operation
     return {
         "openapi": "3.1.0",

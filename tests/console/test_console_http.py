@@ -277,8 +277,10 @@ def test_the_openapi_schema_lists_the_routes(world: ConsoleWorld) -> None:
     logs = {p["name"] for p in paths["/api/v1/jobs/{run_id}/logs"]["get"]["parameters"]}
     assert {"attempt", "member", "stream", "from", "max_bytes"} <= logs
     for live in ("/jobs/events", "/jobs/{run_id}/logs/events", "/jobs/{run_id}/metrics/events"):
-        content = paths["/api/v1" + live]["get"]["responses"]["200"]["content"]
-        assert set(content) == {"text/event-stream"}
+        responses = paths["/api/v1" + live]["get"]["responses"]
+        assert set(responses["200"]["content"]) == {"text/event-stream"}
+        assert {"401", "403", "429"} <= set(responses)
+    assert "400" in paths["/api/v1/jobs/{run_id}/logs"]["get"]["responses"]
     assert {p["name"] for p in paths["/api/v1/jobs"]["get"]["parameters"]} >= {
         "project",
         "state",
