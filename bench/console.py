@@ -10,16 +10,17 @@ the Job's Charts page, in a fresh browser context each run (nothing cached, sign
 session cookie the first sign-in got).
 
 Measured per run, end to end: from the navigation's start (the page's ``performance.timeOrigin``)
-to the first chart's ``data-state`` becoming ``drawn`` (set after the frame that drew it; a
-``MutationObserver`` added before the page loads records ``performance.now()`` then), so it holds
-the page's HTML, its scripts, the metric and series reads and uPlot's first frame. Also printed:
-the page's own ``data-render-ms`` (reads and drawing only) and Navigation Timing's
-``responseEnd``. It prints medians and the ratio of the end-to-end median to the goal of 1 s
-(issue 16: under 1 s).
+to the first chart's ``data-drawn-at``, the ``performance.now()`` that ``charts.js`` notes in the
+frame after uPlot drew (the marker the browser test also reads; it checks ``data-points``, the
+million, and ``data-buckets``, the values drawn), so it holds the page's HTML, its scripts, the
+metric and series reads and uPlot's first frame. Also printed: the page's own ``data-render-ms``
+(reads and drawing only), Navigation Timing's ``responseEnd``, and the server side alone: the
+series read the page makes (1000 buckets) over HTTPS, timed here. It prints medians and the
+ratio of the end-to-end median to the goal of 1 s (issue 16: under 1 s).
 
-Without chromium or Playwright it says so in a sentence and stops (exit 0). Knobs (env):
-``TUNEPLANE_BENCH_CONSOLE_POINTS`` (default 1,000,000) and ``TUNEPLANE_BENCH_CONSOLE_RUNS``
-(default 7).
+Without chromium or Playwright it says what to install and prints the server-side figure alone.
+Knobs (env): ``TUNEPLANE_BENCH_CONSOLE_POINTS`` (default 1,000,000) and
+``TUNEPLANE_BENCH_CONSOLE_RUNS`` (default 7).
 """
 
 from __future__ import annotations
@@ -38,7 +39,14 @@ import httpx
 
 from tests.collector.delivery import launch_member
 from tests.console.test_console_browser import ARGS, CHROMIUM
-from tests.support.console import CONSOLE_TOML, HTTP_TIMEOUT_S, playwright_session, ship_points
+from tests.console.test_console_million import million_values
+from tests.support.console import (
+    CONSOLE_TOML,
+    HTTP_TIMEOUT_S,
+    playwright_session,
+    ship_points,
+    sign_in,
+)
 from tests.support.coordinator import start_coordinator
 
 GOAL_S = 1.0
@@ -46,21 +54,6 @@ TAG = "train/loss"
 WAIT_MS = 60_000
 # Long: the member's Node stream closes once it is launched; shipping must never outlast it.
 HEARTBEAT_TIMEOUT_S = 3600
-
-# Before any of the page's scripts: note when the first chart figure is drawn, in ms since the
-# navigation started.
-OBSERVE_DRAWN = """
-window.__drawnAt = null;
-new MutationObserver((changes, observer) => {
-  for (const change of changes) {
-    if (change.target.dataset && change.target.dataset.state === "drawn") {
-      window.__drawnAt = performance.now();
-      observer.disconnect();
-      return;
-    }
-  }
-}).observe(document, {subtree: true, attributes: true, attributeFilter: ["data-state"]});
-"""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -77,18 +70,23 @@ def _missing_browser() -> str | None:
     return None
 
 
-def _series(url: str, ca: Path, token: str, run_id: str) -> dict[str, Any]:
-    """The series as the page reads it (1000 buckets), signed in as the page is."""
+def _series(
+    url: str, ca: Path, token: str, run_id: str, runs: int
+) -> tuple[dict[str, Any], list[float]]:
+    """The series as the page reads it (1000 buckets), signed in as the page is, and how long
+    each of ``runs`` reads took (ms, request to the whole JSON parsed)."""
     ctx = ssl.create_default_context(cafile=str(ca))
     with httpx.Client(base_url=url, verify=ctx, timeout=HTTP_TIMEOUT_S) as client:
-        page = client.get("/sign-in")
-        found = page.text.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
-        done = client.post("/sign-in", data={"token": token, "csrf_token": found})
+        done = sign_in(client, token)
         assert done.status_code == 303, done.text
-        answer = client.get(f"/api/v1/jobs/{run_id}/series", params={"tag": TAG})
-        assert answer.status_code == 200, answer.text
-        series: dict[str, Any] = answer.json()
-        return series
+        took = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            answer = client.get(f"/api/v1/jobs/{run_id}/series", params={"tag": TAG})
+            assert answer.status_code == 200, answer.text
+            series: dict[str, Any] = answer.json()
+            took.append((time.perf_counter() - started) * 1000)
+        return series, took
 
 
 def _measure(url: str, token: str, run_id: str, runs: int) -> list[dict[str, float]]:
@@ -113,7 +111,6 @@ def _measure(url: str, token: str, run_id: str, runs: int) -> list[dict[str, flo
                     viewport={"width": 1280, "height": 900},
                 )
                 context.set_default_timeout(WAIT_MS)
-                context.add_init_script(OBSERVE_DRAWN)
                 page = context.new_page()
                 page.goto(f"{url}/jobs/{run_id}/charts", wait_until="commit")
                 figure = page.locator("figure.chart").first
@@ -129,17 +126,15 @@ def _measure(url: str, token: str, run_id: str, runs: int) -> list[dict[str, flo
                     }"""
                 )
                 assert held["held"] == held["returned"] > 0, held
-                timing = page.evaluate(
-                    """() => ({
-                        drawn: window.__drawnAt,
-                        response: performance.getEntriesByType("navigation")[0].responseEnd,
-                    })"""
+                assert figure.get_attribute("data-buckets") == str(held["held"])
+                response = page.evaluate(
+                    '() => performance.getEntriesByType("navigation")[0].responseEnd'
                 )
                 figures.append(
                     {
-                        "end_to_end_ms": float(timing["drawn"]),
+                        "end_to_end_ms": float(figure.get_attribute("data-drawn-at") or "nan"),
                         "render_ms": float(figure.get_attribute("data-render-ms") or "nan"),
-                        "response_ms": float(timing["response"]),
+                        "response_ms": float(response),
                         "buckets": float(held["held"]),
                     }
                 )
@@ -150,10 +145,6 @@ def _measure(url: str, token: str, run_id: str, runs: int) -> list[dict[str, flo
 
 
 def main() -> int:
-    missing = _missing_browser()
-    if missing:
-        print(f"console: skipped, {missing}.")
-        return 0
     points = _env_int("TUNEPLANE_BENCH_CONSOLE_POINTS", 1_000_000)
     runs = _env_int("TUNEPLANE_BENCH_CONSOLE_RUNS", 7)
     with tempfile.TemporaryDirectory(prefix="tuneplane-bench-console-") as tmp:
@@ -163,20 +154,26 @@ def main() -> int:
         ) as coord:
             url = json.loads((coord.state_dir / "endpoints.json").read_text())["console"]
             who = launch_member(coord, "bench")
-            values = [
-                50.0 if step == points * 2 // 3 else 1.0 / (1 + step / 1000)
-                for step in range(points)
-            ]
+            values = million_values(points)
             started = time.perf_counter()
             ship_points(coord, who, TAG, values)
             shipped = time.perf_counter() - started
-            series = _series(url, coord.ca_path, coord.admin_token, who.run_id)
+            series, reads = _series(url, coord.ca_path, coord.admin_token, who.run_id, runs)
             assert series["total_points"] == points, series["total_points"]
             assert sum(series["count"]) == points and max(series["max"]) == 50.0
             print(
                 f"shipped {points:,} points of {TAG} through the Ship RPC (Ships of 5000) in "
                 f"{shipped:.1f} s; the page's read: {series['buckets']} buckets"
             )
+            server = statistics.median(reads)
+            print(
+                f"server side: the page's series read ({series['buckets']} buckets of "
+                f"{points:,} points) over HTTPS, median of {runs}: {server:.0f} ms"
+            )
+            missing = _missing_browser()
+            if missing:
+                print(f"console: no end-to-end figure: {missing}; install it and run again.")
+                return 0
             figures = _measure(url, coord.admin_token, who.run_id, runs)
     for n, f in enumerate(figures, 1):
         print(
@@ -191,7 +188,7 @@ def main() -> int:
         f"Charts page, {points:,}-point series, fresh browser context each run, median of {runs}: "
         f"navigation start -> first chart drawn {median:.0f} ms (HTML {response:.0f} ms, the "
         f"page's reads + drawing {render:.0f} ms); ratio to the 1 s goal: "
-        f"{median / 1000 / GOAL_S:.2f}"
+        f"{median / 1000 / GOAL_S:.2f}; the server's series read alone {server:.0f} ms"
     )
     return 0
 

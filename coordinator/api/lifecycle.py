@@ -107,39 +107,67 @@ class LifecycleApi:
             user = await caller(self._store, stream)
             request: v1.RetryJobRequest = await stream.recv_message()
             _require_run_id(request.run_id, "RetryJobRequest")
-            number = await store_lifecycle.retry_job(
-                self._store, request.run_id, user.name, user.is_admin, now_ms()
-            )
-            self._wake()
-            job = await self._store.get_job(request.run_id)
-            await stream.send_message(retry_to_wire(RetryOutcome(number, job)))
+            await stream.send_message(retry_to_wire(await self.retry(user, request.run_id)))
+
+    async def retry(self, user: User, run_id: str) -> RetryOutcome:
+        """Queue ``run_id`` again as ``user`` (its owner or an admin, decided by the store in
+        the retry's own transaction): RetryJob and the console's retry both come here."""
+        number = await store_lifecycle.retry_job(
+            self._store, run_id, user.name, user.is_admin, now_ms()
+        )
+        self._wake()
+        return RetryOutcome(number, await self._store.get_job(run_id))
 
     async def _get_logs(self, stream: Any) -> None:
         with grpc_errors():
             user = await caller(self._store, stream)
             request: v1.GetLogsRequest = await stream.recv_message()
             _require_run_id(request.run_id, "GetLogsRequest")
-            check_read(await job_access(self._store, request.run_id), user, "logs")
-            try:
-                name = check_stream(request.stream or "stdout")
-            except BadStream as exc:
-                raise GRPCError(Status.INVALID_ARGUMENT, f"GetLogsRequest.stream: {exc}") from None
-            member, state = await self._store.member_for_logs(
-                request.run_id, request.attempt, request.member_index
-            )
-            max_bytes = min(request.max_bytes or MAX_LOG_BYTES, MAX_LOG_BYTES)
-            read = await self._logs.read(member, name, request.from_offset, max_bytes)
-            page = LogPage(
-                attempt=member.attempt,
-                member_index=member.member_index,
-                stream=name,
-                pieces=read.pieces,
-                next_offset=read.next_offset,
-                complete=read.complete,
-                dropped_bytes=read.dropped_bytes,
-                member_state=state,
+            page = await self.logs(
+                user,
+                request.run_id,
+                request.attempt,
+                request.member_index,
+                request.stream or "stdout",
+                request.from_offset,
+                request.max_bytes,
+                "GetLogsRequest.stream",
             )
             await stream.send_message(logs_to_wire(page))
+
+    async def logs(
+        self,
+        user: User,
+        run_id: str,
+        attempt: int,
+        member_index: int,
+        stream_name: str,
+        from_offset: int,
+        max_bytes: int,
+        field: str,
+    ) -> LogPage:
+        """One bounded read of a member's log (attempt 0: the latest) for who may read the Job:
+        GetLogs and the console's logs both come here. ``max_bytes`` 0 or past
+        :data:`MAX_LOG_BYTES` reads :data:`MAX_LOG_BYTES`; ``field`` names the stream's field
+        in a refusal."""
+        check_read(await job_access(self._store, run_id), user, "logs")
+        try:
+            name = check_stream(stream_name)
+        except BadStream as exc:
+            raise GRPCError(Status.INVALID_ARGUMENT, f"{field}: {exc}") from None
+        member, state = await self._store.member_for_logs(run_id, attempt, member_index)
+        read_bytes = min(max_bytes or MAX_LOG_BYTES, MAX_LOG_BYTES)
+        read = await self._logs.read(member, name, from_offset, read_bytes)
+        return LogPage(
+            attempt=member.attempt,
+            member_index=member.member_index,
+            stream=name,
+            pieces=read.pieces,
+            next_offset=read.next_offset,
+            complete=read.complete,
+            dropped_bytes=read.dropped_bytes,
+            member_state=state,
+        )
 
 
 def _require_run_id(run_id: str, message: str) -> None:

@@ -3,7 +3,9 @@ own listener (``[console]`` in coordinator.toml), in the coordinator's own event
 
 The package reads as a ladder, one direction: sessions (who is signed in, pure) <- errors (typed
 errors to HTTP, once) <- reads (the store reads and authorization ``tp``'s calls use) <- views
-(values to JSON) <- openapi, pages (HTML) <- app (routes, sign-in, CSRF) <- listener (uvicorn).
+(values to JSON) <- openapi, pages and job_page (HTML) <- http_parts (requests' parts and
+limits) <- api_handlers (the JSON API) <- live (its event streams) <- app (routes, sign-in,
+CSRF) <- listener (uvicorn).
 """
 
 from .app import console_app as console_app

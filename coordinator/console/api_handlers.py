@@ -10,40 +10,39 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import anyio
 import attrs
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from ..clock import now_ms
-from ..lifecycle.states import TERMINAL_JOB_STATES
 from .errors import ConsoleError, http_errors
 from .http_parts import (
     DEFAULT_BUCKETS,
-    MAX_STREAMS,
-    STREAM_MAX_S,
-    STREAM_POLL_S,
+    LOG_READ_BYTES,
     Caller,
     int_or,
     int_query,
     job_filter,
-    job_states,
+    log_query,
+    natural,
     read_body,
     safe_name,
-    sse_event,
 )
 from .openapi import CSRF_HEADER, PREFIX, SESSION_COOKIE, openapi_document
 from .reads import ConsoleReads
 from .sessions import SessionBook
 from .views import (
     cancel_json,
+    decision_json,
     delivery_json,
     fleet_json,
     job_json,
+    log_page_json,
     node_json,
+    retry_json,
     series_csv,
     series_json,
     tags_json,
@@ -151,49 +150,28 @@ class ConsoleHandlers:
         outcome = await self.reads.cancel(c.user, request.path_params["run_id"], reason)
         return JSONResponse(cancel_json(outcome))
 
-    async def job_events(self, request: Request, c: Caller) -> Response:
-        run_id = request.path_params["run_id"]
-        job = await self.reads.job(c.user, run_id)  # refused here, before any stream opens
-        if self.streams >= MAX_STREAMS:
-            raise ConsoleError(
-                429,
-                f"the console already serves {MAX_STREAMS} live streams. Reload the page later.",
-            )
-        return StreamingResponse(
-            self._job_stream(c, run_id, job_json(job)), media_type="text/event-stream"
-        )
+    async def retry(self, request: Request, c: Caller) -> Response:
+        self.check_csrf(c, request.headers.get(CSRF_HEADER, ""))
+        outcome = await self.reads.retry(c.user, request.path_params["run_id"])
+        return JSONResponse(retry_json(outcome))
 
-    async def _job_stream(
-        self, c: Caller, run_id: str, first: dict[str, Any]
-    ) -> AsyncIterator[str]:
-        """The Job as an SSE ``job`` event at first and whenever its states change; ends when
-        the Job ends, the session or its token stops being accepted, after
-        :data:`STREAM_MAX_S`, or when the console closes."""
-        self.streams += 1
-        try:
-            yield sse_event("job", first)
-            last = job_states(first)
-            with anyio.move_on_after(STREAM_MAX_S):
-                while first["state"] not in TERMINAL_JOB_STATES:
-                    with anyio.move_on_after(STREAM_POLL_S):
-                        await self.closing.wait()
-                    if self.closing.is_set():
-                        return
-                    if self.book.find(c.session.session_id, now_ms()) is None:
-                        return
-                    try:
-                        with http_errors():
-                            user = await self.reads.user(c.session.token_hash)
-                            first = job_json(await self.reads.job(user, run_id))
-                    except ConsoleError:
-                        return
-                    if job_states(first) != last:
-                        last = job_states(first)
-                        yield sse_event("job", first)
-                    else:
-                        yield ": still here\n\n"
-        finally:
-            self.streams -= 1
+    async def decisions(self, request: Request, c: Caller) -> Response:
+        rows, older = await self.reads.decisions(c.user, request.path_params["run_id"])
+        return JSONResponse({"decisions": [decision_json(r) for r in rows], "older": older})
+
+    async def logs(self, request: Request, c: Caller) -> Response:
+        q = log_query(request)
+        max_bytes = natural(request, "max_bytes", LOG_READ_BYTES)
+        if not 1 <= max_bytes <= LOG_READ_BYTES:
+            raise ConsoleError(
+                400, f"max_bytes is {max_bytes}; ask for 1 to {LOG_READ_BYTES} and read on from "
+                "next_offset.",
+            )  # fmt: skip
+        page = await self.reads.logs(
+            c.user, request.path_params["run_id"], (q.attempt, q.member), q.stream, q.offset,
+            max_bytes,
+        )  # fmt: skip
+        return JSONResponse(log_page_json(page))
 
     async def metrics(self, request: Request, c: Caller) -> Response:
         run_id = request.path_params["run_id"]

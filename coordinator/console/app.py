@@ -5,15 +5,16 @@ Rules:
   token hash, which the store authenticates again on every request (:mod:`.reads`), so a
   revoked token or a changed role applies at once. No session: a page redirects to the sign-in
   page, the API answers 401; nothing else is read first.
-- Every state-changing request (sign-in, sign-out, cancel) needs a CSRF token checked here, on
-  the server: the session's own token in a form field or the ``X-CSRF-Token`` header; sign-in
-  (before there is a session) a double-submit token whose cookie the sign-in page set. The
+- Every state-changing request (sign-in, sign-out, cancel, retry) needs a CSRF token checked
+  here, on the server: the session's own token in a form field or the ``X-CSRF-Token``
+  header; sign-in (before there is a session) a double-submit token whose cookie the sign-in
+  page set. The
   cookies are also ``SameSite=Strict``, so another site cannot even send them.
 - The session cookie is ``HttpOnly``, ``Secure``, ``SameSite=Strict``, ``Path=/`` and expires
   with its session; a refused sign-in sets no cookie at all.
 - A request body is read only up to :data:`MAX_BODY_BYTES`. Live streams are bounded: at most
   :data:`MAX_STREAMS` at once, one store read per :data:`STREAM_POLL_S` each, for at most
-  :data:`STREAM_MAX_S` (the browser's EventSource reconnects).
+  :data:`STREAM_MAX_S` (the browser's EventSource reconnects): :mod:`.live`.
 """
 
 from __future__ import annotations
@@ -36,20 +37,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..auth import USER_PREFIX, hash_credential
 from ..clock import now_ms
-from . import pages
-from .api_handlers import ConsoleHandlers
+from . import job_page, pages
 from .errors import ConsoleError, http_errors
 from .http_parts import (
+    LOG_READ_BYTES,
     MAX_TOKEN_CHARS,
     SIGN_IN_COOKIE,
     SIGN_IN_COOKIE_S,
     Caller,
     chart_runs,
     job_filter,
+    log_query,
     read_form,
     refused_sign_in,
     set_cookie,
 )
+from .live import LiveHandlers
 from .openapi import API, PREFIX, SESSION_COOKIE
 from .reads import ConsoleReads
 from .sessions import SessionBook
@@ -102,9 +105,10 @@ class _SecurityHeaders:
 
 
 @attrs.define(eq=False)
-class Console(ConsoleHandlers):
+class Console(LiveHandlers):
     """The pages and the sign-in, over the console's reads and its sessions (the callers and
-    the JSON API are :class:`~tuneplane.coordinator.console.api_handlers.ConsoleHandlers`)."""
+    the JSON API are :class:`~tuneplane.coordinator.console.api_handlers.ConsoleHandlers`,
+    its live streams :class:`~tuneplane.coordinator.console.live.LiveHandlers`)."""
 
     async def sign_in_form(self, request: Request) -> Response:
         if await self.caller(request) is not None:
@@ -211,23 +215,58 @@ class Console(ConsoleHandlers):
         async def render(c: Caller) -> str:
             job = await self.reads.job(c.user, run_id)
             delivery = await self.reads.delivery(c.user, run_id)
-            return pages.job_page(job, delivery, c.user, c.session.csrf_token)
+            decisions = await self.reads.decisions(c.user, run_id)
+            logs, said = None, ""
+            try:
+                with http_errors():
+                    q = log_query(request)
+                    if job.attempts:
+                        member = (q.attempt, q.member)
+                        logs = await self.reads.logs(
+                            c.user, run_id, member, q.stream, q.offset, LOG_READ_BYTES
+                        )
+            except ConsoleError as exc:
+                if exc.status not in (400, 404):
+                    raise
+                said = exc.message[:1].upper() + exc.message[1:]  # the rest of the page stands
+            shown = job_page.JobShown(job, delivery, decisions, logs, said)
+            return job_page.job_page(shown, c.user, c.session.csrf_token)
 
         return await self.page(request, render)
 
-    async def cancel_form(self, request: Request) -> Response:
+    async def change_form(
+        self, request: Request, change: Callable[[Caller, dict[str, str]], Awaitable[object]]
+    ) -> Response:
+        """A Job page's button: the session's CSRF token, then ``change`` (the same call the
+        API makes), then back to the Job page; a refusal is a page that says why."""
         run_id = request.path_params["run_id"]
 
         async def render(c: Caller) -> str:
             form = await read_form(request)
             self.check_csrf(c, form.get("csrf_token", ""))
-            await self.reads.cancel(c.user, run_id, form.get("reason", ""))
+            await change(c, form)
             return ""
 
         response = await self.page(request, render)
         if response.status_code == 200:
             return RedirectResponse(f"/jobs/{run_id}", 303)
         return response
+
+    async def cancel_form(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+
+        async def cancel(c: Caller, form: dict[str, str]) -> object:
+            return await self.reads.cancel(c.user, run_id, form.get("reason", ""))
+
+        return await self.change_form(request, cancel)
+
+    async def retry_form(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+
+        async def retry(c: Caller, form: dict[str, str]) -> object:
+            return await self.reads.retry(c.user, run_id)
+
+        return await self.change_form(request, retry)
 
     async def charts_page(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -285,6 +324,7 @@ def console_app(reads: ConsoleReads, book: SessionBook) -> tuple[ASGIApp, Consol
         Route("/jobs", console.jobs_page),
         Route("/jobs/{run_id}", console.job_page),
         Route("/jobs/{run_id}/cancel", console.cancel_form, methods=["POST"]),
+        Route("/jobs/{run_id}/retry", console.retry_form, methods=["POST"]),
         Route("/jobs/{run_id}/charts", console.charts_page),
         Route("/static/{name}", static),
     ]

@@ -33,6 +33,8 @@ MAX_TOKEN_CHARS = 200
 DEFAULT_BUCKETS = 1000
 #: Runs one Charts page overlays at most (each is one bounded read per tag).
 MAX_CHART_RUNS = 8
+#: The most log bytes one read of the console reads (a page, or one poll of a log stream).
+LOG_READ_BYTES = 256 * 1024
 
 
 @attrs.frozen
@@ -88,6 +90,34 @@ def int_query(request: Request, name: str) -> int | None:
     if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
         raise ConsoleError(400, f"{name} is {text[:40]!r}; it must be a whole number.")
     return int(text)
+
+
+def natural(request: Request, name: str, default: int) -> int:
+    """A whole-number query parameter that may not be negative (``default`` when absent)."""
+    found = int_or(request, name, default)
+    if found < 0:
+        raise ConsoleError(400, f"{name} is {found}; it must be 0 or more.")
+    return found
+
+
+@attrs.frozen
+class LogQuery:
+    """Which log a request reads: the member (attempt 0: the latest), the stream, the byte
+    offset to read from."""
+
+    attempt: int
+    member: int
+    stream: str
+    offset: int
+
+
+def log_query(request: Request) -> LogQuery:
+    return LogQuery(
+        attempt=natural(request, "attempt", 0),
+        member=natural(request, "member", 0),
+        stream=request.query_params.get("stream", "stdout").strip(),
+        offset=natural(request, "from", 0),
+    )
 
 
 def chart_runs(run_id: str, more: list[str]) -> list[str]:

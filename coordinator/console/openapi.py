@@ -13,7 +13,7 @@ from tuneplane.proto.contract.control_protocol import release
 PREFIX = "/api/v1"
 SESSION_COOKIE = "tp_console"
 CSRF_HEADER = "X-CSRF-Token"
-INTEGER_QUERY = frozenset({"limit", "attempt", "from", "to", "buckets"})
+INTEGER_QUERY = frozenset({"limit", "attempt", "from", "to", "buckets", "member", "max_bytes"})
 
 
 @attrs.frozen
@@ -30,6 +30,19 @@ class ApiRoute:
     media_type: str = "application/json"
     also_media: tuple[str, ...] = ()  # other answers it can give (``format=csv``)
 
+
+_JOB_FILTERS = (
+    ("project", "Only Jobs of this project."),
+    ("state", "Only Jobs in this state."),
+    ("owner", "Only Jobs of this owner."),
+    ("limit", "How many Jobs, 1 to 1000 (default 100)."),
+)
+_LOG_QUERY = (
+    ("attempt", "Which attempt (default 0: the latest)."),
+    ("member", "Which member (its index; default 0)."),
+    ("stream", "`stdout` (default) or `stderr`."),
+    ("from", "The byte offset to read from (default 0: the oldest kept)."),
+)
 
 API: tuple[ApiRoute, ...] = (
     ApiRoute("get", "/openapi.json", "openapi", "This document.", public=True),
@@ -52,12 +65,16 @@ API: tuple[ApiRoute, ...] = (
         "/jobs",
         "jobs",
         "The newest Jobs the caller may read (as `tp job ls`).",
-        query=(
-            ("project", "Only Jobs of this project."),
-            ("state", "Only Jobs in this state."),
-            ("owner", "Only Jobs of this owner."),
-            ("limit", "How many Jobs, 1 to 1000 (default 100)."),
-        ),
+        query=_JOB_FILTERS,
+    ),
+    ApiRoute(
+        "get",
+        "/jobs/events",
+        "jobs_events",
+        "Server-sent events: a `jobs` event with the filtered list (as GET /jobs) at first and "
+        "whenever a Job enters it, leaves it or changes state (checked once a second).",
+        query=_JOB_FILTERS,
+        media_type="text/event-stream",
     ),
     ApiRoute(
         "get",
@@ -72,6 +89,49 @@ API: tuple[ApiRoute, ...] = (
         "cancel",
         'Cancel a Job (its owner or an admin, as CancelJob). Body: {"reason": "..."}, optional.',
         changes=True,
+    ),
+    ApiRoute(
+        "post",
+        "/jobs/{run_id}/retry",
+        "retry",
+        "Retry a Job that failed, was cancelled or was aborted (its owner or an admin, as "
+        "RetryJob): it is queued for a new attempt. No body.",
+        changes=True,
+    ),
+    ApiRoute(
+        "get",
+        "/jobs/{run_id}/decisions",
+        "decisions",
+        "The Job's decision log (admission, reservation, commit or abort, state changes, "
+        "retries), oldest first: its newest 500 rows, `older` true when there are more.",
+    ),
+    ApiRoute(
+        "get",
+        "/jobs/{run_id}/logs",
+        "logs",
+        "One bounded read of a member's log as GetLogs reads it (`tp logs`): pieces of text with "
+        "their byte offsets, `next_offset` to read on from, `complete` once the stream ended.",
+        query=(*_LOG_QUERY, ("max_bytes", "At most this many bytes, 1 to 262144 (default).")),
+    ),
+    ApiRoute(
+        "get",
+        "/jobs/{run_id}/logs/events",
+        "logs_events",
+        "Server-sent events: following a member's log (`tp logs --follow`), a `log` event (as "
+        "GET logs answers) per read that found bytes, at most one read of 262144 bytes a "
+        "second, until the stream is complete.",
+        query=_LOG_QUERY,
+        media_type="text/event-stream",
+    ),
+    ApiRoute(
+        "get",
+        "/jobs/{run_id}/metrics/events",
+        "metrics_events",
+        "Server-sent events: a `metrics` event with each run's tags (points, last step) at "
+        "first and whenever one grows (checked once a second), for a Charts page to read its "
+        "charts again.",
+        query=(("run", "Another run overlaid (repeatable, up to 7)."),),
+        media_type="text/event-stream",
     ),
     ApiRoute(
         "get",
@@ -162,8 +222,10 @@ def openapi_document() -> dict[str, Any]:
             operation["responses"]["401"] = error
             operation["responses"]["403"] = error
             operation["responses"]["404"] = error
-        if route.changes:
+        if route.changes or route.query:
             operation["responses"]["400"] = error
+        if route.media_type == "text/event-stream":
+            operation["responses"]["429"] = error  # the console's streams are all taken
         paths.setdefault(PREFIX + route.path, {})[route.method] = operation
     return {
         "openapi": "3.1.0",

@@ -5,8 +5,10 @@ Rules:
 - Nothing here decides who may do what: authentication is the store's
   :func:`~tuneplane.coordinator.store.identity.authenticate_user`, reading a Job is
   :func:`~tuneplane.coordinator.job_access.check_read`, listing Jobs is
-  :func:`~tuneplane.coordinator.store.access.readable_jobs`, and a cancel is
-  :meth:`~tuneplane.coordinator.api.lifecycle.LifecycleApi.cancel`, the one CancelJob runs.
+  :func:`~tuneplane.coordinator.store.access.readable_jobs`, and a cancel, a retry and a log
+  read are :class:`~tuneplane.coordinator.api.lifecycle.LifecycleApi`'s ``cancel``, ``retry``
+  and ``logs``, the ones CancelJob, RetryJob and GetLogs run.
+- A Job's decision log is read for who may read the Job, at most :data:`MAX_DECISIONS` rows.
 - Metric reads are ListMetrics' and QuerySeries': the same check (``metrics``), the same store
   reads, the same bound on buckets (:data:`~tuneplane.coordinator.api.metrics.MAX_MAX_POINTS`).
 - Any signed-in user reads Fleets and Nodes, as with ``tp fleet`` and ``tp node``.
@@ -27,15 +29,20 @@ from ..clock import now_ms
 from ..job_access import check_read
 from ..queue_plan import PoolKey
 from ..store import access as store_access
+from ..store import decision_log
 from ..store import identity as store_identity
 from ..store.core import Store
 from ..store.fleet_views import fleet_views, node_views
 from ..store.telemetry import TelemetryStore
+from ..values.decisions import DecisionRow
 from ..values.fleet import Fleet, Node
 from ..values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, Job
-from ..values.lifecycle import CancelOutcome
+from ..values.lifecycle import CancelOutcome, LogPage, RetryOutcome
 from ..values.metrics import Delivery, MetricSelector, SeriesResult, TagSummary
 from ..values.users import User
+
+#: The most decision-log rows a Job page shows (the newest; the page says when older ones exist).
+MAX_DECISIONS = 500
 
 
 @attrs.frozen
@@ -98,6 +105,30 @@ class ConsoleReads:
         """Cancel ``run_id`` as ``user``, by CancelJob's own rules."""
         check_reason(reason, "CancelRequest")
         return await self.lifecycle.cancel(user, run_id, reason)
+
+    async def retry(self, user: User, run_id: str) -> RetryOutcome:
+        """Retry ``run_id`` as ``user``, by RetryJob's own rules."""
+        return await self.lifecycle.retry(user, run_id)
+
+    async def decisions(self, user: User, run_id: str) -> tuple[list[DecisionRow], bool]:
+        """The Job's newest decisions, oldest first, and whether older ones were left out."""
+        check_read(await store_access.job_access(self.store, run_id), user, "decisions")
+        return await decision_log.job_decisions(self.store, run_id, MAX_DECISIONS)
+
+    async def logs(
+        self,
+        user: User,
+        run_id: str,
+        member: tuple[int, int],
+        stream: str,
+        from_offset: int,
+        max_bytes: int,
+    ) -> LogPage:
+        """A bounded read of member ``member`` = (attempt, index)'s ``stream`` from
+        ``from_offset``, as GetLogs reads it (attempt 0: the latest)."""
+        return await self.lifecycle.logs(
+            user, run_id, member[0], member[1], stream, from_offset, max_bytes, "stream"
+        )
 
     async def tags(self, user: User, run_id: str, attempt: int) -> tuple[int, list[TagSummary]]:
         """The attempt read (0: the latest with points) and its tags, as ListMetrics lists

@@ -12,9 +12,10 @@ import io
 import math
 from typing import Any
 
+from ..values.decisions import DecisionRow
 from ..values.fleet import Fleet, Node
 from ..values.jobs import Attempt, Job, Member, StateChange
-from ..values.lifecycle import CancelOutcome
+from ..values.lifecycle import CancelOutcome, LogPage, RetryOutcome
 from ..values.metrics import Delivery, SeriesResult, TagSummary
 from ..values.users import User
 
@@ -149,6 +150,44 @@ def delivery_json(delivery: Delivery) -> JsonObject:
 
 def cancel_json(outcome: CancelOutcome) -> JsonObject:
     return {"outcome": outcome.outcome, "job": job_json(outcome.job)}
+
+
+def retry_json(outcome: RetryOutcome) -> JsonObject:
+    return {"attempt": outcome.attempt, "job": job_json(outcome.job)}
+
+
+def decision_json(row: DecisionRow) -> JsonObject:
+    return {
+        "id": row.id,
+        "at_ms": row.at_ms,
+        "kind": row.kind,
+        "attempt": row.attempt,
+        "member_index": row.member_index,
+        "node_id": row.node_id,
+        "detail": dict(row.detail),
+    }
+
+
+def log_page_json(page: LogPage) -> JsonObject:
+    """A bounded log read: its pieces as text (bytes that are not UTF-8 replaced), each with
+    its byte offset and the bytes dropped before it, and the offset to read on from."""
+    return {
+        "attempt": page.attempt,
+        "member_index": page.member_index,
+        "stream": page.stream,
+        "pieces": [
+            {
+                "offset": p.offset,
+                "dropped_before": p.dropped_before,
+                "text": p.data.decode("utf-8", "replace"),
+            }
+            for p in page.pieces
+        ],
+        "next_offset": page.next_offset,
+        "complete": page.complete,
+        "dropped_bytes": page.dropped_bytes,
+        "member_state": page.member_state,
+    }
 
 
 def _finite(value: float) -> float | None:

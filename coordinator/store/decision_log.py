@@ -6,6 +6,8 @@ Rules:
 - A PostgreSQL store is read on one connection whose transactions are all read-only, in the
   store's schema: nothing is created or migrated, and no write lock is taken.
 - Rows come back in the order they were written (their id), filtered by run id and time.
+- :func:`job_decisions` is the serving coordinator's own read of one Job's rows, on the store's
+  reader (the console's Job page); one converter (:func:`decision_row`) serves both.
 """
 
 from __future__ import annotations
@@ -68,19 +70,32 @@ def read_decisions(where: Where, run_id: str = "", since_ms: int = 0) -> list[De
         rows = anyio.run(_read_postgres, where, sql, args, backend="asyncio")
     else:
         rows = _read_sqlite(where, sql, args)
-    return [
-        DecisionRow(
-            id=int(r[0]),
-            at_ms=int(r[1]),
-            kind=str(r[2]),
-            run_id=r[3],
-            attempt=None if r[4] is None else int(r[4]),
-            member_index=None if r[5] is None else int(r[5]),
-            node_id=r[6],
-            detail=json.loads(r[7]),
-        )
-        for r in rows
-    ]
+    return [decision_row(r) for r in rows]
+
+
+def decision_row(r: Any) -> DecisionRow:
+    """A ``decisions`` row (the columns of :data:`_COLUMNS`, in order) as its value."""
+    return DecisionRow(
+        id=int(r[0]),
+        at_ms=int(r[1]),
+        kind=str(r[2]),
+        run_id=r[3],
+        attempt=None if r[4] is None else int(r[4]),
+        member_index=None if r[5] is None else int(r[5]),
+        node_id=r[6],
+        detail=json.loads(r[7]),
+    )
+
+
+async def job_decisions(store: Store, run_id: str, limit: int) -> tuple[list[DecisionRow], bool]:
+    """The newest ``limit`` decisions about ``run_id``, oldest first, read by the serving
+    coordinator on its store's reader; and whether older ones were left out."""
+    rows = await store.reader.execute_fetchall(
+        f"SELECT {_COLUMNS} FROM decisions WHERE run_id = ? ORDER BY id DESC LIMIT ?",
+        (run_id, limit + 1),
+    )
+    found = [decision_row(r) for r in rows]
+    return found[:limit][::-1], len(found) > limit
 
 
 async def _read_postgres(url: PostgresUrl, sql: str, args: list[int | str]) -> list[Any]:
@@ -145,6 +160,6 @@ def format_row(row: DecisionRow) -> str:
         about.append(f"member={row.member_index}")
     if row.node_id:
         about.append(f"node={row.node_id}")
-    detail = " ".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in row.detail.items())
+    detail = row.detail_text()
     head = f"{stamp:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z"
     return "  ".join(p for p in (head, row.kind.ljust(18), " ".join(about), detail) if p)

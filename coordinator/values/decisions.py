@@ -5,6 +5,7 @@ Rules: frozen attrs values only (see :mod:`..values`); ``detail`` is the row's J
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,3 +24,7 @@ class DecisionRow:
     member_index: int | None
     node_id: str | None
     detail: Mapping[str, Any]
+
+    def detail_text(self) -> str:
+        """The detail as ``key=<JSON value>`` pairs, as people read it (the CLI, the console)."""
+        return " ".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in self.detail.items())

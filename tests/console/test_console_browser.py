@@ -10,8 +10,6 @@ Screenshots go to the test's temporary directory (and ``$TUNEPLANE_TEST_ARTIFACT
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ with contextlib.suppress(ImportError):
     from playwright.sync_api import Page, expect
 
 from tests.support.accounts import require
-from tests.support.console import ConsoleWorld, console_world, playwright_session
+from tests.support.console import ConsoleWorld, console_world, playwright_session, screenshot
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -45,13 +43,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleWorld]:
         tmp_path_factory.mktemp("console-browser"), ("shown", "cancel", "live")
     ) as found:
         yield found
-
-
-def _keep(shot: Path) -> None:
-    folder = os.environ.get("TUNEPLANE_TEST_ARTIFACTS")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(folder) / shot.name)
 
 
 def _require_browser() -> None:
@@ -79,9 +70,7 @@ def test_sign_in_see_the_fleet_and_a_job_and_cancel_it(world: ConsoleWorld, tmp_
             page = context.new_page()
 
             def shot(name: str) -> None:
-                path = tmp_path / f"console-{name}.png"
-                page.screenshot(path=str(path), full_page=True)
-                _keep(path)
+                screenshot(page, tmp_path, name)
 
             page.goto(world.url + "/")
             expect(page).to_have_url(world.url + "/sign-in")
@@ -149,9 +138,7 @@ def test_a_job_page_follows_a_cancel_made_elsewhere_without_a_reload(
             expect(page.locator("#job-state-reason")).to_contain_text("cancelled with tp")
             expect(page.get_by_role("button", name="Cancel this Job")).to_have_count(0)
             assert page.evaluate("document.documentElement.dataset.sameDocument") == "yes"
-            path = tmp_path / "console-job-live-cancelled.png"
-            page.screenshot(path=str(path), full_page=True)
-            _keep(path)
+            screenshot(page, tmp_path, "job-live-cancelled")
         finally:
             browser.close()
     assert world.job_state(run_id) == "cancelled"

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import ssl
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,14 +22,16 @@ import attrs
 import httpx
 import pytest
 
-from tests.collector.delivery import launch_member
+from tests.collector.delivery import Launched, launch_member
 from tests.console.test_console_browser import ARGS, CHROMIUM, WAIT_MS, _require_browser
 from tests.support.console import (
     CONSOLE_TOML,
     HTTP_TIMEOUT_S,
     playwright_session,
+    screenshot,
     ship_points,
     sign_in,
+    sign_in_page,
 )
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 
@@ -47,6 +48,7 @@ class Charted:
     url: str
     run_id: str
     bob: str  # another researcher's token
+    who: Launched  # the launched member, whose collector credential ships more points
 
 
 def _loss() -> list[float]:
@@ -63,7 +65,7 @@ def charted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Charted]:
         who = launch_member(coord, "charts")  # submitted by the admin
         ship_points(coord, who, TAG, _loss())
         ship_points(coord, who, "eval/acc", [step / 300 for step in range(300)])
-        yield Charted(coord, url, who.run_id, coord.create_user("bob"))
+        yield Charted(coord, url, who.run_id, coord.create_user("bob"), who)
 
 
 def _anonymous(charted: Charted) -> httpx.Client:
@@ -221,9 +223,7 @@ def test_the_charts_page_draws_every_bucket_and_zooms(charted: Charted, tmp_path
             render_ms = int(figure.get_attribute("data-render-ms") or "-1")
             assert 0 <= render_ms < 5000
             print(f"chart of {POINTS} points in {run['returned']} buckets drawn in {render_ms} ms")
-            path = tmp_path / "console-charts.png"
-            page.screenshot(path=str(path), full_page=True)
-            _keep(path)
+            screenshot(page, tmp_path, "charts")
 
             # Zoom: drag across the middle of the plot; the page reads that range again.
             box = page.locator("#chart-0 .u-over").bounding_box()
@@ -245,16 +245,37 @@ def test_the_charts_page_draws_every_bucket_and_zooms(charted: Charted, tmp_path
             page.get_by_label("Log scale").check()
             page.get_by_label("Smoothing").fill("0.9")
             expect(figure).to_have_attribute("data-state", "drawn")
-            path = tmp_path / "console-charts-zoomed.png"
-            page.screenshot(path=str(path), full_page=True)
-            _keep(path)
+            screenshot(page, tmp_path, "charts-zoomed")
             assert not [e for e in errors if "Content Security Policy" in e], errors
         finally:
             browser.close()
 
 
-def _keep(shot: Path) -> None:
-    folder = os.environ.get("TUNEPLANE_TEST_ARTIFACTS")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(folder) / shot.name)
+def test_a_chart_takes_new_points_as_they_arrive(charted: Charted, tmp_path: Path) -> None:
+    """Points shipped while the Charts page is open are drawn without a reload: the page's
+    metrics events say the tag grew, and it reads that chart again."""
+    _require_browser()
+    from playwright.sync_api import expect
+
+    tag = "live/acc"
+    ship_points(charted.coord, charted.who, tag, [0.5] * 100)
+    with playwright_session() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = sign_in_page(browser, charted.url, charted.coord.admin_token)
+            with page.expect_response(lambda r: "/metrics/events" in r.url):
+                page.goto(f"{charted.url}/jobs/{charted.run_id}/charts?tag={tag}")
+            figure = page.locator("figure.chart").first
+            expect(figure).to_have_attribute("data-state", "drawn")
+            expect(figure).to_have_attribute("data-points", "100")
+            page.evaluate("document.documentElement.dataset.sameDocument = 'yes'")
+            # Shipped from another thread: Playwright's loop runs in this one.
+            with ThreadPoolExecutor(1) as pool:
+                more = [0.75] * 50
+                pool.submit(ship_points, charted.coord, charted.who, tag, more, 100).result(60)
+            expect(figure).to_have_attribute("data-points", "150")
+            expect(figure).to_have_attribute("data-buckets", "150")
+            assert page.evaluate("document.documentElement.dataset.sameDocument") == "yes"
+            screenshot(page, tmp_path, "charts-live")
+        finally:
+            browser.close()

@@ -7,15 +7,13 @@ gRPC Api as the admin, not through the console).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.console import ConsoleWorld, console_world, form_token, sign_in
+from tests.support.console import ConsoleWorld, console_world, form_token, sign_in, sse_events
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -202,19 +200,6 @@ def test_sign_out_ends_the_session(world: ConsoleWorld) -> None:
         assert replay.get("/api/v1/session").status_code == 401
 
 
-def _events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Server-sent events ``(name, data)`` from a stream's lines; comments skipped."""
-    name, data = "", ""
-    for line in lines:
-        if line.startswith("event: "):
-            name = line[len("event: ") :]
-        elif line.startswith("data: "):
-            data = line[len("data: ") :]
-        elif line == "" and name:
-            yield name, json.loads(data)
-            name, data = "", ""
-
-
 def test_the_events_stream_refuses_without_a_session(world: ConsoleWorld) -> None:
     run_id = world.jobs["private"]
     with world.client() as client:
@@ -248,7 +233,7 @@ def test_the_events_stream_follows_the_owners_job_until_it_ends(world: ConsoleWo
     ):
         assert stream.status_code == 200
         assert stream.headers["content-type"].startswith("text/event-stream")
-        events = _events(stream.iter_lines())
+        events = sse_events(stream.iter_lines())
         name, first = next(events)
         assert (name, first["run_id"], first["state"]) == ("job", run_id, "queued")
         assert world.tp_cancel("alice", run_id, "cancelled with tp") == "cancelled"
@@ -272,16 +257,30 @@ def test_the_openapi_schema_lists_the_routes(world: ConsoleWorld) -> None:
         "/api/v1/fleets/{name}",
         "/api/v1/jobs",
         "/api/v1/jobs/{run_id}",
+        "/api/v1/jobs/events",
         "/api/v1/jobs/{run_id}/cancel",
+        "/api/v1/jobs/{run_id}/retry",
+        "/api/v1/jobs/{run_id}/decisions",
+        "/api/v1/jobs/{run_id}/logs",
+        "/api/v1/jobs/{run_id}/logs/events",
         "/api/v1/jobs/{run_id}/events",
         "/api/v1/jobs/{run_id}/metrics",
+        "/api/v1/jobs/{run_id}/metrics/events",
         "/api/v1/jobs/{run_id}/series",
     }
     series = paths["/api/v1/jobs/{run_id}/series"]["get"]
     assert {p["name"] for p in series["parameters"]} >= {"tag", "from", "to", "buckets", "format"}
     assert set(series["responses"]["200"]["content"]) == {"application/json", "text/csv"}
-    cancel = paths["/api/v1/jobs/{run_id}/cancel"]["post"]
-    assert any(p["name"] == "X-CSRF-Token" for p in cancel["parameters"])
+    for change in ("cancel", "retry"):
+        post = paths[f"/api/v1/jobs/{{run_id}}/{change}"]["post"]
+        assert any(p["name"] == "X-CSRF-Token" for p in post["parameters"])
+    logs = {p["name"] for p in paths["/api/v1/jobs/{run_id}/logs"]["get"]["parameters"]}
+    assert {"attempt", "member", "stream", "from", "max_bytes"} <= logs
+    for live in ("/jobs/events", "/jobs/{run_id}/logs/events", "/jobs/{run_id}/metrics/events"):
+        responses = paths["/api/v1" + live]["get"]["responses"]
+        assert set(responses["200"]["content"]) == {"text/event-stream"}
+        assert {"401", "403", "429"} <= set(responses)
+    assert "400" in paths["/api/v1/jobs/{run_id}/logs"]["get"]["responses"]
     assert {p["name"] for p in paths["/api/v1/jobs"]["get"]["parameters"]} >= {
         "project",
         "state",

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import shutil
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +24,7 @@ import attrs
 import httpx
 
 from tests.cli.tp_process import run_tp_as
-from tests.collector.delivery import Launched
+from tests.collector.delivery import Launched, launch_member
 from tests.coordinator.grpc_client import api_client, bearer, enroll, jobspec, open_channel
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tuneplane.proto import v1
@@ -38,6 +40,7 @@ class ConsoleWorld:
     tokens: dict[str, str]  # user -> token
     jobs: dict[str, str]  # label -> run id (all alice's, queued)
     node_id: str
+    launched: Launched | None = None  # the admin's Job with a member launched, when asked for
 
     def client(self) -> httpx.Client:
         """An HTTP client that verifies the console against the coordinator's CA."""
@@ -81,9 +84,17 @@ def sign_in(client: httpx.Client, token: str) -> httpx.Response:
 
 
 @contextmanager
-def console_world(root: Path, labels: tuple[str, ...]) -> Iterator[ConsoleWorld]:
-    """A coordinator with the console on; alice owns one queued Job per label."""
-    with start_coordinator(root, heartbeat_timeout=120, config=CONSOLE_TOML) as coord:
+def console_world(
+    root: Path, labels: tuple[str, ...], launched: str = "", heartbeat_timeout: int = 120
+) -> Iterator[ConsoleWorld]:
+    """A coordinator with the console on; alice owns one queued Job per label. With
+    ``launched``, first a Node of that name runs one member of a Job of the admin's (launched
+    before alice submits, so none of hers takes its GPU). A test that holds a Node's stream
+    open (tests/support/live_node.py) asks for a ``heartbeat_timeout`` longer than it runs."""
+    if launched:
+        heartbeat_timeout = max(heartbeat_timeout, 3600)
+    with start_coordinator(root, heartbeat_timeout=heartbeat_timeout, config=CONSOLE_TOML) as coord:
+        who = launch_member(coord, launched) if launched else None
         endpoints = json.loads((coord.state_dir / "endpoints.json").read_text())
         url = endpoints["console"]
         assert url.startswith("https://127.0.0.1:"), endpoints
@@ -102,13 +113,15 @@ def console_world(root: Path, labels: tuple[str, ...]) -> Iterator[ConsoleWorld]
                 }
 
         jobs = asyncio.run(submit())
-        yield ConsoleWorld(coord, url, tokens, jobs, node.node_id)
+        yield ConsoleWorld(coord, url, tokens, jobs, node.node_id, who)
 
 
-def ship_points(coord: CoordinatorProcess, who: Launched, tag: str, values: list[float]) -> None:
-    """Ship ``values`` (step i: values[i]) as ``tag`` through the real Ship RPC of the
-    telemetry listener, with the member's own collector credential, in batches as a collector
-    sends them."""
+def ship_points(
+    coord: CoordinatorProcess, who: Launched, tag: str, values: list[float], first_step: int = 0
+) -> None:
+    """Ship ``values`` (step ``first_step + i``: values[i]) as ``tag`` through the real Ship
+    RPC of the telemetry listener, with the member's own collector credential, in batches as a
+    collector sends them."""
     points = [
         v1.MetricPoint(
             source_id="report.rank0.jsonl",
@@ -119,7 +132,7 @@ def ship_points(coord: CoordinatorProcess, who: Launched, tag: str, values: list
             wall_time=1.7e9 + step,
             value=value,
         )
-        for step, value in enumerate(values)
+        for step, value in enumerate(values, start=first_step)
     ]
 
     async def go() -> None:
@@ -155,3 +168,43 @@ def playwright_session() -> Iterator[Any]:
             yield pw
     finally:
         asyncio.set_event_loop_policy(None)
+
+
+def sign_in_page(browser: Any, url: str, token: str, wait_ms: int = 15_000) -> Any:
+    """A fresh browser context's page, signed in with ``token`` through the sign-in form (the
+    console's certificate accepted: chromium has no per-context CA file)."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(wait_ms)
+    page = context.new_page()
+    page.goto(url + "/sign-in")
+    page.get_by_label("User token").fill(token)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(url + "/fleets")
+    return page
+
+
+def screenshot(page: Any, folder: Path, name: str) -> None:
+    """A full-page screenshot ``console-<name>.png`` into ``folder`` (the test's temporary
+    directory), copied into ``$TUNEPLANE_TEST_ARTIFACTS`` when that is set (docs/console.md
+    lists them)."""
+    shot = folder / f"console-{name}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    kept = os.environ.get("TUNEPLANE_TEST_ARTIFACTS")
+    if kept:
+        Path(kept).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(kept) / shot.name)
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Server-sent events ``(name, data)`` from a stream's lines; comments skipped."""
+    name, data = "", ""
+    for line in lines:
+        if line.startswith("event: "):
+            name = line[len("event: ") :]
+        elif line.startswith("data: "):
+            data = line[len("data: ") :]
+        elif line == "" and name:
+            yield name, json.loads(data)
+            name, data = "", ""

@@ -5,10 +5,18 @@
 //   finer; "Reset zoom" reads the whole series again. The server bounds every read.
 // - Smoothing (EMA over the last line, debiased as TensorBoard does) and log scale are drawn
 //   here, from the buckets already read; CSV links follow the zoom.
+// - Live: the page follows /api/v1/jobs/{run_id}/metrics/events (a "metrics" event when any
+//   run's points grow, at most one a second, the server's bound) and reads a chart again when
+//   one of its runs' tag grew, unless it is zoomed (a zoom is a range the reader chose); one
+//   read at a time per chart.
 // - Test hook, deliberate and documented (docs/console.md): window.tuneplaneCharts maps a
 //   figure's id to {plot: the uPlot instance, buckets: {run: buckets the server returned},
 //   columns: {run: index of its last line in plot.data}}; a figure's data-state is "drawn"
 //   once drawn (or "failed"), and data-render-ms is how long the reads and the drawing took.
+//   Once drawn, data-points is how many stored points the drawn buckets summarize (their
+//   counts, every run), data-buckets how many values uPlot holds in the runs' last lines, and
+//   data-drawn-at the performance.now() of the frame after uPlot drew (ms since navigation
+//   start: the end-to-end figure the bench reads).
 "use strict";
 
 window.tuneplaneCharts = {};
@@ -114,14 +122,33 @@ function chartFigure(figure, view) {
     });
   }
 
+  let loading = false;
+  let again = false;
+
   async function load() {
+    if (loading) {
+      again = true;
+      return;
+    }
+    loading = true;
     const started = performance.now();
     figure.dataset.state = "loading";
     try {
       answers = await readRuns(figure, range);
       draw(figure, answers, view);
       await new Promise((done) => requestAnimationFrame(() => done()));
-      figure.dataset.renderMs = String(Math.round(performance.now() - started));
+      const drawnAt = performance.now();
+      const chart = window.tuneplaneCharts[figure.id];
+      let held = 0;
+      Object.values(chart.columns).forEach((column) => {
+        held += chart.plot.data[column].filter((v) => v !== null && v !== undefined).length;
+      });
+      figure.dataset.points = String(
+        answers.reduce((n, [, s]) => n + s.count.reduce((a, b) => a + b, 0), 0)
+      );
+      figure.dataset.buckets = String(held);
+      figure.dataset.drawnAt = String(Math.round(drawnAt));
+      figure.dataset.renderMs = String(Math.round(drawnAt - started));
       figure.dataset.state = "drawn";
     } catch (err) {
       figure.dataset.state = "failed";
@@ -132,10 +159,18 @@ function chartFigure(figure, view) {
       figure.appendChild(said);
     }
     links();
+    loading = false;
+    if (again) {
+      again = false;
+      load();
+    }
   }
 
   return {
     load: load,
+    grew: () => {
+      if (range.from === null && range.to === null) load();
+    },
     redraw: () => {
       if (answers) draw(figure, answers, view);
     },
@@ -152,6 +187,29 @@ function chartFigure(figure, view) {
   };
 }
 
+function followMetrics(holder, charts) {
+  const runs = holder.dataset.runs.split(" ").filter((r) => r);
+  const q = new URLSearchParams();
+  runs.slice(1).forEach((run) => q.append("run", run));
+  const tail = runs.length > 1 ? "?" + q.toString() : "";
+  const events = new EventSource("/api/v1/jobs/" + encodeURIComponent(runs[0]) + "/metrics/events" + tail);
+  let seen = null;
+  events.addEventListener("metrics", (message) => {
+    const now = JSON.parse(message.data).runs;
+    if (seen !== null) {
+      charts.forEach(([, chart, figure]) => {
+        const tag = figure.dataset.tag;
+        const grew = figure.dataset.runs
+          .split(" ")
+          .filter((r) => r)
+          .some((run) => JSON.stringify((now[run] || {})[tag]) !== JSON.stringify((seen[run] || {})[tag]));
+        if (grew) chart.grew();
+      });
+    }
+    seen = now;
+  });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   const figures = Array.from(document.querySelectorAll("figure.chart"));
   if (!figures.length) return;
@@ -163,7 +221,7 @@ document.addEventListener("DOMContentLoaded", () => {
     const view = { smoothing: 0, log: false, zoom: null };
     const chart = chartFigure(figure, view);
     view.zoom = chart.zoom;
-    charts.push([view, chart]);
+    charts.push([view, chart, figure]);
   });
   smoothing.addEventListener("input", () => {
     shown.textContent = smoothing.value;
@@ -182,4 +240,5 @@ document.addEventListener("DOMContentLoaded", () => {
     charts.forEach(([, chart]) => chart.reset());
   });
   charts.forEach(([, chart]) => chart.load());
+  followMetrics(document.getElementById("charts-live"), charts);
 });
