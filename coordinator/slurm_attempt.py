@@ -95,7 +95,7 @@ def derive_job_state(facts: SlurmAttemptFacts, cancel_reason: str | None) -> tup
         return RESERVED, "the attempt is recorded; submitting it to Slurm"
     if facts.job_id is None:
         # A word with no job: slurmctld refused the submission and said why.
-        return FAILED, facts.slurm_reason.rstrip(".")
+        return FAILED, facts.slurm_reason.rstrip(".") or "Slurm refused the job"
     job = f"Slurm job {facts.job_id}"
     if said == QUEUED:
         why = facts.slurm_reason if facts.slurm_reason not in ("", "None") else "no reason given"
