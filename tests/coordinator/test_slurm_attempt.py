@@ -4,6 +4,7 @@ each Slurm answer means, a cancel's steps, the job's shape and its batch script.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -49,7 +50,7 @@ facts = st.builds(
 )
 
 
-def running(**extra: object) -> SlurmAttemptFacts:
+def running(**extra: Any) -> SlurmAttemptFacts:
     """A Slurm job 7 that was running, with ``extra`` facts changed."""
     return attrs.evolve(SlurmAttemptFacts(job_id=7, slurm_state="RUNNING"), **extra)
 
