@@ -14,6 +14,7 @@ Rules:
   answers; one Fleet's slurmrestd being down delays no other Fleet (each is asked under its own
   deadline).
 - A cancel is SIGTERM (recorded, then sent), then Slurm's cancel after the Job's grace period.
+- Members' logs are shipped into the log store at each read of the job (:mod:`.slurm_logs`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from ..executors.slurm import (
 from ..slurm_attempt import CANCEL, SIGNAL, SIGTERM, SlurmAttemptFacts, cancel_step, job_request
 from ..store.core import Store
 from ..store.handle import StoreUnavailable
+from ..store.logs import LogStore
 from ..store.slurm_attempts import (
     SlurmAttemptRow,
     queued_slurm_jobs,
@@ -57,6 +59,7 @@ from ..store.slurm_attempts import (
     slurm_attempts_to_drive,
 )
 from ..values.fleet import SlurmSettings
+from .slurm_logs import SlurmLogs
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +69,11 @@ REST_TIMEOUT_S = 5.0
 
 
 class SlurmExecutor:
-    def __init__(self, store: Store, catalogue: Catalogue, tick_s: float = 1.0) -> None:
+    def __init__(
+        self, store: Store, catalogue: Catalogue, logs: LogStore, tick_s: float = 1.0
+    ) -> None:
         self._store = store
+        self._logs = SlurmLogs(logs)
         self._catalogue = catalogue
         self._tick_s = tick_s
         self._wake = anyio.Event()
@@ -154,6 +160,8 @@ class SlurmExecutor:
             await self._record(row, attrs.evolve(row.facts, reachable=False,
                                                  unreachable_why=str(exc)))  # fmt: skip
             return
+        # The logs first: once the end is recorded the Job is no longer driven.
+        await self._logs.ship(settings, row, ended=job.exit is not None)
         await self._record(row, _facts(job_id, job))
         if row.cancel_grace_s is not None and job.exit is None:
             await self._cancel(rest, row, job_id, row.cancel_grace_s)

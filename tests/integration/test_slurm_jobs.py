@@ -2,8 +2,9 @@
 Slurm (tests/support/slurm.py) and the real Slurm step on its node.
 
 - A 1-member Job succeeds: one Slurm job named by the attempt, its id in the decision log, the
-  member's output in its log file on the Fleet's shared folder.
-- A failing member fails the Job with its exit code (and the runner's exit record says it).
+  member's output in its log file on the Fleet's shared folder and in `tp logs`.
+- A failing member fails the Job with its exit code (and the runner's exit record says it); a
+  retry is a new attempt, submitted as a new Slurm job under the new attempt's name.
 - A cancelled running Job ends ``cancelled`` and its workload process is gone.
 - A process-group Job: the fixture's cluster has one node (Debian's Slurm is not built with
   ``--enable-multiple-slurmd``, so several slurmd on one host are not possible), so this is
@@ -118,6 +119,7 @@ def test_a_one_member_job_runs_as_one_slurm_job_and_succeeds(
         assert slurm_jobs_named(cluster, f"tp-{run_id}-a1") == [str(job_id)]
         out = (member(shared, run_id) / "stdout.log").read_text()
         assert out == "hello from member 0 of 1 on 1 node(s), GPUs 0\n"
+        assert tp(coord, "logs", run_id) == out  # the coordinator shipped it for `tp logs`
         exit_record = json.loads((member(shared, run_id) / "exit.json").read_text())
         assert exit_record["exit_code"] == 0
 
@@ -126,12 +128,26 @@ def test_a_failing_member_fails_the_job_with_its_exit_code(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     with slurm_coordinator(cluster, tmp_path) as (coord, shared):
-        root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": "exit 3\n"})
+        root = project(
+            coord, tmp_path / "proj", "custom/custom", {"train.sh": "echo boom >&2\nexit 3\n"}
+        )
         run_id = submit(coord, root, "hpc-cpu:0")
         done = wait_state(coord, run_id, "failed")
         assert "ended FAILED (its members exited with code 3)" in done["state_reason"], done
         exit_record = json.loads((member(shared, run_id) / "exit.json").read_text())
         assert exit_record["exit_code"] == 3
+        assert tp(coord, "logs", run_id, "--stderr") == "boom\n"
+        # A retry is a new attempt, so a new Slurm job under a new name.
+        tp(coord, "job", "retry", run_id)
+        again = wait_state(coord, run_id, "failed")
+        assert [a["number"] for a in again["attempts"]] == [1, 2]
+        [first, second] = sorted(submitted(coord, run_id), key=lambda d: d["id"])
+        assert first["detail"]["slurm_job_id"] != second["detail"]["slurm_job_id"]
+        assert len(slurm_jobs_named(cluster, f"tp-{run_id}-a2")) == 1
+        assert (
+            json.loads((member(shared, run_id, attempt=2) / "exit.json").read_text())["exit_code"]
+            == 3
+        )
 
 
 def test_a_cancelled_running_job_ends_cancelled_and_its_processes_are_gone(
