@@ -47,6 +47,7 @@ from ..executors.slurm import (
 from ..slurm_attempt import CANCEL, SIGNAL, SIGTERM, SlurmAttemptFacts, cancel_step, job_request
 from ..store.core import Store
 from ..store.handle import StoreUnavailable
+from ..store.lifecycle import cancel_job
 from ..store.logs import LogStore
 from ..store.slurm_attempts import (
     SlurmAttemptRow,
@@ -125,7 +126,10 @@ class SlurmExecutor:
         try:
             spec = jobspec.loads(job.resolved_json)
         except jobspec.JobSpecError as exc:
-            log.warning("queued slurm job unreadable run_id=%s reason=%s", run_id, exc)
+            # As the Node scheduler does: the Job ends with the sentence instead of waiting.
+            why = f"its JobSpec does not pass this coordinator's checks ({exc}) Submit it again"
+            await cancel_job(self._store, run_id, "the coordinator", True, why, now_ms())
+            log.warning("queued slurm job refused run_id=%s reason=%s", run_id, exc)
             return
         recipe = self._catalogue.get(spec.method_id)
         launcher = recipe.launcher if recipe is not None else "member"
@@ -182,7 +186,19 @@ class SlurmExecutor:
             never = SlurmAttemptFacts(slurm_state="CANCELLED", slurm_reason="never submitted")
             await record_slurm_facts(self._store, row.run_id, row.attempt, never, now_ms())
             return None
-        folder = await self._write_attempt(settings, row)
+        try:
+            folder = await self._write_attempt(settings, row)
+        except OSError as exc:
+            # Nothing was submitted; submitting later would meet the same folder. The attempt
+            # fails with the sentence, and `tp job retry` tries again once it is fixed.
+            why = (
+                f"The coordinator cannot write the attempt's folder on the Fleet's shared folder "
+                f"{settings.shared_dir} ({exc.strerror or exc}); make it writable by the "
+                f"coordinator, then retry the Job"
+            )
+            failed = SlurmAttemptFacts(slurm_state="FAILED", slurm_reason=why)
+            await record_slurm_facts(self._store, row.run_id, row.attempt, failed, now_ms())
+            return None
         request = job_request(row.run_id, row.attempt, settings.partition, settings.python,
                               folder, row.members, row.gpus_per_member)  # fmt: skip
         try:

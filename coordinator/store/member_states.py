@@ -106,6 +106,12 @@ class MemberStates(StoreBase):
             slurm = await slurm_facts(db, run_id, int(number))
             if slurm is not None:
                 derived, reason = derive_slurm_state(slurm, cancel_reason)
+                if not lc.may_follow(str(current), derived):
+                    # Slurm requeued a job that ran (pending again): the Job keeps its state
+                    # until Slurm says more, rather than a move the Job lifecycle lacks.
+                    log.warning("slurm state kept run_id=%s state=%s slurm=%s",
+                                run_id, current, slurm.slurm_state)  # fmt: skip
+                    return
         new = lc.next_job_state(str(current), derived)
         if new == current:
             return

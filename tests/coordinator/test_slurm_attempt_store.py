@@ -1,7 +1,8 @@
 """Attempts run as Slurm jobs in the store (SQLite and PostgreSQL, migration 18): a queued Job of
 a Slurm Fleet is never placed on Nodes; its attempt is written before any submit; the Slurm job
 id is recorded once; the Job's state follows what Slurm says, ``unknown`` while slurmrestd is
-silent; an ended Job is no longer driven."""
+silent, and keeps ``running`` when Slurm requeues a job that ran; an ended Job is no longer
+driven."""
 
 from __future__ import annotations
 
@@ -77,6 +78,10 @@ def test_a_slurm_attempt_is_written_then_its_job_id_then_slurms_word(tmp_path: P
 
             running = SlurmAttemptFacts(job_id=41, slurm_state="RUNNING")
             await record_slurm_facts(store, run_id, 1, running, 8)
+            assert await _state(store, run_id) == ("running", "Slurm job 41 is running")
+            # Slurm requeued it (pending again): no move the Job lifecycle lacks, and no error.
+            requeued = SlurmAttemptFacts(job_id=41, slurm_state="PENDING")
+            await record_slurm_facts(store, run_id, 1, requeued, 8)
             assert await _state(store, run_id) == ("running", "Slurm job 41 is running")
             silent = SlurmAttemptFacts(job_id=41, slurm_state="RUNNING", reachable=False,
                                        unreachable_why="no answer.")  # fmt: skip
