@@ -13,6 +13,9 @@ Rules:
 - The GPUs are the ones Slurm gave the step (:func:`visible_gpus`).
 - The exit status is the member's (its first failure's code, 128 + a signal, or 0), so Slurm's
   job state and exit code carry it; a member that cannot be set up exits 1 with a sentence.
+- The member's collector runs beside it, as on a Node, with the member-scoped credential the
+  coordinator wrote beside the member; its spool is a private folder on this node, removed once
+  it delivered everything.
 - No Node journal, account pool or sandbox: the workload runs as the Slurm job's user, which
   Slurm chose. Image runtimes are not run here.
 """
@@ -21,13 +24,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from tuneplane.proto.contract import jobspec
 from tuneplane.proto.contract.slurm_attempt import (
+    CREDENTIAL_FILE,
+    AttemptFile,
     AttemptFileError,
     member_dir,
     read_attempt_file,
@@ -35,7 +42,7 @@ from tuneplane.proto.contract.slurm_attempt import (
 from tuneplane.runner.main import run_in_foreground
 
 from . import runner_pyz
-from .collectors import telemetry_dir, tensorboard_dir
+from .collectors import DRAINED_MARKER, EXITED_MARKER, telemetry_dir, tensorboard_dir
 from .launch_plan import LaunchPlanError, member_env, plan_processes, workload_env
 from .prepare import CAPSULE_DIR, PrepareRefused, materialise, read_capsule
 from .supervision import MemberLaunch, write_launch
@@ -46,6 +53,8 @@ EXIT_USAGE = 64
 PORT_BASE = 20000
 PORT_SPAN = 20000
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: How long the collector may take, after the member ended, to deliver what it holds.
+DRAIN_TIMEOUT_S = 60.0
 
 
 class StepError(RuntimeError):
@@ -108,6 +117,56 @@ def _digests(files: Mapping[str, bytes]) -> dict[str, str]:
     return {name: "sha256:" + hashlib.sha256(data).hexdigest() for name, data in files.items()}
 
 
+def collector_argv(
+    attempt: AttemptFile, here: Path, out_dir: Path, spool: Path, python: str = sys.executable
+) -> list[str] | None:
+    """The member's collector, as a Node starts it (agent/collectors.py), shipping with the
+    member's own credential; None when the attempt names no telemetry gateway."""
+    credential = here / CREDENTIAL_FILE
+    if not attempt.gateways or not credential.exists():
+        return None
+    ca = here / "ca.pem"
+    ca.write_text(attempt.ca_pem, encoding="utf-8")
+    return [
+        python, "-m", "tuneplane.collector.cli", "run",
+        "--telemetry-dir", str(telemetry_dir(out_dir)), "--out-dir", str(out_dir),
+        "--state-dir", str(spool),
+        *(arg for gateway in attempt.gateways for arg in ("--gateway", gateway)),
+        "--ca", str(ca), "--credential-file", str(credential),
+        "--run-id", attempt.run_id, "--attempt", str(attempt.attempt),
+        "--member", str(int(here.name.removeprefix("member-"))),
+    ]  # fmt: skip
+
+
+def run_with_collector(here: Path, argv: list[str] | None, spool: Path) -> int:
+    """Run the member in the foreground beside its collector (when there is one); when the
+    member has ended, tell the collector (``member-exited``, as a Node does) and give it
+    :data:`DRAIN_TIMEOUT_S` to deliver what it holds. The member's status is returned."""
+    if argv is None:
+        shutil.rmtree(spool, ignore_errors=True)
+        return run_in_foreground(here)
+    with (here / "collector.log").open("ab") as log_file:
+        collector = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    try:
+        code = run_in_foreground(here)
+    finally:
+        (spool / EXITED_MARKER).touch()
+        try:
+            collector.wait(DRAIN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            collector.terminate()
+            collector.wait(DRAIN_TIMEOUT_S)
+    if (spool / DRAINED_MARKER).exists():
+        shutil.rmtree(spool, ignore_errors=True)
+    else:
+        print(f"tuneplane slurm step: the collector did not deliver everything in "
+              f"{DRAIN_TIMEOUT_S:g} s; its spool stays in {spool} on this node.",
+              file=sys.stderr)  # fmt: skip
+    return code
+
+
 def prepare_member(folder: Path, env: Mapping[str, str]) -> Path:
     """Write this node's member (files, capsule, member.json); return its member folder."""
     attempt = read_attempt_file(folder)
@@ -161,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         here = prepare_member(Path(args[0]), os.environ)
+        attempt = read_attempt_file(Path(args[0]))
     except (
         StepError,
         AttemptFileError,
@@ -170,7 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     ) as exc:
         print(f"tuneplane slurm step: {exc}", file=sys.stderr)
         return EXIT_SETUP_FAILED
-    return run_in_foreground(here)
+    # The collector's spool is private and on this node (DESIGN.md: host-local), never shared.
+    if attempt.spool_dir:
+        Path(attempt.spool_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    spool = Path(
+        tempfile.mkdtemp(prefix=f"tp-collector-{attempt.run_id}-", dir=attempt.spool_dir or None)
+    )
+    argv = collector_argv(attempt, here, here / "out", spool)
+    return run_with_collector(here, argv, spool)
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ def main() -> int:
                     "fleet", "create", "hpc", "--kind", "slurm", "--slurmrestd",
                     cluster.rest_url, "--token-file", str(token), "--partition",
                     cluster.partition, "--shared-dir", str(root / "shared"), "--python",
-                    sys.executable,
+                    sys.executable, "--spool-dir", str(root / "spool"),
                 )  # fmt: skip
                 if made.returncode != 0:
                     print(f"  Slurm bench not run: {made.stderr.strip()}")

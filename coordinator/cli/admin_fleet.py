@@ -137,6 +137,13 @@ def fleet() -> None:
     help="kind slurm: the interpreter, with TunePlane installed, that runs the Slurm step on "
     "the nodes (default python3).",
 )
+@click.option(
+    "--spool-dir",
+    default=None,
+    metavar="PATH",
+    help="kind slurm: a folder on each Slurm node's own storage for the members' collector "
+    "spools (default: the node's temporary folder).",
+)
 def fleet_create(
     name: str,
     state_dir: Path,
@@ -146,6 +153,7 @@ def fleet_create(
     partition: str | None,
     shared_dir: str | None,
     python: str | None,
+    spool_dir: str | None,
 ) -> None:
     """Create a Fleet called NAME.
 
@@ -160,7 +168,7 @@ def fleet_create(
     settings: SlurmSettings | None = None
     nodes: list[SlurmNode] = []
     if kind == "node":
-        optional = {"--shared-dir": shared_dir, "--python": python}
+        optional = {"--shared-dir": shared_dir, "--python": python, "--spool-dir": spool_dir}
         extra = [flag for flag, value in {**given, **optional}.items() if value is not None]
         if extra:
             raise click.UsageError(
@@ -177,8 +185,9 @@ def fleet_create(
         assert slurmrestd is not None and token_file is not None and partition is not None
         try:
             settings = check_settings(
-                slurmrestd, token_file, partition, shared_dir or "", python or "python3"
-            )
+                slurmrestd, token_file, partition, shared_dir or "", python or "python3",
+                spool_dir or "",
+            )  # fmt: skip
         except (SlurmSettingsError, SlurmError) as exc:
             raise click.ClickException(str(exc)) from None
         nodes = _probe(settings)

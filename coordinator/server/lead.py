@@ -199,7 +199,7 @@ async def _run(
         quotas=config.quotas,
         loader_env_runtimes=config.loader_env_runtimes,
     )
-    slurm = SlurmExecutor(store, catalogue, log_store)
+    slurm = SlurmExecutor(store, catalogue, log_store, collectors, tls_paths.ca_cert)
 
     def admitted(run_id: str) -> None:
         scheduler.admitted(run_id)

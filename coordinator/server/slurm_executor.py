@@ -15,6 +15,9 @@ Rules:
   deadline).
 - A cancel is SIGTERM (recorded, then sent), then Slurm's cancel after the Job's grace period.
 - Members' logs are shipped into the log store at each read of the job (:mod:`.slurm_logs`).
+- Each member's collector credential is minted (recorded) when its attempt is submitted and
+  written beside the member (0600) with the attempt; live attempts keep it alive, and the end
+  of the Slurm job starts its drain window.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ import attrs
 from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.agent.crashpoint import crashpoint
 from tuneplane.proto.contract import jobspec
-from tuneplane.proto.contract.slurm_attempt import ATTEMPT_FILE, AttemptFile, attempt_dir
+from tuneplane.proto.contract.slurm_attempt import (
+    ATTEMPT_FILE,
+    CREDENTIAL_FILE,
+    AttemptFile,
+    attempt_dir,
+    member_dir,
+)
 
 from .. import capsule
 from ..catalogue import Catalogue
@@ -44,6 +53,7 @@ from ..executors.slurm import (
     open_slurm_rest,
     read_token,
 )
+from ..gateways.collector_credentials import CollectorCredentials
 from ..slurm_attempt import CANCEL, SIGNAL, SIGTERM, SlurmAttemptFacts, cancel_step, job_request
 from ..store.core import Store
 from ..store.handle import StoreUnavailable
@@ -60,6 +70,7 @@ from ..store.slurm_attempts import (
     slurm_attempts_to_drive,
 )
 from ..values.fleet import SlurmSettings
+from ..values.jobs import MemberKey
 from .slurm_logs import SlurmLogs
 
 log = logging.getLogger(__name__)
@@ -71,9 +82,17 @@ REST_TIMEOUT_S = 5.0
 
 class SlurmExecutor:
     def __init__(
-        self, store: Store, catalogue: Catalogue, logs: LogStore, tick_s: float = 1.0
+        self,
+        store: Store,
+        catalogue: Catalogue,
+        logs: LogStore,
+        collectors: CollectorCredentials,
+        ca_path: Path,
+        tick_s: float = 1.0,
     ) -> None:
         self._store = store
+        self._collectors = collectors
+        self._ca_path = ca_path
         self._logs = SlurmLogs(logs)
         self._catalogue = catalogue
         self._tick_s = tick_s
@@ -103,6 +122,9 @@ class SlurmExecutor:
         by_fleet: dict[str, list[SlurmAttemptRow]] = defaultdict(list)
         for row in await slurm_attempts_to_drive(self._store):
             by_fleet[row.fleet].append(row)
+        # Live attempts keep their members' collector credentials alive, as heartbeats do.
+        if by_fleet:
+            await self._collectors.keep_slurm_alive(by_fleet, now_ms())
         for fleet, rows in sorted(by_fleet.items()):
             settings = await self._store.slurm_settings(fleet)
             if settings is None:
@@ -166,6 +188,10 @@ class SlurmExecutor:
             return
         # The logs first: once the end is recorded the Job is no longer driven.
         await self._logs.ship(settings, row, ended=job.exit is not None)
+        if job.exit is not None:
+            # The collectors' drain window starts (again: idempotent) before the end is recorded.
+            for key in _members(row):
+                await self._collectors.member_ended(key, now_ms())
         await self._record(row, _facts(job_id, job))
         if row.cancel_grace_s is not None and job.exit is None:
             await self._cancel(rest, row, job_id, row.cancel_grace_s)
@@ -220,11 +246,26 @@ class SlurmExecutor:
         attempt's folder."""
         resolved, capsule_files = await slurm_attempt_inputs(self._store, row.run_id, row.attempt)
         folder = attempt_dir(settings.shared_dir, row.run_id, row.attempt)
-        body = AttemptFile(row.run_id, row.attempt, row.members, row.gpus_per_member,
-                           resolved, capsule_files).to_json()  # fmt: skip
-        await anyio.to_thread.run_sync(
-            lambda: write_atomic(folder / ATTEMPT_FILE, body.encode(), 0o644, parents=True)
-        )
+        gateways = self._collectors.telemetry_address
+        tokens: list[str] = []
+        ca_pem = ""
+        if gateways:
+            ca_pem = await anyio.to_thread.run_sync(self._ca_path.read_text)
+            tokens = await self._collectors.issue_for_slurm(_members(row), row.fleet, now_ms())
+        body = AttemptFile(
+            row.run_id, row.attempt, row.members, row.gpus_per_member, resolved, capsule_files,
+            (gateways, *self._collectors.telemetry_fallbacks) if gateways else (), ca_pem,
+            settings.spool_dir,
+        ).to_json()  # fmt: skip
+
+        def write() -> None:
+            # Each credential readable by the Slurm job's user alone, beside its member.
+            for index, token in enumerate(tokens):
+                path = member_dir(folder, index) / CREDENTIAL_FILE
+                write_atomic(path, (token + "\n").encode(), 0o600, parents=True)
+            write_atomic(folder / ATTEMPT_FILE, body.encode(), 0o644, parents=True)
+
+        await anyio.to_thread.run_sync(write)
         return folder
 
     async def _cancel(self, rest: SlurmRest, row: SlurmAttemptRow, job_id: int, grace: int) -> None:
@@ -245,6 +286,10 @@ class SlurmExecutor:
     async def _unreachable(self, rows: list[SlurmAttemptRow], why: str) -> None:
         for row in rows:
             await self._record(row, attrs.evolve(row.facts, reachable=False, unreachable_why=why))
+
+
+def _members(row: SlurmAttemptRow) -> list[MemberKey]:
+    return [MemberKey(row.run_id, row.attempt, i) for i in range(row.members)]
 
 
 def _facts(job_id: int, job: SlurmJob) -> SlurmAttemptFacts:

@@ -344,6 +344,9 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             # for Fleets created before: their Jobs are refused at Preview until it is set.
             "ALTER TABLE slurm_fleets ADD COLUMN shared_dir TEXT NOT NULL DEFAULT ''",
             "ALTER TABLE slurm_fleets ADD COLUMN python TEXT NOT NULL DEFAULT 'python3'",
+            # A folder on each Slurm node's own storage where members' collectors keep their
+            # spools ('' : the node's temporary folder).
+            "ALTER TABLE slurm_fleets ADD COLUMN spool_dir TEXT NOT NULL DEFAULT ''",
             # One row per attempt run as a Slurm job, written with the attempt before anything
             # is submitted. job_name (carrying the attempt) is the idempotency key: a submit
             # whose job id was never recorded is found again by name. slurm_job_id is NULL

@@ -127,3 +127,6 @@ class SlurmSettings:
     shared_dir: str = ""
     # The interpreter, with TunePlane installed, that runs the Slurm step on the nodes.
     python: str = "python3"
+    # A folder on each node's own storage for the collectors' spools ("": the node's temporary
+    # folder).
+    spool_dir: str = ""

@@ -10,7 +10,8 @@ Layout, under the Fleet's shared folder::
     <run id>/attempt-<n>/slurm-<job id>.out    the batch script's own output (srun's words)
     <run id>/attempt-<n>/member-<i>/           member i (the node with SLURM_NODEID i):
         work/ (experiment files, capsule)  out/ ($TUNEPLANE_OUT_DIR)  stdout.log  stderr.log,
-        and the runner's member.json, runner.json, exit.json
+        the runner's member.json, runner.json, exit.json, and collector.credential (0600,
+        written by the coordinator), ca.pem and collector.log for its collector
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def member_dir(attempt_folder: Path, member_index: int) -> Path:
     return attempt_folder / f"member-{member_index}"
 
 
+CREDENTIAL_FILE = "collector.credential"
+
+
 def job_name(run_id: str, attempt: int) -> str:
     """The Slurm job name of an attempt: the idempotency key of its submission."""
     return f"tp-{run_id}-a{attempt}"
@@ -54,10 +58,17 @@ class AttemptFile:
     gpus_per_member: int
     jobspec_json: str
     capsule: Mapping[str, str]  # file name -> text (capsule.json, bootstrap.sh)
+    # Where each member's collector ships (the telemetry gateway, then its fallbacks) and the
+    # CA (PEM) that signed its certificate; no gateways: no collector.
+    gateways: tuple[str, ...] = ()
+    ca_pem: str = ""
+    # The folder on the node's own storage for the collector's spool ("": its temporary folder).
+    spool_dir: str = ""
 
     def to_json(self) -> str:
         body = attrs.asdict(self)
         body["capsule"] = dict(self.capsule)
+        body["gateways"] = list(self.gateways)
         return json.dumps({"format": FORMAT, **body}, sort_keys=True) + "\n"
 
 
@@ -81,6 +92,9 @@ def read_attempt_file(folder: Path) -> AttemptFile:
             gpus_per_member=int(raw["gpus_per_member"]),
             jobspec_json=str(raw["jobspec_json"]),
             capsule={str(k): str(v) for k, v in dict(raw["capsule"]).items()},
+            gateways=tuple(str(g) for g in raw.get("gateways") or ()),
+            ca_pem=str(raw.get("ca_pem") or ""),
+            spool_dir=str(raw.get("spool_dir") or ""),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise AttemptFileError(f"{path} lacks or garbles the field {exc}.") from None

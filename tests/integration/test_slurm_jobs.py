@@ -2,7 +2,8 @@
 Slurm (tests/support/slurm.py) and the real Slurm step on its node.
 
 - A 1-member Job succeeds: one Slurm job named by the attempt, its id in the decision log, the
-  member's output in its log file on the Fleet's shared folder and in `tp logs`.
+  member's output in its log file on the Fleet's shared folder and in `tp logs`, its JSONL
+  points in `tp metrics` (shipped by its collector on the Slurm node).
 - A failing member fails the Job with its exit code (and the runner's exit record says it); a
   retry is a new attempt, submitted as a new Slurm job under the new attempt's name.
 - A cancelled running Job ends ``cancelled`` and its workload process is gone.
@@ -61,7 +62,7 @@ def slurm_coordinator(
         made = coord.admin("fleet", "create", "hpc", "--kind", "slurm", "--slurmrestd",
                            cluster.rest_url, "--token-file", str(token), "--partition",
                            cluster.partition, "--shared-dir", str(shared), "--python",
-                           sys.executable)  # fmt: skip
+                           sys.executable, "--spool-dir", str(tmp_path / "spool"))  # fmt: skip
         assert made.returncode == 0, made.stderr
         yield coord, shared
 
@@ -109,6 +110,8 @@ def test_a_one_member_job_runs_as_one_slurm_job_and_succeeds(
         root = project(coord, tmp_path / "proj", "custom/custom", {
             "train.sh": 'echo "hello from member $TUNEPLANE_MEMBER_INDEX of '
                         '$TUNEPLANE_MEMBER_COUNT on $NNODES node(s), GPUs $CUDA_VISIBLE_DEVICES"\n'
+                        'echo \'{"step": 1, "loss": 0.5}\' > "$TUNEPLANE_TELEMETRY_DIR/m.jsonl"\n'
+                        'echo \'{"step": 2, "loss": 0.25}\' >> "$TUNEPLANE_TELEMETRY_DIR/m.jsonl"\n'
         })  # fmt: skip
         run_id = submit(coord, root, "hpc:1")
         done = wait_state(coord, run_id, "succeeded")
@@ -120,6 +123,13 @@ def test_a_one_member_job_runs_as_one_slurm_job_and_succeeds(
         out = (member(shared, run_id) / "stdout.log").read_text()
         assert out == "hello from member 0 of 1 on 1 node(s), GPUs 0\n"
         assert tp(coord, "logs", run_id) == out  # the coordinator shipped it for `tp logs`
+        # The member's collector shipped its points with its own credential, as on a Node.
+        tags = {
+            t["tag"]: t["points"]
+            for t in json.loads(tp(coord, "metrics", run_id, "--json"))["tags"]
+        }
+        assert tags.get("loss") == 2, tags
+        assert list(member(shared, run_id).glob("collector.credential"))
         exit_record = json.loads((member(shared, run_id) / "exit.json").read_text())
         assert exit_record["exit_code"] == 0
 

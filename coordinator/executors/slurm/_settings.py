@@ -39,7 +39,12 @@ def read_token(token_file: str) -> str:
 
 
 def check_settings(
-    slurmrestd: str, token_file: str, partition: str, shared_dir: str = "", python: str = "python3"
+    slurmrestd: str,
+    token_file: str,
+    partition: str,
+    shared_dir: str = "",
+    python: str = "python3",
+    spool_dir: str = "",
 ) -> SlurmSettings:
     """The settings, with the token file made absolute, or :class:`SlurmSettingsError`."""
     url = urlsplit(slurmrestd)
@@ -77,7 +82,14 @@ def check_settings(
             f"--python {python!r} is not an interpreter; give a name or an absolute path, with "
             "no spaces, of a Python with TunePlane installed on every Slurm node."
         )
-    return SlurmSettings(slurmrestd.rstrip("/"), str(path), partition, shared_dir, python)
+    if spool_dir and not Path(spool_dir).is_absolute():
+        raise SlurmSettingsError(
+            f"--spool-dir {spool_dir!r} is not an absolute path; give a folder on each Slurm "
+            "node's own storage, e.g. /var/spool/tuneplane."
+        )
+    return SlurmSettings(
+        slurmrestd.rstrip("/"), str(path), partition, shared_dir, python, spool_dir
+    )
 
 
 async def probe_settings(settings: SlurmSettings) -> list[SlurmNode]:
