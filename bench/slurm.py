@@ -1,5 +1,5 @@
 """A Job on a Slurm Fleet against the same work submitted to Slurm directly, on one throwaway
-cluster (tests/support/slurm.py, with slurmrestd): submit -> running and submit -> exited.
+cluster (tuneplane.coordinator.demo.slurm, with slurmrestd): submit -> running and submit -> exited.
 
 Rules: runs alternate, ours then Slurm's, so a machine that slows down slows both alike. Ours is
 Preview + Commit over the Api (one client, already connected), then GetJob polled every
@@ -23,11 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.coordinator.grpc_client import Api, api_client, jobspec
 from tests.support.coordinator import start_coordinator
-from tests.support.slurm import SlurmCluster, slurm_cluster
+from tuneplane.coordinator.demo.slurm import SlurmCluster, SlurmUnavailable, slurm_cluster
 
 RUNS = 5
 POLL_S = 0.02
@@ -101,7 +99,7 @@ def main() -> int:
     try:
         cluster_cm = slurm_cluster()
         cluster = cluster_cm.__enter__()
-    except pytest.skip.Exception as skipped:
+    except SlurmUnavailable as skipped:
         print(f"  Slurm bench not run: {skipped}")
         return 0
     try:
