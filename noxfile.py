@@ -55,7 +55,7 @@ def tests(session: nox.Session) -> None:
         # The console's browser tests drive Debian's chromium through Playwright.
         "chromium": "chromium",
         # A throwaway Slurm cluster with slurmrestd and JWT for the Slurm Fleet tests
-        # (tests/support/slurm.py); the JWT plugin installs no binary, so its library stands in.
+        # (coordinator/demo/slurm.py); the JWT plugin installs no binary, so its library stands in.
         "slurm-wlm": "slurmctld",
         "munge": "munged",
         "slurmrestd": "slurmrestd",
