@@ -20,6 +20,7 @@ then Slurm's cancel once the Job's grace period has passed (:func:`cancel_step`)
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -46,6 +47,9 @@ BATCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 SIGTERM = 15
 SIGNAL = "signal"
 CANCEL = "cancel"
+ADOPT = "adopt"
+SUBMIT = "submit"
+NEVER = "never-submit"
 
 
 @attrs.frozen
@@ -112,6 +116,17 @@ def derive_job_state(facts: SlurmAttemptFacts, cancel_reason: str | None) -> tup
         why = failure_reason(facts.slurm_state) or f"Slurm ended it as {facts.slurm_state}."
         return FAILED, f"{job} ended {facts.slurm_state}{_exit_words(facts)}: {why}"
     return UNKNOWN, f"{job} is in the Slurm state {facts.slurm_state!r}, which is not known here"
+
+
+def submission(found_job_ids: Sequence[int], cancelled: bool) -> tuple[str, int | None]:
+    """What to do with an attempt whose Slurm job id is not recorded, given the ids of the jobs
+    Slurm holds under its name: :data:`ADOPT` the oldest (a submit whose record was lost: never
+    a second job), :data:`NEVER` submit one when a cancel came first, else :data:`SUBMIT`."""
+    if found_job_ids:
+        return ADOPT, min(found_job_ids)
+    if cancelled:
+        return NEVER, None
+    return SUBMIT, None
 
 
 def cancel_step(

@@ -54,7 +54,17 @@ from ..executors.slurm import (
     read_token,
 )
 from ..gateways.collector_credentials import CollectorCredentials
-from ..slurm_attempt import CANCEL, SIGNAL, SIGTERM, SlurmAttemptFacts, cancel_step, job_request
+from ..slurm_attempt import (
+    ADOPT,
+    CANCEL,
+    NEVER,
+    SIGNAL,
+    SIGTERM,
+    SlurmAttemptFacts,
+    cancel_step,
+    job_request,
+    submission,
+)
 from ..store.core import Store
 from ..store.handle import StoreUnavailable
 from ..store.lifecycle import cancel_job
@@ -202,13 +212,12 @@ class SlurmExecutor:
         """The attempt's Slurm job: found by name, or submitted now; None when a cancel came
         first (then it is never submitted)."""
         found = await rest.jobs_named(row.job_name)
-        if found:
-            await record_slurm_job_id(
-                self._store, row.run_id, row.attempt, found[0].job_id, True, now_ms()
-            )
-            log.info("slurm job found by name run_id=%s job_id=%d", row.run_id, found[0].job_id)
-            return found[0].job_id
-        if row.cancel_grace_s is not None:
+        what, adopted = submission([j.job_id for j in found], row.cancel_grace_s is not None)
+        if what == ADOPT and adopted is not None:
+            await record_slurm_job_id(self._store, row.run_id, row.attempt, adopted, True, now_ms())
+            log.info("slurm job found by name run_id=%s job_id=%d", row.run_id, adopted)
+            return adopted
+        if what == NEVER:
             never = SlurmAttemptFacts(slurm_state="CANCELLED", slurm_reason="never submitted")
             await record_slurm_facts(self._store, row.run_id, row.attempt, never, now_ms())
             return None

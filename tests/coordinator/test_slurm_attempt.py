@@ -24,14 +24,18 @@ from tuneplane.coordinator.lifecycle.states import (
     UNKNOWN,
 )
 from tuneplane.coordinator.slurm_attempt import (
+    ADOPT,
     CANCEL,
+    NEVER,
     SIGNAL,
+    SUBMIT,
     SlurmAttemptFacts,
     batch_script,
     cancel_step,
     derive_job_state,
     job_request,
     shape,
+    submission,
 )
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.sqlite_only("pure: no store")]
@@ -124,6 +128,17 @@ def test_a_cancel_signals_once_then_cancels_once_after_the_grace_period(
         assert step == CANCEL
     else:
         assert step is None
+
+
+@given(st.lists(st.integers(1, 10**6), unique=True, max_size=3), st.booleans())
+def test_a_job_slurm_holds_under_the_name_is_adopted_never_submitted_again(
+    found: list[int], cancelled: bool
+) -> None:
+    what, job_id = submission(found, cancelled)
+    if found:
+        assert (what, job_id) == (ADOPT, min(found))
+    else:
+        assert (what, job_id) == ((NEVER if cancelled else SUBMIT), None)
 
 
 def test_the_shape_is_one_member_per_node() -> None:
