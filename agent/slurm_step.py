@@ -22,7 +22,6 @@ Rules:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -113,10 +112,6 @@ def visible_gpus(env: Mapping[str, str], wanted: int) -> tuple[str, ...]:
     return given
 
 
-def _digests(files: Mapping[str, bytes]) -> dict[str, str]:
-    return {name: "sha256:" + hashlib.sha256(data).hexdigest() for name, data in files.items()}
-
-
 def collector_argv(
     attempt: AttemptFile, here: Path, out_dir: Path, spool: Path, python: str = sys.executable
 ) -> list[str] | None:
@@ -182,7 +177,9 @@ def prepare_member(folder: Path, env: Mapping[str, str]) -> Path:
     spec = jobspec.loads(attempt.jobspec_json)
     capsule = {name: text.encode("utf-8") for name, text in attempt.capsule.items()}
     here = member_dir(folder, index)
-    work = materialise(here, attempt.jobspec_json, capsule, _digests(capsule), spec.source_files)
+    work = materialise(
+        here, attempt.jobspec_json, capsule, attempt.capsule_digests, spec.source_files
+    )
     launch = read_capsule(work)
     out_dir = here / "out"
     for made in (out_dir, telemetry_dir(out_dir), tensorboard_dir(out_dir)):

@@ -263,6 +263,7 @@ class SlurmExecutor:
             tokens = await self._collectors.issue_for_slurm(_members(row), row.fleet, now_ms())
         body = AttemptFile(
             row.run_id, row.attempt, row.members, row.gpus_per_member, resolved, capsule_files,
+            capsule.digests(capsule_files),
             (gateways, *self._collectors.telemetry_fallbacks) if gateways else (), ca_pem,
             settings.spool_dir,
         ).to_json()  # fmt: skip

@@ -58,6 +58,9 @@ class AttemptFile:
     gpus_per_member: int
     jobspec_json: str
     capsule: Mapping[str, str]  # file name -> text (capsule.json, bootstrap.sh)
+    # file name -> ``sha256:<hex>`` as the coordinator sealed them: a node checks what it read
+    # from the shared folder against them, as a Node checks a Prepare's capsule.
+    capsule_digests: Mapping[str, str] = attrs.field(factory=dict)
     # Where each member's collector ships (the telemetry gateway, then its fallbacks) and the
     # CA (PEM) that signed its certificate; no gateways: no collector.
     gateways: tuple[str, ...] = ()
@@ -68,6 +71,7 @@ class AttemptFile:
     def to_json(self) -> str:
         body = attrs.asdict(self)
         body["capsule"] = dict(self.capsule)
+        body["capsule_digests"] = dict(self.capsule_digests)
         body["gateways"] = list(self.gateways)
         return json.dumps({"format": FORMAT, **body}, sort_keys=True) + "\n"
 
@@ -92,6 +96,7 @@ def read_attempt_file(folder: Path) -> AttemptFile:
             gpus_per_member=int(raw["gpus_per_member"]),
             jobspec_json=str(raw["jobspec_json"]),
             capsule={str(k): str(v) for k, v in dict(raw["capsule"]).items()},
+            capsule_digests={str(k): str(v) for k, v in dict(raw["capsule_digests"]).items()},
             gateways=tuple(str(g) for g in raw.get("gateways") or ()),
             ca_pem=str(raw.get("ca_pem") or ""),
             spool_dir=str(raw.get("spool_dir") or ""),

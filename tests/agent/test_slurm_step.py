@@ -75,7 +75,8 @@ def test_a_missing_attempt_file_is_a_sentence_and_exit_1(
 def test_the_collector_ships_with_the_members_own_credential(tmp_path: Path) -> None:
     here = tmp_path / "member-1"
     here.mkdir()
-    attempt = AttemptFile("run-1", 2, 2, 0, "{}", {}, ("127.0.0.1:7445", "10.0.0.2:7445"), "PEM")
+    gateways = ("127.0.0.1:7445", "10.0.0.2:7445")
+    attempt = AttemptFile("run-1", 2, 2, 0, "{}", {}, {}, gateways, "PEM")
     assert collector_argv(attempt, here, here / "out", tmp_path / "spool") is None  # no file
     (here / CREDENTIAL_FILE).write_text("tpc_x\n")
     argv = collector_argv(attempt, here, here / "out", tmp_path / "spool", python="py")
