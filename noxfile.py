@@ -57,7 +57,7 @@ def tests(session: nox.Session) -> None:
         # The console's browser tests drive Debian's chromium through Playwright.
         "chromium": "chromium",
         # A throwaway Slurm cluster with slurmrestd and JWT for the Slurm Fleet tests
-        # (tests/support/slurm.py); the JWT plugin installs no binary, so its library stands in.
+        # (coordinator/demo/slurm.py); the JWT plugin installs no binary, so its library stands in.
         "slurm-wlm": "slurmctld",
         "munge": "munged",
         "slurmrestd": "slurmrestd",
@@ -110,7 +110,8 @@ def bench(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """A real coordinator and two real agents on loopback running the bundled example job
     (``nox -s demo -- --store postgresql``: on an embedded PostgreSQL; ``-- --ha``: with a
-    standby coordinator there, the leader killed mid-Job)."""
+    standby coordinator there, the leader killed mid-Job; ``-- --slurm``: on a throwaway Slurm
+    cluster through a Fleet of kind slurm, as root with Slurm installed)."""
     postgres = any(arg.endswith("postgresql") or arg == "--ha" for arg in session.posargs)
     session.install("-e", ".[postgresql]" if postgres else ".")
     session.run("tuneplane", "demo", *session.posargs)

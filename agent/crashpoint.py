@@ -86,6 +86,9 @@ COORDINATOR_POINTS = frozenset(
         # coordinator/store/metric_ingest.py, MetricIngest.ship: inside the transaction, a series'
         # points written, not committed.
         "mid-telemetry-ingest",
+        # coordinator/server/slurm_executor.py: slurmrestd accepted an attempt's Slurm job, its
+        # job id not yet recorded.
+        "after-slurm-submit",
     }
 )
 POINTS = AGENT_POINTS | COORDINATOR_POINTS

@@ -88,6 +88,35 @@ def workload_env(
     return env
 
 
+def member_env(
+    run_id: str,
+    attempt: int,
+    member_index: int,
+    member_count: int,
+    out_dir: Path,
+    telemetry_dir: Path,
+    tensorboard_dir: Path,
+    parameter_env: Mapping[str, str],
+) -> dict[str, str]:
+    """TunePlane's own names in a member's environment, wherever it runs (a Node or a Slurm
+    node): the recipe's parameters as the coordinator rendered them at Preview (the digest
+    covers them), the member's identity, and where to write."""
+    return {
+        **parameter_env,
+        "TUNEPLANE_RUN_ID": run_id,
+        "TUNEPLANE_ATTEMPT": str(attempt),
+        "TUNEPLANE_MEMBER_INDEX": str(member_index),
+        "TUNEPLANE_MEMBER_COUNT": str(member_count),
+        "TUNEPLANE_OUT_DIR": str(out_dir),
+        "TUNEPLANE_TELEMETRY_DIR": str(telemetry_dir),
+        # Where libraries look for a TensorBoard log directory (docs/telemetry.md, "Where to
+        # write"); the collector follows all of $TUNEPLANE_OUT_DIR anyway.
+        "TUNEPLANE_TENSORBOARD_DIR": str(tensorboard_dir),
+        "TENSORBOARD_LOGDIR": str(tensorboard_dir),
+        "AIP_TENSORBOARD_LOG_DIR": str(tensorboard_dir),
+    }
+
+
 def resolve_entrypoint(
     entrypoint: tuple[str, ...], runtime: str, interpreter: str
 ) -> tuple[str, ...]:

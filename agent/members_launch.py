@@ -34,6 +34,7 @@ from .inventory import Inventory
 from .journal_records import MemberKey, MemberRecord
 from .launch_plan import (
     LaunchPlanError,
+    member_env,
     plan_processes,
     refused_loader_variable,
     resolve_entrypoint,
@@ -130,20 +131,16 @@ class MemberLaunches(MemberExits):
                     os.chmod(folder, 0o711)
         key = record.key
         ours = {
-            # The recipe's parameters as the coordinator rendered them at Preview (the
-            # digest covers them); the argv flags are in the capsule's entrypoint.
-            **spec.parameter_env,
-            "TUNEPLANE_RUN_ID": key.run_id,
-            "TUNEPLANE_ATTEMPT": str(key.attempt),
-            "TUNEPLANE_MEMBER_INDEX": str(key.member_index),
-            "TUNEPLANE_MEMBER_COUNT": str(record.member_count),
-            "TUNEPLANE_OUT_DIR": str(out_dir),
-            "TUNEPLANE_TELEMETRY_DIR": str(telemetry),
-            # Where libraries look for a TensorBoard log directory (docs/telemetry.md,
-            # "Where to write"); the collector follows all of $TUNEPLANE_OUT_DIR anyway.
-            "TUNEPLANE_TENSORBOARD_DIR": str(tensorboard),
-            "TENSORBOARD_LOGDIR": str(tensorboard),
-            "AIP_TENSORBOARD_LOG_DIR": str(tensorboard),
+            **member_env(
+                key.run_id,
+                key.attempt,
+                key.member_index,
+                record.member_count,
+                out_dir,
+                telemetry,
+                tensorboard,
+                spec.parameter_env,
+            ),
             # The Derivation's source, copied and verified at Prepare (agent/init_from.py).
             **(
                 {INIT_FROM_ENV: str(lease.work_dir / INIT_FROM_DIR)}

@@ -24,7 +24,7 @@ from .durable import create_exclusive
 from .member_file import MemberFile, MemberFileError, read_member_file
 from .member_runner import MemberRunner
 from .prctl import become_child_subreaper
-from .records import CLAIM_FILE, RUNNER_LOG, RecordError, read_claim
+from .records import CLAIM_FILE, RUNNER_LOG, RecordError, read_claim, read_exit_record
 from .sdk_path import SdkNotFound
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,8 @@ def _report(fd: int, message: str | bytes) -> None:
         return
 
 
-def _run_detached(member_dir: Path, member: MemberFile, ready_fd: int) -> int:
+def _claim(member_dir: Path, member: MemberFile) -> str | None:
+    """Claim the member's launch; None when claimed here, else the sentence refusing it."""
     me = psutil.Process()
     try:
         create_exclusive(
@@ -129,12 +130,39 @@ def _run_detached(member_dir: Path, member: MemberFile, ready_fd: int) -> int:
             holder = f"runner pid {claimed[0]}" if claimed else "another runner"
         except RecordError:
             holder = "another runner"
-        _report(
-            ready_fd,
+        return (
             f"the launch of member {member.member_index} of run {member.run_id} attempt "
             f"{member.attempt} is already claimed by {holder} ({member_dir / CLAIM_FILE} "
-            f"exists); a member starts at most once per attempt, so start a new attempt instead.",
+            f"exists); a member starts at most once per attempt, so start a new attempt instead."
         )
+    return None
+
+
+def run_in_foreground(member_dir: Path) -> int:
+    """Claim, start and supervise the member in this process (a Slurm task: Slurm, not an agent,
+    owns this process), and return how the member ended as an exit status: the first failure's
+    exit code, 128 + its signal, or 0. The exit record is written as on a Node."""
+    member = read_member_file(member_dir)
+    refused = _claim(member_dir, member)
+    if refused is not None:
+        print(f"tuneplane runner: {refused}", file=sys.stderr)
+        return EXIT_REFUSED
+    become_child_subreaper()
+    runner = MemberRunner(member_dir, member)
+    runner.start()
+    runner.supervise()
+    ended = read_exit_record(member_dir)
+    if ended is None:
+        return EXIT_FAILED
+    if ended.signal:
+        return 128 + ended.signal
+    return ended.exit_code or 0
+
+
+def _run_detached(member_dir: Path, member: MemberFile, ready_fd: int) -> int:
+    refused = _claim(member_dir, member)
+    if refused is not None:
+        _report(ready_fd, refused)
         return EXIT_REFUSED
     _redirect_stdio(member_dir / RUNNER_LOG)
     logging.basicConfig(

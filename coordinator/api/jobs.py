@@ -121,24 +121,29 @@ class ApiService:
                     f"places Jobs on the Fleet {s.fleet!r}, which does not exist",
                     "Ask the coordinator's operator to create it or fix the Profile.",
                 )
-            if await self._store.slurm_settings(s.fleet) is not None:
-                # Explicit, never a fallback: a Job for a Slurm Fleet is refused, not queued
-                # where nothing would ever run it.
+            slurm = await self._store.slurm_settings(s.fleet)
+            if slurm is not None and not slurm.shared_dir:
+                # Explicit, never a fallback: nothing could run it, so it is refused, not queued.
                 raise jobspec.JobSpecError(
                     "resources.profile",
                     admitted.profile,
-                    f"places Jobs on the Fleet {s.fleet!r}, of kind slurm, and this coordinator "
-                    "does not run Jobs on Slurm Fleets yet",
-                    "Use a Profile whose Fleet is of kind node.",
+                    f"places Jobs on the Fleet {s.fleet!r}, of kind slurm, which has no shared "
+                    "folder for its attempts",
+                    "Ask the coordinator's operator to create the Fleet with --shared-dir.",
                 )
             admitted = await self._derive(admitted, stream)
             admitted = await self._pin_image(admitted)
-            refusal = never_fits(
-                Request(admitted.gpus, admitted.members, admitted.gpus_per_member),
-                s.fleet,
-                s.series,
-                await healthy_gpus_per_node(self._store, s.fleet, s.series),
-                self._config.quotas.get((s.fleet, s.series)),
+            # A Slurm Fleet's GPUs are Slurm's to count: slurmctld refuses a job that never fits.
+            refusal = (
+                None
+                if slurm is not None
+                else never_fits(
+                    Request(admitted.gpus, admitted.members, admitted.gpus_per_member),
+                    s.fleet,
+                    s.series,
+                    await healthy_gpus_per_node(self._store, s.fleet, s.series),
+                    self._config.quotas.get((s.fleet, s.series)),
+                )
             )
             if refusal is not None:
                 raise refusal

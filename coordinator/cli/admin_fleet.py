@@ -123,6 +123,27 @@ def fleet() -> None:
 @click.option(
     "--partition", default=None, metavar="P", help="kind slurm: the partition its Jobs run in."
 )
+@click.option(
+    "--shared-dir",
+    default=None,
+    metavar="PATH",
+    help="kind slurm: a folder the coordinator and every Slurm node see at the same path; "
+    "each attempt's capsule, member folders, exit records and logs go there.",
+)
+@click.option(
+    "--python",
+    default=None,
+    metavar="PYTHON",
+    help="kind slurm: the interpreter, with TunePlane installed, that runs the Slurm step on "
+    "the nodes (default python3).",
+)
+@click.option(
+    "--spool-dir",
+    default=None,
+    metavar="PATH",
+    help="kind slurm: a folder on each Slurm node's own storage for the members' collector "
+    "spools (default: the node's temporary folder).",
+)
 def fleet_create(
     name: str,
     state_dir: Path,
@@ -130,6 +151,9 @@ def fleet_create(
     slurmrestd: str | None,
     token_file: str | None,
     partition: str | None,
+    shared_dir: str | None,
+    python: str | None,
+    spool_dir: str | None,
 ) -> None:
     """Create a Fleet called NAME.
 
@@ -144,7 +168,8 @@ def fleet_create(
     settings: SlurmSettings | None = None
     nodes: list[SlurmNode] = []
     if kind == "node":
-        extra = [flag for flag, value in given.items() if value is not None]
+        optional = {"--shared-dir": shared_dir, "--python": python, "--spool-dir": spool_dir}
+        extra = [flag for flag, value in {**given, **optional}.items() if value is not None]
         if extra:
             raise click.UsageError(
                 f"{', '.join(extra)} {'describes' if len(extra) == 1 else 'describe'} a Fleet "
@@ -159,7 +184,10 @@ def fleet_create(
             )
         assert slurmrestd is not None and token_file is not None and partition is not None
         try:
-            settings = check_settings(slurmrestd, token_file, partition)
+            settings = check_settings(
+                slurmrestd, token_file, partition, shared_dir or "", python or "python3",
+                spool_dir or "",
+            )  # fmt: skip
         except (SlurmSettingsError, SlurmError) as exc:
             raise click.ClickException(str(exc)) from None
         nodes = _probe(settings)

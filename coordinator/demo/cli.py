@@ -28,7 +28,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from . import accounts, postgres
+from . import accounts, postgres, slurm_run
 from . import ha as ha_run
 from .cluster import (
     MEMBER_ROOT_PREFIX,
@@ -37,6 +37,7 @@ from .cluster import (
     LocalCluster,
     running_as_root,
 )
+from .slurm_run import run_on_slurm
 from .watch import JobHistory, chart, find_run_id, watch
 
 MARKER = ".tuneplane-demo"
@@ -162,7 +163,9 @@ def main() -> None:
     help="Where the demo keeps its coordinator, nodes, project and outputs (recreated each run).",
 )
 @click.option("--experiment", default="allreduce", show_default=True)
-@click.option("--profile", default="h200:4", show_default=True)
+@click.option(
+    "--profile", default=None, help="The Job's Profile (default: h200:4; with --slurm, slurm:2)."
+)
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for the Job.")
 @click.option(
     "--store",
@@ -184,14 +187,22 @@ def main() -> None:
     help="When the Job has ended, keep the coordinator (and so its web console) and the agents "
     "running until Ctrl-C, so a person can look.",
 )
+@click.option(
+    "--slurm",
+    is_flag=True,
+    help="Run the Job on a throwaway Slurm cluster (munged, slurmctld, slurmd and slurmrestd "
+    "under a temporary folder; as root, with Debian's slurm-wlm, slurmrestd, "
+    "slurm-wlm-jwt-plugin and munge) through a Fleet of kind slurm, instead of two agents.",
+)
 def demo(
     workdir: Path,
     experiment: str,
-    profile: str,
+    profile: str | None,
     timeout: float,
     store: str | None,
     ha: bool,
     keep: bool,
+    slurm: bool,
 ) -> None:
     """Start a coordinator and two agents on loopback and run the example Job end to end."""
     console = Console()
@@ -200,6 +211,19 @@ def demo(
             "--ha needs coordinators sharing a PostgreSQL store; drop --store sqlite (--ha "
             "starts an embedded PostgreSQL)."
         )
+    if slurm and (ha or store or keep):
+        raise click.UsageError("--slurm runs on SQLite and ends with the Job; drop --ha, "
+                               "--store and --keep.")  # fmt: skip
+    if slurm:
+        workdir = workdir.resolve()
+        prepare_workdir(workdir)
+        Console().rule("TunePlane demo on Slurm")
+        project = _example_project(workdir / "project")
+        ok = run_on_slurm(Console(), workdir, project, experiment, profile or slurm_run.PROFILE,
+                          timeout, CONSOLE_TOML)  # fmt: skip
+        Console().print("[green]demo succeeded[/]" if ok else "[red]demo failed[/]")
+        sys.exit(0 if ok else 1)
+    profile = profile or "h200:4"
     store = "postgresql" if ha else store or "sqlite"
     if store == "postgresql":
         try:

@@ -8,12 +8,14 @@ Rules:
   (:data:`TTL_MS`). When the member reaches a terminal state, its credentials last
   :data:`DRAIN_MS` more, for the collector to deliver what is spooled, then expire for good.
 - It opens the telemetry gateway only: the control gateway and the Api refuse it.
+- A member of a Slurm attempt gets one when the attempt is submitted; its Fleet's live attempts
+  extend it as a Node's heartbeats do, and the end of the Slurm job starts the drain window.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -85,6 +87,23 @@ class CollectorCredentials:
                 )
         return out
 
+    async def issue_for_slurm(
+        self, members: Sequence[MemberKey], fleet: str, now: int
+    ) -> list[str]:
+        """A fresh, durably recorded credential for each member of a Slurm attempt (before it
+        is written where the member's node reads it). Their "Node" is the Fleet
+        (:func:`slurm_holder`): :meth:`keep_slurm_alive` extends them while the job lives."""
+        tokens = [new_credential(COLLECTOR_PREFIX) for _ in members]
+        holder = slurm_holder(fleet)
+        grants = [(hash_credential(t), m, holder) for t, m in zip(tokens, members, strict=True)]
+        await self.store.issue_credentials(grants, now, TTL_MS)
+        log.info("collector credentials issued fleet=%s members=%d", fleet, len(members))
+        return tokens
+
+    async def keep_slurm_alive(self, fleets: Iterable[str], now: int) -> None:
+        """A Slurm Fleet's live attempts stand in for a Node's heartbeat."""
+        await self.heartbeats({slurm_holder(f): now for f in fleets})
+
     async def heartbeats(self, beats: Mapping[str, int]) -> None:
         """Extend the credentials of members that have not ended, for each Node's latest
         heartbeat time in ``beats`` (node id -> ms); one transaction for the whole batch."""
@@ -125,6 +144,11 @@ class CollectorCredentials:
             )
         name = _member_text(grant.member)
         return Principal("collector", name), grant
+
+
+def slurm_holder(fleet: str) -> str:
+    """What a Slurm member's credential names in place of a Node id."""
+    return f"slurm:{fleet}"
 
 
 def _member_text(member: MemberKey) -> str:

@@ -20,6 +20,7 @@ from .job_state import derive_job_state as derive_job_state
 from .job_state import describe_failure as describe_failure
 from .job_state import describe_launch_failure as describe_launch_failure
 from .job_state import failure_sentence as failure_sentence
+from .job_state import may_follow as may_follow
 from .job_state import next_job_state as next_job_state
 from .reports import NEEDS_COMMIT as NEEDS_COMMIT
 from .reports import REPORT_LATER as REPORT_LATER

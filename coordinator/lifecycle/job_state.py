@@ -144,6 +144,15 @@ def next_job_state(current: str, derived: str) -> str:
     return derived
 
 
+def may_follow(current: str, derived: str) -> bool:
+    """Whether :func:`next_job_state` accepts ``derived`` after ``current`` (without raising)."""
+    try:
+        next_job_state(current, derived)
+    except IllegalTransition:
+        return False
+    return True
+
+
 class NotRetryable(IllegalTransition):
     """A retry of a Job that has not ended, or that succeeded."""
 

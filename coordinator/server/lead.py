@@ -66,6 +66,7 @@ from .leadership import Leadership, Peers, Won
 from .listeners import LISTEN_BACKLOG, bounded, run_listener
 from .metrics_export import count_store_retry, refresh_gauges
 from .scheduler import Scheduler
+from .slurm_executor import SlurmExecutor
 from .state_dir import Endpoints, coordinator_where, publish, withdraw
 from .tls import TlsPaths
 
@@ -198,8 +199,18 @@ async def _run(
         quotas=config.quotas,
         loader_env_runtimes=config.loader_env_runtimes,
     )
+    slurm = SlurmExecutor(store, catalogue, log_store, collectors, tls_paths.ca_cert)
+
+    def admitted(run_id: str) -> None:
+        scheduler.admitted(run_id)
+        slurm.wake()
+
+    def wake_both() -> None:
+        scheduler.wake()
+        slurm.wake()
+
     preparations = PreparationBook()
-    api = ApiService(store, config, catalogue, scheduler.admitted, log_store, preparations)
+    api = ApiService(store, config, catalogue, admitted, log_store, preparations)
     addresses = ControlAddressDesk(store, registry, tls_paths.server_cert)
     await addresses.load()
     heartbeats = HeartbeatBook()
@@ -226,7 +237,7 @@ async def _run(
     )
     identity = IdentityApi(store, registry)
     address_api = ControlAddressApi(store, addresses)
-    lifecycle = LifecycleApi(store, log_store, registry, scheduler.wake)
+    lifecycle = LifecycleApi(store, log_store, registry, wake_both)
     loss_desk = NodeLossDesk(store, registry, scheduler.wake, collectors)
     node_loss = NodeLossApi(store, loss_desk)
     loss_watch = MaxDisconnectWatch(store, registry, loss_desk, config.fleets)
@@ -266,6 +277,7 @@ async def _run(
                     setting.console_ctx,
                 )  # fmt: skip
             tg.start_soon(scheduler.run)
+            tg.start_soon(slurm.run)
             if setting.exporter is not None:
                 tg.start_soon(refresh_gauges, store)
             tg.start_soon(flusher.run)

@@ -61,11 +61,14 @@ class Enrollment(StoreBase):
                 if slurm is not None:
                     await db.execute(
                         "INSERT INTO slurm_fleets (fleet, slurmrestd_url, token_file, "
-                        "partition_name) VALUES (?, ?, ?, ?)",
-                        (name, slurm.slurmrestd, slurm.token_file, slurm.partition),
-                    )
+                        "partition_name, shared_dir, python, spool_dir) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (name, slurm.slurmrestd, slurm.token_file, slurm.partition,
+                         slurm.shared_dir, slurm.python, slurm.spool_dir),
+                    )  # fmt: skip
                     detail.update(slurmrestd=slurm.slurmrestd, token_file=slurm.token_file,
-                                  partition=slurm.partition)  # fmt: skip
+                                  partition=slurm.partition, shared_dir=slurm.shared_dir,
+                                  python=slurm.python, spool_dir=slurm.spool_dir)  # fmt: skip
                 await self.log_decision(db, now, "fleet created", detail)
 
         await self.shielded(work)
@@ -73,14 +76,18 @@ class Enrollment(StoreBase):
     async def slurm_settings(self, fleet: str) -> SlurmSettings | None:
         """How the Fleet ``fleet`` reaches its Slurm cluster; None unless it is of kind slurm."""
         rows = await self.reader.execute_fetchall(
-            "SELECT slurmrestd_url, token_file, partition_name FROM slurm_fleets WHERE fleet = ?",
+            "SELECT slurmrestd_url, token_file, partition_name, shared_dir, python, spool_dir "
+            "FROM slurm_fleets WHERE fleet = ?",
             (fleet,),
         )
         found = list(rows)
         if not found:
             return None
-        url, token_file, partition = found[0]
-        return SlurmSettings(str(url), str(token_file), str(partition))
+        url, token_file, partition, shared_dir, python, spool_dir = found[0]
+        return SlurmSettings(
+            str(url), str(token_file), str(partition), str(shared_dir), str(python),
+            str(spool_dir),
+        )  # fmt: skip
 
     async def fleet_names(self) -> list[str]:
         rows = await self.reader.execute_fetchall("SELECT name FROM fleets ORDER BY name")

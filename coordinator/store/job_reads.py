@@ -61,11 +61,30 @@ class JobReads(StoreBase):
             (run_id, attempt, member_index),
         )
         if row is None:
+            row = await self._slurm_member_state(run_id, attempt, member_index)
+        if row is None:
             raise NotFound(
                 f"the Job {run_id} has no member {member_index} in attempt {attempt}. "
                 f"See its attempts and members with `tp job show {run_id}`."
             )
         return MemberKey(run_id, attempt, member_index), str(row[0])
+
+    async def _slurm_member_state(
+        self, run_id: str, attempt: int, member_index: int
+    ) -> tuple[str] | None:
+        """A member of an attempt run as a Slurm job, in a member's words: ``exited`` once the
+        job ended, ``reserved`` until Slurm ran it, else ``running``; None when there is none."""
+        row = await first_row(
+            self.reader,
+            "SELECT members, slurm_state, has_exit FROM slurm_attempts "
+            "WHERE run_id = ? AND attempt = ?",
+            (run_id, attempt),
+        )
+        if row is None or not 0 <= member_index < int(row[0]):
+            return None
+        if row[2]:
+            return (lc.M_EXITED,)
+        return (lc.M_RESERVED,) if str(row[1]) in ("", "PENDING") else (lc.M_RUNNING,)
 
     async def list_jobs(
         self, project: str = "", state: str = "", owner: str = "", limit: int = 100

@@ -5,8 +5,9 @@ Rules:
 - Called inside a transaction the caller holds (``db``); nothing here opens one or decides a
   move: the caller (a launch step, a judged report, a Node's loss) has decided it.
 - A Job's state is derived from its latest attempt by the pure
-  :func:`~tuneplane.coordinator.lifecycle.derive_job_state`; a change is recorded with its reason
-  in ``job_states`` and ``decisions``.
+  :func:`~tuneplane.coordinator.lifecycle.derive_job_state` (an attempt run as a Slurm job, by
+  :func:`~tuneplane.coordinator.slurm_attempt.derive_job_state`); a change is recorded with its
+  reason in ``job_states`` and ``decisions``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import logging
 
 from .. import lifecycle as lc
+from ..slurm_attempt import derive_job_state as derive_slurm_state
 from ..values.jobs import MemberKey
 from .base import StoreBase
 from .handle import Handle, first_row
+from .slurm_facts import slurm_facts
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,17 @@ class MemberStates(StoreBase):
             )
             cancel_reason = None if cancel is None else str(cancel[0])
         derived, reason = lc.derive_job_state(decision, str(decision_reason), facts, cancel_reason)
+        if attempt:
+            # An attempt run as one Slurm job has no member rows: Slurm's word decides.
+            slurm = await slurm_facts(db, run_id, int(number))
+            if slurm is not None:
+                derived, reason = derive_slurm_state(slurm, cancel_reason)
+                if not lc.may_follow(str(current), derived):
+                    # Slurm requeued a job that ran (pending again): the Job keeps its state
+                    # until Slurm says more, rather than a move the Job lifecycle lacks.
+                    log.warning("slurm state kept run_id=%s state=%s slurm=%s",
+                                run_id, current, slurm.slurm_state)  # fmt: skip
+                    return
         new = lc.next_job_state(str(current), derived)
         if new == current:
             return

@@ -80,6 +80,10 @@ async def queue_mark(store: Store) -> tuple[int, int]:
 RUN_IDS_PER_READ = 500
 
 
+#: Jobs of a Slurm Fleet are Slurm's to queue (``server/slurm_executor.py``), never placed here.
+_ON_NODES = "AND fleet NOT IN (SELECT fleet FROM slurm_fleets)"
+
+
 async def queued_requests(
     store: Store, only: Collection[str] | None = None
 ) -> tuple[list[QueuedRequest], dict[str, str]]:
@@ -93,7 +97,7 @@ async def queued_requests(
     order = "ORDER BY created_at_ms, run_id"
     if only is None:
         rows = await fetch_rows(
-            store, f"SELECT {columns} FROM jobs WHERE state = ? {order}", (lc.QUEUED,)
+            store, f"SELECT {columns} FROM jobs WHERE state = ? {_ON_NODES} {order}", (lc.QUEUED,)
         )
     else:
         rows = []
@@ -103,7 +107,7 @@ async def queued_requests(
             marks = ", ".join("?" for _ in part)
             rows += await fetch_rows(
                 store,
-                f"SELECT {columns}, created_at_ms FROM jobs WHERE state = ? "
+                f"SELECT {columns}, created_at_ms FROM jobs WHERE state = ? {_ON_NODES} "
                 f"AND run_id IN ({marks})",
                 (lc.QUEUED, *part),
             )

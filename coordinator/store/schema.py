@@ -335,6 +335,48 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             )""",
         ),
     ),
+    (
+        18,
+        (
+            # Where a Slurm Fleet's attempts live: a folder every Slurm node and the coordinator
+            # see at the same path (capsule, member folders, exit records, logs), and the
+            # interpreter (with TunePlane installed) that runs the Slurm step on the nodes. ''
+            # for Fleets created before: their Jobs are refused at Preview until it is set.
+            "ALTER TABLE slurm_fleets ADD COLUMN shared_dir TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE slurm_fleets ADD COLUMN python TEXT NOT NULL DEFAULT 'python3'",
+            # A folder on each Slurm node's own storage where members' collectors keep their
+            # spools ('' : the node's temporary folder).
+            "ALTER TABLE slurm_fleets ADD COLUMN spool_dir TEXT NOT NULL DEFAULT ''",
+            # One row per attempt run as a Slurm job, written with the attempt before anything
+            # is submitted. job_name (carrying the attempt) is the idempotency key: a submit
+            # whose job id was never recorded is found again by name. slurm_job_id is NULL
+            # until recorded; slurm_state is Slurm's last word ('' before the first answer);
+            # reachable is 0 while slurmrestd does not answer. signalled_at_ms and
+            # cancelled_at_ms record a cancel's SIGTERM and its cancel after the grace period.
+            """CREATE TABLE slurm_attempts (
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                fleet TEXT NOT NULL REFERENCES fleets(name),
+                job_name TEXT NOT NULL UNIQUE,
+                members INTEGER NOT NULL,
+                gpus_per_member INTEGER NOT NULL,
+                slurm_job_id BIGINT,
+                submitted_at_ms BIGINT,
+                slurm_state TEXT NOT NULL DEFAULT '',
+                slurm_reason TEXT NOT NULL DEFAULT '',
+                reachable INTEGER NOT NULL DEFAULT 1,
+                unreachable_why TEXT NOT NULL DEFAULT '',
+                has_exit INTEGER NOT NULL DEFAULT 0,
+                exit_code INTEGER NOT NULL DEFAULT 0,
+                signal INTEGER NOT NULL DEFAULT 0,
+                signalled_at_ms BIGINT,
+                cancelled_at_ms BIGINT,
+                updated_at_ms BIGINT NOT NULL,
+                PRIMARY KEY (run_id, attempt),
+                FOREIGN KEY (run_id, attempt) REFERENCES attempts(run_id, number)
+            )""",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -121,3 +121,12 @@ class SlurmSettings:
     slurmrestd: str
     token_file: str  # an absolute path on the coordinator's machine
     partition: str
+    # The folder every Slurm node and the coordinator see at the same path, where each
+    # attempt's capsule, member folders, exit records and logs live; "" when not set (Jobs are
+    # refused at Preview then).
+    shared_dir: str = ""
+    # The interpreter, with TunePlane installed, that runs the Slurm step on the nodes.
+    python: str = "python3"
+    # A folder on each node's own storage for the collectors' spools ("": the node's temporary
+    # folder).
+    spool_dir: str = ""

@@ -2,7 +2,8 @@
 slurmrestd: a Fleet is stored (with its settings, in the decision log) only after slurmrestd
 answered with the partition; every wrong setting is refused with a sentence and stores nothing;
 ``tp fleet show`` lists the partition's nodes and GPUs, or says why it could not; a Preview for
-a Slurm Fleet is refused, since nothing runs Jobs there yet."""
+a Slurm Fleet with no shared folder (one created before it existed) is refused, since nothing
+could run its Jobs."""
 
 from __future__ import annotations
 
@@ -93,6 +94,9 @@ def test_a_slurm_fleet_is_created_after_slurmrestd_shows_its_partition(
         ({"--slurmrestd": "ftp://127.0.0.1:1"}, "is not a slurmrestd URL"),
         ({"--slurmrestd": "http://127.0.0.1:1"}, "did not answer"),
         ({"--token-file": "/nonexistent/slurm.token"}, "cannot be read"),
+        ({"--shared-dir": "relative/dir"}, "--shared-dir 'relative/dir' is not an absolute path"),
+        ({"--shared-dir": "/nonexistent/shared"}, "is not a folder on the coordinator's machine"),
+        ({"--python": "python3 -X"}, "--python 'python3 -X' is not an interpreter"),
     ],
 )
 def test_a_wrong_setting_is_refused_with_a_sentence_and_stores_nothing(
@@ -165,7 +169,7 @@ def test_tp_fleet_show_lists_the_partitions_nodes_and_gpus_as_slurmrestd_reports
         assert slurm["error"].endswith(".")
 
 
-def test_a_preview_for_a_slurm_fleet_is_refused_not_queued(
+def test_a_preview_for_a_slurm_fleet_without_a_shared_folder_is_refused_not_queued(
     cluster: SlurmCluster, tmp_path: Path, token_file: Path
 ) -> None:
     profile = '\n[profiles.hpc-cpu]\nseries = "cpu"\nfleet = "hpc"\n'
@@ -182,7 +186,7 @@ def test_a_preview_for_a_slurm_fleet_is_refused_not_queued(
         with pytest.raises(GRPCError) as caught:
             asyncio.run(preview())
         assert caught.value.status == Status.INVALID_ARGUMENT
-        assert "of kind slurm" in str(caught.value.message)
-        assert "does not run Jobs on Slurm Fleets yet" in str(caught.value.message)
+        assert "of kind slurm, which has no shared folder" in str(caught.value.message)
+        assert "--shared-dir" in str(caught.value.message)
         listed = run_tp_as(coord, None, "job", "ls", "--json")
         assert listed.returncode == 0 and json.loads(listed.stdout) == []

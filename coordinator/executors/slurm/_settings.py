@@ -38,7 +38,14 @@ def read_token(token_file: str) -> str:
     return read_token_file(text)
 
 
-def check_settings(slurmrestd: str, token_file: str, partition: str) -> SlurmSettings:
+def check_settings(
+    slurmrestd: str,
+    token_file: str,
+    partition: str,
+    shared_dir: str = "",
+    python: str = "python3",
+    spool_dir: str = "",
+) -> SlurmSettings:
     """The settings, with the token file made absolute, or :class:`SlurmSettingsError`."""
     url = urlsplit(slurmrestd)
     if url.scheme not in ("http", "https") or not url.hostname or url.path not in ("", "/"):
@@ -60,7 +67,29 @@ def check_settings(slurmrestd: str, token_file: str, partition: str) -> SlurmSet
             f"--partition {partition!r} is not a Slurm partition name; give the name `sinfo` "
             "lists in its PARTITION column, without the default's '*'."
         )
-    return SlurmSettings(slurmrestd.rstrip("/"), str(path), partition)
+    if shared_dir and not Path(shared_dir).is_absolute():
+        raise SlurmSettingsError(
+            f"--shared-dir {shared_dir!r} is not an absolute path; give the folder every Slurm "
+            "node and the coordinator mount at the same path, e.g. /shared/tuneplane."
+        )
+    if shared_dir and not Path(shared_dir).is_dir():
+        raise SlurmSettingsError(
+            f"--shared-dir {shared_dir!r} is not a folder on the coordinator's machine; create "
+            "it (on the storage the Slurm nodes mount at the same path) first."
+        )
+    if not python or any(c.isspace() for c in python):
+        raise SlurmSettingsError(
+            f"--python {python!r} is not an interpreter; give a name or an absolute path, with "
+            "no spaces, of a Python with TunePlane installed on every Slurm node."
+        )
+    if spool_dir and not Path(spool_dir).is_absolute():
+        raise SlurmSettingsError(
+            f"--spool-dir {spool_dir!r} is not an absolute path; give a folder on each Slurm "
+            "node's own storage, e.g. /var/spool/tuneplane."
+        )
+    return SlurmSettings(
+        slurmrestd.rstrip("/"), str(path), partition, shared_dir, python, spool_dir
+    )
 
 
 async def probe_settings(settings: SlurmSettings) -> list[SlurmNode]:

@@ -1,0 +1,257 @@
+"""Jobs on a Fleet of kind slurm, end to end: a real coordinator, the real `tp`, a real throwaway
+Slurm (tests/support/slurm.py) and the real Slurm step on its node.
+
+- A 1-member Job succeeds: one Slurm job named by the attempt, its id in the decision log, the
+  member's output in its log file on the Fleet's shared folder and in `tp logs`, its JSONL
+  points in `tp metrics` (shipped by its collector on the Slurm node).
+- A failing member fails the Job with its exit code (and the runner's exit record says it); a
+  retry is a new attempt, submitted as a new Slurm job under the new attempt's name.
+- A cancelled running Job ends ``cancelled`` and its workload process is gone.
+- A process-group Job: the fixture's cluster has one node (Debian's Slurm is not built with
+  ``--enable-multiple-slurmd``, so several slurmd on one host are not possible), so this is
+  1 member x 2 GPUs: two ranks with RANK, LOCAL_RANK and WORLD_SIZE as on a Node.
+- The coordinator killed after submitting and before recording the job id finds its job by name
+  when started again: one Slurm job, not two.
+- slurmrestd stopped mid-Job makes the Job ``unknown``; started again, the real state returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agent.jobs import tp
+from tests.faults.jobs import project, submit
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.processes import wait_until
+from tests.support.slurm import SlurmCluster, slurm_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+PROFILES = (
+    '\n[profiles.hpc]\nseries = "h200"\nfleet = "hpc"\n'
+    '\n[profiles.hpc-cpu]\nseries = "cpu"\nfleet = "hpc"\n'
+)
+JOB_TIMEOUT_S = 90.0
+ENDED = frozenset({"succeeded", "failed", "cancelled", "aborted"})
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    with slurm_cluster() as running:
+        yield running
+
+
+@contextmanager
+def slurm_coordinator(
+    cluster: SlurmCluster, tmp_path: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[CoordinatorProcess, Path]]:
+    """A coordinator with the Fleet ``hpc`` on the cluster; yields it and the shared folder."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    token = tmp_path / "slurm.token"
+    token.write_text(f"SLURM_JWT={cluster.token()}\n")
+    with start_coordinator(tmp_path, config=PROFILES, env=env) as coord:
+        made = coord.admin("fleet", "create", "hpc", "--kind", "slurm", "--slurmrestd",
+                           cluster.rest_url, "--token-file", str(token), "--partition",
+                           cluster.partition, "--shared-dir", str(shared), "--python",
+                           sys.executable, "--spool-dir", str(tmp_path / "spool"))  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        yield coord, shared
+
+
+def job(coord: CoordinatorProcess, run_id: str) -> dict[str, Any]:
+    shown: dict[str, Any] = json.loads(tp(coord, "job", "show", run_id, "--json"))
+    return shown
+
+
+def wait_state(coord: CoordinatorProcess, run_id: str, state: str) -> dict[str, Any]:
+    """Poll `tp job show` until the Job is in ``state``; fail at once when it ended otherwise,
+    and with the last Job seen and the coordinator's log on timeout."""
+    seen: dict[str, Any] = {}
+
+    def reached() -> bool:
+        seen.update(job(coord, run_id))
+        if seen["state"] != state and seen["state"] in ENDED:
+            raise AssertionError(f"job {run_id} ended {seen['state']}, not {state}: {seen}")
+        return bool(seen["state"] == state)
+
+    try:
+        wait_until(f"job {run_id} to be {state}", reached, JOB_TIMEOUT_S)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nlast seen: {seen}\n{coord.read_log()[-3000:]}") from None
+    return seen
+
+
+def member(shared: Path, run_id: str, index: int = 0, attempt: int = 1) -> Path:
+    return shared / run_id / f"attempt-{attempt}" / f"member-{index}"
+
+
+def slurm_jobs_named(cluster: SlurmCluster, name: str) -> list[str]:
+    out = cluster.client("squeue", "-h", "-t", "all", "-n", name, "-o", "%i")
+    return out.split()
+
+
+def submitted(coord: CoordinatorProcess, run_id: str) -> list[dict[str, Any]]:
+    return [d for d in coord.decisions("slurm submitted") if d["run_id"] == run_id]
+
+
+def test_a_one_member_job_runs_as_one_slurm_job_and_succeeds(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    with slurm_coordinator(cluster, tmp_path) as (coord, shared):
+        root = project(coord, tmp_path / "proj", "custom/custom", {
+            "train.sh": 'echo "hello from member $TUNEPLANE_MEMBER_INDEX of '
+                        '$TUNEPLANE_MEMBER_COUNT on $NNODES node(s), GPUs $CUDA_VISIBLE_DEVICES"\n'
+                        'echo \'{"step": 1, "loss": 0.5}\' > "$TUNEPLANE_TELEMETRY_DIR/m.jsonl"\n'
+                        'echo \'{"step": 2, "loss": 0.25}\' >> "$TUNEPLANE_TELEMETRY_DIR/m.jsonl"\n'
+        })  # fmt: skip
+        run_id = submit(coord, root, "hpc:1")
+        done = wait_state(coord, run_id, "succeeded")
+        assert "completed" in done["state_reason"], done
+        [decision] = submitted(coord, run_id)
+        job_id = decision["detail"]["slurm_job_id"]
+        assert decision["detail"]["found_by_name"] is False
+        assert slurm_jobs_named(cluster, f"tp-{run_id}-a1") == [str(job_id)]
+        out = (member(shared, run_id) / "stdout.log").read_text()
+        assert out == "hello from member 0 of 1 on 1 node(s), GPUs 0\n"
+        assert tp(coord, "logs", run_id) == out  # the coordinator shipped it for `tp logs`
+        # The member's collector shipped its points with its own credential, as on a Node.
+        tags = {
+            t["tag"]: t["points"]
+            for t in json.loads(tp(coord, "metrics", run_id, "--json"))["tags"]
+        }
+        assert tags.get("loss") == 2, tags
+        assert list(member(shared, run_id).glob("collector.credential"))
+        exit_record = json.loads((member(shared, run_id) / "exit.json").read_text())
+        assert exit_record["exit_code"] == 0
+
+
+def test_a_failing_member_fails_the_job_with_its_exit_code(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    with slurm_coordinator(cluster, tmp_path) as (coord, shared):
+        root = project(
+            coord, tmp_path / "proj", "custom/custom", {"train.sh": "echo boom >&2\nexit 3\n"}
+        )
+        run_id = submit(coord, root, "hpc-cpu:0")
+        done = wait_state(coord, run_id, "failed")
+        assert "ended FAILED (its members exited with code 3)" in done["state_reason"], done
+        exit_record = json.loads((member(shared, run_id) / "exit.json").read_text())
+        assert exit_record["exit_code"] == 3
+        assert tp(coord, "logs", run_id, "--stderr") == "boom\n"
+        # A retry is a new attempt, so a new Slurm job under a new name.
+        tp(coord, "job", "retry", run_id)
+        again = wait_state(coord, run_id, "failed")
+        assert [a["number"] for a in again["attempts"]] == [1, 2]
+        [first, second] = sorted(submitted(coord, run_id), key=lambda d: d["id"])
+        assert first["detail"]["slurm_job_id"] != second["detail"]["slurm_job_id"]
+        assert len(slurm_jobs_named(cluster, f"tp-{run_id}-a2")) == 1
+        assert (
+            json.loads((member(shared, run_id, attempt=2) / "exit.json").read_text())["exit_code"]
+            == 3
+        )
+
+
+def test_a_cancelled_running_job_ends_cancelled_and_its_processes_are_gone(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    with slurm_coordinator(cluster, tmp_path) as (coord, shared):
+        script = 'echo $$ > "$TUNEPLANE_OUT_DIR/pid"\nexec sleep 300\n'
+        root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": script})
+        run_id = submit(coord, root, "hpc-cpu:0")
+        pid_file = member(shared, run_id) / "out" / "pid"
+        wait_until("the workload to start", pid_file.exists, JOB_TIMEOUT_S)
+        wait_state(coord, run_id, "running")
+        pid = int(wait_until("its pid", lambda: pid_file.read_text().strip(), 10))
+        tp(coord, "job", "cancel", run_id)
+        done = wait_state(coord, run_id, "cancelled")
+        assert done["state_reason"].startswith("cancelled by"), done
+        wait_until("the workload process to be gone", lambda: not _alive(pid), 30)
+        kinds = [d["kind"] for d in coord.decisions("slurm signal") if d["run_id"] == run_id]
+        assert kinds == ["slurm signal"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie not yet reaped is gone for every purpose here.
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+
+
+RANKS_PY = r"""
+import json, os
+from pathlib import Path
+keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES")
+seen = {k: os.environ.get(k) for k in keys}
+(Path(os.environ["TUNEPLANE_OUT_DIR"]) / f"rank-{seen['RANK']}.json").write_text(json.dumps(seen))
+"""
+
+
+def test_a_process_group_job_gets_the_rank_environment_of_a_node(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    with slurm_coordinator(cluster, tmp_path) as (coord, shared):
+        root = project(coord, tmp_path / "proj", "pytorch/process-group", {"train.py": RANKS_PY})
+        run_id = submit(coord, root, "hpc:2")
+        wait_state(coord, run_id, "succeeded")
+        out = member(shared, run_id) / "out"
+        ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+        for rank, seen in enumerate(ranks):
+            assert seen["RANK"] == seen["LOCAL_RANK"] == str(rank)
+            assert (seen["WORLD_SIZE"], seen["NNODES"], seen["NODE_RANK"]) == ("2", "1", "0")
+            assert seen["MASTER_ADDR"] == cluster.host
+            assert seen["CUDA_VISIBLE_DEVICES"] == str(rank)
+        assert ranks[0]["MASTER_PORT"] == ranks[1]["MASTER_PORT"]
+
+
+def test_a_coordinator_killed_between_submit_and_record_finds_its_job_by_name(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    crash = {"TUNEPLANE_CRASHPOINT": "after-slurm-submit"}
+    with slurm_coordinator(cluster, tmp_path, env=crash) as (coord, shared):
+        root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": "echo once\n"})
+        run_id = submit(coord, root, "hpc-cpu:0")
+        assert coord.wait_exit() == 137
+        # Submitted, and the job id never recorded: only the name connects them.
+        assert len(slurm_jobs_named(cluster, f"tp-{run_id}-a1")) == 1
+        coord.restart()
+        wait_state(coord, run_id, "succeeded")
+        [decision] = submitted(coord, run_id)
+        assert decision["detail"]["found_by_name"] is True
+        assert slurm_jobs_named(cluster, f"tp-{run_id}-a1") == [
+            str(decision["detail"]["slurm_job_id"])
+        ]
+        assert (member(shared, run_id) / "stdout.log").read_text() == "once\n"
+
+
+def test_slurmrestd_stopped_mid_job_makes_it_unknown_until_it_answers_again(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    with slurm_coordinator(cluster, tmp_path) as (coord, shared):
+        script = 'while [ ! -e "$TUNEPLANE_OUT_DIR/go" ]; do sleep 0.2; done\n'
+        root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": script})
+        run_id = submit(coord, root, "hpc-cpu:0")
+        wait_state(coord, run_id, "running")
+        cluster.stop_rest()
+        try:
+            lost = wait_state(coord, run_id, "unknown")
+            assert "slurmrestd does not answer" in lost["state_reason"], lost
+        finally:
+            cluster.start_rest()
+        wait_state(coord, run_id, "running")
+        (member(shared, run_id) / "out" / "go").touch()
+        wait_state(coord, run_id, "succeeded")
