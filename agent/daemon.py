@@ -32,7 +32,7 @@ from .journal_records import AGENT_FAILED, AGENT_STOPPED, JournalCorrupt
 from .logship import LogShipper
 from .members import MemberManager
 from .members_base import now_ms
-from .metrics import JOURNAL_COMMIT
+from .metric_hooks import HOOKS as METRIC_HOOKS
 from .outputs_server import OutputsServer
 from .runner_template import RUNNER_TEMPLATE_DIR, RunnerTemplate
 from .sd_notify import ServiceNotifier
@@ -74,7 +74,7 @@ class Daemon(DaemonInventory, DaemonSession):
                         )
                         await nursery.start(server.serve)
                     if self.journal is not None:
-                        self.journal.on_commit = JOURNAL_COMMIT.observe
+                        self.journal.on_commit = METRIC_HOOKS.journal_commit
                     if self.status.metrics_address:
                         nursery.start_soon(self.metrics_loop)
                     if self.journal is not None:
