@@ -16,8 +16,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from tuneplane.collector.files import DEFAULT_MAX_FILES
-from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
+from tuneplane.collector.defaults import DEFAULT_MAX_FILES, SYSTEM_INTERVAL_S
 from tuneplane.proto.contract import control_protocol
 
 from . import messages as m

@@ -15,8 +15,7 @@ from pathlib import Path
 import click
 import trio
 
-from tuneplane.collector.files import DEFAULT_MAX_FILES
-from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
+from tuneplane.collector.defaults import DEFAULT_MAX_FILES, SYSTEM_INTERVAL_S
 
 from . import config as node_config
 from . import daemon_log, outputs_identity, outputs_server, workload_checks
