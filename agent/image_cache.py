@@ -49,7 +49,6 @@ from .atomic_file import fsync_dir, write_atomic, write_json_atomic
 from .crashpoint import crashpoint
 from .image_access import RegistryAccess
 from .image_errors import ImageError, ImageRefused, ManifestRefused
-from .image_layer import LayerRefused, apply_layer
 from .image_manifest import (
     Descriptor,
     ImageConfig,
@@ -407,6 +406,10 @@ class ImageCache:
     def _unpack(self, ref: ImageRef, manifest: Manifest, where: str) -> None:
         """Apply every layer, bottom first, into a fresh build folder, then rename it into place
         (a worker thread; this process holds the image's lock)."""
+        # tarfile (with gzip, bz2 and lzma) loads with the first image unpacked, not with the
+        # agent: a Node that runs only host: runtimes never holds it (issue 13, goal 4).
+        from .image_layer import LayerRefused, apply_layer
+
         roots = self.directory / "roots"
         roots.mkdir(parents=True, exist_ok=True)
         for stale in roots.glob(f".build-{ref.digest_hex}-*"):
