@@ -27,6 +27,7 @@ from .daemon_base import AGENT_VERSION
 from .daemon_inventory import DaemonInventory
 from .daemon_session import DaemonSession
 from .daemon_status import service_status
+from .heap_trim import trim_heap_loop
 from .journal_owner import open_node_journal
 from .journal_records import AGENT_FAILED, AGENT_STOPPED, JournalCorrupt
 from .logship import LogShipper
@@ -68,6 +69,7 @@ class Daemon(DaemonInventory, DaemonSession):
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.status_loop)
+                    nursery.start_soon(trim_heap_loop)
                     if self.outputs is not None:
                         server = OutputsServer(
                             self.outputs, self.journal.member if self.journal else None
