@@ -44,8 +44,12 @@ from pathlib import Path
 import attrs
 import trio
 
-from tuneplane.collector.files import DEFAULT_MAX_FILES, TELEMETRY_SUBDIR, TENSORBOARD_SUBDIR
-from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S
+from tuneplane.collector.defaults import (
+    DEFAULT_MAX_FILES,
+    SYSTEM_INTERVAL_S,
+    TELEMETRY_SUBDIR,
+    TENSORBOARD_SUBDIR,
+)
 
 from . import daemon_log
 from . import messages as m
@@ -111,7 +115,7 @@ class CollectorSupervisor:
     python: str = sys.executable
     # System series: seconds between samples (0: none); whether the GPUs can be read through
     # NVML (False for simulated GPUs); the scripted NVML file; the operator's GPU release file.
-    system_interval_s: float = DEFAULT_INTERVAL_S
+    system_interval_s: float = SYSTEM_INTERVAL_S
     sample_gpus: bool = True
     scripted_nvml: Path | None = None
     gpu_release_file: Path | None = None
@@ -129,7 +133,7 @@ class CollectorSupervisor:
         journal: Journal,
         ca_path: Path,
         *,
-        system_interval_s: float = DEFAULT_INTERVAL_S,
+        system_interval_s: float = SYSTEM_INTERVAL_S,
         sample_gpus: bool = True,
         scripted_nvml: Path | None = None,
         gpu_release_file: Path | None = None,

@@ -27,12 +27,13 @@ from .daemon_base import AGENT_VERSION
 from .daemon_inventory import DaemonInventory
 from .daemon_session import DaemonSession
 from .daemon_status import service_status
+from .heap_trim import trim_heap_loop
 from .journal_owner import open_node_journal
 from .journal_records import AGENT_FAILED, AGENT_STOPPED, JournalCorrupt
 from .logship import LogShipper
 from .members import MemberManager
 from .members_base import now_ms
-from .metrics import JOURNAL_COMMIT
+from .metric_hooks import HOOKS as METRIC_HOOKS
 from .outputs_server import OutputsServer
 from .runner_template import RUNNER_TEMPLATE_DIR, RunnerTemplate
 from .sd_notify import ServiceNotifier
@@ -68,13 +69,14 @@ class Daemon(DaemonInventory, DaemonSession):
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.status_loop)
+                    nursery.start_soon(trim_heap_loop)
                     if self.outputs is not None:
                         server = OutputsServer(
                             self.outputs, self.journal.member if self.journal else None
                         )
                         await nursery.start(server.serve)
                     if self.journal is not None:
-                        self.journal.on_commit = JOURNAL_COMMIT.observe
+                        self.journal.on_commit = METRIC_HOOKS.journal_commit
                     if self.status.metrics_address:
                         nursery.start_soon(self.metrics_loop)
                     if self.journal is not None:

@@ -16,8 +16,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from tuneplane.collector.files import DEFAULT_MAX_FILES
-from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
+from tuneplane.collector.defaults import DEFAULT_MAX_FILES, SYSTEM_INTERVAL_S
 from tuneplane.proto.contract import control_protocol
 
 from . import messages as m
@@ -33,8 +32,6 @@ from .journal import Journal
 from .logship import LogShipper
 from .members import MemberManager
 from .members_base import now_ms
-from .metrics import CONNECTED as METRIC_CONNECTED
-from .metrics import CREDENTIAL_EXPIRY as METRIC_CREDENTIAL_EXPIRY
 from .outputs_server import Bound as OutputsBound
 from .session import ControlSession
 from .state_dir import NodeConfig, StateDir
@@ -108,9 +105,6 @@ class DaemonBase:
         self.status.image_root = str(self.image_root)
         if outputs is not None:
             self.status.outputs_listen = outputs.listen_address()
-        # Read at scrape time, from the listener's thread: two plain attributes.
-        METRIC_CONNECTED.set_function(lambda: float(self.status.connected))
-        METRIC_CREDENTIAL_EXPIRY.set_function(lambda: self.status.credential_expires_at_ms / 1000)
         self.journal: Journal | None = None
         self.manager: MemberManager | None = None
         self.logship: LogShipper | None = None

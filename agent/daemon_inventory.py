@@ -22,7 +22,6 @@ from .daemon_status import inventory_summary
 from .inventory import Inventory, InventoryError
 from .inventory_source import probe
 from .members_base import now_ms
-from .metrics import SNAPSHOT_INTERVAL_S, refresh_snapshot
 from .xid_book import judge
 
 log = logging.getLogger(__name__)
@@ -91,6 +90,10 @@ class DaemonInventory(DaemonBase):
 
     async def metrics_loop(self) -> None:
         """Refresh what the metrics listener serves, while it is on (agent/metrics.py)."""
+        # Started only when node.toml has [metrics]: without it the agent never loads
+        # prometheus_client (agent/metric_hooks.py).
+        from .metrics import SNAPSHOT_INTERVAL_S, refresh_snapshot
+
         while True:
             await refresh_snapshot(self.journal, self.inventory, self.state.root / COLLECTORS_DIR)
             await trio.sleep(SNAPSHOT_INTERVAL_S)

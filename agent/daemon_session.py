@@ -29,7 +29,7 @@ from .daemon_base import AGENT_VERSION, DaemonBase
 from .journal_records import CONTROL_ADDRESS_CHANGED, MemberKey, PendingReport
 from .member_state import MemberState
 from .members_base import now_ms
-from .metrics import HEARTBEAT_RTT, RECONNECTS
+from .metric_hooks import HOOKS as METRIC_HOOKS
 from .reconnect_wait import accepts, wait_to_redial
 from .rendezvous import advertised_address
 from .session import (
@@ -160,7 +160,7 @@ class DaemonSession(DaemonBase):
             if refusal is not None:
                 self._session_ended(refusal)
         self.status.reconnects += 1
-        RECONNECTS.inc()
+        METRIC_HOOKS.reconnect()
         return self.welcomed
 
     def _session_ended(self, exc: BaseException) -> None:
@@ -260,7 +260,7 @@ class DaemonSession(DaemonBase):
             elif isinstance(effect, HeartbeatAcked):
                 self.status.last_heartbeat_ack_ms = now_ms()
                 if effect.rtt_s is not None:
-                    HEARTBEAT_RTT.observe(effect.rtt_s)
+                    METRIC_HOOKS.heartbeat_rtt(effect.rtt_s)
             elif isinstance(effect, LogAcked):
                 if self.logship is not None:
                     await self.logship.acked(effect.ack)

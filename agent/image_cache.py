@@ -40,15 +40,15 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from .atomic_file import fsync_dir, write_atomic, write_json_atomic
 from .crashpoint import crashpoint
+from .image_access import RegistryAccess
 from .image_errors import ImageError, ImageRefused, ManifestRefused
-from .image_layer import LayerRefused, apply_layer
 from .image_manifest import (
     Descriptor,
     ImageConfig,
@@ -61,7 +61,6 @@ from .image_manifest import (
     read_document,
     select_manifest,
 )
-from .image_pull import RegistryAccess, RegistryClient
 from .image_ref import ImageRef
 from .image_removal import (
     Eviction,
@@ -76,6 +75,9 @@ from .image_store import (
 )
 from .image_usage import ImageUsage
 from .sizes import human_bytes
+
+if TYPE_CHECKING:
+    from .image_pull import RegistryClient
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ class PullProgress:
 
 ProgressCallback = Callable[[PullProgress], None]
 #: Gives the registry's client, opening it the first time it is called.
-ClientFor = Callable[[], Awaitable[RegistryClient]]
+ClientFor = Callable[[], Awaitable["RegistryClient"]]
 
 
 @attrs.frozen
@@ -400,6 +402,10 @@ class ImageCache:
     def _unpack(self, ref: ImageRef, manifest: Manifest, where: str) -> None:
         """Apply every layer, bottom first, into a fresh build folder, then rename it into place
         (a worker thread; this process holds the image's lock)."""
+        # tarfile (with gzip, bz2 and lzma) loads with the first image unpacked, not with the
+        # agent: a Node that runs only host: runtimes never holds it (issue 13, goal 4).
+        from .image_layer import LayerRefused, apply_layer
+
         roots = self.directory / "roots"
         roots.mkdir(parents=True, exist_ok=True)
         for stale in roots.glob(f".build-{ref.digest_hex}-*"):
@@ -469,6 +475,11 @@ class ImageCache:
 
         async def client_for() -> RegistryClient:
             if not opened:
+                # httpx (with rich and pygments, which it loads for its command line) loads
+                # with the first pull, not with the agent: a Node that runs only host:
+                # runtimes never holds it (issue 13, goal 4: the idle agent's memory).
+                from .image_pull import RegistryClient
+
                 access = self.registries.get(ref.registry, RegistryAccess())
                 client = RegistryClient(ref.registry, access, **self.client_options)
                 opened.append(client)

@@ -1,6 +1,9 @@
 """The Node's Prometheus metrics (``tuneplane_node_*``), served when node.toml has [metrics].
 
 Rules:
+- Loaded only when node.toml has [metrics]: the daemon reports what it observes through
+  :mod:`tuneplane.agent.metric_hooks`, which :func:`serving` binds to the metrics here, so a
+  Node without the listener never loads prometheus_client (issue 13, goal 4).
 - A scrape reads memory only: prometheus_client's HTTP server answers it from its own thread
   (:mod:`tuneplane.agent.metrics_listener`), never from the Trio loop, and never touches
   the journal or a spool. Counters and histograms move where the agent observes something
@@ -30,9 +33,11 @@ from prometheus_client.registry import Collector
 
 from tuneplane.collector.spool import SPOOL_FILE
 
+from .daemon_status import Status
 from .inventory import Inventory
 from .journal import Journal
 from .member_state import MemberState
+from .metric_hooks import MetricHooks, set_hooks
 from .metrics_listener import MetricsListener, new_registry, start_listener
 
 log = logging.getLogger(__name__)
@@ -212,16 +217,19 @@ def publish_snapshot(snapshot: NodeSnapshot) -> None:
 
 
 @contextmanager
-def serving(listener: MetricsListener | None) -> Iterator[str]:
-    """Serve the Node's metrics on ``listener`` for the ``with`` block; yields its address
-    ("" when node.toml has no [metrics] and nothing listens)."""
-    if listener is None:
-        yield ""
-        return
+def serving(listener: MetricsListener, status: Status) -> Iterator[str]:
+    """Serve the Node's metrics on ``listener`` for the ``with`` block, with the daemon's
+    hooks (agent/metric_hooks.py) bound to them; yields the listener's address.
+    The connection and the credential's expiry are read from ``status`` at scrape time, from
+    the listener's thread (two plain attributes)."""
+    CONNECTED.set_function(lambda: float(status.connected))
+    CREDENTIAL_EXPIRY.set_function(lambda: status.credential_expires_at_ms / 1000)
     running = start_listener(listener, REGISTRY, "[metrics] in node.toml")
+    unbound = set_hooks(MetricHooks(JOURNAL_COMMIT.observe, HEARTBEAT_RTT.observe, RECONNECTS.inc))
     try:
         yield running.address
     finally:
+        set_hooks(unbound)
         running.close()
 
 

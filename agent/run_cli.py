@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 import trio
 
-from tuneplane.collector.files import DEFAULT_MAX_FILES
-from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S as SYSTEM_INTERVAL_S
+from tuneplane.collector.defaults import DEFAULT_MAX_FILES, SYSTEM_INTERVAL_S
 
 from . import config as node_config
 from . import daemon_log, outputs_identity, outputs_server, workload_checks
-from . import metrics as node_metrics
 from .cli_gpu_source import gpu_source, one_gpu_source, scripted_nvml_option
 from .cli_settings import (
     images_settings,
@@ -30,10 +30,26 @@ from .cli_settings import (
 from .cli_support import sentences, state_dir_option
 from .daemon import Daemon, run_daemon
 from .daemon_base import INVENTORY_INTERVAL_S
+from .daemon_status import Status
 from .image_store import default_image_root
 from .inventory_source import PROBE_LIMIT_S, RELEASE_REQUEST
+from .metrics_listener import MetricsListener
 from .sd_notify import ServiceNotifier
 from .state_dir import StateDir
+
+
+@contextmanager
+def _metrics_served(listener: MetricsListener | None, status: Status) -> Iterator[str]:
+    """The Node's metrics served for the ``with`` block; yields the listener's address, ""
+    when node.toml has no [metrics]. Only then does agent/metrics.py (prometheus_client, with
+    http.server, urllib.request and wsgiref) load: the idle agent's memory (issue 13, goal 4)."""
+    if listener is None:
+        yield ""
+        return
+    from . import metrics as node_metrics
+
+    with node_metrics.serving(listener, status) as address:
+        yield address
 
 
 def _setup_logging(level: str) -> None:
@@ -176,6 +192,6 @@ def run_command(
             daemon.inventory.gpu_source, os.getpid(),
         )  # fmt: skip
         # Bound before the journal is opened: a taken port stops the agent with nothing changed.
-        with node_metrics.serving(metrics_listener()) as metrics_address:
+        with _metrics_served(metrics_listener(), daemon.status) as metrics_address:
             daemon.status.metrics_address = metrics_address
             trio.run(run_daemon, daemon, notifier)

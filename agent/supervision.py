@@ -20,7 +20,7 @@ import attrs
 import psutil
 import trio
 
-from tuneplane.runner import main as runner_main
+from tuneplane.runner.exit_codes import EXIT_REFUSED, EXIT_STARTED
 from tuneplane.runner.member_file import MEMBER_FILE, MemberFile, ProcessEntry, Sandbox
 from tuneplane.runner.member_file import Account as RunAs
 from tuneplane.runner.records import (
@@ -211,9 +211,9 @@ async def start_runner(
             f"{timeout_s:g} s; read {member_dir / 'runner.log'} and the agent's log."
         ) from None
     said = started.stderr.decode("utf-8", "replace").strip()
-    if started.returncode == runner_main.EXIT_REFUSED:
+    if started.returncode == EXIT_REFUSED:
         raise LaunchAlreadyClaimed(said or f"The launch of {member_dir} is already claimed.")
-    if started.returncode != runner_main.EXIT_STARTED:
+    if started.returncode != EXIT_STARTED:
         raise RunnerStartFailed(
             f"The runner for {member_dir} exited with code {started.returncode} before starting "
             f"the member: {said or 'it said nothing on stderr'}"

@@ -28,11 +28,12 @@ import trio
 
 from tuneplane.agent.nvml_source import load_nvml
 from tuneplane.agent.scripted_nvml import write_script
+from tuneplane.collector.defaults import SYSTEM_INTERVAL_S
 from tuneplane.collector.gpu_reader import GpuReader
 from tuneplane.collector.points import ScalarPoint
 from tuneplane.collector.process_reader import ProcessReader
 from tuneplane.collector.spool import Spool
-from tuneplane.collector.system_sampler import DEFAULT_INTERVAL_S, SystemOptions, SystemSampling
+from tuneplane.collector.system_sampler import SystemOptions, SystemSampling
 from tuneplane.collector.system_samples import SampleNumbers
 from tuneplane.runner.durable import write_json_atomic
 from tuneplane.runner.records import RUNNER_FILE
@@ -128,10 +129,10 @@ def main() -> int:
             print(f"{len(uuids)} GPUs ({source}): {cpu_g:.3f} ms CPU, {wall_g:.3f} ms wall "
                   f"per sample ({len(values)} values)")  # fmt: skip
             cpu_w, wall_w, points = _whole(root, member_dir, uuids, script, samples)
-            share = cpu_w / (DEFAULT_INTERVAL_S * 1000) * 100
+            share = cpu_w / (SYSTEM_INTERVAL_S * 1000) * 100
             print(f"whole sample (readers in worker threads, number fsynced, spooled): "
                   f"{cpu_w:.3f} ms CPU, {wall_w:.3f} ms wall per sample ({points} points); "
-                  f"every {DEFAULT_INTERVAL_S:g} s that is {share:.4f} % of one core")  # fmt: skip
+                  f"every {SYSTEM_INTERVAL_S:g} s that is {share:.4f} % of one core")  # fmt: skip
         finally:
             tree.kill()
             tree.wait()
@@ -147,7 +148,7 @@ def _whole(
     state.mkdir()
     spool = Spool.open(state / "spool.db")
     opts = SystemOptions(
-        interval_s=DEFAULT_INTERVAL_S, gpu_uuids=uuids, member_dir=member_dir,
+        interval_s=SYSTEM_INTERVAL_S, gpu_uuids=uuids, member_dir=member_dir,
         scripted_nvml=script,
     )  # fmt: skip
     spooled: list[int] = []

@@ -17,10 +17,8 @@ import click
 
 from tuneplane.agent import daemon_log
 
+from .defaults import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_FILES
 from .files import (
-    DEFAULT_MAX_DEPTH,
-    DEFAULT_MAX_ENTRIES,
-    DEFAULT_MAX_FILES,
     Layout,
     ScanLimits,
     TelemetryPathError,

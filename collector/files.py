@@ -28,6 +28,13 @@ from typing import IO, Any, Literal
 
 import attrs
 
+from .defaults import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_MAX_FILES,
+    TELEMETRY_SUBDIR,
+    TENSORBOARD_SUBDIR,
+)
 from .jsonl import JsonlDecoder
 from .points import (
     Decoded,
@@ -46,14 +53,6 @@ CHUNK_BYTES = 4 * 1024 * 1024
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 # What tuneplane.report writes (runner/report): report.rank<RANK>.jsonl, and its rotations.
 _REPORT_NAME = re.compile(r"report\.rank[0-9]+\.jsonl(\.[0-9]+)?")
-#: ``$TUNEPLANE_TELEMETRY_DIR`` and ``$TENSORBOARD_LOGDIR`` of a member: these directories
-#: under ``$TUNEPLANE_OUT_DIR``.
-TELEMETRY_SUBDIR = "telemetry"
-TENSORBOARD_SUBDIR = "tensorboard"
-#: Defaults of the bounds on one member's discovery (``tuneplane-collector run`` options).
-DEFAULT_MAX_FILES = 256
-DEFAULT_MAX_DEPTH = 8
-DEFAULT_MAX_ENTRIES = 20_000
 
 
 class TelemetryPathError(ValueError):

@@ -24,6 +24,7 @@ import trio
 
 from tuneplane.agent.nvml_source import load_nvml
 
+from .defaults import SYSTEM_INTERVAL_S
 from .gpu_reader import GpuReader
 from .points import ScalarPoint
 from .process_reader import ProcessReader
@@ -31,7 +32,6 @@ from .system_samples import SEQUENCE_FILE, Reading, SampleNumbers, sample_points
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INTERVAL_S = 5.0
 #: The longest one NVML read of a member's GPUs may take before the sample goes without it.
 NVML_LIMIT_S = 2.0
 
@@ -45,7 +45,7 @@ class SystemOptions:
     ``interval_s`` of 0 turns system series off.
     """
 
-    interval_s: float = DEFAULT_INTERVAL_S
+    interval_s: float = SYSTEM_INTERVAL_S
     gpu_uuids: tuple[str, ...] = ()
     member_dir: Path | None = None
     scripted_nvml: Path | None = None

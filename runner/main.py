@@ -21,6 +21,13 @@ from pathlib import Path
 import psutil
 
 from .durable import create_exclusive
+from .exit_codes import (
+    EXIT_BAD_MEMBER_FILE,
+    EXIT_FAILED,
+    EXIT_REFUSED,
+    EXIT_STARTED,
+    EXIT_USAGE,
+)
 from .member_file import MemberFile, MemberFileError, read_member_file
 from .member_runner import MemberRunner
 from .prctl import become_child_subreaper
@@ -29,12 +36,6 @@ from .sdk_path import SdkNotFound
 
 log = logging.getLogger(__name__)
 
-# Exit codes of the foreground process the agent starts (the detached runner's own code is moot).
-EXIT_STARTED = 0
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
-EXIT_BAD_MEMBER_FILE = 3
-EXIT_USAGE = 64
 
 _STARTED = b"started\n"
 

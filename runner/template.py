@@ -23,7 +23,8 @@ import socket
 import sys
 import traceback
 
-from .main import EXIT_FAILED, main
+from .exit_codes import EXIT_FAILED
+from .main import main
 from .prctl import die_with_parent, set_name
 
 #: The process name of a start forked from the template, and of the runner it forks.

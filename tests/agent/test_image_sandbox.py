@@ -43,7 +43,7 @@ from tuneplane.agent.inventory import Gpu
 from tuneplane.agent.launch_plan import ProcessSpec
 from tuneplane.agent.sandbox import BWRAP, gpu_devices
 from tuneplane.agent.supervision import Exited, Running, observe
-from tuneplane.runner.main import EXIT_STARTED
+from tuneplane.runner.exit_codes import EXIT_STARTED
 from tuneplane.runner.member_file import Account
 
 # What bubblewrap's fresh /dev holds (--dev /dev, then our private /dev/shm).

@@ -27,7 +27,12 @@ from tuneplane.agent.supervision import (
     Vanished,
     observe,
 )
-from tuneplane.runner.main import EXIT_BAD_MEMBER_FILE, EXIT_REFUSED, EXIT_STARTED, EXIT_USAGE
+from tuneplane.runner.exit_codes import (
+    EXIT_BAD_MEMBER_FILE,
+    EXIT_REFUSED,
+    EXIT_STARTED,
+    EXIT_USAGE,
+)
 from tuneplane.runner.records import read_exit_record, read_runner_record
 
 

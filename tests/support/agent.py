@@ -72,6 +72,9 @@ class AgentProcess:
         self.run_args: tuple[str, ...] = ()
         # What the daemon runs under: ``ip netns exec NS`` puts it on another host (netns.py).
         self.prefix_argv: tuple[str, ...] = ()
+        # What runs the CLI in place of ``python -m tuneplane.agent.cli`` (a test's wrapper that
+        # calls ``tuneplane.agent.cli.main``, e.g. to read the daemon's ``sys.modules``).
+        self.entry_argv: tuple[str, ...] = ()
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -108,7 +111,7 @@ class AgentProcess:
         self.status_path.unlink(missing_ok=True)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [*self.prefix_argv, *node_cli(*args)],
+                [*self.prefix_argv, *(self.entry_argv or node_cli()), *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
