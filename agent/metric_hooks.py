@@ -18,11 +18,11 @@ import attrs
 
 
 def _nothing() -> None:
-    pass
+    """A Node without ``[metrics]`` counts nothing: no one can scrape it."""
 
 
 def _no_seconds(seconds: float) -> None:
-    pass
+    """A Node without ``[metrics]`` times nothing: no one can scrape it."""
 
 
 @attrs.define(eq=False)
