@@ -229,7 +229,8 @@ class Console(LiveHandlers):
                 if exc.status not in (400, 404):
                     raise
                 said = exc.message[:1].upper() + exc.message[1:]  # the rest of the page stands
-            shown = job_page.JobShown(job, delivery, decisions, logs, said)
+            source = await self.reads.derivation(c.user, run_id)
+            shown = job_page.JobShown(job, delivery, decisions, logs, said, source)
             return job_page.job_page(shown, c.user, c.session.csrf_token)
 
         return await self.page(request, render)
