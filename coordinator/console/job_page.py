@@ -41,10 +41,15 @@ class JobShown:
     derivation: InitFromSource | None = None
 
 
-def _button_form(run_id: str, action: str, csrf: str, fields: str, label: str) -> str:
+def _button_form(
+    run_id: str, action: str, csrf: str, fields: str, label: str, shown_in: str = ""
+) -> str:
+    """A form with one button that POSTs ``action``; with ``shown_in`` (states, space
+    separated) it starts hidden, and ``console.js`` shows it once the Job is in one of them."""
+    later = f' hidden data-shown-in="{esc(shown_in)}"' if shown_in else ""
     return (
         f'<form method="post" action="/jobs/{quote(run_id, safe="")}/{action}" '
-        f'id="{action}-form" class="filters">'
+        f'id="{action}-form" class="filters"{later}>'
         f'<input type="hidden" name="csrf_token" value="{esc(csrf)}">{fields}'
         f'<button type="submit" id="{action}-button">{esc(label)}</button></form>'
     )
@@ -159,6 +164,10 @@ def job_page(shown: JobShown, user: User, csrf: str) -> str:
             '<input id="reason" name="reason" maxlength="500" size="40"> '
         )
         changes = _button_form(job.run_id, "cancel", csrf, reason, "Cancel this Job")
+        # The Job may end while the page is open: Retry waits, hidden, for the state that
+        # allows it (the server decides again when it is pressed).
+        retryable = " ".join(sorted(RETRYABLE))
+        changes += _button_form(job.run_id, "retry", csrf, "", "Retry this Job", retryable)
     if may and job.state in RETRYABLE:
         changes = _button_form(job.run_id, "retry", csrf, "", "Retry this Job")
     attempts = []
