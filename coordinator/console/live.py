@@ -2,8 +2,9 @@
 Charts page's tags, each followed by polling the same reads its page makes.
 
 Rules: a stream is bounded three ways, by :func:`LiveHandlers.open_stream` alone: at most
-:data:`MAX_STREAMS` at once, one poll (a bounded store read) per :data:`STREAM_POLL_S` each, for
-at most :data:`STREAM_MAX_S` (the browser's EventSource reconnects). Each poll authenticates the
+``max_streams`` at once (``[console] max_streams``; beyond it a 429 with a sentence), one poll
+(a bounded store read) per :data:`STREAM_POLL_S` each, for at most :data:`STREAM_MAX_S` (the
+browser's EventSource reconnects). Each poll authenticates the
 session's token again and reads as that user, so a revoked token or a lost right ends the stream.
 A stream is refused (with a sentence) before it opens when its first read is.
 """
@@ -25,7 +26,6 @@ from .api_handlers import ConsoleHandlers
 from .errors import ConsoleError, http_errors
 from .http_parts import (
     LOG_READ_BYTES,
-    MAX_STREAMS,
     STREAM_MAX_S,
     STREAM_POLL_S,
     Caller,
@@ -48,10 +48,11 @@ class LiveHandlers(ConsoleHandlers):
 
     def open_stream(self, c: Caller, first: list[str], done: bool, poll: Poll) -> Response:
         """``first`` at once, then ``poll`` once per :data:`STREAM_POLL_S` until it says done."""
-        if self.streams >= MAX_STREAMS:
+        if self.streams >= self.max_streams:
             raise ConsoleError(
                 429,
-                f"the console already serves {MAX_STREAMS} live streams. Reload the page later.",
+                f"the console already serves {self.max_streams} live streams, its most at once "
+                "([console] max_streams). Reload the page later.",
             )
         return StreamingResponse(self._stream(c, first, done, poll), media_type="text/event-stream")
 
