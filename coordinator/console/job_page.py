@@ -101,8 +101,8 @@ def _logs(job: Job, page: LogPage | None, refused: str) -> str:
 
 def _derivation(job: Job, source: InitFromSource | None) -> str:
     """What ``tp job show`` says of the Derivation (the run it began from, linked to its page),
-    and what the resolved JobSpec holds of its source: which attempt's member, its files, bytes
-    and manifest digest, and where the Nodes got it."""
+    and what the resolved JobSpec holds of its source: which attempt's member, its files,
+    bytes, output directory and manifest digest, and where the Nodes get it."""
     if not job.init_from:
         return "none"
     run = (
