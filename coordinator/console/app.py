@@ -230,7 +230,8 @@ class Console(LiveHandlers):
                 if exc.status not in (400, 404):
                     raise
                 said = exc.message[:1].upper() + exc.message[1:]  # the rest of the page stands
-            source = await self.reads.derivation(c.user, run_id)
+            # Only a derived Job has a source to read from its resolved JobSpec.
+            source = await self.reads.derivation(c.user, run_id) if job.init_from else None
             shown = job_page.JobShown(job, delivery, decisions, logs, said, source)
             return job_page.job_page(shown, c.user, c.session.csrf_token)
 
