@@ -22,11 +22,16 @@ Rules:
   the grant its Prepare carries (:mod:`.outputs_grants`), and verifies every file against the
   manifest at ``manifest_path(out_dir)``, whose sha256 must be ``manifest_sha256``
   (:mod:`tuneplane.agent.init_from`).
+- Shown back (``tp submit --preview``, the console's Job page) from the resolved JobSpec alone:
+  :func:`stored_source` reads it, :func:`how_fetched` says where the Nodes got it.
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -200,3 +205,35 @@ def stored_manifest(summary: ManifestSummary) -> ManifestSummary:
     if problem is None:
         return summary
     return ManifestSummary(problem=f"its Node reported a malformed output manifest: {problem}.")
+
+
+def stored_source(resolved_jobspec_json: str) -> InitFromSource | None:
+    """The Derivation's source as the resolved JobSpec (JSON text) carries it; None without
+    one, or when it cannot be read (a value of the wrong type, a field missing)."""
+    try:
+        src: Any = json.loads(resolved_jobspec_json).get("init_from_source")
+        if not isinstance(src, dict) or not isinstance(src.get("node_id", ""), str):
+            return None
+        return InitFromSource(
+            run_id=str(src["run_id"]),
+            attempt=int(src["attempt"]),
+            member_index=int(src["member_index"]),
+            out_dir=str(src.get("out_dir", "")),
+            manifest_sha256=str(src["manifest_sha256"]),
+            files=int(src["files"]),
+            bytes=int(src["bytes"]),
+            node_id=src.get("node_id", ""),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def how_fetched(source: InitFromSource, node_names: Mapping[str, str] | None = None) -> str:
+    """Where each Node got the source at Prepare, in words: fetched from the Node that holds it
+    (named from ``node_names``, node id -> display name, when it is there) or copied from the
+    Fleet's shared output root."""
+    if not source.node_id:
+        return "copied from the shared output root at Prepare"
+    name = (node_names or {}).get(source.node_id, "")
+    node = f"{name} ({source.node_id})" if name and name != source.node_id else source.node_id
+    return f"fetched from Node {node} at Prepare"

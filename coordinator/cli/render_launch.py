@@ -16,6 +16,8 @@ from typing import Any
 
 import attrs
 
+from ..derivation import how_fetched, stored_source
+
 # Set by the Node for each rank at launch (agent/launch_plan.py and agent/members_launch.py):
 # known only once the Job is placed, so a preview names them instead of showing values.
 AT_LAUNCH = (
@@ -86,30 +88,16 @@ def begins_from(
     resolved_jobspec_json: str, node_names: Mapping[str, str] | None = None
 ) -> str | None:
     """The Derivation's source as Preview resolved it (``init_from_source``), in words, with
-    where each Node gets it: copied from the Fleet's shared output root, or fetched at Prepare
-    from the Node that holds it (named from ``node_names``, node id -> display name, when it
-    is there); None without one or when it cannot be read."""
-    try:
-        src: Any = json.loads(resolved_jobspec_json).get("init_from_source")
-        if not isinstance(src, dict):
-            return None
-        holder = src.get("node_id") or ""
-        if not isinstance(holder, str):
-            return None
-        name = (node_names or {}).get(holder, "")
-        node = f"{name} ({holder})" if name and name != holder else holder
-        how = (
-            f"fetched from Node {node} at Prepare"
-            if holder
-            else "copied from the shared output root at Prepare"
-        )
-        return (
-            f"run {src['run_id']} (attempt {src['attempt']}, member {src['member_index']}): "
-            f"{src['files']} files, {src['bytes']} bytes, manifest sha256 "
-            f"{src['manifest_sha256']}, {how}; each rank finds them at $TUNEPLANE_INIT_FROM_DIR"
-        )
-    except (ValueError, KeyError, TypeError, AttributeError):
+    where each Node gets it (:func:`~tuneplane.coordinator.derivation.how_fetched`); None
+    without one or when it cannot be read."""
+    src = stored_source(resolved_jobspec_json)
+    if src is None:
         return None
+    return (
+        f"run {src.run_id} (attempt {src.attempt}, member {src.member_index}): "
+        f"{src.files} files, {src.bytes} bytes, manifest sha256 {src.manifest_sha256}, "
+        f"{how_fetched(src, node_names)}; each rank finds them at $TUNEPLANE_INIT_FROM_DIR"
+    )
 
 
 def launch_json(resolved_jobspec_json: str) -> dict[str, Any]:

@@ -36,6 +36,8 @@ from ..store_location import PostgresUrl, StoreUrlError, parse_store_url
 from .registries import read_registries
 from .values import (
     DEFAULT_CONSOLE_SESSION_S,
+    DEFAULT_CONSOLE_STREAMS,
+    MAX_CONSOLE_STREAMS,
     AddressSettings,
     ConfigError,
     ConsoleSettings,
@@ -121,7 +123,9 @@ def read_metrics(raw: Mapping[str, Any], path: Path) -> MetricsListener | None:
 
 def read_console(raw: Mapping[str, Any], path: Path) -> ConsoleSettings | None:
     """``[console]``: ``listen`` (``HOST:PORT``, an IP address; port 0: a free one) and
-    ``session_lifetime`` (a duration, default 12h); off without the table."""
+    ``session_lifetime`` (a duration, default 12h) and ``max_streams`` (live streams at once,
+    1 to :data:`MAX_CONSOLE_STREAMS`, default :data:`DEFAULT_CONSOLE_STREAMS`); off without the
+    table."""
     if "console" not in raw:
         return None
     table = raw["console"]
@@ -130,7 +134,7 @@ def read_console(raw: Mapping[str, Any], path: Path) -> ConsoleSettings | None:
             f"{path}: console must be a table. Write it as [console] with "
             'listen = "127.0.0.1:8443".'
         )
-    check_keys(table, {"listen", "session_lifetime"}, "console", path)
+    check_keys(table, {"listen", "session_lifetime", "max_streams"}, "console", path)
     listen = table.get("listen")
     found = split_host_port(listen, allow_zero=True) if isinstance(listen, str) else None
     if found is not None:
@@ -153,7 +157,18 @@ def read_console(raw: Mapping[str, Any], path: Path) -> ConsoleSettings | None:
                 f"{path}: [console] session_lifetime = {value!r} is not a duration. Write how "
                 'long a sign-in lasts as a whole number and a unit in quotes: "30m", "12h" or "7d".'
             )
-    return ConsoleSettings(found[0], found[1], lifetime)
+    streams = table.get("max_streams", DEFAULT_CONSOLE_STREAMS)
+    # bool is an int in Python; `max_streams = true` is a mistake, not 1.
+    if isinstance(streams, bool) or not isinstance(streams, int):
+        streams = None
+    if streams is None or not 1 <= streams <= MAX_CONSOLE_STREAMS:
+        raise ConfigError(
+            f"{path}: [console] max_streams = {table['max_streams']!r} is not a whole number "
+            f"from 1 to {MAX_CONSOLE_STREAMS}. Write how many live streams (pages followed live) "
+            f"the console serves at once, without quotes; the default is "
+            f"{DEFAULT_CONSOLE_STREAMS}."
+        )
+    return ConsoleSettings(found[0], found[1], lifetime, streams)
 
 
 def read_fleets(raw: Any, path: Path) -> dict[str, FleetSettings]:

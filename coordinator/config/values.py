@@ -140,16 +140,22 @@ class AddressSettings:
 
 #: How long a console sign-in lasts unless ``[console] session_lifetime`` says otherwise.
 DEFAULT_CONSOLE_SESSION_S = 12 * 3600
+#: How many live streams (server-sent events) the console serves at once unless ``[console]
+#: max_streams`` says otherwise, and the most that setting may allow.
+DEFAULT_CONSOLE_STREAMS = 200
+MAX_CONSOLE_STREAMS = 10_000
 
 
 @attrs.frozen
 class ConsoleSettings:
-    """``[console]``: where the web console listens (``host``, ``port``; port 0: a free one) and
-    how long a sign-in lasts. The table being there turns the console on."""
+    """``[console]``: where the web console listens (``host``, ``port``; port 0: a free one),
+    how long a sign-in lasts and how many live streams it serves at once. The table being there
+    turns the console on."""
 
     host: str
     port: int
     session_lifetime_s: int = DEFAULT_CONSOLE_SESSION_S
+    max_streams: int = DEFAULT_CONSOLE_STREAMS
 
 
 @attrs.frozen

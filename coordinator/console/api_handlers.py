@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..clock import now_ms
+from ..config.values import DEFAULT_CONSOLE_STREAMS
 from .errors import ConsoleError, http_errors
 from .http_parts import (
     DEFAULT_BUCKETS,
@@ -59,7 +60,9 @@ class ConsoleHandlers:
     reads: ConsoleReads
     book: SessionBook
     closing: anyio.Event = attrs.field(factory=anyio.Event)
+    # Live streams open now, and the most at once (``[console] max_streams``).
     streams: int = 0
+    max_streams: int = DEFAULT_CONSOLE_STREAMS
 
     # ----- who is calling -------------------------------------------------------------------
 

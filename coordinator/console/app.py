@@ -13,8 +13,8 @@ Rules:
 - The session cookie is ``HttpOnly``, ``Secure``, ``SameSite=Strict``, ``Path=/`` and expires
   with its session; a refused sign-in sets no cookie at all.
 - A request body is read only up to :data:`MAX_BODY_BYTES`. Live streams are bounded: at most
-  :data:`MAX_STREAMS` at once, one store read per :data:`STREAM_POLL_S` each, for at most
-  :data:`STREAM_MAX_S` (the browser's EventSource reconnects): :mod:`.live`.
+  ``[console] max_streams`` at once, one store read per :data:`STREAM_POLL_S` each, for at
+  most :data:`STREAM_MAX_S` (the browser's EventSource reconnects): :mod:`.live`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..auth import USER_PREFIX, hash_credential
 from ..clock import now_ms
+from ..config.values import DEFAULT_CONSOLE_STREAMS
 from . import job_page, pages
 from .errors import ConsoleError, http_errors
 from .http_parts import (
@@ -229,7 +230,9 @@ class Console(LiveHandlers):
                 if exc.status not in (400, 404):
                     raise
                 said = exc.message[:1].upper() + exc.message[1:]  # the rest of the page stands
-            shown = job_page.JobShown(job, delivery, decisions, logs, said)
+            # Only a derived Job has a source to read from its resolved JobSpec.
+            source = await self.reads.derivation(c.user, run_id) if job.init_from else None
+            shown = job_page.JobShown(job, delivery, decisions, logs, said, source)
             return job_page.job_page(shown, c.user, c.session.csrf_token)
 
         return await self.page(request, render)
@@ -285,9 +288,12 @@ class Console(LiveHandlers):
     # ----- the JSON API -----------------------------------------------------------------------
 
 
-def console_app(reads: ConsoleReads, book: SessionBook) -> tuple[ASGIApp, Console]:
-    """The console's ASGI app, and its handlers' owner (to close live streams on shutdown)."""
-    console = Console(reads, book)
+def console_app(
+    reads: ConsoleReads, book: SessionBook, max_streams: int = DEFAULT_CONSOLE_STREAMS
+) -> tuple[ASGIApp, Console]:
+    """The console's ASGI app, and its handlers' owner (to close live streams on shutdown);
+    it serves at most ``max_streams`` live streams at once."""
+    console = Console(reads, book, max_streams=max_streams)
     files = {name: (_static(name), media) for name, media in STATIC.items()}
 
     async def static(request: Request) -> Response:

@@ -25,7 +25,6 @@ from .sessions import Session
 SIGN_IN_COOKIE = "tp_console_sign_in"
 SIGN_IN_COOKIE_S = 600
 MAX_BODY_BYTES = 16 * 1024
-MAX_STREAMS = 200
 STREAM_POLL_S = 1.0
 STREAM_MAX_S = 600.0
 MAX_TOKEN_CHARS = 200

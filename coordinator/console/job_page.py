@@ -13,6 +13,9 @@ from urllib.parse import quote
 
 import attrs
 
+from tuneplane.proto.contract.derivation_source import InitFromSource
+
+from ..derivation import how_fetched
 from ..job_access import may_change
 from ..lifecycle.states import RETRYABLE, TERMINAL_JOB_STATES
 from ..values.decisions import DecisionRow
@@ -26,20 +29,27 @@ from .pages import esc, layout, table, when
 @attrs.frozen
 class JobShown:
     """What a Job page shows: the Job, its telemetry delivery, its newest decisions (and
-    whether older ones exist) and one read of a member's log (None: no attempt yet, or the
-    read was refused: ``logs_refused`` says why)."""
+    whether older ones exist), one read of a member's log (None: no attempt yet, or the
+    read was refused: ``logs_refused`` says why) and its Derivation's source."""
 
     job: Job
     delivery: list[Delivery]
     decisions: tuple[list[DecisionRow], bool]
     logs: LogPage | None
     logs_refused: str = ""
+    # The Derivation's source as the resolved JobSpec carries it; None without one.
+    derivation: InitFromSource | None = None
 
 
-def _button_form(run_id: str, action: str, csrf: str, fields: str, label: str) -> str:
+def _button_form(
+    run_id: str, action: str, csrf: str, fields: str, label: str, shown_in: str = ""
+) -> str:
+    """A form with one button that POSTs ``action``; with ``shown_in`` (states, space
+    separated) it starts hidden, and ``console.js`` shows it once the Job is in one of them."""
+    later = f' hidden data-shown-in="{esc(shown_in)}"' if shown_in else ""
     return (
         f'<form method="post" action="/jobs/{quote(run_id, safe="")}/{action}" '
-        f'id="{action}-form" class="filters">'
+        f'id="{action}-form" class="filters"{later}>'
         f'<input type="hidden" name="csrf_token" value="{esc(csrf)}">{fields}'
         f'<button type="submit" id="{action}-button">{esc(label)}</button></form>'
     )
@@ -89,6 +99,27 @@ def _logs(job: Job, page: LogPage | None, refused: str) -> str:
     )
 
 
+def _derivation(job: Job, source: InitFromSource | None) -> str:
+    """What ``tp job show`` says of the Derivation (the run it began from, linked to its page),
+    and what the resolved JobSpec holds of its source: which attempt's member, its files,
+    bytes, output directory and manifest digest, and where the Nodes get it."""
+    if not job.init_from:
+        return "none"
+    run = (
+        f'<a href="/jobs/{quote(job.init_from, safe="")}" id="derivation-source">'
+        f"{esc(job.init_from)}</a>"
+    )
+    if source is None:
+        return f"began from run {run}"
+    return (
+        f"began from run {run}, attempt {source.attempt}, member {source.member_index}: "
+        f"{source.files} files, {source.bytes} bytes from <code>{esc(source.out_dir)}</code> "
+        f"(manifest sha256 <code>{esc(source.manifest_sha256)}</code>), "
+        f"{esc(how_fetched(source))}; each rank finds them at "
+        "<code>$TUNEPLANE_INIT_FROM_DIR</code>"
+    )
+
+
 def _decisions(rows: list[DecisionRow], older: bool) -> str:
     shown = table(
         "Decisions about this Job, oldest first",
@@ -123,7 +154,7 @@ def job_page(shown: JobShown, user: User, csrf: str) -> str:
         f"<dt>Fleet</dt><dd>{esc(job.fleet)} ({esc(job.profile)})</dd>"
         f"<dt>Method</dt><dd>{esc(job.method_id)}</dd>"
         f"<dt>Runtime</dt><dd>{esc(job.runtime_id or '-')}</dd>"
-        f"<dt>Derivation</dt><dd>{esc(job.init_from or 'none')}</dd>"
+        f'<dt>Derivation</dt><dd id="derivation">{_derivation(job, shown.derivation)}</dd>'
         f"<dt>Created</dt><dd>{esc(when(job.created_at_ms))}</dd></dl>"
     )
     changes = ""
@@ -133,6 +164,10 @@ def job_page(shown: JobShown, user: User, csrf: str) -> str:
             '<input id="reason" name="reason" maxlength="500" size="40"> '
         )
         changes = _button_form(job.run_id, "cancel", csrf, reason, "Cancel this Job")
+        # The Job may end while the page is open: Retry waits, hidden, for the state that
+        # allows it (the server decides again when it is pressed).
+        retryable = " ".join(sorted(RETRYABLE))
+        changes += _button_form(job.run_id, "retry", csrf, "", "Retry this Job", retryable)
     if may and job.state in RETRYABLE:
         changes = _button_form(job.run_id, "retry", csrf, "", "Retry this Job")
     attempts = []

@@ -2,8 +2,11 @@
 Charts page's tags, each followed by polling the same reads its page makes.
 
 Rules: a stream is bounded three ways, by :func:`LiveHandlers.open_stream` alone: at most
-:data:`MAX_STREAMS` at once, one poll (a bounded store read) per :data:`STREAM_POLL_S` each, for
-at most :data:`STREAM_MAX_S` (the browser's EventSource reconnects). Each poll authenticates the
+``max_streams`` at once (``[console] max_streams``; beyond it a 429 with a sentence), one poll
+(a bounded store read) per :data:`STREAM_POLL_S` each, for at most :data:`STREAM_MAX_S` (the
+browser's EventSource reconnects). A slot is taken when the check passes, with no await
+between, and given back when the response has been answered to its end, whether the stream
+finished, the client left or the server stopped it. Each poll authenticates the
 session's token again and reads as that user, so a revoked token or a lost right ends the stream.
 A stream is refused (with a sentence) before it opens when its first read is.
 """
@@ -17,6 +20,7 @@ import anyio
 import attrs
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..clock import now_ms
 from ..lifecycle.states import TERMINAL_JOB_STATES
@@ -25,7 +29,6 @@ from .api_handlers import ConsoleHandlers
 from .errors import ConsoleError, http_errors
 from .http_parts import (
     LOG_READ_BYTES,
-    MAX_STREAMS,
     STREAM_MAX_S,
     STREAM_POLL_S,
     Caller,
@@ -42,44 +45,60 @@ Poll = Callable[[User], Awaitable[tuple[list[str], bool]]]
 _KEEPALIVE = ": still here\n\n"
 
 
+class _Slotted(StreamingResponse):
+    """An event stream holding one of the console's slots until it has been answered."""
+
+    def __init__(self, frames: AsyncIterator[str], release: Callable[[], None]) -> None:
+        super().__init__(frames, media_type="text/event-stream")
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
 @attrs.define(eq=False)
 class LiveHandlers(ConsoleHandlers):
     """The JSON API's event streams."""
 
     def open_stream(self, c: Caller, first: list[str], done: bool, poll: Poll) -> Response:
         """``first`` at once, then ``poll`` once per :data:`STREAM_POLL_S` until it says done."""
-        if self.streams >= MAX_STREAMS:
+        if self.streams >= self.max_streams:
             raise ConsoleError(
                 429,
-                f"the console already serves {MAX_STREAMS} live streams. Reload the page later.",
+                f"the console already serves {self.max_streams} live streams, its most at once "
+                "([console] max_streams). Reload the page later.",
             )
-        return StreamingResponse(self._stream(c, first, done, poll), media_type="text/event-stream")
+        self.streams += 1
+
+        def release() -> None:
+            self.streams -= 1
+
+        return _Slotted(self._stream(c, first, done, poll), release)
 
     async def _stream(
         self, c: Caller, first: list[str], done: bool, poll: Poll
     ) -> AsyncIterator[str]:
-        self.streams += 1
-        try:
-            for frame in first:
-                yield frame
-            with anyio.move_on_after(STREAM_MAX_S):
-                while not done:
-                    with anyio.move_on_after(STREAM_POLL_S):
-                        await self.closing.wait()
-                    if self.closing.is_set():
-                        return
-                    if self.book.find(c.session.session_id, now_ms()) is None:
-                        return
-                    try:
-                        with http_errors():
-                            user = await self.reads.user(c.session.token_hash)
-                            frames, done = await poll(user)
-                    except ConsoleError:
-                        return
-                    for frame in frames or [_KEEPALIVE]:
-                        yield frame
-        finally:
-            self.streams -= 1
+        for frame in first:
+            yield frame
+        with anyio.move_on_after(STREAM_MAX_S):
+            while not done:
+                with anyio.move_on_after(STREAM_POLL_S):
+                    await self.closing.wait()
+                if self.closing.is_set():
+                    return
+                if self.book.find(c.session.session_id, now_ms()) is None:
+                    return
+                try:
+                    with http_errors():
+                        user = await self.reads.user(c.session.token_hash)
+                        frames, done = await poll(user)
+                except ConsoleError:
+                    return
+                for frame in frames or [_KEEPALIVE]:
+                    yield frame
 
     async def job_events(self, request: Request, c: Caller) -> Response:
         """A ``job`` event with the Job at first and whenever its or its members' states

@@ -210,6 +210,10 @@ def jobs_page(jobs: list[Job], project: str, state: str, owner: str, user: User,
     return layout("Jobs", filters + shown + live, user, csrf)
 
 
+#: What the Tags fieldset says before any tag is stored (charts.js removes it when one comes).
+NO_TAGS = '<span id="no-tags">none yet</span>'
+
+
 def charts_page(
     run_id: str, runs: list[tuple[str, list[str]]], picked: list[str], user: User, csrf: str
 ) -> str:
@@ -232,7 +236,8 @@ def charts_page(
     form = (
         f'<form method="get" action="/jobs/{quote(run_id, safe="")}/charts" class="filters">'
         f"<fieldset><legend>Runs</legend>{run_fields}</fieldset>"
-        f"<fieldset><legend>Tags</legend>{tag_boxes or 'none yet'}</fieldset>"
+        '<fieldset id="tag-boxes"><legend>Tags</legend>'
+        f"{tag_boxes or NO_TAGS}</fieldset>"
         '<button type="submit">Draw</button></form>'
     )
     controls = (

@@ -22,10 +22,13 @@ import attrs
 from grpclib import GRPCError
 from grpclib.const import Status
 
+from tuneplane.proto.contract.derivation_source import InitFromSource
+
 from ..api.fleet import FleetService, check_reason
 from ..api.lifecycle import LifecycleApi
 from ..api.metrics import MAX_MAX_POINTS
 from ..clock import now_ms
+from ..derivation import stored_source
 from ..job_access import check_read
 from ..queue_plan import PoolKey
 from ..store import access as store_access
@@ -95,6 +98,12 @@ class ConsoleReads:
         """One Job with its attempts and members, as ``tp job show`` reads it."""
         check_read(await store_access.job_access(self.store, run_id), user, "state")
         return await self.store.get_job(run_id)
+
+    async def derivation(self, user: User, run_id: str) -> InitFromSource | None:
+        """The source the Job's Derivation began from, as its resolved JobSpec carries it (what
+        Preview fixed and the digest covers); None for a Job without one."""
+        check_read(await store_access.job_access(self.store, run_id), user, "state")
+        return stored_source(await self.store.resolved_jobspec(run_id))
 
     async def delivery(self, user: User, run_id: str) -> list[Delivery]:
         """How far each member's telemetry reached the store, as ``tp metrics`` reads it."""

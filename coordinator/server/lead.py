@@ -270,7 +270,9 @@ async def _run(
             if setting.console_ctx is not None and config.console is not None:
                 reads = ConsoleReads(store, telemetry_store, fleets, lifecycle, config.quotas)
                 app, console = console_app(
-                    reads, SessionBook(config.console.session_lifetime_s * 1000)
+                    reads,
+                    SessionBook(config.console.session_lifetime_s * 1000),
+                    config.console.max_streams,
                 )
                 await tg.start(
                     run_console, app, console, config.console.host, socks["console"],

@@ -7,7 +7,8 @@ Rules:
   store's schema: nothing is created or migrated, and no write lock is taken.
 - Rows come back in the order they were written (their id), filtered by run id and time.
 - :func:`job_decisions` is the serving coordinator's own read of one Job's rows, on the store's
-  reader (the console's Job page); one converter (:func:`decision_row`) serves both.
+  reader (the console's Job page), along the index ``decisions_by_run``; one converter
+  (:func:`decision_row`) serves both.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def parse_since(text: str, now_ms: int) -> int:
 _COLUMNS = "id, at_ms, kind, run_id, attempt, member_index, node_id, detail_json"
 
 
+#: One Job's newest decisions: read backwards along the index ``decisions_by_run`` (run_id,
+#: id), so it touches only that Job's newest rows however long the log is.
+JOB_DECISIONS_SQL = f"SELECT {_COLUMNS} FROM decisions WHERE run_id = ? ORDER BY id DESC LIMIT ?"
+
+
 def read_decisions(where: Where, run_id: str = "", since_ms: int = 0) -> list[DecisionRow]:
     """Every decision (of ``run_id`` when given) at or after ``since_ms``, oldest first, from
     the store at ``where`` (its SQLite file or PostgreSQL database)."""
@@ -90,10 +96,7 @@ def decision_row(r: Any) -> DecisionRow:
 async def job_decisions(store: Store, run_id: str, limit: int) -> tuple[list[DecisionRow], bool]:
     """The newest ``limit`` decisions about ``run_id``, oldest first, read by the serving
     coordinator on its store's reader; and whether older ones were left out."""
-    rows = await store.reader.execute_fetchall(
-        f"SELECT {_COLUMNS} FROM decisions WHERE run_id = ? ORDER BY id DESC LIMIT ?",
-        (run_id, limit + 1),
-    )
+    rows = await store.reader.execute_fetchall(JOB_DECISIONS_SQL, (run_id, limit + 1))
     found = [decision_row(r) for r in rows]
     return found[:limit][::-1], len(found) > limit
 

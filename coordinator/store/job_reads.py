@@ -35,6 +35,17 @@ class JobReads(StoreBase):
             raise NotFound(f"there is no Job with run id {run_id!r}. Check it with `tp ls`.")
         return (await self.job_views([run_id], full=True))[0]
 
+    async def resolved_jobspec(self, run_id: str) -> str:
+        """The Job's resolved JobSpec as its preview keeps it (JSON text; the Job's digest
+        covers it); "" when there is no such Job."""
+        row = await first_row(
+            self.reader,
+            "SELECT p.resolved_json FROM jobs j JOIN previews p ON p.id = j.preview_id "
+            "WHERE j.run_id = ?",
+            (run_id,),
+        )
+        return "" if row is None else str(row[0])
+
     async def member_for_logs(
         self, run_id: str, attempt: int, member_index: int
     ) -> tuple[MemberKey, str]:

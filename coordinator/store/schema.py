@@ -377,6 +377,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             )""",
         ),
     ),
+    (
+        19,
+        (
+            # One Job's decisions, newest first (the console's Job page, at most its newest 500
+            # rows): read along this index instead of scanning the whole log back from its
+            # newest row until enough of that Job's rows turn up.
+            "CREATE INDEX decisions_by_run ON decisions (run_id, id)",
+        ),
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -9,6 +9,7 @@ Screenshots go to the test's temporary directory (and ``$TUNEPLANE_TEST_ARTIFACT
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +20,15 @@ import pytest
 with contextlib.suppress(ImportError):
     from playwright.sync_api import Page, expect
 
+from tests.coordinator.grpc_client import api_client, jobspec
 from tests.support.accounts import require
-from tests.support.console import ConsoleWorld, console_world, playwright_session, screenshot
+from tests.support.console import (
+    ConsoleWorld,
+    console_world,
+    playwright_session,
+    screenshot,
+    sign_in_page,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -142,3 +150,48 @@ def test_a_job_page_follows_a_cancel_made_elsewhere_without_a_reload(
         finally:
             browser.close()
     assert world.job_state(run_id) == "cancelled"
+
+
+def test_a_job_that_ends_while_its_page_is_open_offers_retry_to_who_may_without_a_reload(
+    world: ConsoleWorld, tmp_path: Path
+) -> None:
+    """Alice's Job, shared with bob, is cancelled with ``tp`` while both have its page open:
+    alice's page shows the Retry button in the same document, and pressing it queues the Job;
+    bob may read the Job but not change it, so his page has no Retry form at all."""
+    _require_browser()
+
+    async def submit() -> str:
+        async with api_client(world.coord.api, world.coord.ca_path, world.tokens["alice"]) as api:
+            spec = {**jobspec(gpus=1, project="vision"), "share_with": ["bob"]}
+            return (await api.submit(spec, "k-ends-live")).run_id
+
+    run_id = asyncio.run(submit())
+    with playwright_session() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            tokens = world.tokens
+            pages = {who: sign_in_page(browser, world.url, token) for who, token in tokens.items()}
+            for page in pages.values():
+                with page.expect_response(lambda r: r.url.endswith(f"/jobs/{run_id}/events")):
+                    page.goto(f"{world.url}/jobs/{run_id}")
+                expect(page.locator("#job-state")).to_have_text("queued")
+                page.evaluate("document.documentElement.dataset.sameDocument = 'yes'")
+            alice, bob = pages["alice"], pages["bob"]
+            expect(alice.get_by_role("button", name="Cancel this Job")).to_have_count(1)
+            expect(alice.get_by_role("button", name="Retry this Job")).to_have_count(0)
+            expect(bob.locator("#retry-form")).to_have_count(0)
+
+            assert world.tp_cancel("alice", run_id, "ended while shown") == "cancelled"
+
+            for page in pages.values():
+                expect(page.locator("#job-state")).to_have_text("cancelled")
+                assert page.evaluate("document.documentElement.dataset.sameDocument") == "yes"
+            expect(alice.get_by_role("button", name="Retry this Job")).to_be_visible()
+            expect(alice.get_by_role("button", name="Cancel this Job")).to_have_count(0)
+            expect(bob.locator("#retry-form")).to_have_count(0)
+            screenshot(alice, tmp_path, "job-live-retry")
+            alice.get_by_role("button", name="Retry this Job").click()
+            expect(alice.locator("#job-state")).to_have_text("queued")
+        finally:
+            browser.close()
+    assert world.job_state(run_id) == "queued"

@@ -279,3 +279,37 @@ def test_a_chart_takes_new_points_as_they_arrive(charted: Charted, tmp_path: Pat
             screenshot(page, tmp_path, "charts-live")
         finally:
             browser.close()
+
+
+def test_a_tag_that_first_appears_while_the_page_is_open_is_offered(
+    charted: Charted, tmp_path: Path
+) -> None:
+    """A tag shipped only after the Charts page opened gets its checkbox from the page's
+    metrics events, in the same document; ticking it and pressing Draw charts it."""
+    _require_browser()
+    from playwright.sync_api import expect
+
+    tag = "late/reward"
+    with playwright_session() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = sign_in_page(browser, charted.url, charted.coord.admin_token)
+            with page.expect_response(lambda r: "/metrics/events" in r.url):
+                page.goto(f"{charted.url}/jobs/{charted.run_id}/charts")
+            expect(page.get_by_role("checkbox", name=TAG)).to_be_visible()
+            expect(page.get_by_role("checkbox", name=tag)).to_have_count(0)
+            page.evaluate("document.documentElement.dataset.sameDocument = 'yes'")
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(ship_points, charted.coord, charted.who, tag, [1.0] * 40).result(60)
+            box = page.get_by_role("checkbox", name=tag)
+            expect(box).to_be_visible()
+            expect(box).not_to_be_checked()
+            assert page.evaluate("document.documentElement.dataset.sameDocument") == "yes"
+            box.check()
+            page.get_by_role("button", name="Draw").click()
+            figure = page.locator(f'figure.chart[data-tag="{tag}"]')
+            expect(figure).to_have_attribute("data-state", "drawn")
+            expect(figure).to_have_attribute("data-points", "40")
+            screenshot(page, tmp_path, "charts-new-tag")
+        finally:
+            browser.close()

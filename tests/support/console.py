@@ -85,15 +85,21 @@ def sign_in(client: httpx.Client, token: str) -> httpx.Response:
 
 @contextmanager
 def console_world(
-    root: Path, labels: tuple[str, ...], launched: str = "", heartbeat_timeout: int = 120
+    root: Path,
+    labels: tuple[str, ...],
+    launched: str = "",
+    heartbeat_timeout: int = 120,
+    console_keys: str = "",
 ) -> Iterator[ConsoleWorld]:
     """A coordinator with the console on; alice owns one queued Job per label. With
     ``launched``, first a Node of that name runs one member of a Job of the admin's (launched
     before alice submits, so none of hers takes its GPU). A test that holds a Node's stream
-    open (tests/support/live_node.py) asks for a ``heartbeat_timeout`` longer than it runs."""
+    open (tests/support/live_node.py) asks for a ``heartbeat_timeout`` longer than it runs.
+    ``console_keys`` (TOML lines) go into the ``[console]`` table."""
     if launched:
         heartbeat_timeout = max(heartbeat_timeout, 3600)
-    with start_coordinator(root, heartbeat_timeout=heartbeat_timeout, config=CONSOLE_TOML) as coord:
+    config = CONSOLE_TOML + console_keys
+    with start_coordinator(root, heartbeat_timeout=heartbeat_timeout, config=config) as coord:
         who = launch_member(coord, launched) if launched else None
         endpoints = json.loads((coord.state_dir / "endpoints.json").read_text())
         url = endpoints["console"]

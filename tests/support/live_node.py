@@ -40,9 +40,12 @@ class LiveNode:
     coord: CoordinatorProcess
     hostname: str
     token: str  # the user whose Jobs this Node runs
+    # The outputs listener its Hello reports (so it can hold a Derivation's source); None: none.
+    outputs: v1.OutputsService | None = None
     loop: asyncio.AbstractEventLoop = attrs.field(factory=asyncio.SelectorEventLoop)
     stack: contextlib.AsyncExitStack = attrs.field(factory=contextlib.AsyncExitStack)
     node: NodeStream | None = None
+    node_id: str = ""
     api: Api | None = None
     seq: int = 1
     offsets: dict[tuple[str, int, int, str], int] = attrs.field(factory=dict)
@@ -54,6 +57,7 @@ class LiveNode:
     async def open(self) -> None:
         join = self.coord.create_join_token()
         enrolled = await enroll(self.coord.control, self.coord.ca_path, join, self.hostname, 1)
+        self.node_id = enrolled.node_id
         self.node = await self.stack.enter_async_context(
             node_stream(
                 self.coord.control,
@@ -62,6 +66,7 @@ class LiveNode:
                 enrolled.node_id,
                 hostname=self.hostname,
                 gpus=1,
+                outputs=self.outputs,
             )
         )
         self.api = await self.stack.enter_async_context(
@@ -81,6 +86,19 @@ class LiveNode:
         await self.api.wait_for_state(receipt.run_id, "running")
         return prepare.member
 
+    async def succeed(
+        self, member: v1.MemberRef, out_dir: str, manifest: v1.OutputManifest
+    ) -> None:
+        """Report the running member exited 0, its outputs in ``out_dir`` as ``manifest``
+        says (what a Derivation begins from), and wait for its Job to have succeeded."""
+        assert self.node is not None and self.api is not None
+        exited = v1.MemberState(v1.MemberState.EXITED)
+        self.seq = await self.node.report(
+            self.seq, member, exited, has_exit=True, exit_code=0, out_dir=out_dir,
+            output_manifest=manifest,
+        ) + 1  # fmt: skip
+        await self.api.wait_for_state(member.run_id, "succeeded")
+
     async def log(self, member: v1.MemberRef, text: str, stream: str = "stdout") -> None:
         """Ship ``text`` as the next bytes of the member's ``stream``, acknowledged."""
         assert self.node is not None
@@ -94,9 +112,15 @@ class LiveNode:
 
 
 @contextlib.contextmanager
-def live_node(coord: CoordinatorProcess, hostname: str, token: str) -> Iterator[LiveNode]:
-    """A connected Node with one GPU running ``token``'s Jobs, until the block ends."""
-    found = LiveNode(coord, hostname, token)
+def live_node(
+    coord: CoordinatorProcess,
+    hostname: str,
+    token: str,
+    outputs: v1.OutputsService | None = None,
+) -> Iterator[LiveNode]:
+    """A connected Node with one GPU running ``token``'s Jobs, until the block ends; with
+    ``outputs``, serving its ended members' outputs to other Nodes."""
+    found = LiveNode(coord, hostname, token, outputs)
     thread = threading.Thread(target=found.loop.run_forever, name=f"node-{hostname}", daemon=True)
     thread.start()
     try:

@@ -8,7 +8,8 @@
 // - Live: the page follows /api/v1/jobs/{run_id}/metrics/events (a "metrics" event when any
 //   run's points grow, at most one a second, the server's bound) and reads a chart again when
 //   one of its runs' tag grew, unless it is zoomed (a zoom is a range the reader chose); one
-//   read at a time per chart.
+//   read at a time per chart. A tag that first appears in an event gets its checkbox in the
+//   Tags fieldset (tick it and press Draw), one per tag the server listed.
 // - Test hook, deliberate and documented (docs/console.md): window.tuneplaneCharts maps a
 //   figure's id to {plot: the uPlot instance, buckets: {run: buckets the server returned},
 //   columns: {run: index of its last line in plot.data}}; a figure's data-state is "drawn"
@@ -187,6 +188,27 @@ function chartFigure(figure, view) {
   };
 }
 
+function offerTags(runs) {
+  const boxes = document.getElementById("tag-boxes");
+  const offered = new Set(Array.from(boxes.querySelectorAll("input[name=tag]"), (box) => box.value));
+  const listed = new Set();
+  Object.values(runs).forEach((tags) => Object.keys(tags).forEach((tag) => listed.add(tag)));
+  Array.from(listed)
+    .filter((tag) => !offered.has(tag))
+    .sort()
+    .forEach((tag) => {
+      const none = document.getElementById("no-tags");
+      if (none) none.remove();
+      const box = document.createElement("input");
+      box.type = "checkbox";
+      box.name = "tag";
+      box.value = tag;
+      const label = document.createElement("label");
+      label.append(box, " " + tag);
+      boxes.append(label);
+    });
+}
+
 function followMetrics(holder, charts) {
   const runs = holder.dataset.runs.split(" ").filter((r) => r);
   const q = new URLSearchParams();
@@ -196,6 +218,7 @@ function followMetrics(holder, charts) {
   let seen = null;
   events.addEventListener("metrics", (message) => {
     const now = JSON.parse(message.data).runs;
+    offerTags(now);
     if (seen !== null) {
       charts.forEach(([, chart, figure]) => {
         const tag = figure.dataset.tag;
@@ -211,8 +234,9 @@ function followMetrics(holder, charts) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  const live = document.getElementById("charts-live");
+  if (!live) return;
   const figures = Array.from(document.querySelectorAll("figure.chart"));
-  if (!figures.length) return;
   const smoothing = document.getElementById("smoothing");
   const shown = document.getElementById("smoothing-value");
   const log = document.getElementById("log-scale");
@@ -240,5 +264,5 @@ document.addEventListener("DOMContentLoaded", () => {
     charts.forEach(([, chart]) => chart.reset());
   });
   charts.forEach(([, chart]) => chart.load());
-  followMetrics(document.getElementById("charts-live"), charts);
+  followMetrics(live, charts);
 });

@@ -1,6 +1,7 @@
-// The TunePlane console's script for every page: live updates of a Job page, its log and the
-// Jobs list from their server-sent events (/api/v1/.../events). The pages work without it
-// (every action is a plain form; a reload shows the same); this only saves the reload. Each
+// The TunePlane console's script for every page: live updates of a Job page (its state, and
+// its Retry button once it has ended), its log and the Jobs list from their server-sent events
+// (/api/v1/.../events). The pages work without it (every action is a plain form; a reload
+// shows the same); this only saves the reload. Each
 // stream is the server's to bound (one read a second, ten minutes); a log stream is opened
 // again from the offset already shown, so nothing is appended twice.
 "use strict";
@@ -27,6 +28,11 @@ function followJob(holder) {
     if (ENDED.includes(job.state)) {
       const form = document.getElementById("cancel-form");
       if (form) form.remove();
+      // Rendered hidden while the Job ran, for who may retry it; shown once its state allows.
+      const retry = document.getElementById("retry-form");
+      if (retry && retry.dataset.shownIn && retry.dataset.shownIn.split(" ").includes(job.state)) {
+        retry.hidden = false;
+      }
       events.close();
     }
   });
