@@ -32,6 +32,9 @@ from .lifecycle.states import (
     CANCELLED,
     CANCELLING,
     FAILED,
+    M_EXITED,
+    M_RESERVED,
+    M_RUNNING,
     QUEUED,
     RESERVED,
     RUNNING,
@@ -64,6 +67,35 @@ class SlurmAttemptFacts:
     has_exit: bool = False
     exit_code: int = 0
     signal: int = 0
+
+
+@attrs.frozen
+class MemberExit:
+    """How one member of a Slurm attempt ended, from its runner's exit record (``has_exit``
+    False: it left none)."""
+
+    index: int
+    has_exit: bool
+    exit_code: int = 0
+    signal: int = 0
+    ended_at_ms: int = 0
+
+
+def member_exit(
+    index: int, exit_code: int | None, signal: int | None, finished_at_s: float | None
+) -> MemberExit:
+    """A member's exit from its runner's record (None for each when it left none)."""
+    if finished_at_s is None:
+        return MemberExit(index, False)
+    return MemberExit(index, True, exit_code or 0, signal or 0, int(finished_at_s * 1000))
+
+
+def member_state(slurm_state: str, ended: bool) -> str:
+    """A member of a Slurm attempt in a member's words: ``exited`` once the job ended,
+    ``reserved`` until Slurm runs it, else ``running``."""
+    if ended:
+        return M_EXITED
+    return M_RESERVED if slurm_state in ("", "PENDING") else M_RUNNING
 
 
 def shape(gpus: int, members: int | None, gpus_per_member: int | None) -> tuple[int, int]:
@@ -159,8 +191,11 @@ def job_request(
     attempt_folder: Path,
     nodes: int,
     gpus_per_node: int,
+    gpu_type: str = "",
+    constraint: str = "",
 ) -> JobRequest:
-    """The Slurm job of one attempt: N nodes, G GPUs each (GRES), one task per node."""
+    """The Slurm job of one attempt: N nodes, G GPUs each (GRES, of ``gpu_type`` when given),
+    one task per node, on nodes with the feature ``constraint`` when given."""
     return JobRequest(
         name=job_name(run_id, attempt),
         partition=partition,
@@ -168,6 +203,8 @@ def job_request(
         working_directory=str(attempt_folder),
         nodes=nodes,
         gpus_per_node=gpus_per_node,
+        gpu_type=gpu_type,
+        constraint=constraint,
         environment={"PATH": BATCH_PATH, "LANG": "C.UTF-8"},
         standard_output=str(attempt_folder / "slurm-%j.out"),
     )

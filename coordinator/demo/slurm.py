@@ -17,7 +17,8 @@ Rules:
 - Missing binaries or a non-root run are :class:`SlurmUnavailable`, with a sentence naming the
   packages (the tests skip on it, or fail under ``CI=true``). Every daemon started is handed to
   the ``track`` hook and, once stopped, to ``untrack`` (the tests' last-resort reaper).
-- The node advertises ``GPUS_PER_NODE`` GPUs (GRES ``gpu``) whose ``File=`` are empty files under
+- The node advertises ``GPUS_PER_NODE`` GPUs (GRES ``gpu`` of type ``GPU_TYPE``, and the node
+  feature ``FEATURE``) whose ``File=`` are empty files under
   the folder: Slurm drops a GPU without a File, logs that these are not devices, and counts them;
   with ``task/none`` nothing opens them. Node listings see GPUs on a machine that has none.
 - slurmrestd loads only the ``openapi/v0.0.3x`` plugins (``-s``): the ``dbv0.0.3x`` ones need
@@ -49,6 +50,9 @@ REST_USER = "nobody"
 REST_PLUGINS = "openapi/v0.0.36,openapi/v0.0.37,openapi/v0.0.38"
 PARTITION = "tp"
 GPUS_PER_NODE = 2
+#: The node's GPUs are the gpu GRES of this type, and it has this node feature.
+GPU_TYPE = "h200"
+FEATURE = "tpnode"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 CLIENT_TIMEOUT_S = 60.0
@@ -142,7 +146,7 @@ def slurm_conf(root: Path, host: str, cpus: int, memory_mb: int) -> str:
             f"SlurmdLogFile={root / 'slurmd.log'}",
             f"PlugStackConfig={root / 'plugstack.conf'}",
             f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} "
-            f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN",
+            f"Gres=gpu:{GPU_TYPE}:{GPUS_PER_NODE} Features={FEATURE} State=UNKNOWN",
             f"PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP",
             "",
         ]
@@ -306,7 +310,7 @@ def _start(cluster: SlurmCluster) -> None:
     for index in range(GPUS_PER_NODE):
         (root / "dev" / f"gpu{index}").touch()
     files = f"{root / 'dev'}/gpu[0-{GPUS_PER_NODE - 1}]"
-    gres.write_text(f"NodeName={cluster.host} Name=gpu File={files}\n")
+    gres.write_text(f"NodeName={cluster.host} Name=gpu Type={GPU_TYPE} File={files}\n")
     gres.chmod(0o644)
     cluster.start(
         "munged",

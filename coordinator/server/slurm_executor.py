@@ -39,6 +39,7 @@ from tuneplane.proto.contract.slurm_attempt import (
     attempt_dir,
     member_dir,
 )
+from tuneplane.runner.records import RecordError, read_exit_record
 
 from .. import capsule
 from ..catalogue import Catalogue
@@ -60,9 +61,11 @@ from ..slurm_attempt import (
     NEVER,
     SIGNAL,
     SIGTERM,
+    MemberExit,
     SlurmAttemptFacts,
     cancel_step,
     job_request,
+    member_exit,
     submission,
 )
 from ..store.core import Store
@@ -79,6 +82,7 @@ from ..store.slurm_attempts import (
     slurm_attempt_inputs,
     slurm_attempts_to_drive,
 )
+from ..store.slurm_members import record_member_exits
 from ..values.fleet import SlurmSettings
 from ..values.jobs import MemberKey
 from .slurm_logs import SlurmLogs
@@ -199,9 +203,13 @@ class SlurmExecutor:
         # The logs first: once the end is recorded the Job is no longer driven.
         await self._logs.ship(settings, row, ended=job.exit is not None)
         if job.exit is not None:
-            # The collectors' drain window starts (again: idempotent) before the end is recorded.
+            # The collectors' drain window starts (again: idempotent) and each member's exit is
+            # recorded before the end is: once that is recorded the attempt is no longer driven.
             for key in _members(row):
                 await self._collectors.member_ended(key, now_ms())
+            folder = attempt_dir(settings.shared_dir, row.run_id, row.attempt)
+            exits = await anyio.to_thread.run_sync(_read_exits, folder, row.members)
+            await record_member_exits(self._store, row.run_id, row.attempt, exits, now_ms())
         await self._record(row, _facts(job_id, job))
         if row.cancel_grace_s is not None and job.exit is None:
             await self._cancel(rest, row, job_id, row.cancel_grace_s)
@@ -235,7 +243,8 @@ class SlurmExecutor:
             await record_slurm_facts(self._store, row.run_id, row.attempt, failed, now_ms())
             return None
         request = job_request(row.run_id, row.attempt, settings.partition, settings.python,
-                              folder, row.members, row.gpus_per_member)  # fmt: skip
+                              folder, row.members, row.gpus_per_member, row.gres_type,
+                              row.constraint)  # fmt: skip
         try:
             job_id = await rest.submit(request)
         except SlurmRefused as exc:
@@ -296,6 +305,22 @@ class SlurmExecutor:
     async def _unreachable(self, rows: list[SlurmAttemptRow], why: str) -> None:
         for row in rows:
             await self._record(row, attrs.evolve(row.facts, reachable=False, unreachable_why=why))
+
+
+def _read_exits(folder: Path, members: int) -> list[MemberExit]:
+    """Each member's exit record on the shared folder (one it cannot read counts as none)."""
+    exits = []
+    for index in range(members):
+        try:
+            record = read_exit_record(member_dir(folder, index))
+        except RecordError as exc:
+            log.warning("slurm member exit unreadable folder=%s reason=%s", folder, exc)
+            record = None
+        if record is None:
+            exits.append(member_exit(index, None, None, None))
+        else:
+            exits.append(member_exit(index, record.exit_code, record.signal, record.finished_at))
+    return exits
 
 
 def _members(row: SlurmAttemptRow) -> list[MemberKey]:

@@ -78,8 +78,11 @@ def submit_body(request: JobRequest) -> dict[str, Any]:
     if request.standard_error is not None:
         job["standard_error"] = request.standard_error
     if request.gpus_per_node:
-        # A count alone: "gpu:2" would ask for two GPUs of a GRES *type* named "gpu".
-        job["gpus_per_node"] = str(request.gpus_per_node)
+        # A count, or TYPE:COUNT: "gpu:2" would ask for two GPUs of a GRES *type* named "gpu".
+        count = str(request.gpus_per_node)
+        job["gpus_per_node"] = f"{request.gpu_type}:{count}" if request.gpu_type else count
+    if request.constraint:
+        job["constraints"] = request.constraint
     if request.time_limit_minutes is not None:
         job["time_limit"] = request.time_limit_minutes
     return {"job": job, "script": request.script}

@@ -32,6 +32,8 @@ class JobRequest:
     working_directory: str
     nodes: int = 1
     gpus_per_node: int = 0
+    gpu_type: str = ""  # the gpu GRES type asked for ("": any)
+    constraint: str = ""  # a node feature every node must have ("": none)
     environment: Mapping[str, str] = attrs.field(factory=dict)
     standard_output: str = "/dev/null"
     standard_error: str | None = None
