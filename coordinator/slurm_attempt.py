@@ -8,7 +8,9 @@ alone (:func:`derive_job_state`), as a Node attempt's is derived from its member
 
 - a submission slurmctld refused: ``failed``, with Slurm's words;
 - not submitted yet, or Slurm holding it pending: ``reserved`` (a Job never goes back to
-  ``queued``; the reason says Slurm's own reason for waiting);
+  ``queued``; the reason says Slurm's own reason for waiting); a job Slurm requeued after it
+  ran is pending again, so a running Job goes back to ``reserved``, and the reason says it was
+  requeued;
 - slurmrestd not answering: ``unknown`` (never ``failed``) until it answers again;
 - a person's cancel: ``cancelling`` until Slurm says the job ended, then ``cancelled``;
 - otherwise Slurm's word read by :func:`~tuneplane.coordinator.executors.slurm.job_state`.
@@ -67,6 +69,7 @@ class SlurmAttemptFacts:
     has_exit: bool = False
     exit_code: int = 0
     signal: int = 0
+    restarts: int = 0  # how many times Slurm requeued the job
 
 
 @attrs.frozen
@@ -135,6 +138,10 @@ def derive_job_state(facts: SlurmAttemptFacts, cancel_reason: str | None) -> tup
     job = f"Slurm job {facts.job_id}"
     if said == QUEUED:
         why = facts.slurm_reason if facts.slurm_reason not in ("", "None") else "no reason given"
+        if facts.restarts:
+            # Requeued after it ran (by Slurm or an operator): waiting again, and says so.
+            return RESERVED, f"{job} was requeued by Slurm ({facts.restarts} time" + (
+                "s" * (facts.restarts != 1)) + f") and is pending again ({why})"  # fmt: skip
         return RESERVED, f"{job} is pending in Slurm ({why})"
     if said == STARTING:
         return STARTING, f"{job} is configuring its nodes"
@@ -159,6 +166,19 @@ def submission(found_job_ids: Sequence[int], cancelled: bool) -> tuple[str, int 
     if cancelled:
         return NEVER, None
     return SUBMIT, None
+
+
+def next_poll_s(
+    last_s: float, changed: bool, live: bool, fastest_s: float, slowest_s: float
+) -> float:
+    """How long the executor waits before its next pass: soon after a change (a Job woken,
+    submitted, cancelled, or Slurm saying something new), doubling while nothing changes, up to
+    ``slowest_s``; ``slowest_s`` when nothing is live."""
+    if not live:
+        return slowest_s
+    if changed:
+        return fastest_s
+    return min(slowest_s, max(fastest_s, last_s * 2))
 
 
 def cancel_step(

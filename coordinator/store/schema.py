@@ -394,6 +394,8 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             # then); '' for attempts written before, which asked for GPUs of any type.
             "ALTER TABLE slurm_attempts ADD COLUMN gres_type TEXT NOT NULL DEFAULT ''",
             "ALTER TABLE slurm_attempts ADD COLUMN node_constraint TEXT NOT NULL DEFAULT ''",
+            # How many times Slurm requeued the attempt's job (its restart_cnt) at the last poll.
+            "ALTER TABLE slurm_attempts ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0",
             # How each member of an attempt run as a Slurm job ended, read from the exit record
             # its runner wrote on the shared folder when the Slurm job ended (has_exit 0: it
             # left none, e.g. its node failed before the runner started). Written once, before

@@ -117,7 +117,7 @@ async def slurm_attempts_to_drive(store: Store) -> list[SlurmAttemptRow]:
         store,
         "SELECT s.run_id, s.attempt, s.fleet, s.job_name, s.members, s.gpus_per_member, "
         "s.slurm_job_id, s.slurm_state, s.slurm_reason, s.reachable, s.unreachable_why, "
-        "s.has_exit, s.exit_code, s.signal, s.signalled_at_ms, s.cancelled_at_ms, "
+        "s.has_exit, s.exit_code, s.signal, s.restarts, s.signalled_at_ms, s.cancelled_at_ms, "
         "(SELECT t.grace_period_s FROM attempt_stops t WHERE t.run_id = s.run_id "
         " AND t.attempt = s.attempt AND t.kind = 'cancel'), s.gres_type, s.node_constraint "
         "FROM slurm_attempts s JOIN jobs j ON j.run_id = s.run_id "
@@ -134,12 +134,12 @@ async def slurm_attempts_to_drive(store: Store) -> list[SlurmAttemptRow]:
             job_name=str(r[3]),
             members=int(r[4]),
             gpus_per_member=int(r[5]),
-            facts=facts_of(r[6:14]),
-            signalled_at_ms=None if r[14] is None else int(r[14]),
-            cancelled_at_ms=None if r[15] is None else int(r[15]),
-            cancel_grace_s=None if r[16] is None else int(r[16]),
-            gres_type=str(r[17]),
-            constraint=str(r[18]),
+            facts=facts_of(r[6:15]),
+            signalled_at_ms=None if r[15] is None else int(r[15]),
+            cancelled_at_ms=None if r[16] is None else int(r[16]),
+            cancel_grace_s=None if r[17] is None else int(r[17]),
+            gres_type=str(r[18]),
+            constraint=str(r[19]),
         )
         for r in rows
     ]
@@ -175,11 +175,11 @@ async def record_slurm_facts(
         async with store.transaction() as db:
             await db.execute(
                 "UPDATE slurm_attempts SET slurm_state = ?, slurm_reason = ?, reachable = ?, "
-                "unreachable_why = ?, has_exit = ?, exit_code = ?, signal = ?, updated_at_ms = ? "
-                "WHERE run_id = ? AND attempt = ?",
+                "unreachable_why = ?, has_exit = ?, exit_code = ?, signal = ?, restarts = ?, "
+                "updated_at_ms = ? WHERE run_id = ? AND attempt = ?",
                 (facts.slurm_state, facts.slurm_reason, int(facts.reachable),
-                 facts.unreachable_why, int(facts.has_exit), facts.exit_code, facts.signal, now,
-                 run_id, attempt),
+                 facts.unreachable_why, int(facts.has_exit), facts.exit_code, facts.signal,
+                 facts.restarts, now, run_id, attempt),
             )  # fmt: skip
             await store.refresh_job(db, run_id, now)
 

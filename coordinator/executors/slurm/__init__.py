@@ -40,4 +40,5 @@ from ._values import ExitStatus as ExitStatus
 from ._values import JobRequest as JobRequest
 from ._values import SlurmJob as SlurmJob
 from ._values import SlurmNode as SlurmNode
+from ._values import jobs_named as jobs_named
 from ._views import partition_view as partition_view
