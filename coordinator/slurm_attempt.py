@@ -8,7 +8,9 @@ alone (:func:`derive_job_state`), as a Node attempt's is derived from its member
 
 - a submission slurmctld refused: ``failed``, with Slurm's words;
 - not submitted yet, or Slurm holding it pending: ``reserved`` (a Job never goes back to
-  ``queued``; the reason says Slurm's own reason for waiting);
+  ``queued``; the reason says Slurm's own reason for waiting); a job Slurm requeued after it
+  ran is pending again, so a running Job goes back to ``reserved``, and the reason says it was
+  requeued;
 - slurmrestd not answering: ``unknown`` (never ``failed``) until it answers again;
 - a person's cancel: ``cancelling`` until Slurm says the job ended, then ``cancelled``;
 - otherwise Slurm's word read by :func:`~tuneplane.coordinator.executors.slurm.job_state`.
@@ -32,6 +34,9 @@ from .lifecycle.states import (
     CANCELLED,
     CANCELLING,
     FAILED,
+    M_EXITED,
+    M_RESERVED,
+    M_RUNNING,
     QUEUED,
     RESERVED,
     RUNNING,
@@ -64,6 +69,36 @@ class SlurmAttemptFacts:
     has_exit: bool = False
     exit_code: int = 0
     signal: int = 0
+    restarts: int = 0  # how many times Slurm requeued the job
+
+
+@attrs.frozen
+class MemberExit:
+    """How one member of a Slurm attempt ended, from its runner's exit record (``has_exit``
+    False: it left none)."""
+
+    index: int
+    has_exit: bool
+    exit_code: int = 0
+    signal: int = 0
+    ended_at_ms: int = 0
+
+
+def member_exit(
+    index: int, exit_code: int | None, signal: int | None, finished_at_s: float | None
+) -> MemberExit:
+    """A member's exit from its runner's record (None for each when it left none)."""
+    if finished_at_s is None:
+        return MemberExit(index, False)
+    return MemberExit(index, True, exit_code or 0, signal or 0, int(finished_at_s * 1000))
+
+
+def member_state(slurm_state: str, ended: bool) -> str:
+    """A member of a Slurm attempt in a member's words: ``exited`` once the job ended,
+    ``reserved`` until Slurm runs it, else ``running``."""
+    if ended:
+        return M_EXITED
+    return M_RESERVED if slurm_state in ("", "PENDING") else M_RUNNING
 
 
 def shape(gpus: int, members: int | None, gpus_per_member: int | None) -> tuple[int, int]:
@@ -103,6 +138,10 @@ def derive_job_state(facts: SlurmAttemptFacts, cancel_reason: str | None) -> tup
     job = f"Slurm job {facts.job_id}"
     if said == QUEUED:
         why = facts.slurm_reason if facts.slurm_reason not in ("", "None") else "no reason given"
+        if facts.restarts:
+            # Requeued after it ran (by Slurm or an operator): waiting again, and says so.
+            return RESERVED, f"{job} was requeued by Slurm ({facts.restarts} time" + (
+                "s" * (facts.restarts != 1)) + f") and is pending again ({why})"  # fmt: skip
         return RESERVED, f"{job} is pending in Slurm ({why})"
     if said == STARTING:
         return STARTING, f"{job} is configuring its nodes"
@@ -127,6 +166,19 @@ def submission(found_job_ids: Sequence[int], cancelled: bool) -> tuple[str, int 
     if cancelled:
         return NEVER, None
     return SUBMIT, None
+
+
+def next_poll_s(
+    last_s: float, changed: bool, live: bool, fastest_s: float, slowest_s: float
+) -> float:
+    """How long the executor waits before its next pass: soon after a change (a Job woken,
+    submitted, cancelled, or Slurm saying something new), doubling while nothing changes, up to
+    ``slowest_s``; ``slowest_s`` when nothing is live."""
+    if not live:
+        return slowest_s
+    if changed:
+        return fastest_s
+    return min(slowest_s, max(fastest_s, last_s * 2))
 
 
 def cancel_step(
@@ -159,8 +211,11 @@ def job_request(
     attempt_folder: Path,
     nodes: int,
     gpus_per_node: int,
+    gpu_type: str = "",
+    constraint: str = "",
 ) -> JobRequest:
-    """The Slurm job of one attempt: N nodes, G GPUs each (GRES), one task per node."""
+    """The Slurm job of one attempt: N nodes, G GPUs each (GRES, of ``gpu_type`` when given),
+    one task per node, on nodes with the feature ``constraint`` when given."""
     return JobRequest(
         name=job_name(run_id, attempt),
         partition=partition,
@@ -168,6 +223,8 @@ def job_request(
         working_directory=str(attempt_folder),
         nodes=nodes,
         gpus_per_node=gpus_per_node,
+        gpu_type=gpu_type,
+        constraint=constraint,
         environment={"PATH": BATCH_PATH, "LANG": "C.UTF-8"},
         standard_output=str(attempt_folder / "slurm-%j.out"),
     )

@@ -31,6 +31,7 @@ from ..clock import now_ms
 from ..config import CoordinatorConfig
 from ..counters import ADMISSIONS
 from ..derivation import SourceRun, resolve_source
+from ..executors.slurm import series_request
 from ..gateways.message_limits import INLINE_DECODE_BYTES, encode_with, pre_encoded
 from ..gateways.status import grpc_errors
 from ..image_pin import image_runtime, pin, registry_for
@@ -130,6 +131,16 @@ class ApiService:
                     f"places Jobs on the Fleet {s.fleet!r}, of kind slurm, which has no shared "
                     "folder for its attempts",
                     "Ask the coordinator's operator to create the Fleet with --shared-dir.",
+                )
+            if slurm is not None and series_request(slurm.series, s.series) is None:
+                mapped = ", ".join(m.series for m in slurm.series)
+                raise jobspec.JobSpecError(
+                    "resources.profile",
+                    admitted.profile,
+                    f"asks for the Series {s.series!r}, which the Fleet {s.fleet!r} (kind slurm) "
+                    f"does not map to a Slurm GRES type or node feature (it maps {mapped})",
+                    "Use a Profile of a Series it maps, or ask the coordinator's operator to "
+                    f"create the Fleet with --series {s.series}=gres:gpu:TYPE.",
                 )
             admitted = await self._derive(admitted, stream)
             admitted = await self._pin_image(admitted)

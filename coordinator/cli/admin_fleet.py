@@ -22,7 +22,9 @@ from ..executors.slurm import (
     SlurmNode,
     SlurmSettingsError,
     check_settings,
+    parse_series,
     probe_settings,
+    series_words,
 )
 from ..store.core import NotFound, Store
 from ..store.fleet_views import fleet_views
@@ -144,6 +146,16 @@ def fleet() -> None:
     help="kind slurm: a folder on each Slurm node's own storage for the members' collector "
     "spools (default: the node's temporary folder).",
 )
+@click.option(
+    "--series",
+    "series",
+    multiple=True,
+    metavar="SERIES=HOW",
+    help="kind slurm, repeatable: how Slurm is asked for a Series, SERIES=gres:gpu:TYPE (its "
+    "GPUs are the gpu GRES of that type) or SERIES=constraint:FEATURE (its nodes have that "
+    "feature); once each per Series. With none, every Series asks for GPUs of any type; with "
+    "some, a Preview of any other Series is refused.",
+)
 def fleet_create(
     name: str,
     state_dir: Path,
@@ -154,6 +166,7 @@ def fleet_create(
     shared_dir: str | None,
     python: str | None,
     spool_dir: str | None,
+    series: tuple[str, ...],
 ) -> None:
     """Create a Fleet called NAME.
 
@@ -168,7 +181,8 @@ def fleet_create(
     settings: SlurmSettings | None = None
     nodes: list[SlurmNode] = []
     if kind == "node":
-        optional = {"--shared-dir": shared_dir, "--python": python, "--spool-dir": spool_dir}
+        optional = {"--shared-dir": shared_dir, "--python": python, "--spool-dir": spool_dir,
+                    "--series": series or None}  # fmt: skip
         extra = [flag for flag, value in {**given, **optional}.items() if value is not None]
         if extra:
             raise click.UsageError(
@@ -188,6 +202,7 @@ def fleet_create(
                 slurmrestd, token_file, partition, shared_dir or "", python or "python3",
                 spool_dir or "",
             )  # fmt: skip
+            settings = attrs.evolve(settings, series=parse_series(series))
         except (SlurmSettingsError, SlurmError) as exc:
             raise click.ClickException(str(exc)) from None
         nodes = _probe(settings)
@@ -205,6 +220,8 @@ def fleet_create(
         f"{settings.slurmrestd}, {len(nodes)} node{'s' * (len(nodes) != 1)}, {gpus} GPU"
         f"{'s' * (gpus != 1)}."
     )
+    for mapped in settings.series:
+        click.echo(f"Series {mapped.series}: {series_words(mapped)}.")
 
 
 def _probe(settings: SlurmSettings) -> list[SlurmNode]:

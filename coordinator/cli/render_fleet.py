@@ -183,6 +183,17 @@ def _slurm_view(slurm: SlurmPartition) -> list[RenderableType]:
     parts: list[RenderableType] = [
         heading(f"Slurm partition {slurm.partition} (slurmrestd {slurm.slurmrestd})")
     ]
+    # The Fleet's own settings: shown even when slurmrestd could not be read.
+    if slurm.series:
+        mapped = Table()
+        for column in ("SERIES", "GRES", "CONSTRAINT"):
+            mapped.add_column(column)
+        for m in slurm.series:
+            mapped.add_row(m.series, f"gpu:{m.gres_type}" if m.gres_type else "any gpu",
+                           m.constraint or "-")  # fmt: skip
+        parts.append(mapped)
+    else:
+        parts.append("Series: none mapped; every Series asks for GPUs of any type.")
     if slurm.error:
         parts.append(f"Not read: {slurm.error}")
         return parts

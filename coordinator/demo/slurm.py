@@ -17,7 +17,8 @@ Rules:
 - Missing binaries or a non-root run are :class:`SlurmUnavailable`, with a sentence naming the
   packages (the tests skip on it, or fail under ``CI=true``). Every daemon started is handed to
   the ``track`` hook and, once stopped, to ``untrack`` (the tests' last-resort reaper).
-- The node advertises ``GPUS_PER_NODE`` GPUs (GRES ``gpu``) whose ``File=`` are empty files under
+- The node advertises ``GPUS_PER_NODE`` GPUs (GRES ``gpu`` of type ``GPU_TYPE``, and the node
+  feature ``FEATURE``) whose ``File=`` are empty files under
   the folder: Slurm drops a GPU without a File, logs that these are not devices, and counts them;
   with ``task/none`` nothing opens them. Node listings see GPUs on a machine that has none.
 - slurmrestd loads only the ``openapi/v0.0.3x`` plugins (``-s``): the ``dbv0.0.3x`` ones need
@@ -41,14 +42,23 @@ import attrs
 import httpx
 
 #: What the cluster runs; Debian's slurm-wlm (slurmctld, slurmd, slurm-client), slurmrestd and
-#: munge install them (the noxfile's ``wanted`` installs the same packages under CI).
-BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "slurmrestd")
+#: munge install them (the noxfile's ``wanted`` installs the same packages under CI). The
+#: bench's clusters without slurmrestd (bench/_slurm.py) need the first list alone.
+BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "srun", "sbatch", "scancel",
+            "squeue")  # fmt: skip
+REST_BINARIES = ("slurmrestd",)
 JWT_PLUGIN = Path("/usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so")
 INSTALL = "apt-get install slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge"
+INSTALL_WITHOUT_REST = "apt-get install slurm-wlm munge"
 REST_USER = "nobody"
 REST_PLUGINS = "openapi/v0.0.36,openapi/v0.0.37,openapi/v0.0.38"
 PARTITION = "tp"
 GPUS_PER_NODE = 2
+#: The node's GPUs are the gpu GRES of this type, and it has this node feature.
+GPU_TYPE = "h200"
+FEATURE = "tpnode"
+#: How long slurmctld keeps an ended job (the tests read their ends; the bench wants them gone).
+MIN_JOB_AGE_S = 300
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 CLIENT_TIMEOUT_S = 60.0
@@ -62,15 +72,18 @@ class SlurmUnavailable(RuntimeError):
     """This machine cannot run the throwaway cluster; ``str()`` says what is missing."""
 
 
-def missing() -> str | None:
-    """What this machine lacks to run the throwaway cluster, as a phrase; None when nothing."""
-    lacking = [binary for binary in BINARIES if shutil.which(binary) is None]
-    if not JWT_PLUGIN.exists():
+def missing(rest: bool = True) -> str | None:
+    """What this machine lacks to run the throwaway cluster (with slurmrestd unless ``rest`` is
+    False), as a phrase; None when nothing."""
+    wanted = (*BINARIES, *REST_BINARIES) if rest else BINARIES
+    lacking = [binary for binary in wanted if shutil.which(binary) is None]
+    if rest and not JWT_PLUGIN.exists():
         lacking.append(str(JWT_PLUGIN))
     if lacking:
+        what = "with slurmrestd and JWT " if rest else ""
         return (
-            f"a local Slurm with slurmrestd and JWT ({', '.join(lacking)} missing); install "
-            f"them as root with `{INSTALL}`"
+            f"a local Slurm {what}({', '.join(lacking)} missing); install them as root with "
+            f"`{INSTALL if rest else INSTALL_WITHOUT_REST}`"
         )
     if os.geteuid() != 0:
         return "root (slurmd launches jobs as their users)"
@@ -105,9 +118,17 @@ def _tail(path: Path) -> str:
     return "\n".join(lines[-LOG_TAIL_LINES:]) or "(empty log)"
 
 
-def slurm_conf(root: Path, host: str, cpus: int, memory_mb: int) -> str:
+def slurm_conf(
+    root: Path, host: str, cpus: int, memory_mb: int, rest: bool = True,
+    min_job_age_s: int = MIN_JOB_AGE_S, max_job_count: int = 0,
+) -> str:  # fmt: skip
     """The cluster's slurm.conf: one node, one default partition, JWT as the alternative
-    authentication, no cgroups and no accounting (as root on a plain machine)."""
+    authentication (for slurmrestd, when ``rest``), no cgroups and no accounting (as root on a
+    plain machine). ``max_job_count`` 0 keeps Slurm's default (10,000 jobs)."""
+    jwt = [
+        "AuthAltTypes=auth/jwt",
+        f"AuthAltParameters=jwt_key={root / 'jwt.key'}",
+    ]
     return "\n".join(
         [
             "ClusterName=tptest",
@@ -119,8 +140,7 @@ def slurm_conf(root: Path, host: str, cpus: int, memory_mb: int) -> str:
             "AuthType=auth/munge",
             "CredType=cred/munge",
             f"AuthInfo=socket={root / 'munge.socket'}",
-            "AuthAltTypes=auth/jwt",
-            f"AuthAltParameters=jwt_key={root / 'jwt.key'}",
+            *(jwt if rest else []),
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
@@ -133,7 +153,8 @@ def slurm_conf(root: Path, host: str, cpus: int, memory_mb: int) -> str:
             "MpiDefault=none",
             "ReturnToService=2",
             # Finished jobs stay in slurmctld's table long enough for a test to read their end.
-            "MinJobAge=300",
+            f"MinJobAge={min_job_age_s}",
+            *([f"MaxJobCount={max_job_count}"] if max_job_count else []),
             f"StateSaveLocation={root / 'state'}",
             f"SlurmdSpoolDir={root / 'spool'}",
             f"SlurmctldPidFile={root / 'slurmctld.pid'}",
@@ -142,7 +163,7 @@ def slurm_conf(root: Path, host: str, cpus: int, memory_mb: int) -> str:
             f"SlurmdLogFile={root / 'slurmd.log'}",
             f"PlugStackConfig={root / 'plugstack.conf'}",
             f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} "
-            f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN",
+            f"Gres=gpu:{GPU_TYPE}:{GPUS_PER_NODE} Features={FEATURE} State=UNKNOWN",
             f"PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP",
             "",
         ]
@@ -283,7 +304,7 @@ def _memory_mb() -> int:
     return max(1, min(1024, total // 2))
 
 
-def _start(cluster: SlurmCluster) -> None:
+def _start(cluster: SlurmCluster, rest: bool, min_job_age_s: int, max_job_count: int) -> None:
     root = cluster.root
     # munged wants every folder above its socket searchable by all and its key private;
     # slurmrestd (as nobody) reads slurm.conf.
@@ -297,7 +318,8 @@ def _start(cluster: SlurmCluster) -> None:
     for sub in ("state", "spool"):
         (root / sub).mkdir()
     (root / "plugstack.conf").write_text("")
-    cluster.conf.write_text(slurm_conf(root, cluster.host, os.cpu_count() or 1, _memory_mb()))
+    cluster.conf.write_text(slurm_conf(root, cluster.host, os.cpu_count() or 1, _memory_mb(),
+                                       rest, min_job_age_s, max_job_count))  # fmt: skip
     cluster.conf.chmod(0o644)
     gres = root / "gres.conf"
     # Slurm drops a GPU without a File; empty files under the folder stand in for device nodes
@@ -306,7 +328,7 @@ def _start(cluster: SlurmCluster) -> None:
     for index in range(GPUS_PER_NODE):
         (root / "dev" / f"gpu{index}").touch()
     files = f"{root / 'dev'}/gpu[0-{GPUS_PER_NODE - 1}]"
-    gres.write_text(f"NodeName={cluster.host} Name=gpu File={files}\n")
+    gres.write_text(f"NodeName={cluster.host} Name=gpu Type={GPU_TYPE} File={files}\n")
     gres.chmod(0o644)
     cluster.start(
         "munged",
@@ -337,14 +359,20 @@ def _start(cluster: SlurmCluster) -> None:
         return state == "idle"
 
     wait_until("the Slurm node to be idle", idle, READY_TIMEOUT_S)
-    cluster.start_rest()
+    if rest:
+        cluster.start_rest()
 
 
 @contextmanager
-def slurm_cluster(track: Hook = _ignore, untrack: Hook = _ignore) -> Iterator[SlurmCluster]:
-    """A running throwaway cluster (:class:`SlurmUnavailable` when this machine cannot run
-    one); every daemon stopped by PID and the folder removed on exit."""
-    lacking = missing()
+def slurm_cluster(
+    track: Hook = _ignore, untrack: Hook = _ignore, *, rest: bool = True,
+    min_job_age_s: int = MIN_JOB_AGE_S, max_job_count: int = 0,
+) -> Iterator[SlurmCluster]:  # fmt: skip
+    """A running throwaway cluster, with slurmrestd unless ``rest`` is False
+    (:class:`SlurmUnavailable` when this machine cannot run one); every daemon stopped by PID
+    and the folder removed on exit. A daemon that does not start is an AssertionError with
+    the daemons' logs."""
+    lacking = missing(rest)
     if lacking is not None:
         raise SlurmUnavailable(f"The throwaway Slurm cluster needs {lacking}.")
     root = Path(tempfile.mkdtemp(prefix="tp-slurm-"))
@@ -356,7 +384,7 @@ def slurm_cluster(track: Hook = _ignore, untrack: Hook = _ignore) -> Iterator[Sl
     )  # fmt: skip
     try:
         try:
-            _start(cluster)
+            _start(cluster, rest, min_job_age_s, max_job_count)
         except AssertionError as error:
             raise AssertionError(f"{error}\n{cluster.logs()}") from None
         yield cluster

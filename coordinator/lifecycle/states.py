@@ -37,8 +37,9 @@ JOB_TRANSITIONS: dict[str, frozenset[str]] = {
     PREPARING: frozenset(
         {STARTING, RUNNING, SUCCEEDED, FAILED, ABORTED, UNKNOWN, CANCELLING, CANCELLED}
     ),
-    STARTING: frozenset({RUNNING, SUCCEEDED, FAILED, UNKNOWN, CANCELLING, CANCELLED}),
-    RUNNING: frozenset({SUCCEEDED, FAILED, UNKNOWN, CANCELLING, CANCELLED}),
+    # Back to reserved: a Slurm job requeued after it started waits for its nodes again.
+    STARTING: frozenset({RESERVED, RUNNING, SUCCEEDED, FAILED, UNKNOWN, CANCELLING, CANCELLED}),
+    RUNNING: frozenset({RESERVED, SUCCEEDED, FAILED, UNKNOWN, CANCELLING, CANCELLED}),
     UNKNOWN: frozenset(
         {
             RESERVED,

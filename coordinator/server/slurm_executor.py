@@ -1,11 +1,14 @@
 """The Slurm Executor: runs the Jobs of Fleets of kind slurm as Slurm jobs through slurmrestd.
 
 Rules:
-- One task, owned by the leading coordinator's task group, passes over its work every tick (and
-  when woken): it writes the next attempt of each queued Slurm Job, submits what is written and
-  not submitted, reads every live attempt's Slurm job, and carries out cancels. Decisions are
-  the pure :mod:`tuneplane.coordinator.slurm_attempt`'s; the store records each before it is
-  carried out where order matters.
+- One task, owned by the leading coordinator's task group, passes over its work soon after a
+  change and then less often (:func:`~tuneplane.coordinator.slurm_attempt.next_poll_s`, from
+  :data:`FASTEST_POLL_S` up to the tick), and when woken. It writes the next attempt of each
+  queued Slurm Job, submits what is written and not submitted, reads every live attempt's
+  Slurm job (one ``GET /jobs`` per Fleet and pass, however many Jobs it runs; a job not listed
+  is asked alone), and carries out cancels. Decisions are the pure
+  :mod:`tuneplane.coordinator.slurm_attempt`'s; the store records each before it is carried
+  out where order matters.
 - Submission is idempotent: an attempt's row (named ``tp-<run id>-a<n>``) is written before the
   submit, and a row without a job id is first looked for by name (``jobs_named``), so a
   coordinator killed between submit and record finds its job on the next pass (the first one
@@ -39,6 +42,7 @@ from tuneplane.proto.contract.slurm_attempt import (
     attempt_dir,
     member_dir,
 )
+from tuneplane.runner.records import RecordError, read_exit_record
 
 from .. import capsule
 from ..catalogue import Catalogue
@@ -50,6 +54,7 @@ from ..executors.slurm import (
     SlurmRefused,
     SlurmRest,
     SlurmSettingsError,
+    jobs_named,
     open_slurm_rest,
     read_token,
 )
@@ -60,9 +65,12 @@ from ..slurm_attempt import (
     NEVER,
     SIGNAL,
     SIGTERM,
+    MemberExit,
     SlurmAttemptFacts,
     cancel_step,
     job_request,
+    member_exit,
+    next_poll_s,
     submission,
 )
 from ..store.core import Store
@@ -79,6 +87,7 @@ from ..store.slurm_attempts import (
     slurm_attempt_inputs,
     slurm_attempts_to_drive,
 )
+from ..store.slurm_members import record_member_exits
 from ..values.fleet import SlurmSettings
 from ..values.jobs import MemberKey
 from .slurm_logs import SlurmLogs
@@ -88,6 +97,8 @@ log = logging.getLogger(__name__)
 #: How long one Fleet's slurmrestd may take over one pass before its attempts read ``unknown``.
 FLEET_PASS_TIMEOUT_S = 20.0
 REST_TIMEOUT_S = 5.0
+#: The soonest pass after a change (a just-submitted or just-cancelled Job is asked this soon).
+FASTEST_POLL_S = 0.05
 
 
 class SlurmExecutor:
@@ -108,6 +119,10 @@ class SlurmExecutor:
         self._tick_s = tick_s
         self._wake = anyio.Event()
         self.passes = 0
+        # Writes this executor made (records, submits, cancel steps): a pass that made one is
+        # followed by another soon.
+        self.changes = 0
+        self._kept_alive_ms = 0
 
     def wake(self) -> None:
         """Ask for a pass soon (a Job admitted, cancelled or retried)."""
@@ -115,26 +130,36 @@ class SlurmExecutor:
 
     async def run(self) -> None:
         """Drive Slurm attempts until cancelled."""
+        interval = self._tick_s
         while True:
-            with anyio.move_on_after(self._tick_s):
+            with anyio.move_on_after(interval):
                 await self._wake.wait()
+            woken = self._wake.is_set()
             self._wake = anyio.Event()
+            before = self.changes
+            live = True
             try:
-                await self.step()
+                live = await self.step()
             except StoreUnavailable as exc:
                 log.warning("slurm pass failed; the next pass tries again reason=%s", exc)
+            changed = woken or self.changes != before
+            interval = next_poll_s(interval, changed, live, FASTEST_POLL_S, self._tick_s)
 
-    async def step(self) -> None:
-        """One pass: reserve queued Slurm Jobs, then drive every live attempt, Fleet by Fleet."""
+    async def step(self) -> bool:
+        """One pass: reserve queued Slurm Jobs, then drive every live attempt, Fleet by Fleet.
+        Whether any attempt is live."""
         self.passes += 1
         for run_id in await queued_slurm_jobs(self._store):
             await self._reserve(run_id)
         by_fleet: dict[str, list[SlurmAttemptRow]] = defaultdict(list)
         for row in await slurm_attempts_to_drive(self._store):
             by_fleet[row.fleet].append(row)
-        # Live attempts keep their members' collector credentials alive, as heartbeats do.
-        if by_fleet:
-            await self._collectors.keep_slurm_alive(by_fleet, now_ms())
+        # Live attempts keep their members' collector credentials alive, as heartbeats do: once
+        # a tick, not at every fast pass.
+        now = now_ms()
+        if by_fleet and now - self._kept_alive_ms >= self._tick_s * 1000:
+            self._kept_alive_ms = now
+            await self._collectors.keep_slurm_alive(by_fleet, now)
         for fleet, rows in sorted(by_fleet.items()):
             settings = await self._store.slurm_settings(fleet)
             if settings is None:
@@ -150,6 +175,7 @@ class SlurmExecutor:
             if why:
                 log.warning("slurmrestd unanswered fleet=%s reason=%s", fleet, why)
                 await self._unreachable(rows, why)
+        return bool(by_fleet)
 
     async def _reserve(self, run_id: str) -> None:
         job = await self._store.queued_job(run_id)
@@ -171,6 +197,7 @@ class SlurmExecutor:
 
         number = await reserve_slurm_attempt(self._store, job, seal, now_ms())
         if number is not None:
+            self.changes += 1
             log.info("slurm attempt reserved run_id=%s attempt=%d", run_id, number)
 
     async def _drive_fleet(self, settings: SlurmSettings, rows: list[SlurmAttemptRow]) -> None:
@@ -178,20 +205,27 @@ class SlurmExecutor:
             settings.slurmrestd, read_token(settings.token_file), REST_TIMEOUT_S
         )
         try:
+            # One request for the whole Fleet: every job slurmctld holds, by id and by name.
+            listed = await rest.jobs()
             for row in rows:
-                await self._drive(rest, settings, row)
+                await self._drive(rest, settings, row, listed)
         finally:
             with anyio.CancelScope(shield=True):
                 await rest.aclose()
 
-    async def _drive(self, rest: SlurmRest, settings: SlurmSettings, row: SlurmAttemptRow) -> None:
+    async def _drive(
+        self, rest: SlurmRest, settings: SlurmSettings, row: SlurmAttemptRow,
+        listed: list[SlurmJob],
+    ) -> None:  # fmt: skip
         job_id = row.facts.job_id
         if job_id is None:
-            job_id = await self._submit(rest, settings, row)
+            job_id = await self._submit(rest, settings, row, listed)
             if job_id is None:
                 return
         try:
-            job = await rest.job(job_id)
+            # Asked alone when not listed (submitted in this pass, or purged: then Slurm's
+            # "invalid job id" is the answer that counts).
+            job = next((j for j in listed if j.job_id == job_id), None) or await rest.job(job_id)
         except SlurmJobNotFound as exc:
             await self._record(row, attrs.evolve(row.facts, reachable=False,
                                                  unreachable_why=str(exc)))  # fmt: skip
@@ -199,19 +233,26 @@ class SlurmExecutor:
         # The logs first: once the end is recorded the Job is no longer driven.
         await self._logs.ship(settings, row, ended=job.exit is not None)
         if job.exit is not None:
-            # The collectors' drain window starts (again: idempotent) before the end is recorded.
+            # The collectors' drain window starts (again: idempotent) and each member's exit is
+            # recorded before the end is: once that is recorded the attempt is no longer driven.
             for key in _members(row):
                 await self._collectors.member_ended(key, now_ms())
+            folder = attempt_dir(settings.shared_dir, row.run_id, row.attempt)
+            exits = await anyio.to_thread.run_sync(_read_exits, folder, row.members)
+            await record_member_exits(self._store, row.run_id, row.attempt, exits, now_ms())
         await self._record(row, _facts(job_id, job))
         if row.cancel_grace_s is not None and job.exit is None:
             await self._cancel(rest, row, job_id, row.cancel_grace_s)
 
     async def _submit(
-        self, rest: SlurmRest, settings: SlurmSettings, row: SlurmAttemptRow
-    ) -> int | None:
-        """The attempt's Slurm job: found by name, or submitted now; None when a cancel came
-        first (then it is never submitted)."""
-        found = await rest.jobs_named(row.job_name)
+        self, rest: SlurmRest, settings: SlurmSettings, row: SlurmAttemptRow,
+        listed: list[SlurmJob],
+    ) -> int | None:  # fmt: skip
+        """The attempt's Slurm job: found by name among ``listed`` (this pass's listing, read
+        before anything was submitted in it), or submitted now; None when a cancel came first
+        (then it is never submitted)."""
+        self.changes += 1
+        found = jobs_named(listed, row.job_name)
         what, adopted = submission([j.job_id for j in found], row.cancel_grace_s is not None)
         if what == ADOPT and adopted is not None:
             await record_slurm_job_id(self._store, row.run_id, row.attempt, adopted, True, now_ms())
@@ -235,7 +276,8 @@ class SlurmExecutor:
             await record_slurm_facts(self._store, row.run_id, row.attempt, failed, now_ms())
             return None
         request = job_request(row.run_id, row.attempt, settings.partition, settings.python,
-                              folder, row.members, row.gpus_per_member)  # fmt: skip
+                              folder, row.members, row.gpus_per_member, row.gres_type,
+                              row.constraint)  # fmt: skip
         try:
             job_id = await rest.submit(request)
         except SlurmRefused as exc:
@@ -282,6 +324,7 @@ class SlurmExecutor:
         step = cancel_step(row.signalled_at_ms, row.cancelled_at_ms, grace, now_ms())
         if step is None:
             return
+        self.changes += 1
         await record_cancel_step(self._store, row.run_id, row.attempt, step, now_ms())
         if step == SIGNAL:
             await rest.signal(job_id, SIGTERM)
@@ -291,11 +334,28 @@ class SlurmExecutor:
 
     async def _record(self, row: SlurmAttemptRow, facts: SlurmAttemptFacts) -> None:
         if facts != row.facts:
+            self.changes += 1
             await record_slurm_facts(self._store, row.run_id, row.attempt, facts, now_ms())
 
     async def _unreachable(self, rows: list[SlurmAttemptRow], why: str) -> None:
         for row in rows:
             await self._record(row, attrs.evolve(row.facts, reachable=False, unreachable_why=why))
+
+
+def _read_exits(folder: Path, members: int) -> list[MemberExit]:
+    """Each member's exit record on the shared folder (one it cannot read counts as none)."""
+    exits = []
+    for index in range(members):
+        try:
+            record = read_exit_record(member_dir(folder, index))
+        except RecordError as exc:
+            log.warning("slurm member exit unreadable folder=%s reason=%s", folder, exc)
+            record = None
+        if record is None:
+            exits.append(member_exit(index, None, None, None))
+        else:
+            exits.append(member_exit(index, record.exit_code, record.signal, record.finished_at))
+    return exits
 
 
 def _members(row: SlurmAttemptRow) -> list[MemberKey]:
@@ -306,5 +366,5 @@ def _facts(job_id: int, job: SlurmJob) -> SlurmAttemptFacts:
     return SlurmAttemptFacts(
         job_id=job_id, slurm_state=job.slurm_state, slurm_reason=job.reason, reachable=True,
         has_exit=job.exit is not None, exit_code=job.exit.code if job.exit else 0,
-        signal=(job.exit.signal or 0) if job.exit else 0,
+        signal=(job.exit.signal or 0) if job.exit else 0, restarts=job.restarts,
     )  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..values.fleet import SlurmSettings
+from ..values.fleet import SlurmSeries, SlurmSettings
 from ..values.orders import Inventory
 from .base import Conflict, EnrollRefused, NotFound, StoreBase
 from .handle import Handle
@@ -66,9 +66,17 @@ class Enrollment(StoreBase):
                         (name, slurm.slurmrestd, slurm.token_file, slurm.partition,
                          slurm.shared_dir, slurm.python, slurm.spool_dir),
                     )  # fmt: skip
+                    for m in slurm.series:
+                        await db.execute(
+                            "INSERT INTO slurm_fleet_series (fleet, series, gres_type, "
+                            "node_constraint) VALUES (?, ?, ?, ?)",
+                            (name, m.series, m.gres_type, m.constraint),
+                        )
                     detail.update(slurmrestd=slurm.slurmrestd, token_file=slurm.token_file,
                                   partition=slurm.partition, shared_dir=slurm.shared_dir,
-                                  python=slurm.python, spool_dir=slurm.spool_dir)  # fmt: skip
+                                  python=slurm.python, spool_dir=slurm.spool_dir,
+                                  series={m.series: [m.gres_type, m.constraint]
+                                          for m in slurm.series})  # fmt: skip
                 await self.log_decision(db, now, "fleet created", detail)
 
         await self.shielded(work)
@@ -84,9 +92,15 @@ class Enrollment(StoreBase):
         if not found:
             return None
         url, token_file, partition, shared_dir, python, spool_dir = found[0]
+        mapped = await self.reader.execute_fetchall(
+            "SELECT series, gres_type, node_constraint FROM slurm_fleet_series WHERE fleet = ? "
+            "ORDER BY series",
+            (fleet,),
+        )
+        series = tuple(SlurmSeries(str(s), str(g), str(c)) for s, g, c in mapped)
         return SlurmSettings(
             str(url), str(token_file), str(partition), str(shared_dir), str(python),
-            str(spool_dir),
+            str(spool_dir), series,
         )  # fmt: skip
 
     async def fleet_names(self) -> list[str]:

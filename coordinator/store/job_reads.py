@@ -15,10 +15,12 @@ from tuneplane.proto.contract.derivation_source import ManifestSummary
 
 from .. import lifecycle as lc
 from ..placement import NodeOffer
+from ..slurm_attempt import member_state
 from ..values.jobs import Attempt, Job, Member, MemberKey, QueuedJob, StateChange
 from ..values.orders import Inventory
 from .base import NotFound, StoreBase
 from .handle import first_row
+from .slurm_members import slurm_members
 
 
 class JobReads(StoreBase):
@@ -93,9 +95,7 @@ class JobReads(StoreBase):
         )
         if row is None or not 0 <= member_index < int(row[0]):
             return None
-        if row[2]:
-            return (lc.M_EXITED,)
-        return (lc.M_RESERVED,) if str(row[1]) in ("", "PENDING") else (lc.M_RUNNING,)
+        return (member_state(str(row[1]), bool(row[2])),)
 
     async def list_jobs(
         self, project: str = "", state: str = "", owner: str = "", limit: int = 100
@@ -196,6 +196,8 @@ class JobReads(StoreBase):
                         output_manifest=ManifestSummary.from_json(str(mf or "")),
                     )
                 )
+            if not members:
+                members.extend(await slurm_members(self.reader, run_id, int(number)))
             state = {None: "preparing", lc.COMMIT: "committed", lc.ABORT: "aborted"}[decision]
             if await first_row(
                 self.reader,

@@ -107,8 +107,8 @@ class MemberStates(StoreBase):
             if slurm is not None:
                 derived, reason = derive_slurm_state(slurm, cancel_reason)
                 if not lc.may_follow(str(current), derived):
-                    # Slurm requeued a job that ran (pending again): the Job keeps its state
-                    # until Slurm says more, rather than a move the Job lifecycle lacks.
+                    # A move the Job lifecycle lacks: the Job keeps its state until Slurm says
+                    # more.
                     log.warning("slurm state kept run_id=%s state=%s slurm=%s",
                                 run_id, current, slurm.slurm_state)  # fmt: skip
                     return

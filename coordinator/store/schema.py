@@ -380,6 +380,42 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
         19,
         (
+            # How a Fleet of kind 'slurm' asks Slurm for each Series it maps: its GPUs as the
+            # 'gpu' GRES of gres_type and/or its nodes by the node feature node_constraint ('':
+            # not asked). A Fleet with no rows asks every Series as GPUs of any type.
+            """CREATE TABLE slurm_fleet_series (
+                fleet TEXT NOT NULL REFERENCES fleets(name),
+                series TEXT NOT NULL,
+                gres_type TEXT NOT NULL DEFAULT '',
+                node_constraint TEXT NOT NULL DEFAULT '',
+                PRIMARY KEY (fleet, series)
+            )""",
+            # What an attempt asked Slurm for, fixed when it was written (its Series' mapping
+            # then); '' for attempts written before, which asked for GPUs of any type.
+            "ALTER TABLE slurm_attempts ADD COLUMN gres_type TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE slurm_attempts ADD COLUMN node_constraint TEXT NOT NULL DEFAULT ''",
+            # How many times Slurm requeued the attempt's job (its restart_cnt) at the last poll.
+            "ALTER TABLE slurm_attempts ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0",
+            # How each member of an attempt run as a Slurm job ended, read from the exit record
+            # its runner wrote on the shared folder when the Slurm job ended (has_exit 0: it
+            # left none, e.g. its node failed before the runner started). Written once, before
+            # the job's end is recorded.
+            """CREATE TABLE slurm_member_exits (
+                run_id TEXT NOT NULL,
+                attempt INTEGER NOT NULL,
+                member_index INTEGER NOT NULL,
+                has_exit INTEGER NOT NULL,
+                exit_code INTEGER NOT NULL DEFAULT 0,
+                signal INTEGER NOT NULL DEFAULT 0,
+                ended_at_ms BIGINT NOT NULL DEFAULT 0,
+                PRIMARY KEY (run_id, attempt, member_index),
+                FOREIGN KEY (run_id, attempt) REFERENCES attempts(run_id, number)
+            )""",
+        ),
+    ),
+    (
+        20,
+        (
             # One Job's decisions, newest first (the console's Job page, at most its newest 500
             # rows): read along this index instead of scanning the whole log back from its
             # newest row until enough of that Job's rows turn up.

@@ -46,6 +46,9 @@ class SlurmAttemptRow:
     cancelled_at_ms: int | None
     # Set when a person cancelled the attempt: the grace period its SIGTERM gives.
     cancel_grace_s: int | None
+    # What it asks Slurm for, fixed when it was written: a gpu GRES type, a node feature.
+    gres_type: str = ""
+    constraint: str = ""
 
 
 async def queued_slurm_jobs(store: Store) -> list[str]:
@@ -79,6 +82,12 @@ async def reserve_slurm_attempt(
             number = int(last) + 1
             capsule = json.dumps(seal_capsule(number, nodes), sort_keys=True)
             name = job_name(job.run_id, number)
+            # The Series' mapping now is what this attempt asks for, whatever changes later.
+            mapped = await first_row(
+                db, "SELECT gres_type, node_constraint FROM slurm_fleet_series "
+                "WHERE fleet = ? AND series = ?", (job.fleet, job.series),
+            )  # fmt: skip
+            gres_type, constraint = (str(mapped[0]), str(mapped[1])) if mapped else ("", "")
             await db.execute(
                 "INSERT INTO attempts (run_id, number, decision, decision_reason, decided_at_ms, "
                 "prepare_deadline_ms, capsule_json, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -86,11 +95,14 @@ async def reserve_slurm_attempt(
             )
             await db.execute(
                 "INSERT INTO slurm_attempts (run_id, attempt, fleet, job_name, members, "
-                "gpus_per_member, updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (job.run_id, number, job.fleet, name, nodes, gpus_per_node, now),
-            )
+                "gpus_per_member, gres_type, node_constraint, updated_at_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job.run_id, number, job.fleet, name, nodes, gpus_per_node, gres_type,
+                 constraint, now),
+            )  # fmt: skip
             detail = {"fleet": job.fleet, "slurm_job_name": name, "nodes": nodes,
-                      "gpus_per_node": gpus_per_node}  # fmt: skip
+                      "gpus_per_node": gpus_per_node, "gres_type": gres_type,
+                      "constraint": constraint}  # fmt: skip
             await store.log_decision(db, now, "reservation", detail, run_id=job.run_id)
             await store.refresh_job(db, job.run_id, now)
             return number
@@ -105,9 +117,9 @@ async def slurm_attempts_to_drive(store: Store) -> list[SlurmAttemptRow]:
         store,
         "SELECT s.run_id, s.attempt, s.fleet, s.job_name, s.members, s.gpus_per_member, "
         "s.slurm_job_id, s.slurm_state, s.slurm_reason, s.reachable, s.unreachable_why, "
-        "s.has_exit, s.exit_code, s.signal, s.signalled_at_ms, s.cancelled_at_ms, "
+        "s.has_exit, s.exit_code, s.signal, s.restarts, s.signalled_at_ms, s.cancelled_at_ms, "
         "(SELECT t.grace_period_s FROM attempt_stops t WHERE t.run_id = s.run_id "
-        " AND t.attempt = s.attempt AND t.kind = 'cancel') "
+        " AND t.attempt = s.attempt AND t.kind = 'cancel'), s.gres_type, s.node_constraint "
         "FROM slurm_attempts s JOIN jobs j ON j.run_id = s.run_id "
         f"WHERE j.state NOT IN ({marks}) AND s.attempt = "
         "(SELECT MAX(a.number) FROM attempts a WHERE a.run_id = s.run_id) "
@@ -122,10 +134,12 @@ async def slurm_attempts_to_drive(store: Store) -> list[SlurmAttemptRow]:
             job_name=str(r[3]),
             members=int(r[4]),
             gpus_per_member=int(r[5]),
-            facts=facts_of(r[6:14]),
-            signalled_at_ms=None if r[14] is None else int(r[14]),
-            cancelled_at_ms=None if r[15] is None else int(r[15]),
-            cancel_grace_s=None if r[16] is None else int(r[16]),
+            facts=facts_of(r[6:15]),
+            signalled_at_ms=None if r[15] is None else int(r[15]),
+            cancelled_at_ms=None if r[16] is None else int(r[16]),
+            cancel_grace_s=None if r[17] is None else int(r[17]),
+            gres_type=str(r[18]),
+            constraint=str(r[19]),
         )
         for r in rows
     ]
@@ -161,11 +175,11 @@ async def record_slurm_facts(
         async with store.transaction() as db:
             await db.execute(
                 "UPDATE slurm_attempts SET slurm_state = ?, slurm_reason = ?, reachable = ?, "
-                "unreachable_why = ?, has_exit = ?, exit_code = ?, signal = ?, updated_at_ms = ? "
-                "WHERE run_id = ? AND attempt = ?",
+                "unreachable_why = ?, has_exit = ?, exit_code = ?, signal = ?, restarts = ?, "
+                "updated_at_ms = ? WHERE run_id = ? AND attempt = ?",
                 (facts.slurm_state, facts.slurm_reason, int(facts.reachable),
-                 facts.unreachable_why, int(facts.has_exit), facts.exit_code, facts.signal, now,
-                 run_id, attempt),
+                 facts.unreachable_why, int(facts.has_exit), facts.exit_code, facts.signal,
+                 facts.restarts, now, run_id, attempt),
             )  # fmt: skip
             await store.refresh_job(db, run_id, now)
 

@@ -10,17 +10,18 @@ from .handle import Handle, first_row
 
 COLUMNS = (
     "slurm_job_id, slurm_state, slurm_reason, reachable, unreachable_why, has_exit, exit_code, "
-    "signal"
+    "signal, restarts"
 )
 
 
 def facts_of(row: Sequence[object]) -> SlurmAttemptFacts:
     """The facts in ``row``, whose values are :data:`COLUMNS` in order."""
-    job_id, state, reason, reachable, why, has_exit, code, sig = row
+    job_id, state, reason, reachable, why, has_exit, code, sig, restarts = row
     return SlurmAttemptFacts(
         job_id=None if job_id is None else int(str(job_id)), slurm_state=str(state),
         slurm_reason=str(reason), reachable=bool(reachable), unreachable_why=str(why),
         has_exit=bool(has_exit), exit_code=int(str(code)), signal=int(str(sig)),
+        restarts=int(str(restarts)),
     )  # fmt: skip
 
 

@@ -25,6 +25,16 @@ class SeriesCapacity:
 
 
 @attrs.frozen
+class SlurmSeries:
+    """How a Fleet of kind slurm asks Slurm for one Series: its GPUs as a typed ``gpu`` GRES
+    (``gpu:<gres_type>:<n>``) and/or its nodes by a node feature (Slurm's ``--constraint``)."""
+
+    series: str
+    gres_type: str = ""  # "": GPUs of any type
+    constraint: str = ""  # "": any node of the partition
+
+
+@attrs.frozen
 class SlurmPartitionNode:
     """One node of a Slurm partition, in Slurm's own words (``state`` as slurmrestd writes it)."""
 
@@ -45,6 +55,8 @@ class SlurmPartition:
     partition: str
     nodes: tuple[SlurmPartitionNode, ...]
     error: str = ""
+    # How the Fleet asks Slurm for each Series it maps (its settings, not slurmrestd's answer).
+    series: tuple[SlurmSeries, ...] = ()
 
 
 @attrs.frozen
@@ -130,3 +142,5 @@ class SlurmSettings:
     # A folder on each node's own storage for the collectors' spools ("": the node's temporary
     # folder).
     spool_dir: str = ""
+    # The Series the Fleet maps, by name; none: every Series is asked as GPUs of any type.
+    series: tuple[SlurmSeries, ...] = ()

@@ -23,6 +23,7 @@ from ..values.fleet import (
     SeriesCapacity,
     SlurmPartition,
     SlurmPartitionNode,
+    SlurmSeries,
 )
 from ..values.jobs import MemberKey
 from .control import gpu_to_wire, inventory_from_wire, inventory_to_wire
@@ -68,6 +69,10 @@ def _slurm_to_wire(slurm: SlurmPartition) -> v1.SlurmPartition:
             for n in slurm.nodes
         ],
         error=slurm.error,
+        series=[
+            v1.SlurmSeries(series=m.series, gres_type=m.gres_type, constraint=m.constraint)
+            for m in slurm.series
+        ],
     )  # fmt: skip
 
 
@@ -83,6 +88,7 @@ def _slurm_from_wire(msg: v1.Fleet, sent: bool) -> SlurmPartition | None:
             for n in s.nodes
         ),
         error=s.error,
+        series=tuple(SlurmSeries(m.series, m.gres_type, m.constraint) for m in s.series),
     )
 
 

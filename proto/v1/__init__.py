@@ -573,6 +573,27 @@ class SlurmPartition(betterproto.Message):
     Why the nodes could not be read (slurmrestd down, token refused), a sentence; "" if read.
     """
 
+    series: List["SlurmSeries"] = betterproto.message_field(5)
+    """
+    How the Fleet asks Slurm for each Series it maps (its settings); none: any GPU.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class SlurmSeries(betterproto.Message):
+    """How a Fleet of kind slurm asks Slurm for one Series."""
+
+    series: str = betterproto.string_field(1)
+    gres_type: str = betterproto.string_field(2)
+    """
+    The gpu GRES type its GPUs are asked as (gpu:TYPE:N); "" for any type.
+    """
+
+    constraint: str = betterproto.string_field(3)
+    """
+    A node feature its nodes must have (Slurm's --constraint); "" for none.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class SlurmPartitionNode(betterproto.Message):

@@ -34,6 +34,9 @@ from tuneplane.coordinator.slurm_attempt import (
     cancel_step,
     derive_job_state,
     job_request,
+    member_exit,
+    member_state,
+    next_poll_s,
     shape,
     submission,
 )
@@ -161,3 +164,43 @@ def test_the_batch_script_runs_the_step_once_per_node_quoted() -> None:
     assert (request.name, request.nodes, request.gpus_per_node) == ("tp-run-1-a2", 2, 4)
     assert request.working_directory == str(folder) and request.partition == "gpu"
     assert request.standard_output == str(folder / "slurm-%j.out")
+
+
+FAST, SLOW = 0.05, 1.0
+
+
+@given(st.lists(st.booleans(), max_size=40))
+def test_polls_are_fast_after_a_change_and_double_to_the_tick(changes: list[bool]) -> None:
+    interval = SLOW
+    quiet: int | None = None  # quiet passes since the last change; None before any change
+    for changed in changes:
+        interval = next_poll_s(interval, changed, True, FAST, SLOW)
+        quiet = 0 if changed else (None if quiet is None else quiet + 1)
+        expected = SLOW if quiet is None else min(SLOW, FAST * 2**quiet)
+        assert interval == pytest.approx(expected)
+    assert next_poll_s(FAST, True, False, FAST, SLOW) == SLOW  # nothing live: the tick
+
+
+def test_the_poll_interval_after_a_change_then_quiet_passes() -> None:
+    seen = [next_poll_s(SLOW, True, True, FAST, SLOW)]
+    for _ in range(6):
+        seen.append(next_poll_s(seen[-1], False, True, FAST, SLOW))
+    assert seen == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+
+
+def test_a_requeued_pending_job_is_reserved_and_says_it_was_requeued() -> None:
+    facts = SlurmAttemptFacts(job_id=7, slurm_state="PENDING", slurm_reason="BeginTime",
+                              restarts=2)  # fmt: skip
+    assert derive_job_state(facts, None) == (
+        RESERVED,
+        "Slurm job 7 was requeued by Slurm (2 times) and is pending again (BeginTime)",
+    )
+    assert RESERVED in JOB_TRANSITIONS[RUNNING] and RESERVED in JOB_TRANSITIONS[STARTING]
+
+
+def test_a_members_exit_comes_from_its_runners_record_or_is_absent() -> None:
+    assert member_exit(1, 3, None, 12.5) == attrs.evolve(member_exit(1, 0, 0, 12.5), exit_code=3)
+    assert member_exit(0, None, 9, 1.0).signal == 9 and member_exit(0, None, 9, 1.0).has_exit
+    assert not member_exit(2, None, None, None).has_exit
+    assert (member_state("", False), member_state("PENDING", False)) == ("reserved", "reserved")
+    assert (member_state("RUNNING", False), member_state("FAILED", True)) == ("running", "exited")

@@ -10,6 +10,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from tests.support.store_backend import current
@@ -79,9 +80,17 @@ def test_a_slurm_attempt_is_written_then_its_job_id_then_slurms_word(tmp_path: P
             running = SlurmAttemptFacts(job_id=41, slurm_state="RUNNING")
             await record_slurm_facts(store, run_id, 1, running, 8)
             assert await _state(store, run_id) == ("running", "Slurm job 41 is running")
-            # Slurm requeued it (pending again): no move the Job lifecycle lacks, and no error.
-            requeued = SlurmAttemptFacts(job_id=41, slurm_state="PENDING")
+            # Slurm requeued it (pending again, restarted once): back to reserved, saying so.
+            requeued = SlurmAttemptFacts(job_id=41, slurm_state="PENDING",
+                                         slurm_reason="BeginTime", restarts=1)  # fmt: skip
             await record_slurm_facts(store, run_id, 1, requeued, 8)
+            assert await _state(store, run_id) == (
+                "reserved",
+                "Slurm job 41 was requeued by Slurm (1 time) and is pending again (BeginTime)",
+            )
+            [row] = await slurm_attempts_to_drive(store)
+            assert row.facts == requeued
+            await record_slurm_facts(store, run_id, 1, attrs.evolve(running, restarts=1), 8)
             assert await _state(store, run_id) == ("running", "Slurm job 41 is running")
             silent = SlurmAttemptFacts(job_id=41, slurm_state="RUNNING", reachable=False,
                                        unreachable_why="no answer.")  # fmt: skip

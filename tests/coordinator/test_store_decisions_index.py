@@ -1,7 +1,7 @@
-"""Migration 19: one Job's decisions are read along an index on (run_id, id), on SQLite and on
+"""Migration 20: one Job's decisions are read along an index on (run_id, id), on SQLite and on
 PostgreSQL (tests/coordinator/conftest.py runs this module on both).
 
-A store left at version 18 with decisions in it is migrated: its rows are kept, the index is
+A store left at version 19 with decisions in it is migrated: its rows are kept, the index is
 there, the Job page's read (``JOB_DECISIONS_SQL``) is planned along it rather than as a scan of
 the whole log, and it answers that Job's newest rows, oldest first.
 """
@@ -65,7 +65,7 @@ def test_an_old_store_gets_the_index_and_the_job_page_reads_along_it(
     where = store_backend.where(tmp_path / "coordinator.db")
 
     async def old() -> None:
-        store = await open_at_version(Store, where, 18)
+        store = await open_at_version(Store, where, 19)
         await store.close()
 
     asyncio.run(old())
@@ -86,7 +86,7 @@ def test_an_old_store_gets_the_index_and_the_job_page_reads_along_it(
             await store.close()
 
     version, (rows, older) = asyncio.run(migrated())
-    assert version == 19
+    assert version == 20
     (index,) = _run_indexes(where)
     assert INDEX in index and "(run_id, id)" in index
     plan = _plan(where)

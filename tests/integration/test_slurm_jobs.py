@@ -255,3 +255,50 @@ def test_slurmrestd_stopped_mid_job_makes_it_unknown_until_it_answers_again(
         wait_state(coord, run_id, "running")
         (member(shared, run_id) / "out" / "go").touch()
         wait_state(coord, run_id, "succeeded")
+
+
+FAIL_RANK_PY = r"""
+import os, sys, time
+if os.environ["RANK"] == "1":
+    sys.exit(5)
+time.sleep(30)  # rank 0 would run on: the runner stops it when rank 1 fails
+"""
+
+
+def test_each_members_exit_is_recorded_and_shown_when_one_rank_fails(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    with slurm_coordinator(cluster, tmp_path) as (coord, shared):
+        root = project(coord, tmp_path / "proj", "pytorch/process-group",
+                       {"train.py": FAIL_RANK_PY})  # fmt: skip
+        run_id = submit(coord, root, "hpc:2")
+        done = wait_state(coord, run_id, "failed")
+        [attempt] = done["attempts"]
+        [only] = attempt["members"]  # one node: one member, two ranks
+        assert (only["index"], only["state"], only["has_exit"]) == (0, "exited", True), only
+        assert (only["exit_code"], only["signal"]) == (5, 0), only
+        exit_record = json.loads((member(shared, run_id) / "exit.json").read_text())
+        assert exit_record["exit_code"] == 5
+        [decision] = [d for d in coord.decisions("slurm member exits") if d["run_id"] == run_id]
+        assert decision["detail"]["exits"] == [[0, 5, 0]]
+        shown = tp(coord, "job", "show", run_id)
+        assert "MEMBER (RANK)" in shown and " exited " in shown and " 5 " in shown, shown
+
+
+def test_a_job_slurm_requeues_after_it_ran_goes_back_to_reserved_and_says_so(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    with slurm_coordinator(cluster, tmp_path) as (coord, _shared):
+        script = 'echo $$ > "$TUNEPLANE_OUT_DIR/pid"\nexec sleep 300\n'
+        root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": script})
+        run_id = submit(coord, root, "hpc-cpu:0")
+        wait_state(coord, run_id, "running")
+        [decision] = submitted(coord, run_id)
+        job_id = str(decision["detail"]["slurm_job_id"])
+        cluster.client("scontrol", "requeue", job_id)
+        again = wait_state(coord, run_id, "reserved")
+        assert f"Slurm job {job_id} was requeued by Slurm (1 time)" in again["state_reason"], again
+        history = [s["state"] for s in again["history"]]
+        assert history[-2:] == ["running", "reserved"], history
+        tp(coord, "job", "cancel", run_id)
+        wait_state(coord, run_id, "cancelled")

@@ -21,6 +21,9 @@ from ._errors import SlurmUnreachable as SlurmUnreachable
 from ._errors import SlurmVersionUnsupported as SlurmVersionUnsupported
 from ._gres import gpu_count as gpu_count
 from ._protocol import SlurmRest as SlurmRest
+from ._series import parse_series as parse_series
+from ._series import series_request as series_request
+from ._series import series_words as series_words
 from ._settings import SlurmSettingsError as SlurmSettingsError
 from ._settings import check_settings as check_settings
 from ._settings import probe_settings as probe_settings
@@ -37,4 +40,5 @@ from ._values import ExitStatus as ExitStatus
 from ._values import JobRequest as JobRequest
 from ._values import SlurmJob as SlurmJob
 from ._values import SlurmNode as SlurmNode
+from ._values import jobs_named as jobs_named
 from ._views import partition_view as partition_view

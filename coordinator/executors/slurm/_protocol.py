@@ -32,6 +32,10 @@ class SlurmRest(Protocol):
         """The job's state now; :class:`~._errors.SlurmJobNotFound` when Slurm does not know it."""
         ...
 
+    async def jobs(self) -> list[SlurmJob]:
+        """Every job slurmctld still holds (one request, however many there are)."""
+        ...
+
     async def jobs_named(self, name: str) -> list[SlurmJob]:
         """Every job slurmctld still holds whose name is ``name``, oldest first."""
         ...

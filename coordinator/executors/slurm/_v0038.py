@@ -16,7 +16,7 @@ from ._errors import SlurmJobNotFound, SlurmProtocolError, SlurmRefused, SlurmUn
 from ._gres import gpu_count
 from ._http import RestTransport, describe, error_number, slurm_errors
 from ._states import exit_status, job_state
-from ._values import JobRequest, SlurmJob, SlurmNode
+from ._values import JobRequest, SlurmJob, SlurmNode, jobs_named
 
 VERSION = "v0.0.38"
 _BASE = f"/slurm/{VERSION}"
@@ -39,6 +39,7 @@ def _job(entry: dict[str, Any]) -> SlurmJob:
             reason=str(entry.get("state_reason") or ""),
             exit=exit_status(int(entry["exit_code"])) if ended else None,
             nodes=str(entry.get("nodes") or ""),
+            restarts=int(entry.get("restart_cnt") or 0),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise SlurmProtocolError(
@@ -78,8 +79,11 @@ def submit_body(request: JobRequest) -> dict[str, Any]:
     if request.standard_error is not None:
         job["standard_error"] = request.standard_error
     if request.gpus_per_node:
-        # A count alone: "gpu:2" would ask for two GPUs of a GRES *type* named "gpu".
-        job["gpus_per_node"] = str(request.gpus_per_node)
+        # A count, or TYPE:COUNT: "gpu:2" would ask for two GPUs of a GRES *type* named "gpu".
+        count = str(request.gpus_per_node)
+        job["gpus_per_node"] = f"{request.gpu_type}:{count}" if request.gpu_type else count
+    if request.constraint:
+        job["constraints"] = request.constraint
     if request.time_limit_minutes is not None:
         job["time_limit"] = request.time_limit_minutes
     return {"job": job, "script": request.script}
@@ -147,10 +151,12 @@ class RestV0038:
             raise SlurmJobNotFound(f"Slurm reported no job {job_id}.", job_id)
         return found[0]
 
-    async def jobs_named(self, name: str) -> list[SlurmJob]:
+    async def jobs(self) -> list[SlurmJob]:
         body = await self._call("GET", "/jobs", "list its jobs")
-        jobs = [_job(e) for e in body.get("jobs") or () if isinstance(e, dict)]
-        return sorted((j for j in jobs if j.name == name), key=lambda j: j.job_id)
+        return [_job(e) for e in body.get("jobs") or () if isinstance(e, dict)]
+
+    async def jobs_named(self, name: str) -> list[SlurmJob]:
+        return jobs_named(await self.jobs(), name)
 
     async def cancel(self, job_id: int) -> None:
         # No signal parameter: slurmrestd's default (SIGKILL) is Slurm's cancel, which sends

@@ -5,7 +5,7 @@ Rules: frozen attrs classes; nothing here knows HTTP or a version's JSON field n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -32,6 +32,8 @@ class JobRequest:
     working_directory: str
     nodes: int = 1
     gpus_per_node: int = 0
+    gpu_type: str = ""  # the gpu GRES type asked for ("": any)
+    constraint: str = ""  # a node feature every node must have ("": none)
     environment: Mapping[str, str] = attrs.field(factory=dict)
     standard_output: str = "/dev/null"
     standard_error: str | None = None
@@ -48,6 +50,12 @@ class SlurmJob:
     reason: str  # Slurm's state_reason (``None`` as Slurm writes it when there is none)
     exit: ExitStatus | None  # None until the job has ended
     nodes: str  # Slurm's host list expression of the allocation ("" while pending)
+    restarts: int = 0  # how many times Slurm requeued it (restart_cnt)
+
+
+def jobs_named(jobs: Sequence[SlurmJob], name: str) -> list[SlurmJob]:
+    """The jobs in ``jobs`` named ``name``, oldest first."""
+    return sorted((j for j in jobs if j.name == name), key=lambda j: j.job_id)
 
 
 @attrs.frozen
