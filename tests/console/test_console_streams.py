@@ -1,12 +1,15 @@
 """The console's limit on live streams at once (``[console] max_streams``), against a real
 coordinator whose console.toml sets it to 2: a third stream is refused with 429 and a sentence
-while the two stay open and keep being served; closing one frees exactly one slot.
+while the two stay open and keep being served; closing one frees exactly one slot; streams
+asked for at the same instant get no more slots than there are.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -87,3 +90,43 @@ def test_a_stream_beyond_the_limit_is_refused_and_closing_one_frees_a_slot(
                 # One slot was freed, and it is taken again.
                 assert _refused(alice, run_id).status_code == 429
         assert world.job_state(run_id) == "queued"
+
+
+def test_streams_asked_for_at_once_get_no_more_slots_than_there_are(world: ConsoleWorld) -> None:
+    run_id = world.jobs["watched"]
+    asked = LIMIT + 3
+    start = threading.Barrier(asked, timeout=30)
+    done = threading.Event()
+    with world.client() as alice:
+        assert sign_in(alice, world.tokens["alice"]).status_code == 303
+        cookies = alice.cookies
+
+        def ask() -> int:
+            with world.client() as client:
+                client.cookies = cookies
+                start.wait()
+                with client.stream("GET", f"/api/v1/jobs/{run_id}/events") as response:
+                    if response.status_code == 200:
+                        # The iterators are held: one dropped is closed, and so is the response.
+                        events = sse_events(response.iter_lines())
+                        next(events)
+                        # Held open until every answer is in.
+                        assert done.wait(60)
+                        events.close()
+                    return response.status_code
+
+        with ThreadPoolExecutor(asked) as pool:
+            answers = [pool.submit(ask) for _ in range(asked)]
+            # The refused answer at once; the granted hold their streams open meanwhile.
+            pending = set(answers)
+            deadline = time.monotonic() + 60
+            while asked - len(pending) < asked - LIMIT:
+                left = deadline - time.monotonic()
+                assert left > 0, "fewer refusals than streams beyond the limit"
+                _, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
+            refused = [a.result() for a in answers if a not in pending]
+            done.set()
+            statuses = sorted(a.result(60) for a in answers)
+    assert refused == [429] * (asked - LIMIT)
+    assert statuses == [200] * LIMIT + [429] * (asked - LIMIT)
+    assert world.job_state(run_id) == "queued"
