@@ -17,7 +17,7 @@ Rules:
   coordinator wrote beside the member; its spool is a private folder on this node, removed once
   it delivered everything.
 - No Node journal, account pool or sandbox: the workload runs as the Slurm job's user, which
-  Slurm chose. Image runtimes are not run here.
+  Slurm chose. Image runtimes are not run here (Preview refuses them for a Slurm Fleet).
 """
 
 from __future__ import annotations

@@ -142,6 +142,16 @@ class ApiService:
                     "Use a Profile of a Series it maps, or ask the coordinator's operator to "
                     f"create the Fleet with --series {s.series}=gres:gpu:TYPE.",
                 )
+            if slurm is not None and image_runtime(admitted.runtime_id) is not None:
+                # The Slurm step runs a member with the node's own interpreters: an image it
+                # would not run is refused, never run on the host instead.
+                raise jobspec.JobSpecError(
+                    "runtime_id",
+                    admitted.runtime_id,
+                    f"names a runtime image, which the Fleet {s.fleet!r} (kind slurm) does not "
+                    "run: its members run with the Slurm nodes' own interpreters",
+                    "Submit without --image (a host runtime), or to a Fleet of Nodes.",
+                )
             admitted = await self._derive(admitted, stream)
             admitted = await self._pin_image(admitted)
             # A Slurm Fleet's GPUs are Slurm's to count: slurmctld refuses a job that never fits.

@@ -6,7 +6,8 @@ whose node has GPUs of the gpu GRES type ``h200`` and the node feature ``tpnode`
   mappings.
 - A Series mapped to what the cluster lacks (``h100=gres:gpu:h100``) is refused by slurmctld
   at submit, and the Job fails with Slurm's words.
-- A Series the Fleet does not map is refused at Preview with a sentence naming the Series.
+- A Series the Fleet does not map is refused at Preview with a sentence naming the Series, and
+  so is an image runtime (a Slurm node runs members with its own interpreters).
 - A malformed ``--series`` is refused with a sentence naming the flag, and no Fleet is made.
 """
 
@@ -29,7 +30,10 @@ from tuneplane.coordinator.demo.slurm import FEATURE, GPU_TYPE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-PROFILES = "\n[series.b200]\ncards = 0\naccelerator = true\n" + "".join(
+# The Fleet lists a registry, so an image from it passes the registry check and meets the
+# Slurm Fleet's own refusal (nothing listens at port 9: no pull is ever tried).
+REGISTRY = '\n[fleet.hpc.registries."127.0.0.1:9"]\n'
+PROFILES = REGISTRY + "\n[series.b200]\ncards = 0\naccelerator = true\n" + "".join(
     f'\n[profiles.{name}]\nseries = "{series}"\nfleet = "hpc"\n'
     for name, series in (("hpc", "h200"), ("hpc-cpu", "cpu"), ("hpc-h100", "h100"),
                          ("hpc-b200", "b200"))
@@ -99,3 +103,18 @@ def test_series_are_asked_as_their_gres_type_or_node_feature(
         assert "asks for the Series 'b200', which the Fleet 'hpc' (kind slurm) does not map" in (
             refused.stderr
         ), refused.stderr
+
+        # An image runtime is refused at Preview, before any registry is asked, never run with
+        # the node's own interpreter instead; nothing is queued.
+        jobs_before = json.loads(tp(coord, "job", "ls", "--json"))
+        imaged = subprocess.run(
+            [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
+             str(coord.context_path), "submit", "job", "--profile", "hpc:1", "--image",
+             f"127.0.0.1:9/team/app@sha256:{'a' * 64}", "--yes"],
+            cwd=root, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert imaged.returncode != 0
+        assert "names a runtime image, which the Fleet 'hpc' (kind slurm) does not run" in (
+            imaged.stderr
+        ), imaged.stderr
+        assert json.loads(tp(coord, "job", "ls", "--json")) == jobs_before
