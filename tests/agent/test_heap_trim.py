@@ -14,13 +14,17 @@ from tuneplane.agent import heap_trim
 async def test_the_heap_is_trimmed_once_per_interval_and_not_before(
     monkeypatch: pytest.MonkeyPatch, mock_clock: trio.testing.MockClock
 ) -> None:
+    real = heap_trim.malloc_trim()
+    if real is None:
+        pytest.skip("this C library has no malloc_trim (glibc has)")
     calls: list[tuple[float, int]] = []
 
-    def fake_trim(pad: int) -> int:
+    def counted_trim(pad: int) -> int:
+        # The C library's own trim, counted: the loop's timing is what is checked here.
         calls.append((trio.current_time(), pad))
-        return 1
+        return real(pad)
 
-    monkeypatch.setattr(heap_trim, "malloc_trim", lambda: fake_trim)
+    monkeypatch.setattr(heap_trim, "malloc_trim", lambda: counted_trim)
     start = trio.current_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(heap_trim.trim_heap_loop, 60.0)
