@@ -112,7 +112,20 @@ def shape(gpus: int, members: int | None, gpus_per_member: int | None) -> tuple[
     return 1, gpus
 
 
-def _exit_words(facts: SlurmAttemptFacts) -> str:
+def first_failure(exits: Sequence[MemberExit]) -> MemberExit | None:
+    """The member that failed first (a non-zero code or a signal; the earliest end, then the
+    lowest index), as on Nodes; None when none did."""
+    failed = [e for e in exits if e.has_exit and (e.exit_code or e.signal)]
+    return min(failed, key=lambda e: (e.ended_at_ms, e.index), default=None)
+
+
+def _exit_words(facts: SlurmAttemptFacts, exits: Sequence[MemberExit]) -> str:
+    first = first_failure(exits)
+    if first is not None:
+        # Slurm's own exit code is srun's largest, often a member that the failure stopped.
+        how = f"ended by signal {first.signal}" if first.signal else (
+            f"exited with code {first.exit_code}")  # fmt: skip
+        return f" (member {first.index} failed first; it {how})"
     if not facts.has_exit:
         return ""
     if facts.signal:
@@ -120,8 +133,11 @@ def _exit_words(facts: SlurmAttemptFacts) -> str:
     return f" (its members exited with code {facts.exit_code})"
 
 
-def derive_job_state(facts: SlurmAttemptFacts, cancel_reason: str | None) -> tuple[str, str]:
-    """The Job's state and reason from its Slurm attempt (see the module's theory)."""
+def derive_job_state(
+    facts: SlurmAttemptFacts, cancel_reason: str | None, exits: Sequence[MemberExit] = ()
+) -> tuple[str, str]:
+    """The Job's state and reason from its Slurm attempt (see the module's theory) and, once
+    it ended, its members' recorded exits (the reason names the first failure)."""
     said = job_state(facts.slurm_state) if facts.slurm_state else ""
     ended = said in (SUCCEEDED, FAILED, CANCELLED)
     if cancel_reason is not None:
@@ -148,12 +164,12 @@ def derive_job_state(facts: SlurmAttemptFacts, cancel_reason: str | None) -> tup
     if said == RUNNING:
         return RUNNING, f"{job} is {facts.slurm_state.lower()}"
     if said == SUCCEEDED:
-        return SUCCEEDED, f"{job} completed{_exit_words(facts)}"
+        return SUCCEEDED, f"{job} completed{_exit_words(facts, exits)}"
     if said == CANCELLED:
         return CANCELLED, f"{job} was cancelled in Slurm, not through TunePlane"
     if said == FAILED:
         why = failure_reason(facts.slurm_state) or f"Slurm ended it as {facts.slurm_state}."
-        return FAILED, f"{job} ended {facts.slurm_state}{_exit_words(facts)}: {why}"
+        return FAILED, f"{job} ended {facts.slurm_state}{_exit_words(facts, exits)}: {why}"
     return UNKNOWN, f"{job} is in the Slurm state {facts.slurm_state!r}, which is not known here"
 
 

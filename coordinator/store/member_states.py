@@ -20,6 +20,7 @@ from ..values.jobs import MemberKey
 from .base import StoreBase
 from .handle import Handle, first_row
 from .slurm_facts import slurm_facts
+from .slurm_members import member_exits
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,8 @@ class MemberStates(StoreBase):
             # An attempt run as one Slurm job has no member rows: Slurm's word decides.
             slurm = await slurm_facts(db, run_id, int(number))
             if slurm is not None:
-                derived, reason = derive_slurm_state(slurm, cancel_reason)
+                exits = await member_exits(db, run_id, int(number))
+                derived, reason = derive_slurm_state(slurm, cancel_reason, exits)
                 if not lc.may_follow(str(current), derived):
                     # A move the Job lifecycle lacks: the Job keeps its state until Slurm says
                     # more.

@@ -45,6 +45,16 @@ async def record_member_exits(
     await store.shielded(work)
 
 
+async def member_exits(db: Handle, run_id: str, attempt: int) -> tuple[MemberExit, ...]:
+    """The exits recorded for an attempt run as a Slurm job (none before it ended)."""
+    rows = await db.execute_fetchall(
+        "SELECT member_index, has_exit, exit_code, signal, ended_at_ms "
+        "FROM slurm_member_exits WHERE run_id = ? AND attempt = ? ORDER BY member_index",
+        (run_id, attempt),
+    )
+    return tuple(MemberExit(int(r[0]), bool(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows)
+
+
 async def slurm_members(db: Handle, run_id: str, attempt: int) -> tuple[Member, ...]:
     """The members of an attempt run as a Slurm job, with their exits once recorded; () for an
     attempt that runs on Nodes."""
@@ -56,22 +66,15 @@ async def slurm_members(db: Handle, run_id: str, attempt: int) -> tuple[Member, 
     )
     if row is None:
         return ()
-    exits = {
-        int(r[0]): (bool(r[1]), int(r[2]), int(r[3]), int(r[4]))
-        for r in await db.execute_fetchall(
-            "SELECT member_index, has_exit, exit_code, signal, ended_at_ms "
-            "FROM slurm_member_exits WHERE run_id = ? AND attempt = ?",
-            (run_id, attempt),
-        )
-    }
+    exits = {e.index: e for e in await member_exits(db, run_id, attempt)}
     members = []
     for index in range(int(row[0])):
-        has_exit, code, sig, ended = exits.get(index, (False, 0, 0, 0))
+        e = exits.get(index, MemberExit(index, False))
         members.append(
             Member(
                 index=index, node_id="", state=member_state(str(row[1]), bool(row[2])),
-                has_exit=has_exit, exit_code=code, signal=sig, out_dir="", gpu_indexes=(),
-                history=(), ended_at_ms=ended,
+                has_exit=e.has_exit, exit_code=e.exit_code, signal=e.signal, out_dir="",
+                gpu_indexes=(), history=(), ended_at_ms=e.ended_at_ms,
             )
         )  # fmt: skip
     return tuple(members)

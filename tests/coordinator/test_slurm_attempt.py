@@ -29,10 +29,12 @@ from tuneplane.coordinator.slurm_attempt import (
     NEVER,
     SIGNAL,
     SUBMIT,
+    MemberExit,
     SlurmAttemptFacts,
     batch_script,
     cancel_step,
     derive_job_state,
+    first_failure,
     job_request,
     member_exit,
     member_state,
@@ -89,6 +91,38 @@ def running(**extra: Any) -> SlurmAttemptFacts:
 def test_each_slurm_answer_means_one_job_state(f: SlurmAttemptFacts, state: str, says: str) -> None:
     derived, reason = derive_job_state(f, None)
     assert derived == state and says in reason
+
+
+def test_the_reason_names_the_member_that_failed_first_not_sruns_largest_code() -> None:
+    # Member 1 exited 7; Slurm then stopped member 0 (143), and srun's code is the largest.
+    ended = running(slurm_state="FAILED", has_exit=True, exit_code=143)
+    exits = [MemberExit(0, True, 143, 0, 2_000), MemberExit(1, True, 7, 0, 1_000)]
+    state, reason = derive_job_state(ended, None, exits)
+    assert state == FAILED
+    assert reason.startswith("Slurm job 7 ended FAILED (member 1 failed first; it exited with "
+                             "code 7): ")  # fmt: skip
+    by_signal = [MemberExit(0, True, 0, 9, 5), MemberExit(1, False)]
+    assert (
+        "member 0 failed first; it ended by signal 9" in derive_job_state(ended, None, by_signal)[1]
+    )
+    # No failed member (or none recorded): Slurm's own exit code, as before.
+    assert (
+        "(its members exited with code 143)"
+        in derive_job_state(ended, None, [MemberExit(0, True, 0, 0, 1), MemberExit(1, False)])[1]
+    )
+
+
+@given(st.lists(st.builds(MemberExit, index=st.integers(0, 7), has_exit=st.booleans(),
+                          exit_code=st.integers(0, 3), signal=st.sampled_from([0, 0, 9, 15]),
+                          ended_at_ms=st.integers(0, 5))))  # fmt: skip
+def test_the_first_failure_is_the_earliest_failed_member(exits: list[MemberExit]) -> None:
+    first = first_failure(exits)
+    failed = [e for e in exits if e.has_exit and (e.exit_code or e.signal)]
+    if not failed:
+        assert first is None
+        return
+    assert first in failed
+    assert all((first.ended_at_ms, first.index) <= (e.ended_at_ms, e.index) for e in failed)
 
 
 def test_a_cancel_is_cancelling_until_slurm_says_the_job_ended() -> None:

@@ -7,9 +7,9 @@ Slurm (tests/support/slurm.py) and the real Slurm step on its node.
 - A failing member fails the Job with its exit code (and the runner's exit record says it); a
   retry is a new attempt, submitted as a new Slurm job under the new attempt's name.
 - A cancelled running Job ends ``cancelled`` and its workload process is gone.
-- A process-group Job: the fixture's cluster has one node (Debian's Slurm is not built with
-  ``--enable-multiple-slurmd``, so several slurmd on one host are not possible), so this is
-  1 member x 2 GPUs: two ranks with RANK, LOCAL_RANK and WORLD_SIZE as on a Node.
+- A process-group Job on this one-node cluster: 1 member x 2 GPUs, two ranks with RANK,
+  LOCAL_RANK and WORLD_SIZE as on a Node (several nodes, each a host of its own:
+  tests/integration/test_slurm_nodes.py).
 - The coordinator killed after submitting and before recording the job id finds its job by name
   when started again: one Slurm job, not two.
 - slurmrestd stopped mid-Job makes the Job ``unknown``; started again, the real state returns.
@@ -143,7 +143,9 @@ def test_a_failing_member_fails_the_job_with_its_exit_code(
         )
         run_id = submit(coord, root, "hpc-cpu:0")
         done = wait_state(coord, run_id, "failed")
-        assert "ended FAILED (its members exited with code 3)" in done["state_reason"], done
+        assert (
+            "ended FAILED (member 0 failed first; it exited with code 3)" in done["state_reason"]
+        ), done
         exit_record = json.loads((member(shared, run_id) / "exit.json").read_text())
         assert exit_record["exit_code"] == 3
         assert tp(coord, "logs", run_id, "--stderr") == "boom\n"
