@@ -271,10 +271,11 @@ class SlurmCluster:
 
         wait_until(f"slurmrestd on {self.rest_url}", answers, READY_TIMEOUT_S)
 
-    def stop_rest(self) -> None:
-        """Stop slurmrestd alone (SIGTERM, then SIGKILL), leaving the cluster running."""
+    def stop_rest(self, first: signal.Signals = signal.SIGTERM) -> None:
+        """Stop slurmrestd alone (``first``, then SIGKILL; SIGKILL first is a crash), leaving
+        the cluster running."""
         rest = [d for d in self.daemons if d.name == "slurmrestd"]
-        _stop(rest, self.untrack)
+        _stop(rest, self.untrack, first)
         for d in rest:
             self.daemons.remove(d)
 
@@ -283,11 +284,12 @@ class SlurmCluster:
         self.daemons.clear()
 
 
-def _stop(daemons: list[_Daemon], untrack: Hook) -> None:
-    """SIGTERM every daemon, then wait for each, SIGKILL past the deadline; by PID only."""
+def _stop(daemons: list[_Daemon], untrack: Hook, first: signal.Signals = signal.SIGTERM) -> None:
+    """Send ``first`` to every daemon, then wait for each, SIGKILL past the deadline; by PID
+    only."""
     for d in daemons:
         if d.proc.poll() is None:
-            d.proc.send_signal(signal.SIGTERM)
+            d.proc.send_signal(first)
     for d in daemons:
         try:
             d.proc.wait(timeout=STOP_TIMEOUT_S)
