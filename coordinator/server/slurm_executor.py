@@ -241,7 +241,7 @@ class SlurmExecutor:
                 await self._collectors.member_ended(key, now_ms())
             folder = attempt_dir(settings.shared_dir, row.run_id, row.attempt)
             # From the folders of the run that ended: after a requeue, never the first run's.
-            exits = await anyio.to_thread.run_sync(_read_exits, folder, row.members, job.restarts)
+            exits = await anyio.to_thread.run_sync(read_exits, folder, row.members, job.restarts)
             await record_member_exits(self._store, row.run_id, row.attempt, exits, now_ms())
         await self._record(row, _facts(job_id, job))
         if row.cancel_grace_s is not None and job.exit is None:
@@ -345,7 +345,7 @@ class SlurmExecutor:
             await self._record(row, attrs.evolve(row.facts, reachable=False, unreachable_why=why))
 
 
-def _read_exits(folder: Path, members: int, restarts: int) -> list[MemberExit]:
+def read_exits(folder: Path, members: int, restarts: int) -> list[MemberExit]:
     """Each member's exit record on the shared folder, in the Slurm job's run after
     ``restarts`` requeues (one it cannot read counts as none)."""
     exits = []

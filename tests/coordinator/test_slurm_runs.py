@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.coordinator.server.slurm_executor import _read_exits
+from tuneplane.coordinator.server.slurm_executor import read_exits
 from tuneplane.coordinator.server.slurm_logs import read_runs_from, run_files
 from tuneplane.coordinator.slurm_attempt import MemberExit
 from tuneplane.coordinator.store.logs import KEEP_BYTES
@@ -38,10 +38,10 @@ def test_the_exits_are_read_from_the_run_that_ended(tmp_path: Path) -> None:
     _exit(member_dir(tmp_path, 0), None, 15, 100.0)  # the first run, ended by the requeue
     _exit(member_dir(tmp_path, 1), None, 15, 100.0)
     _exit(member_dir(tmp_path, 0, 1), 0, None, 200.0)  # the requeued run
-    assert _read_exits(tmp_path, 2, 0) == [MemberExit(0, True, 0, 15, 100_000),
+    assert read_exits(tmp_path, 2, 0) == [MemberExit(0, True, 0, 15, 100_000),
                                            MemberExit(1, True, 0, 15, 100_000)]  # fmt: skip
     # Member 1 left no record in the second run: none, not the first run's.
-    assert _read_exits(tmp_path, 2, 1) == [MemberExit(0, True, 0, 0, 200_000),
+    assert read_exits(tmp_path, 2, 1) == [MemberExit(0, True, 0, 0, 200_000),
                                            MemberExit(1, False)]  # fmt: skip
 
 
