@@ -7,11 +7,10 @@ requeued run's, up to the job's restart count), so ``tp logs`` shows every run's
 order. Each pass appends what grew since the last one (at most the log store's bound: older
 bytes count as dropped). A run's file no longer grows once the run after it started (Slurm
 starts a requeued job again only once the run before it has ended), so the offsets of a later
-run's bytes never move.
-The log store is idempotent by offset, so a coordinator that restarts (and starts again at byte
-0 of the first run's file) stores nothing twice. A stream is marked complete only once its
-Slurm job ended: the executor ships before it records the end, so the last bytes are in before
-the Job is ``ended`` and no longer driven.
+run's bytes never move. The log store is idempotent by offset, so a coordinator that restarts
+(and starts again at byte 0 of the first run's file) stores nothing twice. A stream is marked
+complete only once its Slurm job ended: the executor ships before it records the end, so the
+last bytes are in before the Job is ``ended`` and no longer driven.
 """
 
 from __future__ import annotations
@@ -47,15 +46,15 @@ def read_runs_from(paths: Sequence[Path], offset: int) -> tuple[int, bytes]:
     total = sum(sizes)
     start = max(offset, total - KEEP_BYTES)
     chunks: list[bytes] = []
-    base = 0
+    base = 0  # where the file starts in the stream
     for path, size in zip(paths, sizes, strict=True):
         begin, end = max(start, base), base + size
-        base = end
+        here, base = base, end
         if begin >= end:
             continue
         try:
             with path.open("rb") as f:
-                f.seek(begin - (end - size))
+                f.seek(begin - here)
                 chunk = f.read(end - begin)
         except FileNotFoundError:
             chunk = b""
