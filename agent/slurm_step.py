@@ -13,9 +13,15 @@ Rules:
 - The GPUs are the ones Slurm gave the step (:func:`visible_gpus`).
 - The exit status is the member's (its first failure's code, 128 + a signal, or 0), so Slurm's
   job state and exit code carry it; a member that cannot be set up exits 1 with a sentence.
+- Each run of the Slurm job has its own member folder: Slurm starts a job it requeued again with
+  ``SLURM_RESTART_COUNT`` r (absent: 0), and the member is prepared and run in
+  ``member_dir(folder, index, r)`` (the contract's layout), so a requeued run claims a launch of
+  its own and the first run's folder stays as it ended.
 - The member's collector runs beside it, as on a Node, with the member-scoped credential the
-  coordinator wrote beside the member; its spool is a private folder on this node, removed once
-  it delivered everything.
+  coordinator wrote into the first run's member folder (read there by every run; never copied);
+  a requeued run's collector prefixes its source ids with ``restart-<r>/``, so its points are
+  stored beside the first run's. Its spool is a private folder on this node, removed once it
+  delivered everything.
 - No Node journal, account pool or sandbox: the workload runs as the Slurm job's user, which
   Slurm chose. Image runtimes are not run here (Preview refuses them for a Slurm Fleet).
 """
@@ -29,6 +35,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from tuneplane.proto.contract import jobspec
 from tuneplane.proto.contract.slurm_attempt import (
@@ -37,6 +44,7 @@ from tuneplane.proto.contract.slurm_attempt import (
     AttemptFileError,
     member_dir,
     read_attempt_file,
+    source_prefix,
 )
 from tuneplane.runner.main import run_in_foreground
 
@@ -72,6 +80,20 @@ def _slurm(env: Mapping[str, str], name: str) -> str:
             "TunePlane batch script)."
         )
     return value
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    """How many times Slurm requeued this job before this run: ``SLURM_RESTART_COUNT`` (absent
+    or empty in the first run: 0)."""
+    text = env.get("SLURM_RESTART_COUNT", "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise StepError(
+            f"SLURM_RESTART_COUNT is {text!r}, not a count of requeues (0 or more); Slurm sets "
+            "it, so remove it from the batch job's environment."
+        )
+    return int(text)
 
 
 def first_host(nodelist: str) -> str:
@@ -113,11 +135,20 @@ def visible_gpus(env: Mapping[str, str], wanted: int) -> tuple[str, ...]:
 
 
 def collector_argv(
-    attempt: AttemptFile, here: Path, out_dir: Path, spool: Path, python: str = sys.executable
+    attempt: AttemptFile,
+    folder: Path,
+    index: int,
+    restart: int,
+    spool: Path,
+    python: str = sys.executable,
 ) -> list[str] | None:
-    """The member's collector, as a Node starts it (agent/collectors.py), shipping with the
-    member's own credential; None when the attempt names no telemetry gateway."""
-    credential = here / CREDENTIAL_FILE
+    """Member ``index``'s collector in the run after ``restart`` requeues, as a Node starts it
+    (agent/collectors.py), shipping with the member's own credential (in the first run's member
+    folder, read there by every run) and, after a requeue, with source ids that start with
+    ``restart-<r>/``; None when the attempt names no telemetry gateway."""
+    here = member_dir(folder, index, restart)
+    out_dir = here / "out"
+    credential = member_dir(folder, index) / CREDENTIAL_FILE
     if not attempt.gateways or not credential.exists():
         return None
     ca = here / "ca.pem"
@@ -128,8 +159,8 @@ def collector_argv(
         "--state-dir", str(spool),
         *(arg for gateway in attempt.gateways for arg in ("--gateway", gateway)),
         "--ca", str(ca), "--credential-file", str(credential),
-        "--run-id", attempt.run_id, "--attempt", str(attempt.attempt),
-        "--member", str(int(here.name.removeprefix("member-"))),
+        "--run-id", attempt.run_id, "--attempt", str(attempt.attempt), "--member", str(index),
+        *(("--source-prefix", source_prefix(restart)) if restart else ()),
     ]  # fmt: skip
 
 
@@ -162,10 +193,20 @@ def run_with_collector(here: Path, argv: list[str] | None, spool: Path) -> int:
     return code
 
 
-def prepare_member(folder: Path, env: Mapping[str, str]) -> Path:
-    """Write this node's member (files, capsule, member.json); return its member folder."""
+class Placed(NamedTuple):
+    """Where this node's member runs: its index, the run's restart count, its member folder."""
+
+    member_index: int
+    restart: int
+    here: Path
+
+
+def prepare_member(folder: Path, env: Mapping[str, str]) -> Placed:
+    """Write this node's member (files, capsule, member.json) into its folder in this run of
+    the Slurm job (:func:`restart_count`); say where it is."""
     attempt = read_attempt_file(folder)
     index, count = int(_slurm(env, "SLURM_NODEID")), int(_slurm(env, "SLURM_NNODES"))
+    restart = restart_count(env)
     if count != attempt.member_count:
         raise StepError(
             f"the allocation has {count} nodes and the attempt {attempt.member_count} members; "
@@ -176,7 +217,7 @@ def prepare_member(folder: Path, env: Mapping[str, str]) -> Path:
     port = master_port(int(_slurm(env, "SLURM_JOB_ID")))
     spec = jobspec.loads(attempt.jobspec_json)
     capsule = {name: text.encode("utf-8") for name, text in attempt.capsule.items()}
-    here = member_dir(folder, index)
+    here = member_dir(folder, index, restart)
     work = materialise(
         here, attempt.jobspec_json, capsule, attempt.capsule_digests, spec.source_files
     )
@@ -207,7 +248,7 @@ def prepare_member(folder: Path, env: Mapping[str, str]) -> Path:
             sdk_path=work / CAPSULE_DIR / runner_pyz.RUNNER_PYZ,
         )
     )
-    return here
+    return Placed(index, restart, here)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m tuneplane.agent.slurm_step <attempt folder>", file=sys.stderr)
         return EXIT_USAGE
     try:
-        here = prepare_member(Path(args[0]), os.environ)
-        attempt = read_attempt_file(Path(args[0]))
+        folder = Path(args[0])
+        placed = prepare_member(folder, os.environ)
+        attempt = read_attempt_file(folder)
     except (
         StepError,
         AttemptFileError,
@@ -233,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     spool = Path(
         tempfile.mkdtemp(prefix=f"tp-collector-{attempt.run_id}-", dir=attempt.spool_dir or None)
     )
-    argv = collector_argv(attempt, here, here / "out", spool)
-    return run_with_collector(here, argv, spool)
+    argv = collector_argv(attempt, folder, placed.member_index, placed.restart, spool)
+    return run_with_collector(placed.here, argv, spool)
 
 
 if __name__ == "__main__":

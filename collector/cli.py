@@ -275,6 +275,14 @@ def inspect(path: Path, as_json: bool, output_dir: bool) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="The agent's GPU release request; while it is in force the collector lets go of NVML.",
 )
+@click.option(
+    "--source-prefix",
+    default="",
+    help="Put this in front of every followed file's source id (its points' dedup identity), "
+    "so a second run of the member that writes the same files again (a Slurm job Slurm "
+    "requeued: restart-<r>/) has its points stored beside the first run's, not dropped as "
+    "their duplicates.",
+)
 def run(
     telemetry_dir: Path,
     out_dir: Path | None,
@@ -296,6 +304,7 @@ def run(
     member_dir: Path | None,
     scripted_nvml: Path | None,
     gpu_release_file: Path | None,
+    source_prefix: str,
 ) -> None:
     """Follow one member's telemetry, spool it durably and ship it to the telemetry gateway
     exactly once; with --system-interval, also sample the member's GPUs and processes as its
@@ -352,6 +361,7 @@ def run(
             ),
             out_dir=out_dir.absolute() if out_dir else None,
             limits=ScanLimits(max_files, max_depth, max_entries),
+            source_prefix=source_prefix,
         )
         followed_root(opts)  # a telemetry directory outside --out-dir is refused here
         sys.exit(trio.run(run_collector, opts))

@@ -50,6 +50,10 @@ class CollectorOptions:
     # The other coordinators' telemetry gateways, tried in order when ``gateway`` fails
     # (:mod:`.gateway_ring`); () with one coordinator.
     fallbacks: tuple[Gateway, ...] = ()
+    # In front of every stream's source id (the dedup identity of its points): "" on a Node;
+    # ``restart-<r>/`` in a Slurm job's requeued run, so its points are stored beside the
+    # first run's instead of being taken for their duplicates.
+    source_prefix: str = ""
 
     @property
     def member(self) -> tuple[str, int, int]:

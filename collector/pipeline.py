@@ -102,6 +102,7 @@ class Collector:
             poll_interval=self.opts.poll_interval_s,
             layout=layout,
             limits=self.opts.limits,
+            source_prefix=self.opts.source_prefix,
         )
         async with (
             open_telemetry_client(

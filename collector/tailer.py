@@ -73,7 +73,8 @@ class _Counters:
 
 class Tailer:
     """Follows ``root`` (a member's output or telemetry directory, as ``layout`` says),
-    checkpointing into ``checkpoint``.
+    checkpointing into ``checkpoint``; ``source_prefix`` goes in front of every new stream's
+    source id (:class:`~tuneplane.collector.tracking.Tracker`).
 
     Use::
 
@@ -93,6 +94,7 @@ class Tailer:
         poll_bytes: int = POLL_BYTES,
         layout: Layout | None = None,
         limits: ScanLimits | None = None,
+        source_prefix: str = "",
     ) -> None:
         self._root = root
         self._layout = layout or Layout()
@@ -106,7 +108,11 @@ class Tailer:
                 f"checkpoint {checkpoint} belongs to telemetry directory {body.get('root')!r}, "
                 f"not {str(root)!r}; give each member its own checkpoint file"
             )
-        self._tracker = Tracker.from_json(body["tracker"]) if body else Tracker()
+        self._tracker = (
+            Tracker.from_json(body["tracker"], source_prefix)
+            if body
+            else Tracker(source_prefix=source_prefix)
+        )
         noted = body.get("noted", ()) if body else ()
         self._bound_notices = BoundNotices(root, self._limits, noted)
         self._walker = Walker(root, self._layout, self._limits)
@@ -229,7 +235,8 @@ class Tailer:
             chunks = await trio.to_thread.run_sync(
                 read_new, self._root, stream, decoder, final, self._poll_bytes
             )
-            run = self._layout.run(stream.source_id)
+            # The run (its tags' prefix) is the opened path's, whatever the source id's prefix.
+            run = self._layout.run(self._tracker.unprefixed(stream.source_id))
             for points, warnings, position, state, seen, marks in chunks:
                 if run:
                     points = points_in_run(run, points)

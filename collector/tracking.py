@@ -15,6 +15,9 @@ Theory of operation:
   reported as :class:`NotFollowed` (on every look, so the shell decides how often to say so)
   and is not read. Files already followed keep their streams; a copy continuing an orphaned
   stream is always adopted (it frees nothing and takes no new place).
+- A stream's ``source_id`` is its file's path when it opened (``#<k>`` after it for the k-th
+  later stream at that path), with ``source_prefix`` in front: "" by default; a Slurm job's
+  requeued run gives ``restart-<r>/`` so its files' points are not its first run's duplicates.
 - ``observe`` takes what the shell saw and returns what changed, as data; it does no I/O.
 """
 
@@ -165,6 +168,8 @@ class Tracker:
     generations: dict[str, int] = attrs.field(factory=dict)
     # New inodes whose head agrees with a known stream's, held back: inode -> path.
     waiting: dict[tuple[int, int], str] = attrs.field(factory=dict)
+    # In front of the source id of every stream opened (not stored: the collector is given it).
+    source_prefix: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -173,12 +178,17 @@ class Tracker:
         }
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Tracker:
+    def from_json(cls, raw: dict[str, Any], source_prefix: str = "") -> Tracker:
         streams = [Stream.from_json(s) for s in raw.get("streams", [])]
         return cls(
             streams={s.source_id: s for s in streams},
             generations={str(k): int(v) for k, v in raw.get("generations", {}).items()},
+            source_prefix=source_prefix,
         )
+
+    def unprefixed(self, source_id: str) -> str:
+        """``source_id`` as the stream's path named it when it opened (without the prefix)."""
+        return source_id.removeprefix(self.source_prefix)
 
     def live(self) -> list[Stream]:
         return [s for s in self.streams.values() if s.inode is not None]
@@ -271,7 +281,9 @@ class Tracker:
     def _open(self, stat: FileStat, kind: Kind) -> Stream:
         generation = self.generations.get(stat.path, 0)
         self.generations[stat.path] = generation + 1
-        source_id = stat.path if generation == 0 else f"{stat.path}#{generation}"
+        source_id = self.source_prefix + (
+            stat.path if generation == 0 else f"{stat.path}#{generation}"
+        )
         stream = Stream(source_id, kind, stat.path, (stat.dev, stat.ino), stat.head)
         self.streams[source_id] = stream
         return stream

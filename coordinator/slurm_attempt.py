@@ -10,7 +10,8 @@ alone (:func:`derive_job_state`), as a Node attempt's is derived from its member
 - not submitted yet, or Slurm holding it pending: ``reserved`` (a Job never goes back to
   ``queued``; the reason says Slurm's own reason for waiting); a job Slurm requeued after it
   ran is pending again, so a running Job goes back to ``reserved``, and the reason says it was
-  requeued;
+  requeued (when Slurm starts it again it is ``starting``/``running`` again: each run has its
+  own member folders, see tuneplane.proto.contract.slurm_attempt);
 - slurmrestd not answering: ``unknown`` (never ``failed``) until it answers again;
 - a person's cancel: ``cancelling`` until Slurm says the job ended, then ``cancelled``;
 - otherwise Slurm's word read by :func:`~tuneplane.coordinator.executors.slurm.job_state`.

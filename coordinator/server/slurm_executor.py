@@ -17,7 +17,9 @@ Rules:
   answers; one Fleet's slurmrestd being down delays no other Fleet (each is asked under its own
   deadline).
 - A cancel is SIGTERM (recorded, then sent), then Slurm's cancel after the Job's grace period.
-- Members' logs are shipped into the log store at each read of the job (:mod:`.slurm_logs`).
+- Members' logs are shipped into the log store at each read of the job (:mod:`.slurm_logs`),
+  every run's in order when Slurm requeued it; each member's exit is read, once the job ended,
+  from its folder in the job's last run (the restart count Slurm reports as it ends).
 - Each member's collector credential is minted (recorded) when its attempt is submitted and
   written beside the member (0600) with the attempt; live attempts keep it alive, and the end
   of the Slurm job starts its drain window.
@@ -231,14 +233,15 @@ class SlurmExecutor:
                                                  unreachable_why=str(exc)))  # fmt: skip
             return
         # The logs first: once the end is recorded the Job is no longer driven.
-        await self._logs.ship(settings, row, ended=job.exit is not None)
+        await self._logs.ship(settings, row, ended=job.exit is not None, restarts=job.restarts)
         if job.exit is not None:
             # The collectors' drain window starts (again: idempotent) and each member's exit is
             # recorded before the end is: once that is recorded the attempt is no longer driven.
             for key in _members(row):
                 await self._collectors.member_ended(key, now_ms())
             folder = attempt_dir(settings.shared_dir, row.run_id, row.attempt)
-            exits = await anyio.to_thread.run_sync(_read_exits, folder, row.members)
+            # From the folders of the run that ended: after a requeue, never the first run's.
+            exits = await anyio.to_thread.run_sync(read_exits, folder, row.members, job.restarts)
             await record_member_exits(self._store, row.run_id, row.attempt, exits, now_ms())
         await self._record(row, _facts(job_id, job))
         if row.cancel_grace_s is not None and job.exit is None:
@@ -342,12 +345,13 @@ class SlurmExecutor:
             await self._record(row, attrs.evolve(row.facts, reachable=False, unreachable_why=why))
 
 
-def _read_exits(folder: Path, members: int) -> list[MemberExit]:
-    """Each member's exit record on the shared folder (one it cannot read counts as none)."""
+def read_exits(folder: Path, members: int, restarts: int) -> list[MemberExit]:
+    """Each member's exit record on the shared folder, in the Slurm job's run after
+    ``restarts`` requeues (one it cannot read counts as none)."""
     exits = []
     for index in range(members):
         try:
-            record = read_exit_record(member_dir(folder, index))
+            record = read_exit_record(member_dir(folder, index, restarts))
         except RecordError as exc:
             log.warning("slurm member exit unreadable folder=%s reason=%s", folder, exc)
             record = None

@@ -8,10 +8,21 @@ Layout, under the Fleet's shared folder::
 
     <run id>/attempt-<n>/attempt.json          what to run (this module's AttemptFile)
     <run id>/attempt-<n>/slurm-<job id>.out    the batch script's own output (srun's words)
-    <run id>/attempt-<n>/member-<i>/           member i (the node with SLURM_NODEID i):
+    <run id>/attempt-<n>/member-<i>/           member i (the node with SLURM_NODEID i), in the
+                                               Slurm job's first run:
         work/ (experiment files, capsule)  out/ ($TUNEPLANE_OUT_DIR)  stdout.log  stderr.log,
         the runner's member.json, runner.json, exit.json, and collector.credential (0600,
         written by the coordinator), ca.pem and collector.log for its collector
+    <run id>/attempt-<n>/restart-<r>/member-<i>/   member i in the job's run r + 1, once Slurm
+                                               requeued it r times (SLURM_RESTART_COUNT r >= 1):
+        the same files but collector.credential, which stays in the first run's member folder
+        and is read from there (it names the member, not the run)
+
+Each run of the Slurm job has its own member folders (:func:`member_dir`), so a run Slurm starts
+again after a requeue claims a launch of its own, and the folders of the runs before it stay as
+they ended. A member's ``stdout.log`` (and ``stderr.log``) is the concatenation of its runs'
+files in restart order; its collector ships a requeued run's points under source ids that start
+with ``restart-<r>/`` (:func:`source_prefix`), so they are stored beside the first run's.
 """
 
 from __future__ import annotations
@@ -35,8 +46,20 @@ def attempt_dir(shared_dir: str | Path, run_id: str, attempt: int) -> Path:
     return Path(shared_dir) / run_id / f"attempt-{attempt}"
 
 
-def member_dir(attempt_folder: Path, member_index: int) -> Path:
-    return attempt_folder / f"member-{member_index}"
+def member_dir(attempt_folder: Path, member_index: int, restart: int = 0) -> Path:
+    """Member ``member_index``'s folder in the Slurm job's run after ``restart`` requeues:
+    ``member-<i>/`` in the attempt's folder for the first run, ``restart-<r>/member-<i>/`` for
+    a later one."""
+    if restart < 0:
+        raise ValueError(f"a restart count is 0 or more, not {restart}")
+    run = attempt_folder if restart == 0 else attempt_folder / f"restart-{restart}"
+    return run / f"member-{member_index}"
+
+
+def source_prefix(restart: int) -> str:
+    """What a member's collector puts in front of its source ids in the run after ``restart``
+    requeues: "" in the first run (the files' paths, as on a Node), ``restart-<r>/`` after."""
+    return "" if restart == 0 else f"restart-{restart}/"
 
 
 CREDENTIAL_FILE = "collector.credential"

@@ -68,9 +68,13 @@ async def tail(
     commit: bool = True,
     layout: Layout | None = None,
     limits: ScanLimits | None = None,
+    source_prefix: str = "",
 ) -> tuple[Tailer, Sink]:
     """Run a tailer on ``root`` while ``during`` acts, then signal writers done and drain."""
-    tailer = Tailer(root, checkpoint, poll_interval=0.01, layout=layout, limits=limits)
+    tailer = Tailer(
+        root, checkpoint, poll_interval=0.01, layout=layout, limits=limits,
+        source_prefix=source_prefix,
+    )  # fmt: skip
     sink = Sink(commit=commit)
     done = trio.Event()
     send, receive = trio.open_memory_channel[Batch](0)
@@ -402,6 +406,32 @@ async def test_an_output_directory_is_followed_in_its_runs(tmp_path: Path) -> No
         assert got[tag] == [(step, value) for step, _, value in values]
     assert [p.step for p in sink.points if p.tag == "eval/acc"] == list(range(100))
     assert {p.source for p in sink.points if p.tag == "eval/acc"} == {"eval/report.rank0.jsonl"}
+
+
+async def test_a_source_prefix_changes_the_source_ids_and_keeps_the_tags(tmp_path: Path) -> None:
+    """A requeued Slurm run's collector (``restart-1/``): the same files, the same tags (with
+    their run), other dedup keys; the first run's collector (no prefix) keeps the files' paths."""
+    out = tmp_path / "out"
+    (out / "telemetry").mkdir(parents=True)
+    (out / "tb" / "run1").mkdir(parents=True)
+    (out / "telemetry" / "m.jsonl").write_bytes(line(1) + line(2))
+    (out / "tb" / "run1" / "events.out.tfevents.1.host").write_bytes(event(1, 0.5))
+    layout = Layout.output_dir("telemetry")
+
+    async def nothing(tailer: Tailer, sink: Sink) -> None:
+        await polls(tailer, 2)
+
+    seen: dict[str, set[tuple[str, str, str]]] = {}
+    for prefix in ("", "restart-1/"):
+        _, sink = await tail(out, tmp_path / f"ckpt{len(prefix)}.json", nothing, layout=layout,
+                             source_prefix=prefix)  # fmt: skip
+        seen[prefix] = {(p.source_id, p.source, p.tag) for p in sink.points}
+    assert seen[""] == {
+        ("telemetry/m.jsonl", "telemetry/m.jsonl", "loss"),
+        ("tb/run1/events.out.tfevents.1.host", "tb/run1/events.out.tfevents.1.host",
+         "tb/run1/loss"),
+    }  # fmt: skip
+    assert seen["restart-1/"] == {(f"restart-1/{i}", s, t) for i, s, t in seen[""]}
 
 
 async def test_the_file_cap_is_said_once_and_survives_a_restart(tmp_path: Path) -> None:

@@ -127,3 +127,20 @@ def test_a_full_tracker_still_adopts_the_copy_of_a_rotated_stream() -> None:
     ]
     changes = tracker.observe([stat("m.jsonl", 10, b""), stat("m.jsonl.1", 12, A * 2)], max_live=1)
     assert changes == [Adopted("m.jsonl", "m.jsonl.1")]
+
+
+def test_a_source_prefix_goes_in_front_of_every_stream_opened_and_is_not_stored() -> None:
+    tracker = Tracker(source_prefix="restart-1/")
+    assert tracker.observe([stat("m.jsonl", 10, A)]) == [Opened("restart-1/m.jsonl", "m.jsonl")]
+    tracker.advance("restart-1/m.jsonl", len(A) * 2, len(A) * 2)
+    changes = tracker.observe([stat("m.jsonl", 10, B)])  # truncated: a new stream at the path
+    assert changes == [
+        Restarted("restart-1/m.jsonl", "restart-1/m.jsonl#1", "m.jsonl", "truncated", len(B),
+                  2 * len(A))
+    ]  # fmt: skip
+    assert tracker.unprefixed("restart-1/m.jsonl#1") == "m.jsonl#1"
+    # The checkpoint holds the ids as they are; the prefix is the collector's option.
+    assert "source_prefix" not in tracker.to_json()
+    again = Tracker.from_json(tracker.to_json(), "restart-1/")
+    assert set(again.streams) == {"restart-1/m.jsonl", "restart-1/m.jsonl#1"}
+    assert Tracker().to_json() == Tracker(source_prefix="").to_json()

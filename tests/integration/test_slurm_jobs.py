@@ -13,6 +13,10 @@ Slurm (tests/support/slurm.py) and the real Slurm step on its node.
 - The coordinator killed after submitting and before recording the job id finds its job by name
   when started again: one Slurm job, not two.
 - slurmrestd stopped mid-Job makes the Job ``unknown``; started again, the real state returns.
+- A Job Slurm requeues after it ran (``scontrol requeue``) goes back to ``reserved`` saying so,
+  runs again in its own member folder (``restart-1/member-0/``) and succeeds: `tp logs` shows
+  both runs' lines in order (also across a coordinator restart), `tp metrics` holds both runs'
+  points, and it stays one Slurm job.
 """
 
 from __future__ import annotations
@@ -287,14 +291,36 @@ def test_each_members_exit_is_recorded_and_shown_when_one_rank_fails(
         assert "MEMBER (RANK)" in shown and " exited " in shown and " 5 " in shown, shown
 
 
-def test_a_job_slurm_requeues_after_it_ran_goes_back_to_reserved_and_says_so(
+# Each run: one line to stdout and one JSONL point (step = the run's number, counted in a file
+# outside the job's folders), then wait for that run's gate file.
+REQUEUED_SH = """
+n=$(( $(cat {gate}/runs 2>/dev/null || echo 0) + 1 ))
+echo $n > {gate}/runs
+echo "run $n says hello"
+echo '{{"step": '$n', "loss": 0.'$n'}}' > "$TUNEPLANE_TELEMETRY_DIR/m.jsonl"
+while [ ! -e {gate}/go-$n ]; do sleep 0.1; done
+"""
+
+
+def loss_points(coord: CoordinatorProcess, run_id: str) -> dict[str, int]:
+    """Points of the tag ``loss`` by source id (`tp metrics --raw --json`)."""
+    tags = json.loads(tp(coord, "metrics", run_id, "--raw", "--json"))["tags"]
+    return {t["source"]: t["points"] for t in tags if t["tag"] == "loss"}
+
+
+def test_a_job_slurm_requeues_after_it_ran_goes_back_to_reserved_and_runs_again(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    with slurm_coordinator(cluster, tmp_path) as (coord, _shared):
-        script = 'echo $$ > "$TUNEPLANE_OUT_DIR/pid"\nexec sleep 300\n'
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    with slurm_coordinator(cluster, tmp_path) as (coord, shared):
+        script = REQUEUED_SH.format(gate=gate)
         root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": script})
         run_id = submit(coord, root, "hpc-cpu:0")
         wait_state(coord, run_id, "running")
+        first = member(shared, run_id)
+        second = first.parent / "restart-1" / "member-0"
+        wait_until("the first run's point", lambda: loss_points(coord, run_id), JOB_TIMEOUT_S)
         [decision] = submitted(coord, run_id)
         job_id = str(decision["detail"]["slurm_job_id"])
         cluster.client("scontrol", "requeue", job_id)
@@ -302,5 +328,46 @@ def test_a_job_slurm_requeues_after_it_ran_goes_back_to_reserved_and_says_so(
         assert f"Slurm job {job_id} was requeued by Slurm (1 time)" in again["state_reason"], again
         history = [s["state"] for s in again["history"]]
         assert history[-2:] == ["running", "reserved"], history
-        tp(coord, "job", "cancel", run_id)
-        wait_state(coord, run_id, "cancelled")
+        # Slurm holds a requeued job until its BeginTime (minutes away): once it is pending
+        # (the first run's processes gone), it may start now.
+        wait_until(
+            f"Slurm job {job_id} to be pending",
+            lambda: cluster.client("squeue", "-h", "-j", job_id, "-o", "%T").strip() == "PENDING",
+            JOB_TIMEOUT_S,
+        )
+        cluster.client("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        wait_until(
+            "the second run's line",
+            lambda: (
+                (second / "stdout.log").exists()
+                and (second / "stdout.log").read_text() == "run 2 says hello\n"
+            ),
+            JOB_TIMEOUT_S,
+        )
+        wait_state(coord, run_id, "running")
+        wait_until("the second run's point", lambda: len(loss_points(coord, run_id)) == 2,
+                   JOB_TIMEOUT_S)  # fmt: skip
+        both = "run 1 says hello\nrun 2 says hello\n"
+        wait_until("both runs' lines in `tp logs`", lambda: tp(coord, "logs", run_id) == both,
+                   JOB_TIMEOUT_S)  # fmt: skip
+        # A coordinator restarted mid-run reads every run's logs from byte 0 again: nothing
+        # is stored twice.
+        coord.restart()
+        (gate / "go-2").touch()
+        done = wait_state(coord, run_id, "succeeded")
+        assert f"Slurm job {job_id} completed" in done["state_reason"], done
+        # The first run's folder is as the requeue left it; the second has its own exit.
+        assert (first / "stdout.log").read_text() == "run 1 says hello\n"
+        assert json.loads((second / "exit.json").read_text())["exit_code"] == 0
+        [attempt] = done["attempts"]
+        [only] = attempt["members"]
+        assert (only["state"], only["has_exit"], only["exit_code"], only["signal"]) == (
+            "exited", True, 0, 0), only  # fmt: skip
+        assert tp(coord, "logs", run_id) == both
+        # Both runs' points are stored, the second's under its restart's source id.
+        assert loss_points(coord, run_id) == {
+            "telemetry/m.jsonl": 1, "restart-1/telemetry/m.jsonl": 1}  # fmt: skip
+        [loss] = [t for t in json.loads(tp(coord, "metrics", run_id, "--json"))["tags"]
+                  if t["tag"] == "loss"]  # fmt: skip
+        assert (loss["points"], loss["last_step"], loss["last_value"]) == (2, 2, 0.2), loss
+        assert slurm_jobs_named(cluster, f"tp-{run_id}-a1") == [job_id]
