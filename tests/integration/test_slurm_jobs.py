@@ -12,7 +12,8 @@ Slurm (tests/support/slurm.py) and the real Slurm step on its node.
   tests/integration/test_slurm_nodes.py).
 - The coordinator killed after submitting and before recording the job id finds its job by name
   when started again: one Slurm job, not two.
-- slurmrestd stopped mid-Job makes the Job ``unknown``; started again, the real state returns.
+- slurmrestd killed (SIGKILL) mid-Job makes the Job ``unknown``; started again, the real state
+  returns.
 - A Job Slurm requeues after it ran (``scontrol requeue``) goes back to ``reserved`` saying so,
   runs again in its own member folder (``restart-1/member-0/``) and succeeds: `tp logs` shows
   both runs' lines in order (also across a coordinator restart), `tp metrics` holds both runs'
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -244,7 +246,7 @@ def test_a_coordinator_killed_between_submit_and_record_finds_its_job_by_name(
         assert (member(shared, run_id) / "stdout.log").read_text() == "once\n"
 
 
-def test_slurmrestd_stopped_mid_job_makes_it_unknown_until_it_answers_again(
+def test_slurmrestd_killed_mid_job_makes_it_unknown_until_it_answers_again(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     with slurm_coordinator(cluster, tmp_path) as (coord, shared):
@@ -252,7 +254,7 @@ def test_slurmrestd_stopped_mid_job_makes_it_unknown_until_it_answers_again(
         root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": script})
         run_id = submit(coord, root, "hpc-cpu:0")
         wait_state(coord, run_id, "running")
-        cluster.stop_rest()
+        cluster.stop_rest(signal.SIGKILL)  # a crash: no goodbye to its clients
         try:
             lost = wait_state(coord, run_id, "unknown")
             assert "slurmrestd does not answer" in lost["state_reason"], lost
