@@ -49,6 +49,7 @@ from .slurm_conf import GPU_TYPE as GPU_TYPE
 from .slurm_conf import GPUS_PER_NODE as GPUS_PER_NODE
 from .slurm_conf import MIN_JOB_AGE_S as MIN_JOB_AGE_S
 from .slurm_conf import PARTITION as PARTITION
+from .slurm_conf import URGENT_PARTITION as URGENT_PARTITION
 from .slurm_conf import SlurmHost as SlurmHost
 from .slurm_conf import free_port, gres_conf, slurm_conf, slurmd_log, spool_dir
 

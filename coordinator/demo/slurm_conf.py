@@ -17,6 +17,9 @@ from pathlib import Path
 import attrs
 
 PARTITION = "tp"
+#: A partition on the same nodes whose jobs preempt the default one's (Slurm requeues them):
+#: what a site's higher-priority queue does to a TunePlane Job.
+URGENT_PARTITION = "tpurgent"
 GPUS_PER_NODE = 2
 #: Each node's GPUs are the gpu GRES of this type, and it has this node feature.
 GPU_TYPE = "h200"
@@ -53,7 +56,8 @@ def slurm_conf(
     rest: bool = True, min_job_age_s: int = MIN_JOB_AGE_S, max_job_count: int = 0,
 ) -> str:  # fmt: skip
     """The cluster's slurm.conf: ``nodes`` (each with ``cpus`` CPUs, ``memory_mb`` of memory
-    and :data:`GPUS_PER_NODE` GPUs) in one default partition, JWT as the alternative
+    and :data:`GPUS_PER_NODE` GPUs) in one default partition (and an urgent one whose jobs
+    preempt it, Slurm requeueing the preempted), JWT as the alternative
     authentication (for slurmrestd, when ``rest``), no cgroups and no accounting (as root on a
     plain machine). ``max_job_count`` 0 keeps Slurm's default (10,000 jobs)."""
     jwt = [
@@ -100,7 +104,14 @@ def slurm_conf(
             f"SlurmdLogFile={slurmd_log(root, '%n')}",
             f"PlugStackConfig={root / 'plugstack.conf'}",
             *node_lines,
-            f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP",
+            # A job of the urgent partition preempts one of the default partition, which Slurm
+            # requeues (a batch job may be requeued: JobRequeue's default).
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP "
+            "PriorityTier=1",
+            f"PartitionName={URGENT_PARTITION} Nodes={names} MaxTime=INFINITE State=UP "
+            "PriorityTier=2 PreemptMode=OFF",
             "",
         ]
     )
