@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,13 @@ from tests.support.coordinator import CoordinatorProcess
 TERMINAL = {"succeeded", "failed", "aborted", "cancelled"}
 
 
-def tp(coord: CoordinatorProcess, *args: str, cwd: Path | None = None) -> str:
+def tp(
+    coord: CoordinatorProcess, *args: str, cwd: Path | None = None, prefix: Sequence[str] = ()
+) -> str:
+    """The real ``tp`` against ``coord``; ``prefix`` runs it on another host (a network
+    namespace's ``host.prefix()``: the host whose name tp-context.json gives)."""
     done = subprocess.run(
-        [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
+        [*prefix, sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
          str(coord.context_path), *args],
         cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

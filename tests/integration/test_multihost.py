@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import pytest
 
-from tests.agent.jobs import TERMINAL, journal
+from tests.agent.jobs import TERMINAL, journal, tp
 from tests.faults.jobs import runner_alive
 from tests.support import accounts
 from tests.support.agent import AgentProcess, start_agent, wait_until
@@ -132,15 +132,7 @@ class Site:
 
     def tp(self, *args: str, cwd: Path | None = None) -> str:
         """The real ``tp``, run on the coordinator's host (tp-context.json names ``coord``)."""
-        done = subprocess.run(
-            self.net.host("coord").argv(
-                sys.executable, "-m", "tuneplane.coordinator.cli.tp",
-                "--context", str(self.coord.context_path), *args,
-            ),
-            cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return tp(self.coord, *args, cwd=cwd, prefix=self.net.host("coord").prefix())
 
     def tp_json(self, *args: str) -> Any:
         return json.loads(self.tp(*args, "--json"))

@@ -310,6 +310,28 @@ def loss_points(coord: CoordinatorProcess, run_id: str) -> dict[str, int]:
     return {t["source"]: t["points"] for t in tags if t["tag"] == "loss"}
 
 
+def slurm_job_id(coord: CoordinatorProcess, run_id: str) -> str:
+    """The one Slurm job the coordinator submitted for ``run_id``."""
+    [decision] = submitted(coord, run_id)
+    return str(decision["detail"]["slurm_job_id"])
+
+
+def start_requeued_now(cluster: SlurmCluster, job_id: str, second: Path) -> None:
+    """Start a requeued job now, and wait for its second run's line in ``second``: Slurm holds
+    a requeued job until its BeginTime (minutes away); once it is pending (the first run's
+    processes gone), it may start at once."""
+    wait_until(
+        f"Slurm job {job_id} to be pending",
+        lambda: cluster.client("squeue", "-h", "-j", job_id, "-o", "%T").strip() == "PENDING",
+        JOB_TIMEOUT_S,
+    )
+    cluster.client("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    log = second / "stdout.log"
+    wait_until("the second run's line",
+               lambda: log.exists() and log.read_text() == "run 2 says hello\n",
+               JOB_TIMEOUT_S)  # fmt: skip
+
+
 def test_a_job_slurm_requeues_after_it_ran_goes_back_to_reserved_and_runs_again(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -323,29 +345,13 @@ def test_a_job_slurm_requeues_after_it_ran_goes_back_to_reserved_and_runs_again(
         first = member(shared, run_id)
         second = first.parent / "restart-1" / "member-0"
         wait_until("the first run's point", lambda: loss_points(coord, run_id), JOB_TIMEOUT_S)
-        [decision] = submitted(coord, run_id)
-        job_id = str(decision["detail"]["slurm_job_id"])
+        job_id = slurm_job_id(coord, run_id)
         cluster.client("scontrol", "requeue", job_id)
         again = wait_state(coord, run_id, "reserved")
         assert f"Slurm job {job_id} was requeued by Slurm (1 time)" in again["state_reason"], again
         history = [s["state"] for s in again["history"]]
         assert history[-2:] == ["running", "reserved"], history
-        # Slurm holds a requeued job until its BeginTime (minutes away): once it is pending
-        # (the first run's processes gone), it may start now.
-        wait_until(
-            f"Slurm job {job_id} to be pending",
-            lambda: cluster.client("squeue", "-h", "-j", job_id, "-o", "%T").strip() == "PENDING",
-            JOB_TIMEOUT_S,
-        )
-        cluster.client("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-        wait_until(
-            "the second run's line",
-            lambda: (
-                (second / "stdout.log").exists()
-                and (second / "stdout.log").read_text() == "run 2 says hello\n"
-            ),
-            JOB_TIMEOUT_S,
-        )
+        start_requeued_now(cluster, job_id, second)
         wait_state(coord, run_id, "running")
         wait_until("the second run's point", lambda: len(loss_points(coord, run_id)) == 2,
                    JOB_TIMEOUT_S)  # fmt: skip

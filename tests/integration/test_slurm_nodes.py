@@ -21,7 +21,6 @@ munged's socket (a path).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 import attrs
 import pytest
 
+from tests.agent.jobs import tp
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.netns import Network, open_network, require_netns
 from tests.support.payloads import MEET_PY
@@ -82,15 +82,7 @@ class Site:
 
     def tp(self, *args: str, cwd: Path | None = None) -> str:
         """The real ``tp``, run on the coordinator's host (tp-context.json names ``ctl``)."""
-        done = subprocess.run(
-            self.net.host("ctl").argv(
-                sys.executable, "-m", "tuneplane.coordinator.cli.tp",
-                "--context", str(self.coord.context_path), *args,
-            ),
-            cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return tp(self.coord, *args, cwd=cwd, prefix=self.net.host("ctl").prefix())
 
     def submit(self, root: Path, env: dict[str, str] | None = None) -> str:
         """A 2-member pytorch/process-group Job (2 GPUs each) running RANKS_PY."""

@@ -25,6 +25,8 @@ from tests.integration.test_slurm_jobs import (
     job,
     member,
     slurm_coordinator,
+    slurm_job_id,
+    start_requeued_now,
     submitted,
     wait_state,
 )
@@ -55,8 +57,7 @@ def test_a_job_preempted_by_an_urgent_slurm_job_is_requeued_never_failed_and_run
         root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": script})
         run_id = submit(coord, root, "hpc:1")
         wait_state(coord, run_id, "running")
-        [decision] = submitted(coord, run_id)
-        job_id = str(decision["detail"]["slurm_job_id"])
+        job_id = slurm_job_id(coord, run_id)
         first = member(shared, run_id)
         wait_until("the first run's line", lambda: (first / "stdout.log").exists(), JOB_TIMEOUT_S)
         # The site's urgent queue wants the whole node.
@@ -77,19 +78,8 @@ def test_a_job_preempted_by_an_urgent_slurm_job_is_requeued_never_failed_and_run
             assert held["state"] == "reserved", held
         finally:
             cluster.client("scancel", urgent)
-        # Slurm holds a requeued job until its BeginTime (minutes away); let it start now.
-        wait_until(f"Slurm job {job_id} to be pending",
-                   lambda: slurm_state(cluster, job_id) == "PENDING", JOB_TIMEOUT_S)  # fmt: skip
-        cluster.client("scontrol", "update", f"JobId={job_id}", "StartTime=now")
         second = first.parent / "restart-1" / "member-0"
-        wait_until(
-            "the second run's line",
-            lambda: (
-                (second / "stdout.log").exists()
-                and (second / "stdout.log").read_text() == "run 2 says hello\n"
-            ),
-            JOB_TIMEOUT_S,
-        )
+        start_requeued_now(cluster, job_id, second)
         (gate / "go-2").touch()
         done = wait_state(coord, run_id, "succeeded")
         # Never failed on the way: preempted, requeued, pending, running, done.
