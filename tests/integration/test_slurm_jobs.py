@@ -310,6 +310,18 @@ def loss_points(coord: CoordinatorProcess, run_id: str) -> dict[str, int]:
     return {t["source"]: t["points"] for t in tags if t["tag"] == "loss"}
 
 
+def submit_gated(coord: CoordinatorProcess, tmp_path: Path, profile: str) -> tuple[str, Path]:
+    """A Job of REQUEUED_SH (run n waits for ``go-<n>`` in its gate folder) on ``profile``,
+    once running: its run id and gate folder."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    script = REQUEUED_SH.format(gate=gate)
+    root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": script})
+    run_id = submit(coord, root, profile)
+    wait_state(coord, run_id, "running")
+    return run_id, gate
+
+
 def slurm_job_id(coord: CoordinatorProcess, run_id: str) -> str:
     """The one Slurm job the coordinator submitted for ``run_id``."""
     [decision] = submitted(coord, run_id)
@@ -335,13 +347,8 @@ def start_requeued_now(cluster: SlurmCluster, job_id: str, second: Path) -> None
 def test_a_job_slurm_requeues_after_it_ran_goes_back_to_reserved_and_runs_again(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    gate = tmp_path / "gate"
-    gate.mkdir()
     with slurm_coordinator(cluster, tmp_path) as (coord, shared):
-        script = REQUEUED_SH.format(gate=gate)
-        root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": script})
-        run_id = submit(coord, root, "hpc-cpu:0")
-        wait_state(coord, run_id, "running")
+        run_id, gate = submit_gated(coord, tmp_path, "hpc-cpu:0")
         first = member(shared, run_id)
         second = first.parent / "restart-1" / "member-0"
         wait_until("the first run's point", lambda: loss_points(coord, run_id), JOB_TIMEOUT_S)

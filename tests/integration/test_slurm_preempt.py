@@ -18,15 +18,14 @@ from pathlib import Path
 import pytest
 
 from tests.agent.jobs import tp
-from tests.faults.jobs import project, submit
 from tests.integration.test_slurm_jobs import (
     JOB_TIMEOUT_S,
-    REQUEUED_SH,
     job,
     member,
     slurm_coordinator,
     slurm_job_id,
     start_requeued_now,
+    submit_gated,
     submitted,
     wait_state,
 )
@@ -50,13 +49,8 @@ def slurm_state(cluster: SlurmCluster, job_id: str) -> str:
 def test_a_job_preempted_by_an_urgent_slurm_job_is_requeued_never_failed_and_runs_again(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    gate = tmp_path / "gate"
-    gate.mkdir()
     with slurm_coordinator(cluster, tmp_path) as (coord, shared):
-        script = REQUEUED_SH.format(gate=gate)
-        root = project(coord, tmp_path / "proj", "custom/custom", {"train.sh": script})
-        run_id = submit(coord, root, "hpc:1")
-        wait_state(coord, run_id, "running")
+        run_id, gate = submit_gated(coord, tmp_path, "hpc:1")
         job_id = slurm_job_id(coord, run_id)
         first = member(shared, run_id)
         wait_until("the first run's line", lambda: (first / "stdout.log").exists(), JOB_TIMEOUT_S)
