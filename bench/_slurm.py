@@ -43,6 +43,10 @@ class SlurmCluster:
         self.env = cluster.env
         self.held: list[str] = []
 
+    def slurmd_pid(self) -> int:
+        """The (only) node's slurmd: the daemon the cluster started in the foreground."""
+        return self._cluster.daemon("slurmd").proc.pid
+
     def client(self, *args: str) -> str:
         """Run a Slurm client command against this cluster; its stdout (RuntimeError, with
         its words, when it fails)."""

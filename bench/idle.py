@@ -153,7 +153,7 @@ def _slurmd(slurm: SlurmCluster | None, jobs: int) -> psutil.Process | None:
         return None
     for _ in range(jobs):
         slurm.srun(1)
-    return psutil.Process(int((slurm.root / "slurmd.pid").read_text().split()[0]))
+    return psutil.Process(slurm.slurmd_pid())
 
 
 def run(window_s: float, settle_s: float, jobs: int) -> int:
