@@ -14,8 +14,10 @@ import os
 import platform
 import stat
 import subprocess
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
+
+import attrs
 
 from .image_manifest import ImageConfig
 from .image_sandbox import (
@@ -32,7 +34,9 @@ from .image_sandbox import (
     bwrap_argv,
     driver_library_candidates,
     host_files_present,
+    image_command,
     image_cwd,
+    image_env,
     mount_points,
     parse_ldconfig,
     parse_ldd,
@@ -179,16 +183,67 @@ def member_sandbox(
     """The :class:`ImageSandbox` of a member with these GPUs on this host: its own device nodes
     among those present, the driver's files only when it has GPUs, the host's resolv.conf and
     hosts, the host's ``env`` for the SIGTERM reset, and its working directory."""
+    return sandbox_of(
+        root=root, work_dir=work_dir, out_dir=out_dir, telemetry_dir=telemetry_dir,
+        devices=gpu_devices(gpus, present_devices()),
+        driver=find_driver_files(driver_version) if gpus else DriverFiles(),
+        config=config, command=command,
+    )  # fmt: skip
+
+
+def sandbox_of(
+    *,
+    root: Path,
+    work_dir: Path,
+    out_dir: Path,
+    telemetry_dir: Path,
+    devices: tuple[str, ...],
+    driver: DriverFiles,
+    config: ImageConfig,
+    command: Sequence[str],
+) -> ImageSandbox:
+    """The :class:`ImageSandbox` of a member given its device nodes and driver files: the
+    host's resolv.conf and hosts, the host's ``env`` for the SIGTERM reset, its working
+    directory."""
     return ImageSandbox(
         root=root,
         work_dir=work_dir,
         out_dir=out_dir,
         telemetry_dir=telemetry_dir,
-        devices=gpu_devices(gpus, present_devices()),
+        devices=devices,
         host_files=host_files(),
-        driver=find_driver_files(driver_version) if gpus else DriverFiles(),
+        driver=driver,
         helper=signal_helper(),
         cwd=image_cwd(config, command, work_dir),
+    )
+
+
+@attrs.frozen
+class ImageLaunch:
+    """How a member's processes run in its image: their base environment, the command they
+    exec inside it, and the bubblewrap argv prefix that puts them there."""
+
+    env: dict[str, str]
+    entrypoint: tuple[str, ...]
+    wrapper: tuple[str, ...]
+
+
+def image_launch(
+    box: ImageSandbox,
+    config: ImageConfig,
+    command: Sequence[str],
+    job_env: Mapping[str, str],
+    ours: Mapping[str, str],
+) -> ImageLaunch:
+    """What a Node (agent/members_launch.py) and a Slurm step (agent/slurm_image.py) both plan
+    a member in an image with: the image's Env, then the Job's, then TunePlane's
+    (:func:`.image_sandbox.image_env`); the recipe's command after the image's Entrypoint
+    (:func:`.image_sandbox.image_command`); the sandbox's argv with the image read for its
+    mount points. Raises :class:`ImageSandboxError`."""
+    return ImageLaunch(
+        env=image_env(config, job_env, ours, str(box.work_dir), box.driver),
+        entrypoint=image_command(config, command),
+        wrapper=image_bwrap_argv(box),
     )
 
 

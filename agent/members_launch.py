@@ -27,7 +27,7 @@ from .config import Runtime
 from .crashpoint import crashpoint
 from .image_cache import ReadyImage
 from .image_ref import ImageRef
-from .image_sandbox import ImageSandboxError, image_command, image_env
+from .image_sandbox import ImageSandboxError
 from .init_from import ENV_NAME as INIT_FROM_ENV
 from .init_from import INIT_FROM_DIR
 from .inventory import Inventory
@@ -156,17 +156,17 @@ class MemberLaunches(MemberExits):
             # isolation says (agent/image_sandbox.py): the image's Env, then the Job's, then
             # TunePlane's; the recipe's command after the image's Entrypoint.
             try:
-                config = image.config
                 box = image_host.member_sandbox(
                     root=image.root, work_dir=lease.work_dir, out_dir=out_dir,
                     telemetry_dir=telemetry, gpus=gpus, driver_version=inventory.driver_version,
-                    config=config, command=capsule.entrypoint,
+                    config=image.config, command=capsule.entrypoint,
                 )  # fmt: skip
-                base_env = image_env(config, spec.env, ours, str(lease.work_dir), box.driver)
-                entrypoint = image_command(config, capsule.entrypoint)
-                wrapper = image_host.image_bwrap_argv(box)
+                planned = image_host.image_launch(
+                    box, image.config, capsule.entrypoint, spec.env, ours
+                )
             except ImageSandboxError as exc:
                 raise LaunchFailed(str(exc)) from None
+            base_env, entrypoint, wrapper = planned.env, planned.entrypoint, planned.wrapper
         else:
             assert isinstance(runtime, Runtime)
             base_env = workload_env(spec.env, ours, runtime.path, str(lease.work_dir))
