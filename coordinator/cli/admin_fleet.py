@@ -147,6 +147,21 @@ def fleet() -> None:
     "spools (default: the node's temporary folder).",
 )
 @click.option(
+    "--image-root",
+    default=None,
+    metavar="PATH",
+    help="kind slurm: a folder on each Slurm node's own storage where the step caches runtime "
+    "images; without it, Jobs with an image runtime are refused at Preview.",
+)
+@click.option(
+    "--registries-file",
+    default=None,
+    metavar="PATH",
+    help='kind slurm: a TOML file on every Slurm node with node.toml\'s [registries."host:port"] '
+    "tables (ca_file, username, password_file) saying how the nodes reach image registries "
+    "(default: the system's CAs, no credentials).",
+)
+@click.option(
     "--series",
     "series",
     multiple=True,
@@ -166,6 +181,8 @@ def fleet_create(
     shared_dir: str | None,
     python: str | None,
     spool_dir: str | None,
+    image_root: str | None,
+    registries_file: str | None,
     series: tuple[str, ...],
 ) -> None:
     """Create a Fleet called NAME.
@@ -182,6 +199,7 @@ def fleet_create(
     nodes: list[SlurmNode] = []
     if kind == "node":
         optional = {"--shared-dir": shared_dir, "--python": python, "--spool-dir": spool_dir,
+                    "--image-root": image_root, "--registries-file": registries_file,
                     "--series": series or None}  # fmt: skip
         extra = [flag for flag, value in {**given, **optional}.items() if value is not None]
         if extra:
@@ -200,7 +218,7 @@ def fleet_create(
         try:
             settings = check_settings(
                 slurmrestd, token_file, partition, shared_dir or "", python or "python3",
-                spool_dir or "",
+                spool_dir or "", image_root or "", registries_file or "",
             )  # fmt: skip
             settings = attrs.evolve(settings, series=parse_series(series))
         except (SlurmSettingsError, SlurmError) as exc:
@@ -222,6 +240,9 @@ def fleet_create(
     )
     for mapped in settings.series:
         click.echo(f"Series {mapped.series}: {series_words(mapped)}.")
+    if settings.image_root:
+        reached = settings.registries_file or "the system's CAs, no credentials"
+        click.echo(f"Images: cached in {settings.image_root} on each node; registries: {reached}.")
 
 
 def _probe(settings: SlurmSettings) -> list[SlurmNode]:

@@ -194,6 +194,11 @@ def _slurm_view(slurm: SlurmPartition) -> list[RenderableType]:
         parts.append(mapped)
     else:
         parts.append("Series: none mapped; every Series asks for GPUs of any type.")
+    if slurm.image_root:
+        reached = slurm.registries_file or "the system's CAs, no credentials"
+        parts.append(f"Images: cached in {slurm.image_root} on each node; registries: {reached}.")
+    else:
+        parts.append("Images: not run (the Fleet has no --image-root).")
     if slurm.error:
         parts.append(f"Not read: {slurm.error}")
         return parts

@@ -61,10 +61,11 @@ class Enrollment(StoreBase):
                 if slurm is not None:
                     await db.execute(
                         "INSERT INTO slurm_fleets (fleet, slurmrestd_url, token_file, "
-                        "partition_name, shared_dir, python, spool_dir) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        "partition_name, shared_dir, python, spool_dir, image_root, "
+                        "registries_file) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (name, slurm.slurmrestd, slurm.token_file, slurm.partition,
-                         slurm.shared_dir, slurm.python, slurm.spool_dir),
+                         slurm.shared_dir, slurm.python, slurm.spool_dir, slurm.image_root,
+                         slurm.registries_file),
                     )  # fmt: skip
                     for m in slurm.series:
                         await db.execute(
@@ -75,6 +76,8 @@ class Enrollment(StoreBase):
                     detail.update(slurmrestd=slurm.slurmrestd, token_file=slurm.token_file,
                                   partition=slurm.partition, shared_dir=slurm.shared_dir,
                                   python=slurm.python, spool_dir=slurm.spool_dir,
+                                  image_root=slurm.image_root,
+                                  registries_file=slurm.registries_file,
                                   series={m.series: [m.gres_type, m.constraint]
                                           for m in slurm.series})  # fmt: skip
                 await self.log_decision(db, now, "fleet created", detail)
@@ -84,14 +87,14 @@ class Enrollment(StoreBase):
     async def slurm_settings(self, fleet: str) -> SlurmSettings | None:
         """How the Fleet ``fleet`` reaches its Slurm cluster; None unless it is of kind slurm."""
         rows = await self.reader.execute_fetchall(
-            "SELECT slurmrestd_url, token_file, partition_name, shared_dir, python, spool_dir "
-            "FROM slurm_fleets WHERE fleet = ?",
+            "SELECT slurmrestd_url, token_file, partition_name, shared_dir, python, spool_dir, "
+            "image_root, registries_file FROM slurm_fleets WHERE fleet = ?",
             (fleet,),
         )
         found = list(rows)
         if not found:
             return None
-        url, token_file, partition, shared_dir, python, spool_dir = found[0]
+        url, token_file, partition, shared_dir, python, spool_dir, image_root, registries = found[0]
         mapped = await self.reader.execute_fetchall(
             "SELECT series, gres_type, node_constraint FROM slurm_fleet_series WHERE fleet = ? "
             "ORDER BY series",
@@ -100,7 +103,7 @@ class Enrollment(StoreBase):
         series = tuple(SlurmSeries(str(s), str(g), str(c)) for s, g, c in mapped)
         return SlurmSettings(
             str(url), str(token_file), str(partition), str(shared_dir), str(python),
-            str(spool_dir), series,
+            str(spool_dir), series, str(image_root), str(registries),
         )  # fmt: skip
 
     async def fleet_names(self) -> list[str]:

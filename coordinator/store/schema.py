@@ -10,7 +10,7 @@ Rules:
 
 from __future__ import annotations
 
-from .schema_slurm import SLURM_ATTEMPTS, SLURM_FLEETS, SLURM_SERIES_AND_EXITS
+from .schema_slurm import SLURM_ATTEMPTS, SLURM_FLEETS, SLURM_IMAGES, SLURM_SERIES_AND_EXITS
 
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
@@ -343,6 +343,10 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             # newest row until enough of that Job's rows turn up.
             "CREATE INDEX decisions_by_run ON decisions (run_id, id)",
         ),
+    ),
+    (
+        21,
+        (*SLURM_IMAGES,),
     ),
 )
 

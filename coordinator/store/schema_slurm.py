@@ -1,4 +1,4 @@
-"""The coordinator store's tables for Fleets of kind ``slurm`` (migrations 17 to 19 of
+"""The coordinator store's tables for Fleets of kind ``slurm`` (migrations 17 to 19 and 21 of
 :mod:`.schema`, which applies them in its order; the same rules hold: never edited once
 released, plain SQL that PostgreSQL also accepts).
 """
@@ -92,4 +92,14 @@ SLURM_SERIES_AND_EXITS: tuple[str, ...] = (
                 PRIMARY KEY (run_id, attempt, member_index),
                 FOREIGN KEY (run_id, attempt) REFERENCES attempts(run_id, number)
             )""",
+)
+
+#: Migration 21.
+SLURM_IMAGES: tuple[str, ...] = (
+    # Where a Fleet of kind 'slurm' runs image runtimes: a folder on each Slurm node's own
+    # storage where the step caches images ('' : the Fleet runs no images, and Preview
+    # refuses them), and a TOML file on every node with node.toml's
+    # [registries."host:port"] tables ('' : the system's CAs, no credentials).
+    "ALTER TABLE slurm_fleets ADD COLUMN image_root TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE slurm_fleets ADD COLUMN registries_file TEXT NOT NULL DEFAULT ''",
 )

@@ -57,6 +57,11 @@ class SlurmPartition:
     error: str = ""
     # How the Fleet asks Slurm for each Series it maps (its settings, not slurmrestd's answer).
     series: tuple[SlurmSeries, ...] = ()
+    # Where its Slurm step caches runtime images and the registries file its nodes read (its
+    # settings; "" when not set: the Fleet runs no images, or reaches registries with the
+    # system's CAs).
+    image_root: str = ""
+    registries_file: str = ""
 
 
 @attrs.frozen
@@ -144,3 +149,8 @@ class SlurmSettings:
     spool_dir: str = ""
     # The Series the Fleet maps, by name; none: every Series is asked as GPUs of any type.
     series: tuple[SlurmSeries, ...] = ()
+    # For image runtimes: a folder on each node's own storage where the Slurm step caches
+    # images ("": the Fleet runs no images; Preview refuses them), and a TOML file on every
+    # node with node.toml's [registries."host:port"] tables ("": the system's CAs).
+    image_root: str = ""
+    registries_file: str = ""

@@ -73,6 +73,8 @@ def _slurm_to_wire(slurm: SlurmPartition) -> v1.SlurmPartition:
             v1.SlurmSeries(series=m.series, gres_type=m.gres_type, constraint=m.constraint)
             for m in slurm.series
         ],
+        image_root=slurm.image_root,
+        registries_file=slurm.registries_file,
     )  # fmt: skip
 
 
@@ -89,6 +91,8 @@ def _slurm_from_wire(msg: v1.Fleet, sent: bool) -> SlurmPartition | None:
         ),
         error=s.error,
         series=tuple(SlurmSeries(m.series, m.gres_type, m.constraint) for m in s.series),
+        image_root=s.image_root,
+        registries_file=s.registries_file,
     )
 
 

@@ -578,6 +578,16 @@ class SlurmPartition(betterproto.Message):
     How the Fleet asks Slurm for each Series it maps (its settings); none: any GPU.
     """
 
+    image_root: str = betterproto.string_field(6)
+    """
+    Where the Slurm step caches runtime images on each node; "" : the Fleet runs no images.
+    """
+
+    registries_file: str = betterproto.string_field(7)
+    """
+    The registries file (node.toml's [registries] tables) on every node; "" : none.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class SlurmSeries(betterproto.Message):

@@ -86,7 +86,7 @@ def test_an_old_store_gets_the_index_and_the_job_page_reads_along_it(
             await store.close()
 
     version, (rows, older) = asyncio.run(migrated())
-    assert version == 20
+    assert version >= 20  # and any migration after it
     (index,) = _run_indexes(where)
     assert INDEX in index and "(run_id, id)" in index
     plan = _plan(where)

@@ -45,6 +45,8 @@ def check_settings(
     shared_dir: str = "",
     python: str = "python3",
     spool_dir: str = "",
+    image_root: str = "",
+    registries_file: str = "",
 ) -> SlurmSettings:
     """The settings, with the token file made absolute, or :class:`SlurmSettingsError`."""
     url = urlsplit(slurmrestd)
@@ -87,9 +89,31 @@ def check_settings(
             f"--spool-dir {spool_dir!r} is not an absolute path; give a folder on each Slurm "
             "node's own storage, e.g. /var/spool/tuneplane."
         )
+    check_image_settings(image_root, registries_file)
     return SlurmSettings(
-        slurmrestd.rstrip("/"), str(path), partition, shared_dir, python, spool_dir
-    )
+        slurmrestd.rstrip("/"), str(path), partition, shared_dir, python, spool_dir,
+        image_root=image_root, registries_file=registries_file,
+    )  # fmt: skip
+
+
+def check_image_settings(image_root: str, registries_file: str) -> None:
+    """``--image-root`` and ``--registries-file``: absolute paths on the Slurm nodes (neither
+    need exist on the coordinator's machine), the registries file only with an image root."""
+    if image_root and not Path(image_root).is_absolute():
+        raise SlurmSettingsError(
+            f"--image-root {image_root!r} is not an absolute path; give a folder on each Slurm "
+            "node's own storage where the step caches images, e.g. /var/cache/tuneplane-images."
+        )
+    if registries_file and not image_root:
+        raise SlurmSettingsError(
+            f"--registries-file {registries_file!r} is given without --image-root; a Fleet "
+            "runs images only with a folder to cache them in, so add --image-root too."
+        )
+    if registries_file and not Path(registries_file).is_absolute():
+        raise SlurmSettingsError(
+            f"--registries-file {registries_file!r} is not an absolute path; give the path of "
+            'the TOML file (node.toml\'s [registries."host:port"] tables) on every Slurm node.'
+        )
 
 
 async def probe_settings(settings: SlurmSettings) -> list[SlurmNode]:

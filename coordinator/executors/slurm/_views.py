@@ -36,4 +36,7 @@ async def partition_view(
             f"slurmrestd at {settings.slurmrestd} did not report partition "
             f"{settings.partition!r} within {timeout_s:g} s; check that it and slurmctld run."
         )
-    return SlurmPartition(settings.slurmrestd, settings.partition, nodes, error, settings.series)
+    return SlurmPartition(
+        settings.slurmrestd, settings.partition, nodes, error, settings.series,
+        settings.image_root, settings.registries_file,
+    )  # fmt: skip
