@@ -22,8 +22,9 @@ Rules:
   a requeued run's collector prefixes its source ids with ``restart-<r>/``, so its points are
   stored beside the first run's. Its spool is a private folder on this node, removed once it
   delivered everything.
-- No Node journal, account pool or sandbox: the workload runs as the Slurm job's user, which
-  Slurm chose. Image runtimes are not run here (Preview refuses them for a Slurm Fleet).
+- No Node journal or account pool: the workload runs as the Slurm job's user, which Slurm
+  chose. A host runtime runs with no sandbox; an image runtime runs in its image under
+  bubblewrap, the image made ready in the Fleet's image root (agent/slurm_image.py).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from . import runner_pyz
 from .collectors import DRAINED_MARKER, EXITED_MARKER, telemetry_dir, tensorboard_dir
 from .launch_plan import LaunchPlanError, member_env, plan_processes, workload_env
 from .prepare import CAPSULE_DIR, PrepareRefused, materialise, read_capsule
+from .slurm_image import SlurmImageError, image_of, plan_image
 from .supervision import MemberLaunch, write_launch
 
 EXIT_SETUP_FAILED = 1
@@ -229,10 +231,17 @@ def prepare_member(folder: Path, env: Mapping[str, str]) -> Placed:
         attempt.run_id, attempt.attempt, index, count, out_dir, telemetry_dir(out_dir),
         tensorboard_dir(out_dir), spec.parameter_env,
     )  # fmt: skip
-    base_env = workload_env(spec.env, ours, env.get("PATH") or DEFAULT_PATH, str(work))
     gpus = visible_gpus(env, attempt.gpus_per_member)
+    image = image_of(spec.runtime_id)
+    wrapper: tuple[str, ...] = ()
+    if image is None:
+        base_env = workload_env(spec.env, ours, env.get("PATH") or DEFAULT_PATH, str(work))
+        entrypoint = tuple(launch.entrypoint)
+    else:
+        planned = plan_image(attempt, image, work, out_dir, launch.entrypoint, spec.env, ours)
+        base_env, entrypoint, wrapper = planned.env, planned.entrypoint, planned.wrapper
     processes = plan_processes(
-        launch.launcher, launch.entrypoint, gpus, index, count, addr, port, base_env, work
+        launch.launcher, entrypoint, gpus, index, count, addr, port, base_env, work
     )
     write_launch(
         MemberLaunch(
@@ -245,6 +254,7 @@ def prepare_member(folder: Path, env: Mapping[str, str]) -> Placed:
             grace_period_s=spec.grace_period_s,
             stdout_path=here / "stdout.log",
             stderr_path=here / "stderr.log",
+            sandbox_argv=wrapper,
             sdk_path=work / CAPSULE_DIR / runner_pyz.RUNNER_PYZ,
         )
     )
@@ -262,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         attempt = read_attempt_file(folder)
     except (
         StepError,
+        SlurmImageError,
         AttemptFileError,
         PrepareRefused,
         LaunchPlanError,

@@ -142,15 +142,20 @@ class ApiService:
                     "Use a Profile of a Series it maps, or ask the coordinator's operator to "
                     f"create the Fleet with --series {s.series}=gres:gpu:TYPE.",
                 )
-            if slurm is not None and image_runtime(admitted.runtime_id) is not None:
-                # The Slurm step runs a member with the node's own interpreters: an image it
-                # would not run is refused, never run on the host instead.
+            if (
+                slurm is not None
+                and not slurm.image_root
+                and image_runtime(admitted.runtime_id) is not None
+            ):
+                # A Fleet with no image root has nowhere to cache an image: refused, never run
+                # with the node's own interpreter instead.
                 raise jobspec.JobSpecError(
                     "runtime_id",
                     admitted.runtime_id,
-                    f"names a runtime image, which the Fleet {s.fleet!r} (kind slurm) does not "
-                    "run: its members run with the Slurm nodes' own interpreters",
-                    "Submit without --image (a host runtime), or to a Fleet of Nodes.",
+                    f"names a runtime image, and the Fleet {s.fleet!r} (kind slurm) has no image "
+                    "root to cache images in on its nodes",
+                    "Submit without --image (a host runtime), or ask the coordinator's operator "
+                    "to create the Fleet with --image-root (and --registries-file).",
                 )
             admitted = await self._derive(admitted, stream)
             admitted = await self._pin_image(admitted)

@@ -310,7 +310,7 @@ class SlurmExecutor:
             row.run_id, row.attempt, row.members, row.gpus_per_member, resolved, capsule_files,
             capsule.digests(capsule_files),
             (gateways, *self._collectors.telemetry_fallbacks) if gateways else (), ca_pem,
-            settings.spool_dir,
+            settings.spool_dir, settings.image_root, settings.registries_file,
         ).to_json()  # fmt: skip
 
         def write() -> None:

@@ -90,6 +90,11 @@ class AttemptFile:
     ca_pem: str = ""
     # The folder on the node's own storage for the collector's spool ("": its temporary folder).
     spool_dir: str = ""
+    # For an image runtime: the folder on each node's own storage where the step caches images
+    # ("": the Fleet runs no images), and the node's TOML file saying how it reaches registries
+    # (node.toml's [registries."host:port"] tables; "": the system's CAs, no credentials).
+    image_root: str = ""
+    registries_file: str = ""
 
     def to_json(self) -> str:
         body = attrs.asdict(self)
@@ -123,6 +128,8 @@ def read_attempt_file(folder: Path) -> AttemptFile:
             gateways=tuple(str(g) for g in raw.get("gateways") or ()),
             ca_pem=str(raw.get("ca_pem") or ""),
             spool_dir=str(raw.get("spool_dir") or ""),
+            image_root=str(raw.get("image_root") or ""),
+            registries_file=str(raw.get("registries_file") or ""),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise AttemptFileError(f"{path} lacks or garbles the field {exc}.") from None

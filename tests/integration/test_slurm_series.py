@@ -7,7 +7,8 @@ whose node has GPUs of the gpu GRES type ``h200`` and the node feature ``tpnode`
 - A Series mapped to what the cluster lacks (``h100=gres:gpu:h100``) is refused by slurmctld
   at submit, and the Job fails with Slurm's words.
 - A Series the Fleet does not map is refused at Preview with a sentence naming the Series, and
-  so is an image runtime (a Slurm node runs members with its own interpreters).
+  so is an image runtime on a Fleet made without --image-root (nothing submitted to Slurm;
+  images on a Fleet made with it: tests/integration/test_slurm_images.py).
 - A malformed ``--series`` is refused with a sentence naming the flag, and no Fleet is made.
 """
 
@@ -104,9 +105,11 @@ def test_series_are_asked_as_their_gres_type_or_node_feature(
             refused.stderr
         ), refused.stderr
 
-        # An image runtime is refused at Preview, before any registry is asked, never run with
-        # the node's own interpreter instead; nothing is queued.
+        # An image runtime is refused at Preview on a Fleet made without --image-root, before
+        # any registry is asked, never run with the node's own interpreter instead; nothing is
+        # queued and nothing is submitted to Slurm.
         jobs_before = json.loads(tp(coord, "job", "ls", "--json"))
+        slurm_before = cluster.client("squeue", "-h", "-t", "all", "-o", "%i").split()
         imaged = subprocess.run(
             [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
              str(coord.context_path), "submit", "job", "--profile", "hpc:1", "--image",
@@ -114,7 +117,9 @@ def test_series_are_asked_as_their_gres_type_or_node_feature(
             cwd=root, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert imaged.returncode != 0
-        assert "names a runtime image, which the Fleet 'hpc' (kind slurm) does not run" in (
+        assert "the Fleet 'hpc' (kind slurm) has no image root to cache images in" in (
             imaged.stderr
         ), imaged.stderr
+        assert "--image-root" in imaged.stderr, imaged.stderr
         assert json.loads(tp(coord, "job", "ls", "--json")) == jobs_before
+        assert cluster.client("squeue", "-h", "-t", "all", "-o", "%i").split() == slurm_before
