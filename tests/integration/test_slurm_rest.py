@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 from tests.support.slurm import GPUS_PER_NODE, SlurmCluster, slurm_cluster
+from tuneplane.coordinator.demo.slurm import URGENT_PARTITION
 from tuneplane.coordinator.executors.slurm import (
     ExitStatus,
     JobRequest,
@@ -101,7 +102,8 @@ def test_the_partition_lists_its_node_and_gpus(cluster: SlurmCluster) -> None:
     nodes = with_rest(cluster, lambda rest: rest.partition_nodes(cluster.partition))
     assert [n.name for n in nodes] == [cluster.host]
     node = nodes[0]
-    assert node.gpus == GPUS_PER_NODE and node.partitions == (cluster.partition,)
+    # Its partitions: the default one and the urgent one whose jobs preempt it.
+    assert node.gpus == GPUS_PER_NODE and node.partitions == (cluster.partition, URGENT_PARTITION)
     assert node.state in ("idle", "mixed", "allocated") and node.cpus >= 1
 
 
@@ -154,9 +156,17 @@ def test_a_running_job_cancelled_ends_cancelled_by_sigterm(cluster: SlurmCluster
 def test_a_running_job_signalled_with_sigterm_is_not_cancelled_but_fails(
     cluster: SlurmCluster,
 ) -> None:
+    name = attempt_name()
+    started = cluster.root / f"{name}.started"
+
     async def work(rest: SlurmRest) -> SlurmJob:
-        job_id = await rest.submit(request(cluster, attempt_name(), "exec sleep 300"))
-        await wait_for(rest, job_id, lambda j: j.slurm_state == "RUNNING")
+        script = f"touch {started}\nexec sleep 300"
+        job_id = await rest.submit(request(cluster, name, script))
+        # RUNNING is Slurm's word once the job has its node, before the script runs: a signal
+        # sent then meets no process. Signal once the script has started.
+        with anyio.fail_after(JOB_TIMEOUT_S):
+            while not started.exists():
+                await anyio.sleep(0.05)
         await rest.signal(job_id, 15)
         return await wait_for(rest, job_id, ended)
 
