@@ -2,11 +2,14 @@
 (``image:<registry>/<name>@sha256:…``) runs in that image under bubblewrap, as on a Node.
 
 Rules:
-- The image is made ready in the Fleet's image root (``--image-root``, a folder on the node's
-  own storage, in attempt.json) by the Node's own cache (:class:`~.image_cache.ImageCache`):
-  pulled, verified by digest and unpacked once. Several Slurm jobs on one node share that
-  folder, so the step holds an exclusive ``flock`` on :data:`LOCK_FILE` in it while it makes
-  the image ready; a step that finds the image ready pulls nothing.
+- The image is made ready under the Fleet's image root (``--image-root``, a folder on the
+  node's own storage, in attempt.json), in the job user's own cache ``uid-<uid>``
+  (:func:`user_cache`: owned by that user and writable by no one else, so no user can change
+  the image another user's member runs in), by the Node's own cache
+  (:class:`~.image_cache.ImageCache`): pulled, verified by digest and unpacked once. Several
+  Slurm jobs of one user on one node share that folder, so the step holds an exclusive
+  ``flock`` on :data:`LOCK_FILE` in it while it makes the image ready; a step that finds the
+  image ready pulls nothing.
 - The registries are reached as the Fleet's registries file says (``--registries-file``, on
   every node; node.toml's ``[registries."host:port"]`` tables, read by the same parser,
   :func:`~.config_registries.registries_settings`). No file: the system's CAs, no credentials.
@@ -24,7 +27,10 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import os
+import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -88,6 +94,42 @@ def read_registries(path: str) -> dict[str, RegistryAccess]:
         raise SlurmImageError(str(exc)) from None
 
 
+def user_cache(image_root: Path, uid: int) -> Path:
+    """This user's own image cache under the Fleet's image root: ``uid-<uid>``, a folder of
+    its own (made 0700 when missing), never a link, owned by ``uid`` and writable by nobody
+    else; :class:`SlurmImageError` otherwise, with nothing in it touched.
+
+    Slurm jobs on one node run as different users, so a cache they shared would let one user
+    change the image another user's member runs in. The image root itself is the operator's
+    (mode 1777, like /tmp, so each user can make their own folder and remove no one else's)."""
+    mine = image_root / f"uid-{uid}"
+    try:
+        image_root.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # checked below, whatever it is
+            mine.mkdir(mode=0o700)
+        found = mine.lstat()
+    except OSError as exc:
+        raise SlurmImageError(
+            f"The Fleet's image root {image_root} cannot be used on this node ({exc}); make it "
+            "a folder every Slurm user may create their own folder in (mode 1777, like /tmp) on "
+            "every node, or create the Fleet with another --image-root."
+        ) from None
+    if (
+        not stat.S_ISDIR(found.st_mode)
+        or found.st_uid != uid
+        or found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        kind = "a link" if stat.S_ISLNK(found.st_mode) else (
+            "a folder" if stat.S_ISDIR(found.st_mode) else "a file")  # fmt: skip
+        raise SlurmImageError(
+            f"The image cache {mine} is {kind} owned by uid {found.st_uid} with mode "
+            f"{stat.S_IMODE(found.st_mode):04o}, not uid {uid}'s own folder that no one else can "
+            f"write; an image in it cannot be trusted. Remove it (the step makes it again, 0700, "
+            f"owned by uid {uid}) and find out who made it."
+        )
+    return mine
+
+
 def ready_image(
     image_root: Path, registries: Mapping[str, RegistryAccess], ref: ImageRef
 ) -> ReadyImage:
@@ -139,7 +181,8 @@ def plan_image(
             f"The Job's runtime is the image {ref}, and attempt.json names no image root; the "
             "Fleet must be created with --image-root for image runtimes."
         )
-    image = ready_image(Path(attempt.image_root), read_registries(attempt.registries_file), ref)
+    cache = user_cache(Path(attempt.image_root), os.getuid())
+    image = ready_image(cache, read_registries(attempt.registries_file), ref)
     gpus = attempt.gpus_per_member > 0
     try:
         box = sandbox_of(

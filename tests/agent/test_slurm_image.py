@@ -1,12 +1,15 @@
 """The pure parts of image runtimes on a Slurm Fleet: which runtimes are images, how the Fleet's
 registries file is read (node.toml's parser), attempt.json carrying the image settings, a step
-given no image root refusing with a sentence, and the Fleet settings' checks. (End to end:
+given no image root refusing with a sentence, each user's own cache under the image root (and
+the refusal of one another user could have written), and the Fleet settings' checks. (End to end:
 tests/integration/test_slurm_images.py.)
 """
 
 from __future__ import annotations
 
 import fcntl
+import os
+import stat
 import threading
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from tuneplane.agent.slurm_image import (
     plan_image,
     read_registries,
     ready_image,
+    user_cache,
 )
 from tuneplane.coordinator.executors.slurm._settings import (
     SlurmSettingsError,
@@ -120,3 +124,62 @@ def test_the_fleets_image_settings_are_checked_with_sentences_naming_the_option(
         check_image_settings("", "/etc/tp/registries.toml")
     with pytest.raises(SlurmSettingsError, match=r"--registries-file 'reg\.toml' is not an abs"):
         check_image_settings("/var/cache/tp-images", "reg.toml")
+
+
+def test_each_user_gets_a_cache_of_their_own_under_the_image_root(tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    mine = user_cache(root, os.getuid())
+    assert mine == root / f"uid-{os.getuid()}"
+    found = mine.lstat()
+    assert stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid()
+    assert stat.S_IMODE(found.st_mode) == 0o700
+    assert user_cache(root, os.getuid()) == mine  # found again as it is
+
+
+def _unchanged(path: Path) -> tuple[int, int, int, list[str]]:
+    st = path.lstat()
+    listed = sorted(p.name for p in path.iterdir()) if stat.S_ISDIR(st.st_mode) else []
+    return st.st_mode, st.st_uid, st.st_ino, listed
+
+
+def test_a_cache_another_user_could_write_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """What another user on the node could leave in a shared image root (mode 1777) before this
+    user's first image job: a folder others may write, a link to their own folder, a file. Each
+    is refused with a sentence, and nothing in it is touched."""
+    root = tmp_path / "images"
+    root.mkdir()
+    root.chmod(0o1777)
+    uid = os.getuid()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "roots").mkdir()
+    for kind in ("a folder", "a link", "a file"):
+        planted = root / f"uid-{uid}"
+        if kind == "a folder":
+            planted.mkdir()
+            planted.chmod(0o777)
+        elif kind == "a link":
+            planted.symlink_to(theirs)
+        else:
+            planted.write_text("not a cache")
+        before = _unchanged(planted)
+        with pytest.raises(SlurmImageError, match=f"is {kind} owned by uid .* cannot be trusted"):
+            user_cache(root, uid)
+        assert _unchanged(planted) == before
+        assert sorted(p.name for p in theirs.iterdir()) == ["roots"]
+        if planted.is_symlink() or planted.is_file():
+            planted.unlink()
+        else:
+            planted.rmdir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="this test needs root to give a folder away")
+def test_a_cache_owned_by_another_uid_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    planted = root / "uid-0"
+    planted.mkdir(parents=True, mode=0o700)
+    os.chown(planted, 65534, 65534)  # nobody's, not root's
+    before = _unchanged(planted)
+    with pytest.raises(SlurmImageError, match=r"owned by uid 65534 .* not uid 0's own folder"):
+        user_cache(root, 0)
+    assert _unchanged(planted) == before

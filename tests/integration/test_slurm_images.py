@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 import sys
 import tarfile
 from collections.abc import Iterator
@@ -135,8 +137,10 @@ def test_a_job_runs_in_its_image_on_a_slurm_node(
         assert MARKER_TEXT in logs, logs
         assert rootfs.BUSYBOX_OS_RELEASE in logs, logs  # the image's /, not the host's
         assert (member(shared, run_id) / "stdout.log").read_text() == logs
-        # The step cached the image in the Fleet's image root on the node.
-        assert list((tmp_path / "images" / "roots").iterdir())
+        # The step cached the image in the job user's own cache under the Fleet's image root.
+        mine = tmp_path / "images" / f"uid-{os.getuid()}"
+        assert list((mine / "roots").iterdir())
+        assert (mine.stat().st_uid, stat.S_IMODE(mine.stat().st_mode)) == (os.getuid(), 0o700)
 
         # A node that lacks the registry's CA cannot pull it: the member fails with a sentence.
         nocat = _fleet(coord, cluster, "nocat", tmp_path, "")
