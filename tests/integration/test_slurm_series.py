@@ -15,7 +15,6 @@ whose node has GPUs of the gpu GRES type ``h200`` and the node feature ``tpnode`
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent.jobs import tp
+from tests.cli.tp_process import run_tp_as
 from tests.faults.jobs import project, submit
 from tests.integration.test_slurm_jobs import member, submitted, wait_state
 from tests.support.coordinator import start_coordinator
@@ -95,11 +95,8 @@ def test_series_are_asked_as_their_gres_type_or_node_feature(
         failed = wait_state(coord, lacking, "failed")
         assert "Slurm refused to submit the job" in failed["state_reason"], failed
 
-        refused = subprocess.run(
-            [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
-             str(coord.context_path), "submit", "job", "--profile", "hpc-b200:1", "--yes"],
-            cwd=root, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        refused = run_tp_as(coord, None, "submit", "job", "--profile", "hpc-b200:1", "--yes",
+                            cwd=root)  # fmt: skip
         assert refused.returncode != 0
         assert "asks for the Series 'b200', which the Fleet 'hpc' (kind slurm) does not map" in (
             refused.stderr
@@ -110,12 +107,9 @@ def test_series_are_asked_as_their_gres_type_or_node_feature(
         # queued and nothing is submitted to Slurm.
         jobs_before = json.loads(tp(coord, "job", "ls", "--json"))
         slurm_before = cluster.client("squeue", "-h", "-t", "all", "-o", "%i").split()
-        imaged = subprocess.run(
-            [sys.executable, "-m", "tuneplane.coordinator.cli.tp", "--context",
-             str(coord.context_path), "submit", "job", "--profile", "hpc:1", "--image",
-             f"127.0.0.1:9/team/app@sha256:{'a' * 64}", "--yes"],
-            cwd=root, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        imaged = run_tp_as(coord, None, "submit", "job", "--profile", "hpc:1", "--image",
+                           f"127.0.0.1:9/team/app@sha256:{'a' * 64}", "--yes",
+                           cwd=root)  # fmt: skip
         assert imaged.returncode != 0
         assert "the Fleet 'hpc' (kind slurm) has no image root to cache images in" in (
             imaged.stderr
