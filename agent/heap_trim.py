@@ -32,7 +32,12 @@ def malloc_trim() -> Callable[[int], int] | None:
 async def trim_heap_loop(interval_s: float = TRIM_INTERVAL_S) -> None:
     """Trim the heap every ``interval_s`` for as long as it runs (returns at once without
     ``malloc_trim``)."""
-    trim = malloc_trim()
+    await trim_every(interval_s, malloc_trim())
+
+
+async def trim_every(interval_s: float, trim: Callable[[int], int] | None) -> None:
+    """Call ``trim(0)`` every ``interval_s``, the first time one interval after the start;
+    return at once when there is no ``trim``."""
     if trim is None:
         return
     while True:
