@@ -56,12 +56,12 @@ async def test_a_pool_account_is_given_back_with_nothing_running_and_root_owning
         release_paths=(str(work), str(launch.out_dir)),
     )  # fmt: skip
     member_dir = prepared(attrs.evolve(launch, run_as=run_as))
-    started = subprocess.run(
-        [sys.executable, "-m", "tuneplane.runner", str(member_dir)],
-        capture_output=True, text=True, timeout=30, check=False, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert started.returncode == EXIT_STARTED, started.stderr
     with trio.fail_after(30):
+        started = await trio.run_process(
+            [sys.executable, "-m", "tuneplane.runner", str(member_dir)],
+            capture_stdout=True, capture_stderr=True, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert started.returncode == EXIT_STARTED, started.stderr
         ended = await wait_observation(member_dir, Exited, timeout_s=30)
     assert isinstance(ended, Exited) and ended.exit_code == 0, ended
     # By the time exit.json exists, nothing of the account runs, zombies included.
