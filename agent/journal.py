@@ -257,6 +257,7 @@ class Journal(JournalGpus):
         the report.
         """
         reports: list[PendingReport] = []
+        records: list[MemberRecord] = []
 
         async def fn(db: aiosqlite.Connection) -> None:
             rows = await fetchall(
@@ -277,9 +278,14 @@ class Journal(JournalGpus):
             if rendezvous is not None:
                 sets += ["master_addr = ?", "master_port = ?"]
                 args += [rendezvous[0], rendezvous[1]]
-            await db.execute(
-                f"UPDATE members SET {', '.join(sets)} WHERE member_key = ?", [*args, str(key)]
+            # The record after the change, as the row now reads: no read-back afterwards.
+            updated = await fetchall(
+                db,
+                f"UPDATE members SET {', '.join(sets)} WHERE member_key = ? "
+                f"RETURNING {MEMBER_COLUMNS}",
+                [*args, str(key)],
             )
+            records.append(member_from_row(updated[0]))
             if extra is not None:
                 await insert_event(
                     db, at_ms, str(key), extra.kind, None, None, extra.reason, extra.details
@@ -317,13 +323,13 @@ class Journal(JournalGpus):
             elif after not in OWNS_GPUS:
                 await db.execute("DELETE FROM gpu_ownership WHERE member_key = ?", (str(key),))
             if after in REPORTED:
+                # The meta row keeps the next number as text; it is counted up in place.
                 seq_rows = await fetchall(
-                    db, "SELECT value FROM meta WHERE key = 'next_report_seq'"
+                    db,
+                    "UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) "
+                    "WHERE key = 'next_report_seq' RETURNING value",
                 )
-                seq = int(seq_rows[0][0])
-                await db.execute(
-                    "UPDATE meta SET value = ? WHERE key = 'next_report_seq'", (str(seq + 1),)
-                )
+                seq = int(seq_rows[0][0]) - 1
                 row = (
                     seq,
                     str(key),
@@ -345,8 +351,7 @@ class Journal(JournalGpus):
 
         await self.write(fn)
         self.changes.note(key)
-        record = await self.member(key)
-        assert record is not None
+        record = records[0]
         # The report is built from what the transaction wrote, not read back: once committed,
         # the session may already have sent it, had it acknowledged and deleted the row.
         return record, (reports[0] if reports else None)

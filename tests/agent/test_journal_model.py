@@ -85,7 +85,9 @@ async def test_journal_matches_the_model(program: list[tuple[str, int, object]])
                             for g in gpus[j]
                         }  # fmt: skip
                         try:
-                            _, report = await journal.transition(key(i), arg, 2)
+                            moved, report = await journal.transition(
+                                key(i), arg, 2, reason=f"move {len(before_events)}"
+                            )
                         except IllegalTransition:
                             assert want is None
                             assert await journal.events() == before_events
@@ -96,8 +98,12 @@ async def test_journal_matches_the_model(program: list[tuple[str, int, object]])
                             continue
                         assert want is not None
                         states[i] = want
+                        # The record returned is the one the journal now holds.
+                        assert moved == await journal.member(key(i))
+                        assert moved.reason == f"move {len(before_events)}"
                         if report is not None:
-                            assert report.report_seq > last_seq
+                            # Reports are numbered one after another, across reopens too.
+                            assert report.report_seq == last_seq + 1
                             last_seq = report.report_seq
                             pending.add(report.report_seq)
                     elif op == "ack":
