@@ -117,14 +117,15 @@ class MemberRunner:
         write_json_atomic(self.member_dir / RUNNER_FILE, record.to_json())
 
     def start(self) -> None:
-        """Install signal handling, record the runner, start every local process, record them.
+        """Install signal handling, start every local process, then record the runner and them.
 
-        Signals arrive from here on (a stop that comes before the processes exist is queued).
-        A process that cannot be exec'd is a member failure (exit code 127), not a start failure.
+        Until ``runner.json`` exists the launch claim names the runner (pid and start time, the
+        same identity), so nothing is written twice before the processes start. Signals arrive
+        from here on (a stop that comes before the processes exist is queued). A process that
+        cannot be exec'd is a member failure (exit code 127), not a start failure.
         """
         member = self.member
         self._install_signals()
-        self._record()
         Path(member.out_dir).mkdir(parents=True, exist_ok=True)
         root = Path(member.sdk_path) if member.sdk_path else sdk_root(self.member_dir / "sdk")
         account = member.account
