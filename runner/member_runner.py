@@ -37,16 +37,15 @@ EXIT_NOT_STARTED = 127
 RELEASE_TIMEOUT_S = 10.0
 
 
-def _workload_preexec(sandboxed: bool) -> None:
-    """Runs in the forked child after subprocess switched groups, gid and uid, before exec.
+def _sandbox_preexec() -> None:
+    """Runs in the forked child of a sandboxed process, after subprocess switched groups, gid
+    and uid, before exec.
 
-    Under the sandbox, bubblewrap itself ignores SIGTERM so that a stop reaches the workload
-    (``env --default-signal=TERM`` restores it there) and bubblewrap exits only with the
-    workload, keeping the grace period; SIGKILL still ends bubblewrap and its whole sandbox.
+    Bubblewrap itself ignores SIGTERM so that a stop reaches the workload (``env
+    --default-signal=TERM`` restores it there) and bubblewrap exits only with the workload,
+    keeping the grace period; SIGKILL still ends bubblewrap and its whole sandbox.
     """
-    no_new_privileges()
-    if sandboxed:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def has_children() -> bool:
@@ -126,6 +125,10 @@ class MemberRunner:
         """
         member = self.member
         self._install_signals()
+        # No exec from here on gains privileges (setuid bits, file capabilities). Set on the
+        # runner, it is inherited by every local process and kept across their exec, so an
+        # unsandboxed child runs no Python between its fork and its exec (about 0.8 ms each).
+        no_new_privileges()
         Path(member.out_dir).mkdir(parents=True, exist_ok=True)
         root = Path(member.sdk_path) if member.sdk_path else sdk_root(self.member_dir / "sdk")
         account = member.account
@@ -145,7 +148,7 @@ class MemberRunner:
                         stderr=err,
                         process_group=0,
                         close_fds=True,
-                        preexec_fn=lambda: _workload_preexec(bool(sandbox)),
+                        preexec_fn=_sandbox_preexec if sandbox else None,
                         user=account.uid if account else None,
                         group=account.gid if account else None,
                         extra_groups=list(account.groups) if account else None,
