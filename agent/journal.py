@@ -186,14 +186,17 @@ class Journal(JournalGpus):
 
     async def create_member(self, new: NewMember, at_ms: int) -> MemberRecord:
         """Journal a member in ``preparing``. Raises :class:`MemberExists` on a repeat."""
+        records: list[MemberRecord] = []
 
         async def fn(db: aiosqlite.Connection) -> None:
             try:
-                await db.execute(
+                # The record returned is the row as inserted: no read-back afterwards.
+                inserted = await fetchall(
+                    db,
                     "INSERT INTO members (member_key, run_id, attempt, member_index, state, "
                     "created_at_ms, updated_at_ms, member_count, gpu_indexes, member_dir, "
                     "out_dir, grace_period_s, gpu_uuids) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {MEMBER_COLUMNS}",
                     (
                         str(new.key),
                         new.key.run_id,
@@ -212,6 +215,7 @@ class Journal(JournalGpus):
                 )
             except sqlite3.IntegrityError:
                 raise MemberExists(f"Member {new.key} is already in the journal.") from None
+            records.append(member_from_row(inserted[0]))
             await insert_event(
                 db,
                 at_ms,
@@ -229,9 +233,7 @@ class Journal(JournalGpus):
 
         await self.write(fn)
         self.changes.note(new.key)
-        record = await self.member(new.key)
-        assert record is not None
-        return record
+        return records[0]
 
     async def transition(
         self,

@@ -38,6 +38,7 @@ from .journal_records import (
     IMAGE_PULL_STARTED,
     IMAGE_READY,
     GpuAlreadyOwned,
+    MemberExists,
     MemberKey,
     MemberRecord,
     NewMember,
@@ -149,21 +150,6 @@ class MemberPrepares(MemberBase):
 
     async def prepare(self, cmd: m.Prepare) -> None:
         key = cmd.key
-        existing = await self.journal.member(key)
-        if existing is not None:
-            if existing.state is S.PREPARING and key in self.preparations:
-                # A resent Prepare (a reconnect) while the image is pulled: the answer comes
-                # when the pull ends, as for the first one.
-                log.info("prepare repeated while its image is prepared member=%s image=%s", key,
-                         self.preparations[key].image)  # fmt: skip
-                return
-            log.info("prepare repeated run_id=%s member=%s state=%s", key.run_id, key,
-                     existing.state.value)  # fmt: skip
-            await self.publish(self.prepare_answer(existing))
-            return
-        if self.runner_template is not None:
-            # Its imports overlap this Prepare and the Commit: the launch then only forks it.
-            self.nursery.start_soon(self.runner_template.warm)
         spec: jobspec.JobSpec | None = None
         spec_error = ""
         try:
@@ -176,18 +162,26 @@ class MemberPrepares(MemberBase):
         uuids = cmd.gpu_uuids or tuple(
             gpu.uuid if (gpu := inventory.gpu(i)) is not None else "" for i in cmd.gpu_indexes
         )
-        await self.journal.create_member(
-            NewMember(
-                key=key,
-                member_count=cmd.member_count,
-                gpu_indexes=cmd.gpu_indexes,
-                gpu_uuids=uuids if len(uuids) == len(cmd.gpu_indexes) else (),
-                member_dir=str(member_dir),
-                out_dir=str(out_dir_for(self.out_root, key)),
-                grace_period_s=spec.grace_period_s if spec else 30,
-            ),
-            now_ms(),
-        )
+        try:
+            # A repeat is found by the insert itself: the first Prepare reads nothing before it.
+            await self.journal.create_member(
+                NewMember(
+                    key=key,
+                    member_count=cmd.member_count,
+                    gpu_indexes=cmd.gpu_indexes,
+                    gpu_uuids=uuids if len(uuids) == len(cmd.gpu_indexes) else (),
+                    member_dir=str(member_dir),
+                    out_dir=str(out_dir_for(self.out_root, key)),
+                    grace_period_s=spec.grace_period_s if spec else 30,
+                ),
+                now_ms(),
+            )
+        except MemberExists:
+            await self._prepare_repeated(key)
+            return
+        if self.runner_template is not None:
+            # Its imports overlap this Prepare and the Commit: the launch then only forks it.
+            self.nursery.start_soon(self.runner_template.warm)
         try:
             if spec is None:
                 raise PrepareRefused(spec_error)
@@ -206,6 +200,21 @@ class MemberPrepares(MemberBase):
             return
         async with self.prepare_lock:
             await self._complete(cmd, spec, runtime, uuids)
+
+    async def _prepare_repeated(self, key: MemberKey) -> None:
+        """Answer a Prepare for a member the journal already holds, from what it holds."""
+        existing = await self.journal.member(key)
+        # The insert found the row, and the journal never removes a member.
+        assert existing is not None
+        if existing.state is S.PREPARING and key in self.preparations:
+            # A resent Prepare (a reconnect) while the image is pulled: the answer comes when
+            # the pull ends, as for the first one.
+            log.info("prepare repeated while its image is prepared member=%s image=%s", key,
+                     self.preparations[key].image)  # fmt: skip
+            return
+        log.info("prepare repeated run_id=%s member=%s state=%s", key.run_id, key,
+                 existing.state.value)  # fmt: skip
+        await self.publish(self.prepare_answer(existing))
 
     async def _refuse(self, key: MemberKey, reason: str) -> None:
         """Journal the member's Prepare as failed with ``reason`` (its GPUs were never owned),
@@ -233,14 +242,10 @@ class MemberPrepares(MemberBase):
             # The lease is on disk before any file is written for the member, so a crash here
             # still holds the account until the member is failed on replay.
             held, ended, through = await self._pool_leases(key)
-            lease = accounts.lease_for(
-                self.policy, held, work_dir_for(self.work_root, key), cmd.owner
-            )
-            accounts.write_lease(member_dir, lease)
-            log.info("account leased member=%s account=%s uid=%d mode=%s work_dir=%s", key,
-                     lease.account.name, lease.account.uid, lease.mode, lease.work_dir)  # fmt: skip
-            work = await trio.to_thread.run_sync(
-                self._materialise, member_dir, lease, cmd, spec.source_files, ended
+            # In a worker thread, with the files: choosing a pool account looks through the
+            # process table, and the lease is fsynced before anything else is written.
+            lease, work = await trio.to_thread.run_sync(
+                self._lease_and_materialise, member_dir, held, cmd, spec.source_files, ended
             )  # fmt: skip
             self.reclaimed_through = max(self.reclaimed_through, through)
             if spec.init_from_source is not None:
@@ -473,6 +478,22 @@ class MemberPrepares(MemberBase):
                 _, paths = folders.setdefault(lease.account.name, (lease.account, []))
                 paths += [lease.work_dir, Path(record.out_dir)]
         return held, list(folders.values()), through
+
+    def _lease_and_materialise(
+        self,
+        member_dir: Path,
+        held: set[str],
+        cmd: m.Prepare,
+        sources: Mapping[str, str],
+        ended: list[tuple[accounts.Account, list[Path]]],
+    ) -> tuple[accounts.Lease, Path]:
+        """Lease the member's account and record the lease durably, then write its files."""
+        key = cmd.key
+        lease = accounts.lease_for(self.policy, held, work_dir_for(self.work_root, key), cmd.owner)
+        accounts.write_lease(member_dir, lease)
+        log.info("account leased member=%s account=%s uid=%d mode=%s work_dir=%s", key,
+                 lease.account.name, lease.account.uid, lease.mode, lease.work_dir)  # fmt: skip
+        return lease, self._materialise(member_dir, lease, cmd, sources, ended)
 
     def _materialise(
         self,

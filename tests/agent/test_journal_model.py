@@ -74,7 +74,8 @@ async def test_journal_matches_the_model(program: list[tuple[str, int, object]])
                             except MemberExists:
                                 continue
                             raise AssertionError("a member was created twice")
-                        await journal.create_member(new, 1)
+                        created = await journal.create_member(new, 1)
+                        assert created == await journal.member(key(i))
                         states[i], gpus[i] = MemberState.PREPARING, uuids
                     elif op == "move" and i in states:
                         assert isinstance(arg, MemberEvent)
