@@ -113,6 +113,9 @@ def make_dirs(directory: Path, dir_sync: DirSync | None = None) -> None:
             dir_sync.add(created.parent)
 
 
-def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
+def write_json_atomic(
+    path: Path, data: Any, mode: int = 0o644, *, dir_sync: DirSync | None = None
+) -> None:
     """:func:`write_atomic` of ``data`` as JSON (sorted keys, indented, a final newline)."""
-    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), mode)
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    write_atomic(path, text.encode(), mode, dir_sync=dir_sync)

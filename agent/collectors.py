@@ -53,7 +53,7 @@ from tuneplane.collector.defaults import (
 
 from . import daemon_log
 from . import messages as m
-from .atomic_file import write_atomic, write_json_atomic
+from .atomic_file import DirSync, write_atomic, write_json_atomic
 from .collector_template import CollectorTemplate
 from .journal import Journal
 from .journal_records import MemberKey, MemberRecord
@@ -177,13 +177,19 @@ class CollectorSupervisor:
     def _write_credential(
         self, key: MemberKey, credential: str, gateway: str, fallbacks: tuple[str, ...] = ()
     ) -> None:
+        # Both files, and the member's folder if it is new, are durable before this returns
+        # (the Commit is journaled after it), with each directory fsynced once.
+        synced = DirSync()
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder = self.directory(key)
-        folder.mkdir(mode=0o700, exist_ok=True)
+        if not folder.exists():
+            folder.mkdir(mode=0o700)
+            synced.add(self.root)
         folder.chmod(0o700)
         config = {"gateway": gateway, "fallbacks": list(fallbacks), "ca": str(self.ca_path)}
-        write_json_atomic(folder / CONFIG_FILE, config)
-        write_atomic(folder / CREDENTIAL_FILE, (credential + "\n").encode(), 0o600)
+        write_json_atomic(folder / CONFIG_FILE, config, dir_sync=synced)
+        write_atomic(folder / CREDENTIAL_FILE, (credential + "\n").encode(), 0o600, dir_sync=synced)
+        synced.flush()
 
     async def run(self) -> None:
         """Reconcile until cancelled; every collector process is owned by this nursery."""
