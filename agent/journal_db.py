@@ -79,6 +79,18 @@ class JournalDb:
         async with self._lock:
             return await run_aio(fetchall, self._db, sql, args)
 
+    async def read_if_changed(
+        self, queries: Sequence[str], seen_version: int | None
+    ) -> tuple[int, list[list[Any]] | None]:
+        """SQLite's ``data_version`` and each query's rows, in one trip; the rows are None when
+        the version is still ``seen_version``.
+
+        The version moves only when another connection (another process) committed: a caller
+        that caches what it read must also drop that cache after its own writes.
+        """
+        async with self._lock:
+            return await run_aio(_aio_read_if_changed, self._db, queries, seen_version)
+
     async def write(self, fn: Any, *args: Any) -> Any:
         """Run ``fn(db, *args)`` as one transaction, serialised and shielded; return its result."""
         async with self._lock:
@@ -113,6 +125,15 @@ async def insert_health(db: aiosqlite.Connection, r: NewHealthEvent) -> None:
         "recovery_action) VALUES (?, ?, ?, ?, ?, ?, ?)",
         (r.uuid, r.at_ms, r.kind, r.actor, r.reason, r.through_xid_id, r.recovery_action),
     )
+
+
+async def _aio_read_if_changed(
+    db: aiosqlite.Connection, queries: Sequence[str], seen_version: int | None
+) -> tuple[int, list[list[Any]] | None]:
+    ((version,),) = await fetchall(db, "PRAGMA data_version")
+    if version == seen_version:
+        return version, None
+    return version, [await fetchall(db, sql) for sql in queries]
 
 
 async def _aio_transaction(

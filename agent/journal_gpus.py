@@ -100,11 +100,33 @@ class JournalGpus(JournalDb):
 
     # --- GPU health: XIDs and clears -----------------------------------------------------------
 
+    #: The last book read and the ``data_version`` it was read at; None after a write here.
+    _xid_cache: tuple[int, XidBook] | None = None
+
     async def xid_book(self) -> XidBook:
-        """Every XID and GPU health event in the journal, as the book that judges them."""
-        xids = await self.read(f"SELECT {XID_COLUMNS} FROM gpu_xids ORDER BY id")
-        events = await self.read(f"SELECT {HEALTH_COLUMNS} FROM gpu_health_events ORDER BY id")
-        return XidBook.of(map(xid_from_row, xids), map(health_from_row, events))
+        """Every XID and GPU health event in the journal, as the book that judges them.
+
+        Every inventory refresh (and every launch) asks; the rows are read again only when they
+        may have changed: this journal's own writes to them drop the cached book, and SQLite's
+        ``data_version`` moves when another process (``tuneplane-node gpu clear``) committed.
+        """
+        seen = self._xid_cache[0] if self._xid_cache is not None else None
+        version, rows = await self.read_if_changed(
+            (
+                f"SELECT {XID_COLUMNS} FROM gpu_xids ORDER BY id",
+                f"SELECT {HEALTH_COLUMNS} FROM gpu_health_events ORDER BY id",
+            ),
+            seen,
+        )
+        if rows is None and self._xid_cache is not None:
+            return self._xid_cache[1]
+        if rows is None:
+            # Dropped by a write of ours meanwhile: read again, whatever the version says.
+            return await self.xid_book()
+        xids, events = rows
+        book = XidBook.of(map(xid_from_row, xids), map(health_from_row, events))
+        self._xid_cache = (version, book)
+        return book
 
     async def record_xids(self, xids: Sequence[NewXid]) -> list[XidRecord]:
         """Journal XIDs drained from NVML, in one transaction; returns them with their ids."""
@@ -122,7 +144,9 @@ class JournalGpus(JournalDb):
                 written.append(XidRecord(row_id, x.uuid, x.xid, x.at_ms, x.application))
 
         if xids:
+            self._xid_cache = None
             await self.write(fn)
+            self._xid_cache = None
         return written
 
     async def record_health_events(self, rows: Sequence[NewHealthEvent]) -> None:
@@ -133,7 +157,9 @@ class JournalGpus(JournalDb):
                 await insert_health(db, r)
 
         if rows:
+            self._xid_cache = None
             await self.write(fn)
+            self._xid_cache = None
 
     async def clear_gpu(self, uuid: str, at_ms: int, actor: str, reason: str) -> XidRecord | None:
         """Journal an operator clear of every XID of ``uuid`` so far; return the one it lifted.
@@ -155,5 +181,7 @@ class JournalGpus(JournalDb):
                 await insert_health(db, row)
             lifted.append(was)
 
+        self._xid_cache = None
         await self.write(fn)
+        self._xid_cache = None
         return lifted[0]

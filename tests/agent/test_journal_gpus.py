@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 from tuneplane.agent.adapter import open_aio_host
 from tuneplane.agent.inventory import Gpu, Inventory
@@ -173,6 +174,45 @@ async def test_gpu_clear_and_journal_gpus_through_the_cli(tmp_path: Path) -> Non
     assert shown["disabled"] == []
     assert [h["what"] for h in shown["history"]] == ["xid 79", "operator-clear"]
     assert shown["history"][1]["detail"].endswith(": reset, checks pass")
+
+
+async def test_an_open_journal_sees_its_own_xids_and_a_clear_another_process_commits(
+    tmp_path: Path,
+) -> None:
+    """The book is kept between reads (every inventory refresh asks), yet never stale: the
+    journal's own writes and the operator's ``gpu clear`` (another process, with the daemon's
+    journal open) both show at the next read."""
+    state = tmp_path / "state"
+    state.mkdir()
+    async with open_aio_host():
+        journal = await Journal.open(state / "journal.db")
+        try:
+            assert (await journal.xid_book()).xids == ()
+            await journal.record_xids([judge("GPU-a", 79, 1000)])
+            book = await journal.xid_book()
+            assert book.disabling("GPU-a") is not None
+            # Nothing changed: the same book, not read again.
+            assert await journal.xid_book() is book
+            cleared = await trio.run_process(
+                [sys.executable, "-m", "tuneplane.agent.cli", "gpu", "clear", "GPU-a",
+                 "--reason", "reset", "--state-dir", str(state)],
+                capture_stdout=True, capture_stderr=True, check=False,
+            )  # fmt: skip
+            assert cleared.returncode == 0, cleared.stderr
+            after = await journal.xid_book()
+            assert after.disabling("GPU-a") is None
+            assert [e.kind for e in after.events] == ["operator-clear"]
+            await journal.record_health_events(
+                after.observe(inventory_with_action("GPU-a", "gpu_reset"), 3000)
+            )
+            assert [e.kind for e in (await journal.xid_book()).events][-1] == "recovery-action"
+        finally:
+            await journal.close()
+
+
+def inventory_with_action(uuid: str, action: str) -> Inventory:
+    gpu = Gpu(0, uuid, "NVIDIA H200", "h200", 2**30, False, True, recovery_action=action)
+    return Inventory("node", 4, 2**34, (gpu,), "scripted-nvml")
 
 
 def test_the_cli_reads_a_v2_journal_an_older_agent_still_runs_on_without_changing_it(
