@@ -42,6 +42,7 @@ import psutil
 import trio
 
 from tuneplane.agent.adapter import open_aio_host
+from tuneplane.agent.collectors import COLLECTORS_DIR, DRAINED_MARKER
 from tuneplane.agent.config import default_policy
 from tuneplane.agent.inventory import parse_simulate_gpus
 from tuneplane.agent.inventory_source import InventorySource
@@ -94,6 +95,7 @@ class Sample:
     succeeded_s: float
     # Each recorded step, ms after submit (bench/_launch_trace.py).
     steps: dict[str, float] = attrs.field(factory=dict, eq=False)
+    run_id: str = attrs.field(default="", eq=False)
 
 
 def _jobspec(size: Size, i: int) -> str:
@@ -188,6 +190,7 @@ async def _one_job(cluster: LocalCluster, api: ApiClient, size: Size, i: int) ->
         exited_s=_max_float(exits, "finished_at") - t0,
         succeeded_s=seen - t0,
         steps=steps,
+        run_id=run_id,
     )
 
 
@@ -202,6 +205,24 @@ async def _wait_free(api: ApiClient, gpus: int) -> None:
     raise RuntimeError("the coordinator did not free every GPU within 30 s of the Job ending")
 
 
+async def _wait_drained(cluster: LocalCluster, run_id: str) -> None:
+    """Until every member of ``run_id`` has its collector's ``drained`` marker."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        folders = [
+            folder
+            for agent in cluster.agents
+            for folder in (agent.state_dir / COLLECTORS_DIR).glob(f"{run_id}.*")
+        ]
+        if folders and all((folder / DRAINED_MARKER).exists() for folder in folders):
+            return
+        await asyncio.sleep(0.02)
+    raise RuntimeError(
+        f"the collectors of benchmark Job {run_id} did not drain within 30 s; read their "
+        f"collector.log files under {cluster.root}"
+    )
+
+
 async def _run_size(
     cluster: LocalCluster, size: Size, slurm: SlurmCluster | None
 ) -> tuple[list[Sample], list[float]]:
@@ -212,6 +233,9 @@ async def _run_size(
         for i in range(size.runs):
             samples.append(await _one_job(cluster, api, size, i))
             await _wait_free(api, size.agents * size.gpus_per_agent)
+            # Each member's collector ships what is left after the exit: wait for it, so that
+            # neither srun's run nor our next one shares the machine with that work.
+            await _wait_drained(cluster, samples[-1].run_id)
             if slurm is not None:
                 srun.append(await asyncio.to_thread(slurm.srun, size.processes))
         return samples, srun
