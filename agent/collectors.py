@@ -73,7 +73,10 @@ RESTART_MAX_S = 30.0
 # A collector that ran this long before stopping was healthy: its restart backoff starts over.
 HEALTHY_RUN_S = 60.0
 
-_LIVE = frozenset({MemberState.STARTING, MemberState.RUNNING, MemberState.CANCELLING})
+# A collector starts once the member runs, not while its runner starts: the collector's own start
+# (a fork, a TLS connection to the gateway) then no longer competes with the runner's for the
+# CPU. It reads the member's files from their start, so nothing written before is missed.
+_LIVE = frozenset({MemberState.RUNNING, MemberState.CANCELLING})
 _ENDED = frozenset({MemberState.EXITED, MemberState.LOST, MemberState.ABORTED})
 
 
