@@ -14,11 +14,14 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import anyio
 import attrs
+
+log = logging.getLogger(__name__)
 
 #: How many WatchJob streams one coordinator serves at once, unless ``[limits] job_watches``
 #: says otherwise.
@@ -103,3 +106,4 @@ class JobChanges:
             left.discard(watch)
             if not left:
                 del self._watches[run_id]
+            log.info("job watch closed run_id=%s watches=%d", run_id, self._count)

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import attrs
+from grpclib import GRPCError
 from grpclib.client import Channel
+from grpclib.const import Status
 
 from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.agent.call_failure import CALL_ERRORS, CallFailure, Kind, classify
@@ -54,6 +56,17 @@ T = TypeVar("T")
 #: of a command, and each should start where the previous one found the leader.
 _answered: dict[tuple[str, ...], str] = {}
 _ADDRESS_CHECK = "that --coordinator or the context file names its API listener"
+
+
+#: How grpclib's client reports a grpclib server's "Method not found": that server answers
+#: UNIMPLEMENTED in a trailers-only response without a content-type, and the client checks the
+#: content-type first. A coordinator older than WatchJob is such a server.
+_GRPCLIB_NO_METHOD = (Status.UNKNOWN, "Missing content-type header")
+
+
+def _not_served(exc: GRPCError) -> bool:
+    """Whether ``exc`` says the coordinator has no such method (it is older than this tp)."""
+    return exc.status is Status.UNIMPLEMENTED or (exc.status, exc.message) == _GRPCLIB_NO_METHOD
 
 
 def _failure(exc: BaseException) -> CallFailure:
@@ -148,16 +161,20 @@ class ApiClient:
 
         async def open_stream(t: float) -> tuple[AsyncIterator[v1.Job], v1.Job | None]:
             stream = self._stub.watch_job(request, timeout=t)
-            return stream, await anext(stream, None)
+            try:
+                return stream, await anext(stream, None)
+            except GRPCError as exc:
+                if not _not_served(exc):
+                    raise
+                # Not one of CALL_ERRORS: :meth:`_call` neither retries it nor asks another
+                # coordinator of the store (they run the same version).
+                raise NotServed(
+                    f"The coordinator at {self._address} does not serve WatchJob (it is older "
+                    "than this tp); poll GetJob instead."
+                ) from None
 
         while True:
-            try:
-                stream, first = await self._call("WatchJob", open_stream)
-            except RequestRefused as exc:
-                if exc.status == "UNIMPLEMENTED":
-                    raise NotServed(str(exc)) from None
-                raise
-            message = first
+            stream, message = await self._call("WatchJob", open_stream)
             try:
                 while message is not None:
                     job = job_from_wire(message)
