@@ -274,3 +274,40 @@ def test_the_client_follows_a_job_to_its_end_on_the_stream(coord: CoordinatorPro
 
     states = asyncio.run(go())
     assert states[0] == "queued" and states[-1] == "cancelled", states
+
+
+def test_the_client_opens_the_stream_again_when_its_deadline_passed(
+    coord: CoordinatorProcess,
+) -> None:
+    """Each stream lasts at most the client's call timeout; the next one goes on from there,
+    and the change after it still arrives (the fallback is an hour away)."""
+    host, _, port = coord.api.rpartition(":")
+    endpoint = Endpoint(host, int(port), coord.ca_path, coord.admin_token)
+
+    async def go() -> list[str]:
+        states: list[str] = []
+        async with api_client(coord.api, coord.ca_path, coord.admin_token) as api:
+            run_id = await _queued_job(api)
+            offset = len(coord.read_log())
+            async with (
+                ApiClient(endpoint, timeout_s=2.0) as client,
+                anyio.create_task_group() as tg,
+            ):
+
+                async def follow() -> None:
+                    async for job in client.watch_job(run_id):
+                        states.append(job.state)
+
+                with anyio.fail_after(WAIT_S):
+                    tg.start_soon(follow)
+                    # The first stream reached its deadline and the coordinator let it go ...
+                    await anyio.to_thread.run_sync(
+                        coord.wait_log, f"job watch closed run_id={run_id} watches=0", WAIT_S,
+                        offset,
+                    )  # fmt: skip
+                    # ... and the client opened another, which sees the cancel.
+                    await _cancel(api, run_id)
+        return states
+
+    states = asyncio.run(go())
+    assert states[0] == "queued" and states[-1] == "cancelled", states
