@@ -175,6 +175,10 @@ class ApiClient:
 
         while True:
             stream, message = await self._call("WatchJob", open_stream)
+            # Reopened at once after a deadline (a quiet Job); after anything else (a broken
+            # stream, or one ended before its Job did) a short pause first, so a stream that
+            # keeps breaking is not reopened in a tight loop.
+            quiet = False
             try:
                 while message is not None:
                     job = job_from_wire(message)
@@ -191,12 +195,11 @@ class ApiClient:
                 log.debug(
                     "watch stream ended address=%s kind=%s", self._address, failure.kind.value
                 )
-                if failure.kind is not Kind.TIMED_OUT:
-                    # Broken, not merely quiet: a short pause, so a stream that keeps breaking
-                    # is not reopened in a tight loop.
-                    await asyncio.sleep(failover.FIRST_PAUSE_S)
+                quiet = failure.kind is Kind.TIMED_OUT
             finally:
                 await _closed(stream)
+            if not quiet:
+                await asyncio.sleep(failover.FIRST_PAUSE_S)
 
     async def list_jobs(
         self, project: str = "", state: str = "", mine: bool = False, limit: int = 0

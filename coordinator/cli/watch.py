@@ -111,11 +111,10 @@ async def _follow(endpoint: Endpoint, run_id: str, as_json: bool, interval_s: fl
             while True:
                 if streaming:
                     try:
+                        # The stream ends by itself after a terminal Job.
                         async for job in api.watch_job(run_id):
                             outage.problem = ""
                             view.show(job, "")
-                            if job.state in lifecycle.TERMINAL_JOB_STATES:
-                                return job
                     except NotServed:
                         log.debug("watch falls back to polling GetJob run_id=%s", run_id)
                         streaming = False
@@ -125,6 +124,8 @@ async def _follow(endpoint: Endpoint, run_id: str, as_json: bool, interval_s: fl
                     except ApiError as exc:
                         outage.failed(exc)
                         view.show(job, outage.problem)
+                    if job is not None and job.state in lifecycle.TERMINAL_JOB_STATES:
+                        return job
                 else:
                     job = await outage.poll(lambda: api.get_job(run_id)) or job
                     view.show(job, outage.problem)
