@@ -11,8 +11,9 @@ import asyncio
 import json
 import socket
 import subprocess
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -31,6 +32,7 @@ RUN_ID = "run-0123456789ab"
 #: What GetJob answers, one state per call; the last one again for any later call.
 STATES = ("queued", "running", "succeeded")
 WAIT_S = 60.0
+T = TypeVar("T")
 
 
 class OlderApi:
@@ -65,6 +67,14 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _run(main: Coroutine[Any, Any, T]) -> T:
+    """``main`` on a plain asyncio loop. Once a test in this pytest worker imported trio_asyncio
+    (the agent's tests do), ``asyncio.run`` makes a trio-asyncio loop, on which a server and its
+    client in one loop lose their connection; ``tp`` never loads trio_asyncio."""
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        return runner.run(main)
+
+
 async def _serving(state_dir: Path, api: OlderApi) -> tuple[Server, Endpoint]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -89,7 +99,7 @@ def test_the_watch_polls_get_job_when_the_coordinator_has_no_watch_job(
             await server.wait_closed()
         return job.state
 
-    assert asyncio.run(go()) == "succeeded"
+    assert _run(go()) == "succeeded"
     out, err = capsys.readouterr()
     # One JSON object per change, in order; nothing said about the fallback.
     assert [json.loads(line)["state"] for line in out.splitlines()] == list(STATES)
@@ -109,4 +119,4 @@ def test_the_client_says_the_coordinator_does_not_serve_watch_job(state_dir: Pat
             server.close()
             await server.wait_closed()
 
-    asyncio.run(go())
+    _run(go())
