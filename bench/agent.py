@@ -147,18 +147,23 @@ async def _one_job(cluster: LocalCluster, api: ApiClient, size: Size, i: int) ->
     preview = await api.preview(spec)
     receipt = await api.commit(preview.preview_id, preview.digest, f"bench-{size.name}-{i}")
     run_id = receipt.run_id
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while True:
-        job = await api.get_job(run_id)
-        if job.state in ("succeeded", "failed", "aborted"):
-            seen = time.time()
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"benchmark Job {run_id} is still {job.state} after {JOB_TIMEOUT_S:g} s "
-                f"({job.state_reason}); read the logs under {cluster.root / 'logs'}"
-            )
-        await asyncio.sleep(0.01)
+    # Waited for on WatchJob, not by polling GetJob: a poll every 10 ms loaded the machine
+    # during the very launch measured, and saw a change only at the next poll.
+    job, seen = None, 0.0
+    try:
+        async with asyncio.timeout(JOB_TIMEOUT_S):
+            # The watch ends by itself after the terminal Job.
+            async for job in api.watch_job(run_id):
+                if job.state in ("succeeded", "failed", "aborted"):
+                    seen = time.time()
+    except TimeoutError:
+        state = "not shown yet" if job is None else f"{job.state} ({job.state_reason})"
+        raise RuntimeError(
+            f"benchmark Job {run_id} is still {state} after {JOB_TIMEOUT_S:g} s; read the "
+            f"logs under {cluster.root / 'logs'}"
+        ) from None
+    if job is None or job.state not in ("succeeded", "failed", "aborted"):
+        raise RuntimeError(f"benchmark Job {run_id}: its watch ended before the Job did")
     if job.state != "succeeded":
         raise RuntimeError(f"benchmark Job {run_id} ended {job.state}: {job.state_reason}")
     members = [p for a in cluster.agents for p in (a.state_dir / "members").glob(f"{run_id}.1.*")]

@@ -1,4 +1,5 @@
-"""The researcher API (``tuneplane.v1.Api``): Preview, Commit, GetJob, ListJobs.
+"""The researcher API (``tuneplane.v1.Api``): Preview, Commit, GetJob, ListJobs (WatchJob is
+:mod:`.job_watch`).
 
 Rules:
 - Every call is authenticated from ``authorization: Bearer <user token>`` before its request is
@@ -35,9 +36,8 @@ from ..executors.slurm import series_request
 from ..gateways.message_limits import INLINE_DECODE_BYTES, encode_with, pre_encoded
 from ..gateways.status import grpc_errors
 from ..image_pin import image_runtime, pin, registry_for
-from ..job_access import check_read, may_read
+from ..job_access import may_read
 from ..jobspec import check_loader_policy
-from ..lifecycle_failure import TAIL_BYTES, culprit, first_failure
 from ..offload import PROCESS_TEXT_CHARS, in_process, in_thread
 from ..placement import Request
 from ..preparations import PreparationBook
@@ -46,7 +46,7 @@ from ..store import identity as store_identity
 from ..store.core import NotFound, Store
 from ..store.fleet_views import healthy_gpus_per_node, holder
 from ..store.logs import LogStore
-from ..values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, FirstFailure, Job, Preview
+from ..values.jobs import JOB_LIST_DEFAULT, JOB_LIST_MAX, Preview
 from ..values.users import User
 from ..wire.jobs import (
     job_to_wire,
@@ -55,6 +55,7 @@ from ..wire.jobs import (
     receipt_to_wire,
 )
 from .fleet import caller
+from .job_view import JobView, read_request
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +85,8 @@ class ApiService:
         preparations: PreparationBook | None = None,
     ) -> None:
         self._store = store
-        # Preparing members' image pulls as their Nodes last reported them (in memory).
-        self._preparations = preparations
-        # Where GetJob reads a failed member's stderr (its last lines); None: not shown.
-        self._logs = logs
+        # What GetJob sends: the stored Job, image pulls in memory, a failure's stderr.
+        self._view = JobView(store, logs, preparations)
         self._config = config
         self._catalogue = catalogue
         self._on_admitted = on_admitted
@@ -307,28 +306,9 @@ class ApiService:
 
     async def _get_job(self, stream: Any) -> None:
         with grpc_errors():
-            user = await caller(self._store, stream)
-            request: v1.GetJobRequest = await stream.recv_message()
-            if not request.run_id:
-                raise GRPCError(
-                    Status.INVALID_ARGUMENT, "GetJobRequest.run_id is empty. Name a run id."
-                )
-            check_read(await store_access.job_access(self._store, request.run_id), user, "state")
-            job = await self._store.get_job(request.run_id)
-            if self._preparations is not None:
-                job = self._preparations.shown(job)
-            failed = await self._first_failure(job)
-            await stream.send_message(job_to_wire(attrs.evolve(job, first_failure=failed)))
-
-    async def _first_failure(self, job: Job) -> FirstFailure | None:
-        """A failed Job's first failed member, with the end of its stored stderr."""
-        found = culprit(job)
-        if found is None:
-            return None
-        data, start = b"", 0
-        if self._logs is not None:
-            data, start = await self._logs.tail(found.key, "stderr", TAIL_BYTES + 1)
-        return first_failure(found, data, start == 0)
+            request = await read_request(self._store, stream)
+            job = await self._view.shown(request.run_id)
+            await stream.send_message(job_to_wire(job))
 
     async def _list_jobs(self, stream: Any) -> None:
         with grpc_errors():

@@ -18,18 +18,21 @@ import os
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
 import attrs
+from grpclib import GRPCError
 from grpclib.client import Channel
+from grpclib.const import Status
 
 from tuneplane.agent.atomic_file import write_atomic
 from tuneplane.agent.call_failure import CALL_ERRORS, CallFailure, Kind, classify
 from tuneplane.agent.client_tls import CaFileError, grpc_client_context
 from tuneplane.proto import v1
 
+from ..lifecycle import TERMINAL_JOB_STATES
 from ..values.fleet import Fleet, Node
 from ..values.jobs import Job, Preview, Receipt
 from ..values.lifecycle import CancelOutcome, LogPage, NodeLossOutcome, RetryOutcome
@@ -37,7 +40,13 @@ from ..wire.fleet import fleet_from_wire, fleets_from_wire, node_from_wire, node
 from ..wire.jobs import job_from_wire, jobs_from_wire, preview_from_wire, receipt_from_wire
 from ..wire.lifecycle import cancel_from_wire, logs_from_wire, node_loss_from_wire, retry_from_wire
 from . import failover
-from .api_errors import ApiError, ClientConfigError, CoordinatorUnreachable, RequestRefused
+from .api_errors import (
+    ApiError,
+    ClientConfigError,
+    CoordinatorUnreachable,
+    NotServed,
+    RequestRefused,
+)
 from .connection import Endpoint, parse_address
 
 log = logging.getLogger(__name__)
@@ -47,6 +56,17 @@ T = TypeVar("T")
 #: of a command, and each should start where the previous one found the leader.
 _answered: dict[tuple[str, ...], str] = {}
 _ADDRESS_CHECK = "that --coordinator or the context file names its API listener"
+
+
+#: How grpclib's client reports a grpclib server's "Method not found": that server answers
+#: UNIMPLEMENTED in a trailers-only response without a content-type, and the client checks the
+#: content-type first. A coordinator older than WatchJob is such a server.
+_GRPCLIB_NO_METHOD = (Status.UNKNOWN, "Missing content-type header")
+
+
+def _not_served(exc: GRPCError) -> bool:
+    """Whether ``exc`` says the coordinator has no such method (it is older than this tp)."""
+    return exc.status is Status.UNIMPLEMENTED or (exc.status, exc.message) == _GRPCLIB_NO_METHOD
 
 
 def _failure(exc: BaseException) -> CallFailure:
@@ -125,6 +145,61 @@ class ApiClient:
             "GetJob", lambda t: self._stub.get_job(v1.GetJobRequest(run_id), timeout=t)
         )
         return job_from_wire(msg)
+
+    async def watch_job(self, run_id: str) -> AsyncIterator[Job]:
+        """``run_id`` as GetJob shows it, then again each time that changed (WatchJob); ends
+        after a Job in a terminal state.
+
+        Each stream lasts at most this client's deadline and is opened again when it passes (a
+        coordinator that vanished without a word is noticed as a GetJob poll would notice it);
+        a stream that breaks is opened again through :meth:`_call`, following the leader. The
+        same Job is never yielded twice in a row. :class:`NotServed` when the coordinator has no
+        WatchJob (older than this ``tp``): poll :meth:`get_job` instead. Other failures are the
+        :class:`ApiError` a GetJob would raise."""
+        request = v1.GetJobRequest(run_id)
+        last: Job | None = None
+
+        async def open_stream(t: float) -> tuple[AsyncIterator[v1.Job], v1.Job | None]:
+            stream = self._stub.watch_job(request, timeout=t)
+            try:
+                return stream, await anext(stream, None)
+            except GRPCError as exc:
+                if not _not_served(exc):
+                    raise
+                # Not one of CALL_ERRORS: :meth:`_call` neither retries it nor asks another
+                # coordinator of the store (they run the same version).
+                raise NotServed(
+                    f"The coordinator at {self._address} does not serve WatchJob (it is older "
+                    "than this tp); poll GetJob instead."
+                ) from None
+
+        while True:
+            stream, message = await self._call("WatchJob", open_stream)
+            # Reopened at once after a deadline (a quiet Job); after anything else (a broken
+            # stream, or one ended before its Job did) a short pause first, so a stream that
+            # keeps breaking is not reopened in a tight loop.
+            quiet = False
+            try:
+                while message is not None:
+                    job = job_from_wire(message)
+                    if job != last:
+                        last = job
+                        yield job
+                    if job.state in TERMINAL_JOB_STATES:
+                        return
+                    message = await anext(stream, None)
+            except CALL_ERRORS as exc:
+                failure = _failure(exc)
+                if failure.kind in (Kind.REFUSED, Kind.UNVERIFIED):
+                    raise self._translate("WatchJob", failure, self._address) from None
+                log.debug(
+                    "watch stream ended address=%s kind=%s", self._address, failure.kind.value
+                )
+                quiet = failure.kind is Kind.TIMED_OUT
+            finally:
+                await _closed(stream)
+            if not quiet:
+                await asyncio.sleep(failover.FIRST_PAUSE_S)
 
     async def list_jobs(
         self, project: str = "", state: str = "", mine: bool = False, limit: int = 0
@@ -290,3 +365,10 @@ class ApiClient:
                 _ADDRESS_CHECK,
             )
         )
+
+
+async def _closed(stream: AsyncIterator[v1.Job]) -> None:
+    """Close a WatchJob stream (cancels its call when it did not end by itself)."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()

@@ -21,6 +21,11 @@ class RequestRefused(ApiError):
         super().__init__(message)
 
 
+class NotServed(ApiError):
+    """The coordinator does not serve this call (UNIMPLEMENTED: it is older than this ``tp``);
+    the caller does the same another way (WatchJob: it polls GetJob)."""
+
+
 class CoordinatorUnreachable(ApiError):
     """No answer: the address is wrong, the coordinator is down, TLS failed or time ran out."""
 

@@ -23,9 +23,10 @@ import attrs
 
 from tuneplane.agent.call_failure import CallFailure, Kind
 
-#: Calls that may be carried out twice with the same outcome: reads, Preview (it stores an
-#: immutable preview and creates no Job), Commit (idempotent per retry key), and those that set
-#: a value or whose repeat says "already" (CancelJob, SetNodeScheduling, SetControlAddress).
+#: Calls that may be carried out twice with the same outcome: reads (WatchJob too), Preview (it
+#: stores an immutable preview and creates no Job), Commit (idempotent per retry key), and those
+#: that set a value or whose repeat says "already" (CancelJob, SetNodeScheduling,
+#: SetControlAddress).
 #: RetryJob, RevokeNode and DeclareNodeLost are not here: a repeat is another attempt, or a
 #: refusal of something that was done.
 RETRY_SAFE = frozenset(
@@ -33,6 +34,7 @@ RETRY_SAFE = frozenset(
         "Preview",
         "Commit",
         "GetJob",
+        "WatchJob",
         "ListJobs",
         "ListFleets",
         "GetFleet",

@@ -93,7 +93,10 @@ def job_ls(
     type=click.FloatRange(min=0.2),
     default=1.0,
     show_default=True,
-    help="Seconds between refreshes with --watch.",
+    help=(
+        "With --watch: seconds between tries while the coordinator does not answer, and between "
+        "polls of a coordinator too old to send changes as they happen."
+    ),
 )
 @click.pass_obj
 def job_show(options: Options, run_id: str, as_json: bool, watch: bool, interval: float) -> int:

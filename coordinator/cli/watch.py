@@ -5,6 +5,8 @@ Rules:
   log file) the view is printed again only when the Job changed, so the output stays readable.
   With ``--json`` every change is one JSON object on one line.
 - The watch only reads: Ctrl-C stops watching, restores the terminal and leaves the Job alone.
+- Changes come on one WatchJob stream; against a coordinator without it (UNIMPLEMENTED: older
+  than this ``tp``) the Job is polled with GetJob every ``--interval`` seconds instead, silently.
 - A coordinator that stops answering is shown and retried; it does not end the watch.
   :class:`Outage` is that retry, also used by ``tp logs --follow``.
 """
@@ -26,7 +28,7 @@ from rich.text import Text
 from .. import lifecycle
 from ..values.jobs import Job
 from . import render
-from .api_errors import ApiError, RequestRefused
+from .api_errors import ApiError, NotServed, RequestRefused
 from .connection import Endpoint
 
 log = logging.getLogger(__name__)
@@ -50,11 +52,15 @@ class Outage:
         except RequestRefused:
             raise
         except ApiError as exc:
-            self.problem = f"{exc} Retrying every {self.interval_s:g} s."
-            log.debug("poll failed why=%s", exc)
+            self.failed(exc)
             return None
         self.problem = ""
         return value
+
+    def failed(self, exc: ApiError) -> None:
+        """Keep why the coordinator did not answer (``exc``, not a refusal) as :attr:`problem`."""
+        self.problem = f"{exc} Retrying every {self.interval_s:g} s."
+        log.debug("poll failed why=%s", exc)
 
 
 def _fingerprint(job: Job) -> str:
@@ -62,35 +68,69 @@ def _fingerprint(job: Job) -> str:
     return render.to_json(job)
 
 
+@attrs.define
+class _View:
+    """Shows the Job being watched: redrawn in place (``live``), or printed again on a change."""
+
+    live: Live | None
+    as_json: bool
+    last: str = ""
+
+    def show(self, job: Job | None, problem: str) -> None:
+        if job is None:
+            if problem and self.live is None:
+                print(problem, file=sys.stderr, flush=True)
+            return
+        print_now = _fingerprint(job) + problem
+        if self.live is not None:
+            parts: list[RenderableType] = list(render.job_view(job))
+            if problem:
+                parts.append(Text(problem, style="yellow"))
+            parts.append(Text("Watching; Ctrl-C stops watching (the Job continues)."))
+            self.live.update(Group(*parts), refresh=True)
+        elif print_now != self.last:
+            _print(job, self.as_json, problem)
+        self.last = print_now
+
+
 async def _follow(endpoint: Endpoint, run_id: str, as_json: bool, interval_s: float) -> Job:
+    """Follow ``run_id`` through WatchJob until it is terminal; a coordinator without WatchJob
+    (older than this ``tp``) is polled with GetJob every ``interval_s`` instead. Either way an
+    outage is shown and the watch tries again every ``interval_s``."""
     from .api_client import ApiClient
 
     out = render.console()
     live_mode = out.is_terminal and not as_json
-    last = ""
     job: Job | None = None
     outage = Outage(interval_s)
+    streaming = True
     async with ApiClient(endpoint) as api:
         live = Live(Text(f"Fetching Job {run_id}..."), console=out, auto_refresh=False)
         with live if live_mode else _NoLive():
+            view = _View(live if live_mode else None, as_json)
             while True:
-                job = await outage.poll(lambda: api.get_job(run_id)) or job
-                problem = outage.problem
-                if job is not None:
-                    print_now = _fingerprint(job) + problem
-                    if live_mode:
-                        parts: list[RenderableType] = list(render.job_view(job))
-                        if problem:
-                            parts.append(Text(problem, style="yellow"))
-                        parts.append(Text("Watching; Ctrl-C stops watching (the Job continues)."))
-                        live.update(Group(*parts), refresh=True)
-                    elif print_now != last:
-                        _print(job, as_json, problem)
-                    last = print_now
-                    if job.state in lifecycle.TERMINAL_JOB_STATES:
+                if streaming:
+                    try:
+                        # The stream ends by itself after a terminal Job.
+                        async for job in api.watch_job(run_id):
+                            outage.problem = ""
+                            view.show(job, "")
+                    except NotServed:
+                        log.debug("watch falls back to polling GetJob run_id=%s", run_id)
+                        streaming = False
+                        continue
+                    except RequestRefused:
+                        raise
+                    except ApiError as exc:
+                        outage.failed(exc)
+                        view.show(job, outage.problem)
+                    if job is not None and job.state in lifecycle.TERMINAL_JOB_STATES:
                         return job
-                elif problem and not live_mode:
-                    print(problem, file=sys.stderr, flush=True)
+                else:
+                    job = await outage.poll(lambda: api.get_job(run_id)) or job
+                    view.show(job, outage.problem)
+                    if job is not None and job.state in lifecycle.TERMINAL_JOB_STATES:
+                        return job
                 await asyncio.sleep(interval_s)
 
 

@@ -279,7 +279,10 @@ def read_lifetimes(table: Any, path: Path) -> tuple[int, int]:
 WHOLE_LIMITS = {
     "enroll_burst": (0, 1_000_000, " (no limit)"),
     "connects_at_once": (1, 100_000, ""),
+    "job_watches": (1, 100_000, ""),
 }
+#: The longest a WatchJob stream waits for a change notice before it reads its Job anyway.
+MAX_WATCH_FALLBACK_S = 3600.0
 
 
 def read_limits(table: Any, path: Path) -> Limits:
@@ -311,6 +314,14 @@ def read_limits(table: Any, path: Path) -> Limits:
                     f"from 0 (no line: every Connect waits connect_wait_s) to "
                     f"{QUEUED_CAP_S / 2:g}: a Node in line waits for its Welcome at most "
                     f"{QUEUED_CAP_S:g} s."
+                )
+            values[key] = float(value)
+        elif key == "job_watch_fallback_s":
+            if type(value) not in (int, float) or not 0.1 <= value <= MAX_WATCH_FALLBACK_S:
+                raise ConfigError(
+                    f"{path}: [limits] job_watch_fallback_s = {value!r} must be a number of "
+                    f"seconds from 0.1 to {MAX_WATCH_FALLBACK_S:g}: how long a WatchJob stream "
+                    "waits for a change notice before it reads its Job anyway."
                 )
             values[key] = float(value)
         elif key in WHOLE_LIMITS:

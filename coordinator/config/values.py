@@ -20,6 +20,7 @@ from ..auth import (
     DEFAULT_NODE_CREDENTIAL_LIFETIME_S,
     DEFAULT_USER_TOKEN_LIFETIME_S,
 )
+from ..job_changes import DEFAULT_FALLBACK_S, DEFAULT_MAX_WATCHES
 from ..leadership import LeaseSettings
 from ..store_location import PostgresUrl
 
@@ -67,8 +68,9 @@ class Profile:
 @attrs.frozen
 class Limits:
     """``[limits]``: the largest message each listener reads, how often one address may call
-    ``Enroll``, and how many Connects are worked on at once in a reconnect storm
-    (coordinator/hello_gate.py). Every size is checked before the message is decoded."""
+    ``Enroll``, how many Connects are worked on at once in a reconnect storm
+    (coordinator/hello_gate.py), and how many WatchJob streams are served at once. Every size is
+    checked before the message is decoded."""
 
     api_message_bytes: int = 16 * 1024 * 1024
     control_message_bytes: int = 4 * 1024 * 1024
@@ -79,6 +81,10 @@ class Limits:
     connects_at_once: int = 256
     connect_wait_s: float = 5.0
     connect_queue_s: float = 60.0
+    # WatchJob (coordinator/job_changes.py, api/job_watch.py): streams at once, and the seconds
+    # a watch waits for a change notice before it reads the Job anyway.
+    job_watches: int = DEFAULT_MAX_WATCHES
+    job_watch_fallback_s: float = DEFAULT_FALLBACK_S
 
 
 @attrs.frozen

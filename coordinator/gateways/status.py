@@ -23,6 +23,7 @@ from tuneplane.proto.contract.jobspec import JobSpecError
 from ..auth import AuthError, PermissionDenied
 from ..config import ConfigError
 from ..image_pin import RuntimeImageRefused
+from ..job_changes import TooManyWatches
 from ..store.core import Conflict, EnrollRefused, NotFound
 from ..wire.errors import BadMessage
 
@@ -71,6 +72,8 @@ def grpc_errors() -> Iterator[None]:
         raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
     except BadMessage as exc:
         raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+    except TooManyWatches as exc:
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, str(exc)) from None
     except NotFound as exc:
         raise GRPCError(Status.NOT_FOUND, str(exc)) from None
     except Conflict as exc:

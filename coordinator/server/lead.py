@@ -35,6 +35,8 @@ from tuneplane.agent.sd_notify import ServiceNotifier
 from ..api.control_address import ControlAddressApi
 from ..api.fleet import FleetService
 from ..api.identity import IdentityApi
+from ..api.job_view import JobView
+from ..api.job_watch import JobWatchApi
 from ..api.jobs import ApiService
 from ..api.lifecycle import LifecycleApi
 from ..api.metrics import MetricsApi
@@ -52,6 +54,7 @@ from ..gateways.rate_limit import PeerRateLimit
 from ..gateways.sessions import SessionRegistry
 from ..gateways.telemetry import TelemetryGateway
 from ..hello_gate import GateSettings
+from ..job_changes import JobChanges
 from ..preparations import PreparationBook
 from ..store.core import Store
 from ..store.handle import Fenced, StoreError, StoreUnavailable
@@ -211,6 +214,13 @@ async def _run(
 
     preparations = PreparationBook()
     api = ApiService(store, config, catalogue, admitted, log_store, preparations)
+    # Every Job is written in this process: its committed changes wake the WatchJob streams.
+    changes = JobChanges(config.limits.job_watches)
+    store.commit_observers.append(changes.changed)
+    watches = JobWatchApi(
+        store, JobView(store, log_store, preparations), changes,
+        config.limits.job_watch_fallback_s,
+    )  # fmt: skip
     addresses = ControlAddressDesk(store, registry, tls_paths.server_cert)
     await addresses.load()
     heartbeats = HeartbeatBook()
@@ -244,7 +254,7 @@ async def _run(
     telemetry = TelemetryGateway(store, collectors)
     metrics = MetricsApi(store, telemetry_store)
     host, ctx = setting.host, setting.ctx
-    api_services = [api, fleets, metrics, lifecycle, identity, node_loss, address_api]
+    api_services = [api, watches, fleets, metrics, lifecycle, identity, node_loss, address_api]
     async with anyio.create_task_group() as tg:
         try:
             if lease is not None:

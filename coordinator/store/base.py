@@ -5,7 +5,8 @@ Rules:
 - :class:`StoreBase` is the bottom layer of ``Store``'s mixins (``core.py`` composes them); it
   knows no table but ``decisions``.
 - Every decision (admission, reservation, commit/abort, release, state change) appends a row to
-  ``decisions`` through :meth:`StoreBase.log_decision`, in the same transaction as its effects.
+  ``decisions`` through :meth:`StoreBase.log_decision`, in the same transaction as its effects;
+  one about a Job marks that Job changed (:meth:`~.db.StoreDb.changed`, for its watchers).
 - The errors are sentences for the caller, each mapped once to a gRPC status at the edge
   (:mod:`~tuneplane.coordinator.gateways.status`).
 """
@@ -45,6 +46,10 @@ class StoreBase(StoreDb):
         run_id: str | None = None,
         node_id: str | None = None,
     ) -> None:
+        # A decision about a Job changes what GetJob shows of it: its watchers are woken.
+        about = member.run_id if member else run_id
+        if about is not None:
+            self.changed(about)
         await db.execute(
             "INSERT INTO decisions (at_ms, kind, run_id, attempt, member_index, node_id, "
             "detail_json) VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -14,6 +14,9 @@ Rules:
   (serialisation failure, deadlock) it is run again whole, at most :data:`MAX_ATTEMPTS` times:
   each re-run is a :class:`StoreRetry`, logged and handed to the store's retry observers
   (``serve`` counts them in its Prometheus registry).
+- Store code names what a transaction changed with :meth:`StoreDb.changed` (a Job's run id);
+  the names go to the store's commit observers only once that transaction committed (never for
+  one rolled back), so whoever is woken by them and reads sees the change (WatchJob).
 - Migrations are numbered and applied in order at open, each in its own transaction that reads
   the version again first, so two processes opening one database apply each exactly once. A
   database newer than this code is refused rather than guessed at.
@@ -26,6 +29,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -54,6 +58,11 @@ Migrations = tuple[tuple[int, tuple[str, ...]], ...]
 #: How many times one write runs before a conflict that keeps coming back is given up on.
 MAX_ATTEMPTS = 5
 COPY_BATCH = 1000
+#: What the transaction running in this task changed so far (:meth:`StoreDb.changed`); None
+#: outside a transaction.
+_changed: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
+    "store_changed", default=None
+)
 
 
 @attrs.frozen
@@ -130,6 +139,8 @@ class StoreDb:
         self._inflight: set[asyncio.Task[Any]] = set()
         #: Called with each :class:`StoreRetry` (serve counts them for Prometheus).
         self.retry_observers: list[Callable[[StoreRetry], None]] = []
+        #: Called with what each transaction changed (:meth:`changed`), after it committed.
+        self.commit_observers: list[Callable[[frozenset[str]], None]] = []
 
     @classmethod
     async def open(cls, where: Where) -> Self:
@@ -253,9 +264,27 @@ class StoreDb:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Handle]:
-        """One write transaction (this process's one at a time, then the backend's lock)."""
-        async with self._lock, self._backend.transaction() as db:
-            yield db
+        """One write transaction (this process's one at a time, then the backend's lock); what
+        it :meth:`changed` goes to the commit observers once it committed."""
+        changed: set[str] = set()
+        token = _changed.set(changed)
+        try:
+            async with self._lock, self._backend.transaction() as db:
+                yield db
+        finally:
+            _changed.reset(token)
+        # Reached only when the block and the commit succeeded: an error skips this line.
+        if changed:
+            names = frozenset(changed)
+            for observe in self.commit_observers:
+                observe(names)
+
+    def changed(self, name: str) -> None:
+        """Record that the transaction running now changed ``name`` (a Job's run id), for the
+        commit observers once it committed. Outside a transaction nothing changes: ignored."""
+        names = _changed.get()
+        if names is not None:
+            names.add(name)
 
     async def _retrying(self, work: Callable[[], Awaitable[T]]) -> T:
         """``work()``, run again whole while the database aborts it for a conflict."""

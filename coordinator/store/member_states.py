@@ -64,7 +64,11 @@ class MemberStates(StoreBase):
             )
 
     async def refresh_job(self, db: Handle, run_id: str, now: int) -> None:
-        """Derive the Job's state from its latest attempt; record a change with its reason."""
+        """Derive the Job's state from its latest attempt; record a change with its reason.
+
+        Every transaction that moves a member (or records Slurm's word) ends here, so this is
+        where the Job is marked changed for its watchers, state or not."""
+        self.changed(run_id)
         (current,) = await first_row(db, "SELECT state FROM jobs WHERE run_id = ?", (run_id,))
         attempt = list(
             await db.execute_fetchall(

@@ -144,5 +144,7 @@ async def set_wait_reasons(
                 "WHERE run_id = ? AND state = ?",
                 [(why, now, run_id, lc.QUEUED) for run_id, why in sorted(changed.items())],
             )
+            for run_id in changed:
+                store.changed(run_id)
 
     await store.shielded(work)

@@ -1542,6 +1542,24 @@ class ApiStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def watch_job(
+        self,
+        get_job_request: "GetJobRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> AsyncIterator[Job]:
+        async for response in self._unary_stream(
+            "/tuneplane.v1.Api/WatchJob",
+            get_job_request,
+            Job,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
     async def list_jobs(
         self,
         list_jobs_request: "ListJobsRequest",
@@ -1886,6 +1904,10 @@ class ApiBase(ServiceBase):
     async def get_job(self, get_job_request: "GetJobRequest") -> "Job":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def watch_job(self, get_job_request: "GetJobRequest") -> AsyncIterator[Job]:
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield Job()
+
     async def list_jobs(self, list_jobs_request: "ListJobsRequest") -> "ListJobsReply":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
@@ -1969,6 +1991,16 @@ class ApiBase(ServiceBase):
         request = await stream.recv_message()
         response = await self.get_job(request)
         await stream.send_message(response)
+
+    async def __rpc_watch_job(
+        self, stream: "grpclib.server.Stream[GetJobRequest, Job]"
+    ) -> None:
+        request = await stream.recv_message()
+        await self._call_rpc_handler_server_stream(
+            self.watch_job,
+            stream,
+            request,
+        )
 
     async def __rpc_list_jobs(
         self, stream: "grpclib.server.Stream[ListJobsRequest, ListJobsReply]"
@@ -2094,6 +2126,12 @@ class ApiBase(ServiceBase):
             "/tuneplane.v1.Api/GetJob": grpclib.const.Handler(
                 self.__rpc_get_job,
                 grpclib.const.Cardinality.UNARY_UNARY,
+                GetJobRequest,
+                Job,
+            ),
+            "/tuneplane.v1.Api/WatchJob": grpclib.const.Handler(
+                self.__rpc_watch_job,
+                grpclib.const.Cardinality.UNARY_STREAM,
                 GetJobRequest,
                 Job,
             ),
