@@ -85,8 +85,9 @@ class ApiService:
         preparations: PreparationBook | None = None,
     ) -> None:
         self._store = store
-        # What GetJob sends: the stored Job, image pulls in memory, a failure's stderr.
-        self._view = JobView(store, logs, preparations)
+        # What GetJob sends: the stored Job, image pulls in memory, a failure's stderr; WatchJob
+        # sends the same, through this one view (coordinator/server/lead.py).
+        self.job_view = JobView(store, logs, preparations)
         self._config = config
         self._catalogue = catalogue
         self._on_admitted = on_admitted
@@ -307,7 +308,7 @@ class ApiService:
     async def _get_job(self, stream: Any) -> None:
         with grpc_errors():
             request = await read_request(self._store, stream)
-            job = await self._view.shown(request.run_id)
+            job = await self.job_view.shown(request.run_id)
             await stream.send_message(job_to_wire(job))
 
     async def _list_jobs(self, stream: Any) -> None:

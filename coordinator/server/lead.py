@@ -35,7 +35,6 @@ from tuneplane.agent.sd_notify import ServiceNotifier
 from ..api.control_address import ControlAddressApi
 from ..api.fleet import FleetService
 from ..api.identity import IdentityApi
-from ..api.job_view import JobView
 from ..api.job_watch import JobWatchApi
 from ..api.jobs import ApiService
 from ..api.lifecycle import LifecycleApi
@@ -217,10 +216,7 @@ async def _run(
     # Every Job is written in this process: its committed changes wake the WatchJob streams.
     changes = JobChanges(config.limits.job_watches)
     store.commit_observers.append(changes.changed)
-    watches = JobWatchApi(
-        store, JobView(store, log_store, preparations), changes,
-        config.limits.job_watch_fallback_s,
-    )  # fmt: skip
+    watches = JobWatchApi(store, api.job_view, changes, config.limits.job_watch_fallback_s)
     addresses = ControlAddressDesk(store, registry, tls_paths.server_cert)
     await addresses.load()
     heartbeats = HeartbeatBook()
