@@ -26,6 +26,9 @@ Rules:
   were, the last whole pass's decisions and reasons stand (the same pure function of the same
   inputs), and a long queue costs a tick nothing. A whole pass that launched something leaves
   no such record: its launches change the inputs anyway.
+- A pass over new Jobs does not count the queue either (a count walks the whole queue's index
+  range): it adds the Jobs it planned to the record's mark. Anything else that joined or left
+  the queue meanwhile makes the real mark differ from that sum, and the next tick reads.
 """
 
 from __future__ import annotations
@@ -182,10 +185,11 @@ class Scheduler:
             self._skipped += 1
             self._settled = settled
             return
-        # The queue's mark before the queue: a Job queued in between is planned now and still
-        # moves the next tick's mark, which costs one more read, never a Job left waiting.
-        mark = await queue_mark(self._store)
-        queue, reasons = await queued_requests(self._store, only)
+        # A whole pass reads the queue's mark before the queue: a Job queued in between is
+        # planned now and still moves the next tick's mark, which costs one more read, never a
+        # Job left waiting. A pass over new Jobs reads no mark: counting the queue walks it.
+        mark = await queue_mark(self._store) if only is None else None
+        queue, reasons, newest = await queued_requests(self._store, only)
         fleets = frozenset(j.fleet for j in queue)
         launched = False
         nodes: list[NodeState] = []
@@ -199,16 +203,15 @@ class Scheduler:
             launched = bool(plan.launches)
         if launched:
             return
-        if only is None:
+        if mark is not None:
             self._settled = PassInputs(fleets, tuple(nodes), _in_use_key(in_use), mark)
-        elif (
-            settled is not None
-            and fleets <= settled.fleets
-            and mark[0] == settled.queue[0] + len(queue)
-        ):
-            # Only the new Jobs joined the queue since the whole pass, and they were planned
-            # against the inputs it saw (nothing launched since): its record stands.
-            self._settled = attrs.evolve(settled, queue=mark)
+        elif settled is not None and fleets <= settled.fleets:
+            # The new Jobs were planned against the inputs the whole pass saw (nothing launched
+            # since), so its record stands with them added to the queue's mark. The mark is
+            # counted here, not read: if anything else joined or left the queue meanwhile, the
+            # next tick's read of the real mark differs from it and that tick reads the queue.
+            count, latest = settled.queue
+            self._settled = attrs.evolve(settled, queue=(count + len(queue), max(latest, newest)))
 
     async def _inputs(self, fleets: frozenset[str]) -> PassInputs:
         """The whole queue's inputs now, for the Fleets ``fleets``."""

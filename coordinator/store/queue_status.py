@@ -86,45 +86,49 @@ _ON_NODES = "AND fleet NOT IN (SELECT fleet FROM slurm_fleets)"
 
 async def queued_requests(
     store: Store, only: Collection[str] | None = None
-) -> tuple[list[QueuedRequest], dict[str, str]]:
-    """The queue as a pass reads it, oldest first, and each queued Job's recorded reason; with
-    ``only``, just those of its Jobs (each read by its key, so the queue's length costs nothing).
+) -> tuple[list[QueuedRequest], dict[str, str], int]:
+    """The queue as a pass reads it, oldest first, each queued Job's recorded reason, and the
+    newest admission time among them (0 for none); with ``only``, just those of its Jobs (each
+    read by its key, so the queue's length costs nothing).
 
     One read of ``jobs`` alone (by its state index): the resolved JobSpecs are read only for the
     Jobs that launch (:meth:`Store.queued_job`). Equal shapes share one :class:`Request`.
     """
     columns = "run_id, fleet, series, gpus, members_wanted, gpus_per_member, state_reason"
-    order = "ORDER BY created_at_ms, run_id"
     if only is None:
         rows = await fetch_rows(
-            store, f"SELECT {columns} FROM jobs WHERE state = ? {_ON_NODES} {order}", (lc.QUEUED,)
+            store,
+            f"SELECT {columns}, created_at_ms FROM jobs WHERE state = ? {_ON_NODES} "
+            "ORDER BY created_at_ms, run_id",
+            (lc.QUEUED,),
         )
     else:
-        rows = []
+        found = []
         wanted = sorted(only)
         for start in range(0, len(wanted), RUN_IDS_PER_READ):
             part = wanted[start : start + RUN_IDS_PER_READ]
             marks = ", ".join("?" for _ in part)
-            rows += await fetch_rows(
+            found += await fetch_rows(
                 store,
                 f"SELECT {columns}, created_at_ms FROM jobs WHERE state = ? {_ON_NODES} "
                 f"AND run_id IN ({marks})",
                 (lc.QUEUED, *part),
             )
         # In queue order, as the whole queue's read gives it: admission time, then run id.
-        found = sorted((tuple(row) for row in rows), key=lambda row: (row[-1], row[0]))
-        rows = [row[:-1] for row in found]
+        rows = sorted((tuple(row) for row in found), key=lambda row: (row[-1], row[0]))
     shapes: dict[tuple[int, int | None, int | None], Request] = {}
     queue: list[QueuedRequest] = []
     reasons: dict[str, str] = {}
-    for run_id, fleet, series, gpus, members, per_member, reason in rows:
+    newest = 0
+    for run_id, fleet, series, gpus, members, per_member, reason, created in rows:
         shape = (int(gpus), members, per_member)
         request = shapes.get(shape)
         if request is None:
             request = shapes[shape] = Request(*shape)
         queue.append(QueuedRequest(str(run_id), str(fleet), str(series), request))
         reasons[str(run_id)] = str(reason)
-    return queue, reasons
+        newest = max(newest, int(created))
+    return queue, reasons, newest
 
 
 async def set_wait_reasons(

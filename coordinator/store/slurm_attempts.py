@@ -52,11 +52,15 @@ class SlurmAttemptRow:
 
 
 async def queued_slurm_jobs(store: Store) -> list[str]:
-    """Run ids of queued Jobs whose Fleet is of kind slurm, oldest first."""
+    """Run ids of queued Jobs whose Fleet is of kind slurm, oldest first.
+
+    Read Fleet by Fleet from the Slurm Fleets (``CROSS JOIN`` keeps them the outer loop in
+    SQLite), each by the ``jobs_by_fleet_state`` index: the executor runs at every admission,
+    and Jobs queued on other Fleets must cost it nothing however many there are."""
     rows = await fetch_rows(
         store,
-        "SELECT run_id FROM jobs WHERE state = ? AND fleet IN (SELECT fleet FROM slurm_fleets) "
-        "ORDER BY created_at_ms, run_id",
+        "SELECT j.run_id FROM slurm_fleets s CROSS JOIN jobs j "
+        "WHERE j.fleet = s.fleet AND j.state = ? ORDER BY j.created_at_ms, j.run_id",
         (lc.QUEUED,),
     )
     return [str(r[0]) for r in rows]

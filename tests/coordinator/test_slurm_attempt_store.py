@@ -55,7 +55,7 @@ def test_a_slurm_attempt_is_written_then_its_job_id_then_slurms_word(tmp_path: P
         try:
             run_id = await _admitted(store)
             assert await queued_slurm_jobs(store) == [run_id]
-            queue, _ = await queued_requests(store)
+            queue, _, _ = await queued_requests(store)
             assert queue == []  # never placed on Nodes
             queued = await store.queued_job(run_id)
             assert queued is not None
