@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,10 @@ async def _admit(store: Store, n: int, fleet: str = "default", kind: str = "node
     return receipt.run_id
 
 
+def _no_handler() -> int:
+    return 0
+
+
 class Counter:
     """Progress-handler calls on the store's own SQLite connection."""
 
@@ -58,15 +63,15 @@ class Counter:
         return 0  # go on
 
 
-async def _counted(store: Store, counter: Counter, work: object) -> int:
+async def _counted(store: Store, counter: Counter, work: Awaitable[object]) -> int:
     backend = store._backend  # the store's one connection: what the coordinator's reads cost
     assert isinstance(backend, SqliteBackend)
     before = counter.calls
     await backend._conn.set_progress_handler(counter, GRAIN)
     try:
-        await work  # type: ignore[misc]
+        await work
     finally:
-        await backend._conn.set_progress_handler(None, GRAIN)
+        await backend._conn.set_progress_handler(_no_handler, GRAIN)
     return counter.calls - before
 
 
@@ -75,8 +80,9 @@ def _costs(tmp_path: Path, queued: int) -> tuple[int, int]:
     instructions of the pass that plans one more admitted Job, and of the Slurm executor's read
     of its queue."""
 
+    tmp_path.mkdir()
+
     async def go() -> tuple[int, int]:
-        tmp_path.mkdir()
         store = await Store.open(db_path(tmp_path))
         try:
             await store.bootstrap("admin-token-hash", 1)
