@@ -185,17 +185,22 @@ class MemberPrepares(MemberBase):
         try:
             if spec is None:
                 raise PrepareRefused(spec_error)
-            owners, unnamed = await self.journal.gpu_owners_by_uuid()
-            check_gpus(key, cmd.gpu_indexes, cmd.gpu_uuids, inventory, owners, unnamed)
             runtime = runtime_of(spec, self.policy)
             if isinstance(runtime, Runtime):
                 refused = refused_loader_variable(spec.env, runtime.name, runtime.allow_loader_env)
                 if refused:
                     raise PrepareRefused(refused)
+            pull = isinstance(runtime, ImageRef) and self.images.ready(runtime) is None
+            if pull:
+                # GPUs another member owns refuse the Prepare before minutes of pulling; without
+                # a pull, the rest of Prepare checks them under the lock, once.
+                owners, unnamed = await self.journal.gpu_owners_by_uuid()
+                check_gpus(key, cmd.gpu_indexes, cmd.gpu_uuids, inventory, owners, unnamed)
         except PrepareRefused as exc:
             await self._refuse(key, str(exc))
             return
-        if isinstance(runtime, ImageRef) and self.images.ready(runtime) is None:
+        if pull:
+            assert isinstance(runtime, ImageRef)
             await self._start_pull(cmd, spec, runtime, uuids)
             return
         async with self.prepare_lock:
