@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 #: How long the Nodes may take to all come back before the bench gives up on the figure.
 STORM_TIMEOUT_S = 900.0
+#: How long a storm load process may take to answer "go".
+ARMED_TIMEOUT_S = 30.0
 
 StartLoaders = Callable[..., list[subprocess.Popen[str]]]
 
@@ -45,6 +47,8 @@ def reconnect_storm(
             assert p.stdin is not None
             p.stdin.write("go\n")
             p.stdin.flush()
+        for p in procs:
+            _armed(p)
         killed = time.time()
         ready = coord.restart()
         results = [_result(p) for p in procs]
@@ -76,6 +80,18 @@ def reconnect_storm(
     figures.add(f"reconnect storm: all {count} welcomed again (s)", backend, storm_s)
     figures.add(f"reconnect storm: Hellos/s, {count} Nodes", backend, count / storm_s)
     figures.add(f"first connect: Hellos/s, {count} Nodes", backend, count / first_s)
+
+
+def _armed(proc: subprocess.Popen[str]) -> None:
+    """Until the storm load process says it counts ended streams (its answer to "go")."""
+    assert proc.stdout is not None
+    ready = select.select([proc.stdout], [], [], ARMED_TIMEOUT_S)[0]
+    line = proc.stdout.readline() if ready else ""
+    if line.strip() != "armed":
+        raise RuntimeError(
+            f'a storm load process did not answer "go" within {ARMED_TIMEOUT_S:g} s (it said '
+            f"{line.strip()!r}, exit status {proc.poll()}); see its output above."
+        )
 
 
 def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:

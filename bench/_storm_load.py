@@ -195,6 +195,9 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
         print(f"ready {len(nodes)}", flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)
         storm.armed = True
+        # The bench kills the coordinator only after this line: a stream that ended before
+        # "armed" would never count as gone, and its Node never as back.
+        print("armed", flush=True)
         await storm.all_back.wait()
         times = sorted(storm.back.values())
         print(
