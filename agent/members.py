@@ -37,7 +37,8 @@ class MemberManager(MemberPrepares, MemberLaunches):
     """Executes member commands against the journal and supervision.
 
     One class in layers, each its own module: :class:`~tuneplane.agent.members_base.MemberBase`
-    (state, paths), :class:`~tuneplane.agent.members_prepare.MemberPrepares` (Prepare),
+    (state, paths), :class:`~tuneplane.agent.members_prepare.MemberPrepares` (Prepare) over
+    :class:`~tuneplane.agent.members_pull.MemberPulls` (its runtime image's pull),
     :class:`~tuneplane.agent.members_exits.MemberExits` (exits, watching, stopping) under
     :class:`~tuneplane.agent.members_launch.MemberLaunches` (launch), and this class: the
     commands (Commit, Abort, Cancel) and replay after a restart.
