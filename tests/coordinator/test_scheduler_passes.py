@@ -310,3 +310,62 @@ def test_gpus_taken_behind_the_schedulers_back_make_the_next_tick_read_the_queue
             )
 
     assert _ticks(tmp_path, reserve).startswith("waiting: needs 1 h200 GPU(s)")
+
+
+def test_ticks_after_an_admissions_pass_still_read_no_queue(tmp_path: Path) -> None:
+    """A pass over a new Job counts it into the whole pass's record instead of counting the
+    queue: the ticks after it find the real queue as that record says, and read no queue (a
+    reason changed behind the scheduler's back after the admission stays as it is). The passes
+    are called one by one, as the scheduler's loop calls them."""
+
+    async def go() -> tuple[str, str, int]:
+        where = current().where(db_path(tmp_path))
+        store = await Store.open(where)
+        try:
+            first = await _admit_one(store)
+            scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, 3600)
+            await scheduler.step()
+            second = await _admit(store, 2)
+            await scheduler.step({second})
+            await _mark(store, first)
+            await scheduler.step(tick=True)
+            await scheduler.step(tick=True)
+            return (
+                await _reason(store, first),
+                await _reason(store, second),
+                (scheduler.skipped_passes),
+            )
+        finally:
+            await store.close()
+
+    first_reason, planned, skipped = asyncio.run(go())
+    assert planned.startswith("waiting: needs 1 h200 GPU(s)")
+    assert (first_reason, skipped) == ("marked", 2)
+
+
+def test_a_job_gone_behind_the_schedulers_back_after_an_admission_makes_the_tick_read(
+    tmp_path: Path,
+) -> None:
+    """The record's mark after an admission's pass is a sum, not a read: a Job that left the
+    queue with no one telling the scheduler makes the real mark differ from it, and the next
+    tick reads the whole queue (the other Job's marked reason is rewritten)."""
+
+    async def go() -> tuple[str, int]:
+        where = current().where(db_path(tmp_path))
+        store = await Store.open(where)
+        try:
+            first = await _admit_one(store)
+            scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, 3600)
+            await scheduler.step()
+            second = await _admit(store, 2)
+            await scheduler.step({second})
+            async with store.transaction() as db:
+                await db.execute("UPDATE jobs SET state = 'cancelled' WHERE run_id = ?", (first,))
+            await _mark(store, second)
+            await scheduler.step(tick=True)
+            return await _reason(store, second), scheduler.skipped_passes
+        finally:
+            await store.close()
+
+    reason, skipped = asyncio.run(go())
+    assert (reason.startswith("waiting: needs 1 h200 GPU(s)"), skipped) == (True, 0)
