@@ -312,35 +312,43 @@ def test_gpus_taken_behind_the_schedulers_back_make_the_next_tick_read_the_queue
     assert _ticks(tmp_path, reserve).startswith("waiting: needs 1 h200 GPU(s)")
 
 
-def test_ticks_after_an_admissions_pass_still_read_no_queue(tmp_path: Path) -> None:
-    """A pass over a new Job counts it into the whole pass's record instead of counting the
-    queue: the ticks after it find the real queue as that record says, and read no queue (a
-    reason changed behind the scheduler's back after the admission stays as it is). The passes
-    are called one by one, as the scheduler's loop calls them."""
+def _after_an_admission(
+    tmp_path: Path, behind_its_back: Callable[[Store, str, str], Awaitable[None]], ticks: int
+) -> tuple[str, str, int]:
+    """A whole pass, one more Job admitted and planned by a pass over it alone, then
+    ``behind_its_back(store, first, second)`` and ``ticks`` ticks, each pass called as the
+    scheduler's loop calls it (no clock): both Jobs' reasons and the ticks that read no queue."""
 
     async def go() -> tuple[str, str, int]:
-        where = current().where(db_path(tmp_path))
-        store = await Store.open(where)
+        store = await Store.open(current().where(db_path(tmp_path)))
         try:
             first = await _admit_one(store)
             scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, 3600)
             await scheduler.step()
             second = await _admit(store, 2)
             await scheduler.step({second})
-            await _mark(store, first)
-            await scheduler.step(tick=True)
-            await scheduler.step(tick=True)
-            return (
-                await _reason(store, first),
-                await _reason(store, second),
-                (scheduler.skipped_passes),
-            )
+            await behind_its_back(store, first, second)
+            for _ in range(ticks):
+                await scheduler.step(tick=True)
+            reasons = await _reason(store, first), await _reason(store, second)
+            return *reasons, scheduler.skipped_passes
         finally:
             await store.close()
 
-    first_reason, planned, skipped = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_ticks_after_an_admissions_pass_still_read_no_queue(tmp_path: Path) -> None:
+    """A pass over a new Job counts it into the whole pass's record instead of counting the
+    queue: the ticks after it find the real queue as that record says, and read no queue (a
+    reason changed behind the scheduler's back after the admission stays as it is)."""
+
+    async def mark_first(store: Store, first: str, _second: str) -> None:
+        await _mark(store, first)
+
+    first, planned, skipped = _after_an_admission(tmp_path, mark_first, ticks=2)
     assert planned.startswith("waiting: needs 1 h200 GPU(s)")
-    assert (first_reason, skipped) == ("marked", 2)
+    assert (first, skipped) == ("marked", 2)
 
 
 def test_a_job_gone_behind_the_schedulers_back_after_an_admission_makes_the_tick_read(
@@ -350,22 +358,10 @@ def test_a_job_gone_behind_the_schedulers_back_after_an_admission_makes_the_tick
     queue with no one telling the scheduler makes the real mark differ from it, and the next
     tick reads the whole queue (the other Job's marked reason is rewritten)."""
 
-    async def go() -> tuple[str, int]:
-        where = current().where(db_path(tmp_path))
-        store = await Store.open(where)
-        try:
-            first = await _admit_one(store)
-            scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, 3600)
-            await scheduler.step()
-            second = await _admit(store, 2)
-            await scheduler.step({second})
-            async with store.transaction() as db:
-                await db.execute("UPDATE jobs SET state = 'cancelled' WHERE run_id = ?", (first,))
-            await _mark(store, second)
-            await scheduler.step(tick=True)
-            return await _reason(store, second), scheduler.skipped_passes
-        finally:
-            await store.close()
+    async def cancel_first(store: Store, first: str, second: str) -> None:
+        async with store.transaction() as db:
+            await db.execute("UPDATE jobs SET state = 'cancelled' WHERE run_id = ?", (first,))
+        await _mark(store, second)
 
-    reason, skipped = asyncio.run(go())
-    assert (reason.startswith("waiting: needs 1 h200 GPU(s)"), skipped) == (True, 0)
+    _, second, skipped = _after_an_admission(tmp_path, cancel_first, ticks=1)
+    assert (second.startswith("waiting: needs 1 h200 GPU(s)"), skipped) == (True, 0)
