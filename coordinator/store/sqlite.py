@@ -1,4 +1,4 @@
-"""The SQLite backend of a store: one file, one aiosqlite connection, one writer.
+"""The SQLite backend of a store: one file, one connection, one writer.
 
 Rules:
 - WAL, ``synchronous=FULL``, ``busy_timeout``: a returned write is on disk, and other processes
@@ -7,6 +7,17 @@ Rules:
   writers in every process are serialised by SQLite itself and never conflict; nothing here is
   ever re-run. A lock still held by another process after ``busy_timeout`` is
   :class:`StoreUnavailable`.
+- Where a statement runs (:class:`_Link`): whatever can wait on another process or on the disk
+  runs in a worker thread: ``BEGIN IMMEDIATE`` (the busy wait), ``COMMIT`` (the fsync),
+  ``ROLLBACK``, opening, closing, and every read outside a transaction (a read can be long: a
+  Job list, a metric series). The statements *inside* a write transaction run on the event
+  loop itself: the file's write lock is already ours, so none of them waits on anything, and a
+  trip to a thread and back for each (a queue, a future, a wake-up of the loop) cost more than
+  the statement. Only a batch of many rows (:data:`INLINE_ROWS`) still goes to the thread.
+- The connection is used by one thread at a time: a statement for the loop that finds the
+  connection busy in the thread waits for it without blocking the loop. Only data crosses
+  between the threads: each call closes the cursor it opened (a cursor dropped later, in the
+  other thread, would reset its statement while that thread runs the next one).
 - Rows are :class:`sqlite3.Row` (by index and by name). Integrity errors become
   :class:`IntegrityViolation`.
 - Heavy reads (:meth:`SqliteBackend.snapshot`) run in a worker thread on a read-only connection
@@ -16,14 +27,17 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, closing, contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
-import aiosqlite
 import anyio
+import attrs
 
 from .handle import (
     Handle,
@@ -36,15 +50,96 @@ from .handle import (
 )
 
 BUSY_TIMEOUT_MS = 10_000
+#: The most rows an ``executemany`` inside a transaction writes on the event loop; a larger
+#: batch (a Hello storm, a metric batch, a copied table) goes to the worker thread.
+INLINE_ROWS = 64
 T = TypeVar("T")
 
 
-class SqliteHandle:
-    """A :class:`~tuneplane.coordinator.store.handle.Handle` on the store's one connection."""
+class _Link:
+    """The store's one :class:`sqlite3.Connection` and the one worker thread that runs its
+    slow calls, in the order they came.
 
-    def __init__(self, conn: aiosqlite.Connection, what: str) -> None:
-        self._conn = conn
+    :meth:`threaded` queues a call for that thread. :meth:`inline` runs one on the event loop
+    when nothing is queued or running there, else queues it behind the rest: the connection is
+    never used by two threads at once, and one caller's calls keep their order.
+
+    The thread is this class's own rather than an executor's: a call handed to it is one queue
+    put and one wake-up of the loop, and the thread reads the queue again at once when
+    several are waiting.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self._calls: queue.SimpleQueue[_Call[Any] | None] = queue.SimpleQueue()
+        # Each counter has one writer (the loop, the worker thread), so neither needs a lock.
+        self._queued = 0
+        self._done = 0
+        self._thread = threading.Thread(target=self._serve, name="store-sqlite", daemon=True)
+        self._thread.start()
+
+    async def threaded(self, call: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queued += 1
+        self._calls.put(_Call(call, future, loop))
+        # A cancelled caller leaves the call to run: the count says when the thread is done.
+        return await future
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            outcome = item.outcome()
+            # Counted before the caller hears: by then the connection is free for the loop.
+            self._done += 1
+            item.deliver(*outcome)
+            del item, outcome  # keep nothing of a call alive while waiting for the next
+
+    async def inline(self, call: Callable[[], T]) -> T:
+        if self._done == self._queued:
+            return call()
+        return await self.threaded(call)
+
+    async def close(self) -> None:
+        await self.threaded(self.conn.close)
+        self._calls.put(None)
+
+
+@attrs.frozen
+class _Call(Generic[T]):
+    """One call for the worker thread and the future on the loop that gets its outcome."""
+
+    call: Callable[[], T]
+    future: asyncio.Future[T]
+    loop: asyncio.AbstractEventLoop
+
+    def outcome(self) -> tuple[T | None, BaseException | None]:
+        try:
+            return self.call(), None
+        except BaseException as exc:  # handed to the caller on the loop, raised there
+            return None, exc
+
+    def deliver(self, result: T | None, error: BaseException | None) -> None:
+        if not self.loop.is_closed():  # a closed loop has nobody left to tell
+            self.loop.call_soon_threadsafe(_settle, self.future, result, error)
+
+
+def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(cast(T, result))
+
+
+class SqliteHandle:
+    """A :class:`~tuneplane.coordinator.store.handle.Handle` on the store's one connection:
+    ``in_transaction`` runs its statements on the event loop, else in the worker thread."""
+
+    def __init__(self, link: _Link, what: str, in_transaction: bool) -> None:
+        self._link = link
         self._what = what
+        self._run = link.inline if in_transaction else link.threaded
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
@@ -62,33 +157,59 @@ class SqliteHandle:
             ) from exc
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> Result:
+        conn, values = self._link.conn, tuple(args)
         with self._mapped():
-            cursor = await self._conn.execute(sql, tuple(args))
-        return Result(int(cursor.rowcount))
+            return await self._run(lambda: _changed(conn.execute(sql, values)))
 
     async def execute_fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        conn, values = self._link.conn, tuple(args)
         with self._mapped():
-            return list(await self._conn.execute_fetchall(sql, tuple(args)))
+            return await self._run(lambda: _read(conn.execute(sql, values)))
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
-        # A generator is read by sqlite3 in the connection's thread, off the event loop.
+        conn = self._link.conn
+        few = isinstance(rows, list | tuple) and len(rows) <= INLINE_ROWS
+        # A generator is read by sqlite3 where the statement runs: off the loop unless few.
+        run = self._run if few else self._link.threaded
         with self._mapped():
-            cursor = await self._conn.executemany(sql, rows)
-        return Result(int(cursor.rowcount))
+            return await run(lambda: _changed(conn.executemany(sql, rows)))
 
     async def fetchone(self, sql: str, args: Sequence[Any] = ()) -> Row | None:
         rows = await self.execute_fetchall(sql, args)
         return rows[0] if rows else None
 
 
-async def _into_wal(conn: aiosqlite.Connection) -> None:
+def _changed(cursor: sqlite3.Cursor) -> Result:
+    """What a statement changed, its cursor closed: a statement left open would make the next
+    ``COMMIT`` fail with "SQL statements in progress"."""
+    with closing(cursor):
+        return Result(int(cursor.rowcount))
+
+
+def _read(cursor: sqlite3.Cursor) -> list[Row]:
+    with closing(cursor):
+        return list(cursor.fetchall())
+
+
+def _pragma(link: _Link, sql: str) -> Callable[[], list[Row]]:
+    return lambda: _read(link.conn.execute(sql))
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # Used from the loop and from worker threads, one at a time (:class:`_Link`).
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+async def _into_wal(link: _Link) -> None:
     """Switch the file to WAL. The switch needs the file to itself and SQLite answers "locked"
     at once, without its busy handler, while another connection opens it too (two processes
     starting together): try again until the busy timeout has passed."""
     deadline = anyio.current_time() + BUSY_TIMEOUT_MS / 1000
     while True:
         try:
-            await conn.execute("PRAGMA journal_mode=WAL")
+            await link.threaded(_pragma(link, "PRAGMA journal_mode=WAL"))
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or anyio.current_time() > deadline:
                 raise
@@ -100,40 +221,41 @@ async def _into_wal(conn: aiosqlite.Connection) -> None:
 class SqliteBackend:
     """One store's SQLite file. Open with :meth:`open`."""
 
-    def __init__(self, conn: aiosqlite.Connection, path: Path, what: str) -> None:
-        self._conn = conn
+    def __init__(self, link: _Link, path: Path, what: str) -> None:
+        self._link = link
         self.path = path
-        self.reader: Handle = SqliteHandle(conn, what)
+        self._what = what
+        self.reader: Handle = SqliteHandle(link, what, in_transaction=False)
+        self._writer = SqliteHandle(link, what, in_transaction=True)
 
     @classmethod
     async def open(cls, path: Path, what: str, foreign_keys: bool) -> SqliteBackend:
-        conn = await aiosqlite.connect(path, isolation_level=None)
+        link = _Link(await anyio.to_thread.run_sync(_connect, path))
         try:
-            conn.row_factory = sqlite3.Row
-            await conn.execute("PRAGMA synchronous=FULL")
-            await conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            await _into_wal(conn)
+            await link.threaded(_pragma(link, "PRAGMA synchronous=FULL"))
+            await link.threaded(_pragma(link, f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}"))
+            await _into_wal(link)
             if foreign_keys:
-                await conn.execute("PRAGMA foreign_keys=ON")
+                await link.threaded(_pragma(link, "PRAGMA foreign_keys=ON"))
         except BaseException:
-            await conn.close()
+            await link.close()
             raise
-        return cls(conn, path, what)
+        return cls(link, path, what)
 
     async def close(self) -> None:
-        await self._conn.close()
+        await self._link.close()
 
     async def abandon(self) -> None:
         """A SQLite file has no link to lose: the same as :meth:`close`."""
-        await self._conn.close()
+        await self.close()
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Handle]:
         await self.reader.execute("BEGIN IMMEDIATE")
         try:
-            yield self.reader
+            yield self._writer
         except BaseException:
-            await self._conn.execute("ROLLBACK")
+            await self._link.threaded(_pragma(self._link, "ROLLBACK"))
             raise
         await self.reader.execute("COMMIT")
 
@@ -176,10 +298,14 @@ class SqliteBackend:
         return await anyio.to_thread.run_sync(_in_snapshot, self.path, work)
 
     async def batches(self, sql: str, size: int) -> AsyncIterator[list[Row]]:
-        """The rows of ``sql`` in lists of at most ``size``, read on the store's connection."""
-        async with self._conn.execute(sql) as cursor:
-            while chunk := await cursor.fetchmany(size):
+        """The rows of ``sql`` in lists of at most ``size``, read on the store's connection in
+        the worker thread."""
+        cursor = await self._link.threaded(lambda: self._link.conn.execute(sql))
+        try:
+            while chunk := await self._link.threaded(lambda: cursor.fetchmany(size)):
                 yield list(chunk)
+        finally:
+            await self._link.threaded(cursor.close)
 
 
 def _in_snapshot(path: Path, work: Callable[[SnapshotReader], T]) -> T:

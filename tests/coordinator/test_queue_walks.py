@@ -48,10 +48,6 @@ async def _admit(store: Store, n: int, fleet: str = "default", kind: str = "node
     return receipt.run_id
 
 
-def _no_handler() -> int:
-    return 0
-
-
 class Counter:
     """Progress-handler calls on the store's own SQLite connection."""
 
@@ -67,11 +63,12 @@ async def _counted(store: Store, counter: Counter, work: Awaitable[object]) -> i
     backend = store._backend  # the store's one connection: what the coordinator's reads cost
     assert isinstance(backend, SqliteBackend)
     before = counter.calls
-    await backend._conn.set_progress_handler(counter, GRAIN)
+    # Set while the store's thread is idle (nothing is awaited here): it runs in no other.
+    backend._link.conn.set_progress_handler(counter, GRAIN)
     try:
         await work
     finally:
-        await backend._conn.set_progress_handler(_no_handler, GRAIN)
+        backend._link.conn.set_progress_handler(None, GRAIN)
     return counter.calls - before
 
 

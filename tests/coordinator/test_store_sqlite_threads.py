@@ -1,0 +1,195 @@
+"""Where the SQLite store runs each statement (coordinator/store/sqlite.py).
+
+Statements inside a write transaction run on the event loop: the file's write lock is already
+held, so none of them waits, and a trip to a thread for each cost more than the statement (issue
+13, goal 2). What can wait runs in the store's one worker thread: ``BEGIN IMMEDIATE`` (another
+process's lock), ``COMMIT`` (the fsync), reads outside a transaction, batches of many rows. The
+connection is never used by two threads at once. SQLite's own trace callback says which thread
+ran each statement; a SQL function that blocks holds the worker thread for as long as a test
+needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tuneplane.coordinator.store.sqlite import INLINE_ROWS, SqliteBackend
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.sqlite_only("its subject is the SQLite backend's threads"),
+]
+
+LOOP = threading.current_thread().name
+WORKER = "store-sqlite"
+
+
+class Traced:
+    """Every statement the store's connection runs, with the thread that ran it."""
+
+    def __init__(self, backend: SqliteBackend) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.held = threading.Event()
+        self.release = threading.Event()
+        conn = backend._link.conn  # the store's one connection, set up while its thread idles
+        conn.set_trace_callback(self._trace)
+        conn.create_function("hold", 0, self._hold)
+
+    def _trace(self, sql: str) -> None:
+        self.seen.append((" ".join(sql.split()), threading.current_thread().name))
+
+    def _hold(self) -> int:
+        self.seen.append(("hold() started", threading.current_thread().name))
+        self.held.set()
+        assert self.release.wait(30), "the test never released hold()"
+        self.seen.append(("hold() ended", threading.current_thread().name))
+        return 1
+
+    def threads(self, part: str) -> set[str]:
+        """The threads that ran statements holding ``part`` (SQLite traces them with their
+        values bound, comments kept)."""
+        return {thread for sql, thread in self.seen if part in sql}
+
+    def position(self, part: str) -> int:
+        return next(i for i, (sql, _) in enumerate(self.seen) if part in sql)
+
+
+async def _open(tmp_path: Path) -> SqliteBackend:
+    backend = await SqliteBackend.open(tmp_path / "store.db", "test store", foreign_keys=False)
+    await backend.reader.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+    return backend
+
+
+def _rows(start: int, count: int) -> Iterator[tuple[int]]:
+    return ((n,) for n in range(start, start + count))
+
+
+def test_a_transaction_runs_its_statements_on_the_loop_and_only_waits_in_the_thread(
+    tmp_path: Path,
+) -> None:
+    async def go() -> Traced:
+        backend = await _open(tmp_path)
+        try:
+            traced = Traced(backend)
+            async with backend.transaction() as db:
+                await db.execute("INSERT INTO t (x) VALUES (?) -- one", (1,))
+                rows = await db.execute_fetchall("SELECT x FROM t -- inside")
+                assert [tuple(r) for r in rows] == [(1,)]
+                await db.executemany("INSERT INTO t (x) VALUES (?) -- few", list(_rows(10, 3)))
+                many = list(_rows(100, INLINE_ROWS + 1))
+                await db.executemany("INSERT INTO t (x) VALUES (?) -- many", many)
+                await db.executemany("INSERT INTO t (x) VALUES (?) -- generator", _rows(500, 2))
+            count = await backend.reader.fetchone("SELECT COUNT(*) FROM t -- outside")
+            assert count is not None and count[0] == 1 + 3 + INLINE_ROWS + 1 + 2
+            return traced
+        finally:
+            await backend.close()
+
+    traced = asyncio.run(go())
+    assert traced.threads("BEGIN IMMEDIATE") == {WORKER}  # may wait for another process
+    assert traced.threads("COMMIT") == {WORKER}  # the fsync
+    assert traced.threads("-- one") == {LOOP}
+    assert traced.threads("-- inside") == {LOOP}
+    assert traced.threads("-- few") == {LOOP}
+    assert traced.threads("-- many") == {WORKER}  # more than INLINE_ROWS rows
+    assert traced.threads("-- generator") == {WORKER}  # read where it runs: not on the loop
+    assert traced.threads("-- outside") == {WORKER}
+
+
+@pytest.mark.parametrize("reader_cancelled", [False, True], ids=["waiting", "cancelled"])
+def test_a_statement_for_the_loop_waits_while_the_thread_holds_the_connection(
+    tmp_path: Path, reader_cancelled: bool
+) -> None:
+    """A read outside the transaction holds the thread (its caller may even have given up on
+    it): the transaction's next statement goes behind it instead of using the connection from
+    a second thread at the same time."""
+
+    async def go() -> Traced:
+        backend = await _open(tmp_path)
+        traced = Traced(backend)
+        try:
+            async with backend.transaction() as db:
+                reader = asyncio.create_task(backend.reader.execute_fetchall("SELECT hold()"))
+                assert await asyncio.to_thread(traced.held.wait, 30)
+                if reader_cancelled:
+                    reader.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await reader
+                insert = asyncio.create_task(db.execute("INSERT INTO t (x) VALUES (7)"))
+                await asyncio.sleep(0)  # one turn of the loop: an insert run inline is done now
+                assert not insert.done()
+                assert not traced.threads("INSERT")
+                traced.release.set()
+                assert (await insert).rowcount == 1
+                if not reader_cancelled:
+                    assert [tuple(r) for r in await reader] == [(1,)]
+            row = await backend.reader.fetchone("SELECT x FROM t")
+            assert row is not None and row[0] == 7
+            return traced
+        finally:
+            traced.release.set()
+            await backend.close()
+
+    traced = asyncio.run(go())
+    assert traced.position("hold() ended") < traced.position("INSERT")
+    assert traced.threads("INSERT") == {WORKER}
+
+
+_HOLDER = """\
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+db.execute("INSERT INTO t (x) VALUES (1)")
+print("held", flush=True)
+sys.stdin.readline()
+db.execute("COMMIT")
+"""
+
+
+def test_a_transaction_waiting_for_another_process_lock_leaves_the_loop_running(
+    tmp_path: Path,
+) -> None:
+    """Another process (an on-call's ``sqlite3``, the admin CLI) holds the file's write lock:
+    this store's ``BEGIN IMMEDIATE`` waits for it in the thread, and the loop goes on serving
+    everything else meanwhile."""
+
+    async def go() -> list[int]:
+        backend = await _open(tmp_path)
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _HOLDER,
+            str(tmp_path / "store.db"),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdin is not None
+            assert await holder.stdout.readline() == b"held\n"
+
+            async def write() -> None:
+                async with backend.transaction() as db:
+                    await db.execute("INSERT INTO t (x) VALUES (2)")
+
+            writer = asyncio.create_task(write())
+            for _ in range(20):  # the loop turns while the writer waits for the lock
+                await asyncio.sleep(0)
+            assert not writer.done()
+            holder.stdin.write(b"commit\n")
+            await holder.stdin.drain()
+            await writer
+            assert await holder.wait() == 0
+            return [r[0] for r in await backend.reader.execute_fetchall("SELECT x FROM t")]
+        finally:
+            if holder.returncode is None:
+                holder.kill()
+                await holder.wait()
+            await backend.close()
+
+    assert asyncio.run(go()) == [1, 2]
