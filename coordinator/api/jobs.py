@@ -80,7 +80,7 @@ class ApiService:
         store: Store,
         config: CoordinatorConfig,
         catalogue: Catalogue,
-        on_admitted: Callable[[str], None],
+        on_admitted: Callable[[str, str], None],
         logs: LogStore | None = None,
         preparations: PreparationBook | None = None,
     ) -> None:
@@ -302,7 +302,7 @@ class ApiService:
                     receipt.preview_id,
                     principal.name,
                 )
-                self._on_admitted(receipt.run_id)
+                self._on_admitted(receipt.run_id, receipt.backend)
             await stream.send_message(receipt_to_wire(receipt))
 
     async def _get_job(self, stream: Any) -> None:

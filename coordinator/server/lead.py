@@ -109,6 +109,20 @@ class Lease:
     won: Won
 
 
+def admission_listener(scheduler: Scheduler, slurm: SlurmExecutor) -> Callable[[str, str], None]:
+    """What the API calls with a newly admitted Job's run id and its Fleet's backend: the Node
+    scheduler plans the Job (its pass reads only Jobs of Node Fleets); the Slurm executor is
+    woken only for a Job on a Slurm Fleet, since a pass for any other read its queue and found
+    nothing (two reads and a wake-up per admission, issue 13)."""
+
+    def admitted(run_id: str, backend: str) -> None:
+        scheduler.admitted(run_id)
+        if backend == "slurm":
+            slurm.wake()
+
+    return admitted
+
+
 async def lead(setting: Setting, socks: dict[str, socket.socket], lease: Lease | None) -> str:
     """Lead until cancelled (returns ""), or until the lease is lost (returns why)."""
     lost: list[str] = []
@@ -203,9 +217,7 @@ async def _run(
     )
     slurm = SlurmExecutor(store, catalogue, log_store, collectors, tls_paths.ca_cert)
 
-    def admitted(run_id: str) -> None:
-        scheduler.admitted(run_id)
-        slurm.wake()
+    admitted = admission_listener(scheduler, slurm)
 
     def wake_both() -> None:
         scheduler.wake()

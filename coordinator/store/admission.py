@@ -124,7 +124,15 @@ class Admission(StoreBase):
                     # The image is pinned by digest; the tag it was resolved from at Preview.
                     detail["image_tag"] = summary["image_tag"]
                 await self.log_decision(db, now, "admission", detail, run_id=run_id)
-                return Receipt(run_id, preview_id, digest, retry_key, now, created=True)
+                return Receipt(
+                    run_id,
+                    preview_id,
+                    digest,
+                    retry_key,
+                    now,
+                    True,
+                    str(summary.get("backend", "")),
+                )
 
         try:
             return await self.shielded(work)

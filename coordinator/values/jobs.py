@@ -165,6 +165,9 @@ class Receipt:
     admitted_at_ms: int
     # False when the coordinator returned the receipt of an earlier identical confirmation.
     created: bool
+    # The kind of Fleet the Job was admitted to (node, kubernetes, slurm): who must plan it.
+    # "" on an earlier receipt returned again, which admitted nothing, and on the wire.
+    backend: str = ""
 
 
 @attrs.frozen
