@@ -84,10 +84,12 @@ def _spec(experiment: str, source_files: dict[str, str], **extra: Any) -> str:
 
 
 def _big_spec(i: int) -> str:
-    """8 MiB of (incompressible) experiment files in eight 1 MiB files."""
-    files = {
-        f"data/part{n}.bin": base64.b64encode(os.urandom(SOURCE_BYTES // 8)).decode()
-        for n in range(8)
+    """8 MiB of experiment files: the ``train.sh`` the recipe runs (Preview refuses an
+    experiment without it) and the rest (incompressible) in eight files of about 1 MiB."""
+    script = b"#!/bin/sh\ntrue\n"
+    part = (SOURCE_BYTES - len(script)) // 8
+    files = {"train.sh": base64.b64encode(script).decode()} | {
+        f"data/part{n}.bin": base64.b64encode(os.urandom(part)).decode() for n in range(8)
     }
     return _spec(f"big{i}", files)
 

@@ -53,6 +53,7 @@ class Store(Enrollment, NodeConnections, Admission, JobReads, Launches, Reports)
     SCHEMA = "tuneplane"
     MIGRATIONS = MIGRATIONS
     FOREIGN_KEYS = True
+    STATEMENTS_ON_LOOP = True
 
 
 def db_path(state_dir: Path) -> Path:

@@ -130,6 +130,11 @@ class StoreDb:
     SCHEMA: ClassVar[str]
     MIGRATIONS: ClassVar[Migrations]
     FOREIGN_KEYS: ClassVar[bool] = False
+    #: On SQLite, whether a write transaction's statements run on the event loop (see
+    #: :mod:`.sqlite`): for a store whose statements touch a Job's or a Node's few rows. A store
+    #: whose statements follow the points or bytes a request carries (rollups over a series, log
+    #: chunks) keeps them in the worker thread, since their work cannot be sized beforehand.
+    STATEMENTS_ON_LOOP: ClassVar[bool] = False
 
     def __init__(self, backend: Backend, where: Where) -> None:
         self._backend = backend
@@ -154,7 +159,7 @@ class StoreDb:
             backend = await PostgresBackend.open(where, cls.SCHEMA, cls.LABEL)
         else:
             backend = await SqliteBackend.open(
-                Path(where), f"{cls.LABEL} {where}", cls.FOREIGN_KEYS
+                Path(where), f"{cls.LABEL} {where}", cls.FOREIGN_KEYS, cls.STATEMENTS_ON_LOOP
             )
         store = cls(backend, where)
         try:

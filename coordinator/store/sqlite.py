@@ -10,10 +10,15 @@ Rules:
 - Where a statement runs (:class:`_Link`): whatever can wait on another process or on the disk
   runs in a worker thread: ``BEGIN IMMEDIATE`` (the busy wait), ``COMMIT`` (the fsync),
   ``ROLLBACK``, opening, closing, and every read outside a transaction (a read can be long: a
-  Job list, a metric series). The statements *inside* a write transaction run on the event
-  loop itself: the file's write lock is already ours, so none of them waits on anything, and a
-  trip to a thread and back for each (a queue, a future, a wake-up of the loop) cost more than
-  the statement. Only a batch of many rows (:data:`INLINE_ROWS`) still goes to the thread.
+  Job list, a metric series). In a store that asks for it (``on_loop``: the main store, whose
+  transactions touch a Job's or a Node's few rows), the statements *inside* a write transaction
+  run on the event loop itself: the file's write lock is already ours, so none of them waits on
+  anything, and a trip to a thread and back for each (a queue, a future, a wake-up of the loop)
+  cost more than the statement. What is proportional to a request's size still goes to the
+  thread, as every
+  such step does (docs/security.md): a batch of many rows (:data:`INLINE_ROWS`), bound values
+  of more than :data:`INLINE_BYTES`, and a read naming a column that can hold megabytes
+  (:data:`LARGE_COLUMNS`, the JobSpec).
 - The connection is used by one thread at a time: a statement for the loop that finds the
   connection busy in the thread waits for it without blocking the loop. Only data crosses
   between the threads: each call closes the cursor it opened (a cursor dropped later, in the
@@ -53,6 +58,12 @@ BUSY_TIMEOUT_MS = 10_000
 #: The most rows an ``executemany`` inside a transaction writes on the event loop; a larger
 #: batch (a Hello storm, a metric batch, a copied table) goes to the worker thread.
 INLINE_ROWS = 64
+#: The most bytes of bound values (strings and blobs) a statement writes on the event loop.
+INLINE_BYTES = 64 * 1024
+#: Columns whose value can be megabytes (a resolved JobSpec of 8 MiB of experiment files, the
+#: capsule made from it): a read naming one runs in the worker thread, since what it returns
+#: cannot be sized beforehand. A write is sized by its bound values.
+LARGE_COLUMNS = ("resolved_json", "capsule_json")
 T = TypeVar("T")
 
 
@@ -139,7 +150,7 @@ class SqliteHandle:
     def __init__(self, link: _Link, what: str, in_transaction: bool) -> None:
         self._link = link
         self._what = what
-        self._run = link.inline if in_transaction else link.threaded
+        self._in_transaction = in_transaction
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
@@ -156,27 +167,45 @@ class SqliteHandle:
                 "holding it (a long `sqlite3` session?), end it, and try again."
             ) from exc
 
+    async def _run(self, rows: Sequence[Sequence[Any]] | None, call: Callable[[], T]) -> T:
+        """``call`` on the loop when in a transaction and its bound ``rows`` are small (None:
+        not small, whatever they are), else in the worker thread."""
+        if self._in_transaction and rows is not None and _small(rows):
+            return await self._link.inline(call)
+        return await self._link.threaded(call)
+
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> Result:
         conn, values = self._link.conn, tuple(args)
         with self._mapped():
-            return await self._run(lambda: _changed(conn.execute(sql, values)))
+            return await self._run((values,), lambda: _changed(conn.execute(sql, values)))
 
     async def execute_fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         conn, values = self._link.conn, tuple(args)
         with self._mapped():
-            return await self._run(lambda: _read(conn.execute(sql, values)))
+            # What a read returns cannot be sized beforehand: its columns say.
+            small = None if any(c in sql for c in LARGE_COLUMNS) else (values,)
+            return await self._run(small, lambda: _read(conn.execute(sql, values)))
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
         conn = self._link.conn
-        few = isinstance(rows, list | tuple) and len(rows) <= INLINE_ROWS
-        # A generator is read by sqlite3 where the statement runs: off the loop unless few.
-        run = self._run if few else self._link.threaded
+        # A generator is read by sqlite3 where the statement runs: never on the loop.
+        few = rows if isinstance(rows, list | tuple) and len(rows) <= INLINE_ROWS else None
         with self._mapped():
-            return await run(lambda: _changed(conn.executemany(sql, rows)))
+            return await self._run(few, lambda: _changed(conn.executemany(sql, rows)))
 
     async def fetchone(self, sql: str, args: Sequence[Any] = ()) -> Row | None:
         rows = await self.execute_fetchall(sql, args)
         return rows[0] if rows else None
+
+
+def _small(rows: Sequence[Sequence[Any]]) -> bool:
+    """Whether a statement's bound values are few enough bytes for the event loop."""
+    size = 0
+    for row in rows:
+        for value in row:
+            if isinstance(value, str | bytes):
+                size += len(value)
+    return size <= INLINE_BYTES
 
 
 def _changed(cursor: sqlite3.Cursor) -> Result:
@@ -221,15 +250,19 @@ async def _into_wal(link: _Link) -> None:
 class SqliteBackend:
     """One store's SQLite file. Open with :meth:`open`."""
 
-    def __init__(self, link: _Link, path: Path, what: str) -> None:
+    def __init__(self, link: _Link, path: Path, what: str, on_loop: bool) -> None:
         self._link = link
         self.path = path
         self._what = what
         self.reader: Handle = SqliteHandle(link, what, in_transaction=False)
-        self._writer = SqliteHandle(link, what, in_transaction=True)
+        self._writer = SqliteHandle(link, what, in_transaction=on_loop)
 
     @classmethod
-    async def open(cls, path: Path, what: str, foreign_keys: bool) -> SqliteBackend:
+    async def open(
+        cls, path: Path, what: str, foreign_keys: bool, on_loop: bool = True
+    ) -> SqliteBackend:
+        """Open ``path``; ``on_loop``: whether a write transaction's small statements run on the
+        event loop (module rules) or, like everything else, in the worker thread."""
         link = _Link(await anyio.to_thread.run_sync(_connect, path))
         try:
             await link.threaded(_pragma(link, "PRAGMA synchronous=FULL"))
@@ -240,7 +273,7 @@ class SqliteBackend:
         except BaseException:
             await link.close()
             raise
-        return cls(link, path, what)
+        return cls(link, path, what, on_loop)
 
     async def close(self) -> None:
         await self._link.close()

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.coordinator.store.sqlite import INLINE_ROWS, SqliteBackend
+from tuneplane.coordinator.store.core import Store
+from tuneplane.coordinator.store.db import StoreDb
+from tuneplane.coordinator.store.logs import LogStore
+from tuneplane.coordinator.store.sqlite import (
+    INLINE_BYTES,
+    INLINE_ROWS,
+    LARGE_COLUMNS,
+    SqliteBackend,
+)
+from tuneplane.coordinator.store.telemetry import TelemetryStore
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -63,6 +72,7 @@ class Traced:
 async def _open(tmp_path: Path) -> SqliteBackend:
     backend = await SqliteBackend.open(tmp_path / "store.db", "test store", foreign_keys=False)
     await backend.reader.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+    await backend.reader.execute("CREATE TABLE previews (id TEXT, resolved_json TEXT)")
     return backend
 
 
@@ -100,6 +110,64 @@ def test_a_transaction_runs_its_statements_on_the_loop_and_only_waits_in_the_thr
     assert traced.threads("-- many") == {WORKER}  # more than INLINE_ROWS rows
     assert traced.threads("-- generator") == {WORKER}  # read where it runs: not on the loop
     assert traced.threads("-- outside") == {WORKER}
+
+
+def test_what_a_request_makes_large_stays_off_the_loop_inside_a_transaction(
+    tmp_path: Path,
+) -> None:
+    """A statement whose size follows a request's (an 8 MiB JobSpec) runs in the thread, as
+    every such step does (docs/security.md): bound values of more than INLINE_BYTES, and any
+    read naming a column that can hold megabytes, whose answer cannot be sized beforehand."""
+    assert "resolved_json" in LARGE_COLUMNS
+    big = "x" * (INLINE_BYTES + 1)
+
+    async def go() -> Traced:
+        backend = await _open(tmp_path)
+        try:
+            traced = Traced(backend)
+            async with backend.transaction() as db:
+                await db.execute("INSERT INTO previews VALUES ('a', ?) -- small write", ("{}",))
+                await db.execute("INSERT INTO previews VALUES ('b', ?) -- big write", (big,))
+                await db.executemany(
+                    "INSERT INTO previews VALUES (?, ?) -- big rows", [("c", big), ("d", "{}")]
+                )
+                await db.execute_fetchall("SELECT resolved_json FROM previews -- large read")
+                await db.execute_fetchall("SELECT id FROM previews -- small read")
+            return traced
+        finally:
+            await backend.close()
+
+    traced = asyncio.run(go())
+    assert traced.threads("-- small write") == {LOOP}
+    assert traced.threads("-- big write") == {WORKER}
+    assert traced.threads("-- big rows") == {WORKER}
+    assert traced.threads("-- large read") == {WORKER}
+    assert traced.threads("-- small read") == {LOOP}
+
+
+@pytest.mark.parametrize(
+    ("kind", "thread"), [(Store, LOOP), (TelemetryStore, WORKER), (LogStore, WORKER)]
+)
+def test_only_the_main_store_runs_its_transactions_statements_on_the_loop(
+    tmp_path: Path, kind: type[StoreDb], thread: str
+) -> None:
+    """The telemetry and log stores' statements follow the points and bytes a request carries
+    (a rollup over a series, log chunks): their work cannot be sized beforehand, so they stay
+    in the thread."""
+
+    async def go() -> Traced:
+        store = await kind.open(tmp_path / "store.db")
+        try:
+            backend = store._backend
+            assert isinstance(backend, SqliteBackend)
+            traced = Traced(backend)
+            async with store.transaction() as db:
+                await db.execute_fetchall("SELECT 1 -- in a transaction")
+            return traced
+        finally:
+            await store.close()
+
+    assert asyncio.run(go()).threads("-- in a transaction") == {thread}
 
 
 @pytest.mark.parametrize("reader_cancelled", [False, True], ids=["waiting", "cancelled"])
