@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.support.ports import quiet_ports
 from tests.support.processes import kill_now, stop_cleanly, track, untrack
 from tests.support.store_backend import current, read, where_in
 from tuneplane.coordinator.store.core import Store
@@ -30,6 +31,11 @@ def admin_argv(*args: str) -> list[str]:
     """``tuneplane-coordinator ARGS`` as this interpreter runs it (a release's ``prefix`` runs it
     under another: tests/support/release.py)."""
     return [sys.executable, "-m", "tuneplane.coordinator.cli.admin", *args]
+
+
+class PortTaken(RuntimeError):
+    """serve exited at start because one of its ports was taken meanwhile: start again on
+    others."""
 
 
 class CoordinatorProcess:
@@ -67,9 +73,23 @@ class CoordinatorProcess:
         ``env``: more environment for this run of ``serve`` only (``TUNEPLANE_CRASHPOINT``).
         ``standby``: wait only until it stands by (another coordinator on the same PostgreSQL
         store leads); :meth:`wait_leading` waits for it to take over."""
-        # serve defaults to fixed ports (7443-7445); tests always pass theirs, 0 (a free one)
-        # unless restarting, so parallel runs never collide. serve_args come last and win.
-        api_port, control_port, telemetry_port = ports if ports is not None else (0, 0, 0)
+        # serve defaults to fixed ports (7443-7445); tests always pass theirs, free ones below
+        # the ephemeral range (tests/support/ports.py) unless restarting, so parallel runs
+        # never collide and a restart finds its ports again. serve_args come last and win.
+        for attempt in range(3):
+            try:
+                self._start(ports or quiet_ports(3), env, standby)
+            except PortTaken:
+                if ports is not None or attempt == 2:
+                    raise
+                if self._proc is not None:  # exited: nothing left to stop
+                    untrack(self._proc)
+                    self._proc = None
+            else:
+                return
+
+    def _start(self, ports: tuple[int, ...], env: Mapping[str, str] | None, standby: bool) -> None:
+        api_port, control_port, telemetry_port = ports
         args = [
             "--api-port",
             str(api_port),
@@ -95,7 +115,7 @@ class CoordinatorProcess:
         if standby:
             self.wait_log("standing by", START_TIMEOUT_S, offset)
             return
-        self.wait_leading(START_TIMEOUT_S)
+        self.wait_leading(START_TIMEOUT_S, offset)
 
     def wait_log(self, text: str, timeout: float, after: int = 0) -> int:
         """Wait for ``text`` in serve.log past offset ``after``; the offset just past it."""
@@ -113,16 +133,20 @@ class CoordinatorProcess:
             time.sleep(0.02)
         raise RuntimeError(f"no {text!r} in serve.log within {timeout:g} s:\n{self.read_log()}")
 
-    def wait_leading(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Wait until this serve leads: its endpoints.json names its pid (all listeners accept)."""
+    def wait_leading(self, timeout: float = START_TIMEOUT_S, after: int = 0) -> None:
+        """Wait until this serve leads: its endpoints.json names its pid (all listeners accept).
+        A serve that exited instead is a :class:`PortTaken` when its log past ``after`` says a
+        port was taken, else a RuntimeError."""
         assert self._proc is not None
         deadline = time.monotonic() + timeout
         endpoints = self.state_dir / "endpoints.json"
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(
+                log = self.read_log()
+                kind = PortTaken if "Address already in use" in log[after:] else RuntimeError
+                raise kind(
                     f"tuneplane-coordinator serve exited with {self._proc.returncode} before it "
-                    f"was ready; its log:\n{self.read_log()}"
+                    f"was ready; its log:\n{log}"
                 )
             try:
                 data = json.loads(endpoints.read_text(encoding="utf-8"))

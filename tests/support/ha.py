@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from collections.abc import Sequence
-from contextlib import ExitStack
 from pathlib import Path
 
 from tests.support.coordinator import CoordinatorProcess
+from tests.support.ports import quiet_ports
 from tests.support.processes import wait_until
 
 #: What a second coordinator copies from the first one's state directory.
@@ -63,8 +62,4 @@ def wait_listed(leader: CoordinatorProcess, count: int, timeout: float = 30) -> 
 def free_ports(count: int) -> tuple[int, ...]:
     """``count`` distinct loopback ports free now: a standby's, chosen before it leads, so Nodes
     and ``tp`` can be told them (and an upgraded coordinator serves on its predecessor's)."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return tuple(sock.getsockname()[1] for sock in socks)
+    return quiet_ports(count)
