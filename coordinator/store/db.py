@@ -82,6 +82,9 @@ class Backend(Protocol):
     """What :mod:`store_sqlite` and :mod:`store_postgres` each provide."""
 
     reader: Handle
+    #: For a read of a few rows by key (a credential, a Fleet's settings): where the backend
+    #: can, it answers without a trip to another thread.
+    point_reader: Handle
 
     async def close(self) -> None: ...
 
@@ -139,6 +142,8 @@ class StoreDb:
     def __init__(self, backend: Backend, where: Where) -> None:
         self._backend = backend
         self.reader: Handle = backend.reader
+        #: For reads of a few rows by key (:attr:`Backend.point_reader`); never for a scan.
+        self.point_reader: Handle = backend.point_reader
         self.where = where
         self._lock = anyio.Lock()
         self._inflight: set[asyncio.Task[Any]] = set()

@@ -36,6 +36,11 @@ async def _rows(store: Store, sql: str, args: Sequence[Any] = ()) -> list[Any]:
     return list(await store.reader.execute_fetchall(sql, tuple(args)))
 
 
+async def _by_key(store: Store, sql: str, args: Sequence[Any]) -> list[Any]:
+    """The rows of ``sql``, a read of a few rows by key (:attr:`StoreDb.point_reader`)."""
+    return list(await store.point_reader.execute_fetchall(sql, tuple(args)))
+
+
 async def _lives(store: Store, sql: str) -> dict[str, CredentialLife]:
     """``sql`` selects (key, issued, expires, revoked) a row: each credential's life by key."""
     return {
@@ -269,7 +274,7 @@ async def credential_lives(store: Store) -> dict[str, CredentialLife]:
 
 async def authenticate_user(store: Store, token_hash: str, now: int) -> User:
     """The user a token belongs to; :class:`AuthError` for an unknown, expired or revoked one."""
-    rows = await _rows(
+    rows = await _by_key(
         store,
         "SELECT name, role, created_at_ms, expires_at_ms, revoked_at_ms FROM users "
         "WHERE token_hash = ?",

@@ -19,6 +19,9 @@ Rules:
   such step does (docs/security.md): a batch of many rows (:data:`INLINE_ROWS`), bound values
   of more than :data:`INLINE_BYTES`, and a read naming a column that can hold megabytes
   (:data:`LARGE_COLUMNS`, the JobSpec).
+- A read of a few rows by key through ``point_reader`` (a credential on every call, a Fleet's
+  settings) runs on the loop too, with SQLite's busy wait off: when SQLite would wait for
+  another process's lock, it refuses at once and the read goes to the thread, wait back on.
 - The connection is used by one thread at a time: a statement for the loop that finds the
   connection busy in the thread waits for it without blocking the loop. Only data crosses
   between the threads: each call closes the cursor it opened (a cursor dropped later, in the
@@ -110,6 +113,21 @@ class _Link:
             return call()
         return await self.threaded(call)
 
+    async def inline_unwaiting(self, call: Callable[[], T]) -> T:
+        """``call``, a read outside a transaction, on the loop with SQLite's busy wait off when
+        the connection is free; in the thread, with the wait on, when it is busy or when SQLite
+        would wait for another process (a checkpoint an on-call started, a recovery)."""
+        if self._done == self._queued:
+            _read(self.conn.execute("PRAGMA busy_timeout=0"))
+            try:
+                return call()
+            except sqlite3.OperationalError as exc:
+                if not _waits(exc):
+                    raise
+            finally:
+                _read(self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}"))
+        return await self.threaded(call)
+
     async def close(self) -> None:
         await self.threaded(self.conn.close)
         self._calls.put(None)
@@ -144,13 +162,16 @@ def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | 
 
 
 class SqliteHandle:
-    """A :class:`~tuneplane.coordinator.store.handle.Handle` on the store's one connection:
-    ``in_transaction`` runs its statements on the event loop, else in the worker thread."""
+    """A :class:`~tuneplane.coordinator.store.handle.Handle` on the store's one connection.
+    ``in_transaction``: its small statements run on the event loop; ``point``: its small reads
+    do, with SQLite's busy wait off (:meth:`_Link.inline_unwaiting`); else everything runs in
+    the worker thread."""
 
-    def __init__(self, link: _Link, what: str, in_transaction: bool) -> None:
+    def __init__(self, link: _Link, what: str, in_transaction: bool, point: bool = False) -> None:
         self._link = link
         self._what = what
         self._in_transaction = in_transaction
+        self._point = point
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
@@ -159,7 +180,7 @@ class SqliteHandle:
         except sqlite3.IntegrityError as exc:
             raise IntegrityViolation(integrity_sentence(self._what, str(exc))) from exc
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
+            if not _waits(exc):
                 raise
             raise StoreUnavailable(
                 f"the {self._what} stayed locked by another process for "
@@ -184,6 +205,8 @@ class SqliteHandle:
         with self._mapped():
             # What a read returns cannot be sized beforehand: its columns say.
             small = None if any(c in sql for c in LARGE_COLUMNS) else (values,)
+            if self._point and small is not None and _small(small):
+                return await self._link.inline_unwaiting(lambda: _read(conn.execute(sql, values)))
             return await self._run(small, lambda: _read(conn.execute(sql, values)))
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
@@ -206,6 +229,11 @@ def _small(rows: Sequence[Sequence[Any]]) -> bool:
             if isinstance(value, str | bytes):
                 size += len(value)
     return size <= INLINE_BYTES
+
+
+def _waits(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused because another connection holds a lock it would wait for."""
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 def _changed(cursor: sqlite3.Cursor) -> Result:
@@ -256,6 +284,7 @@ class SqliteBackend:
         self._what = what
         self.reader: Handle = SqliteHandle(link, what, in_transaction=False)
         self._writer = SqliteHandle(link, what, in_transaction=on_loop)
+        self.point_reader: Handle = SqliteHandle(link, what, in_transaction=False, point=on_loop)
 
     @classmethod
     async def open(

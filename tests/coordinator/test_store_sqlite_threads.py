@@ -3,7 +3,8 @@
 Statements inside a write transaction run on the event loop: the file's write lock is already
 held, so none of them waits, and a trip to a thread for each cost more than the statement (issue
 13, goal 2). What can wait runs in the store's one worker thread: ``BEGIN IMMEDIATE`` (another
-process's lock), ``COMMIT`` (the fsync), reads outside a transaction, batches of many rows. The
+process's lock), ``COMMIT`` (the fsync), reads outside a transaction (but a ``point_reader``'s
+read by key, which goes there only when SQLite would wait), batches of many rows. The
 connection is never used by two threads at once. SQLite's own trace callback says which thread
 ran each statement; a SQL function that blocks holds the worker thread for as long as a test
 needs.
@@ -12,9 +13,11 @@ needs.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from tuneplane.coordinator.store.core import Store
 from tuneplane.coordinator.store.db import StoreDb
 from tuneplane.coordinator.store.logs import LogStore
 from tuneplane.coordinator.store.sqlite import (
+    BUSY_TIMEOUT_MS,
     INLINE_BYTES,
     INLINE_ROWS,
     LARGE_COLUMNS,
@@ -261,3 +265,71 @@ def test_a_transaction_waiting_for_another_process_lock_leaves_the_loop_running(
             await backend.close()
 
     assert asyncio.run(go()) == [1, 2]
+
+
+_EXCLUSIVE = """\
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+db.execute("INSERT INTO t (x) VALUES (3)")
+print("held", flush=True)
+sys.stdin.readline()
+db.execute("COMMIT")
+db.close()
+"""
+
+
+def test_a_point_read_runs_on_the_loop_unless_sqlite_would_wait_for_another_process(
+    tmp_path: Path,
+) -> None:
+    """A read of a few rows by key (``point_reader``: a credential, a Fleet's settings) runs on
+    the loop with SQLite's busy wait off. When another process holds a lock the read needs,
+    SQLite refuses it at once there; it then waits for the lock in the thread, with the wait
+    back on, while the loop goes on. (A store in WAL mode hardly ever makes a reader wait, so
+    the lock is held on a second file in rollback-journal mode, attached to the connection.)"""
+    other = tmp_path / "other.db"
+    with closing(sqlite3.connect(other)) as db:
+        db.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+
+    async def go() -> tuple[Traced, list[int]]:
+        backend = await _open(tmp_path)
+        traced = Traced(backend)
+        await backend.reader.execute("ATTACH DATABASE ? AS other", (str(other),))
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _EXCLUSIVE,
+            str(other),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            await backend.point_reader.execute_fetchall("SELECT x FROM other.t -- free")
+            assert holder.stdout is not None and holder.stdin is not None
+            assert await holder.stdout.readline() == b"held\n"
+            reader = asyncio.create_task(
+                backend.point_reader.execute_fetchall("SELECT x FROM other.t -- held")
+            )
+            for _ in range(20):  # the loop turns while the read waits for the lock
+                await asyncio.sleep(0)
+            assert not reader.done()
+            holder.stdin.write(b"release\n")
+            await holder.stdin.drain()
+            rows = [r[0] for r in await reader]
+            assert await holder.wait() == 0
+            return traced, rows
+        finally:
+            if holder.returncode is None:
+                holder.kill()
+                await holder.wait()
+            await backend.close()
+
+    traced, rows = asyncio.run(go())
+    assert traced.threads("-- free") == {LOOP}
+    assert traced.threads("-- held") == {LOOP, WORKER}  # refused at once, then waited for
+    # On the loop the read ran with the busy wait off, and the wait was put back after it.
+    loop_side = [sql for sql, thread in traced.seen if thread == LOOP]
+    held = loop_side.index(next(sql for sql in loop_side if "-- held" in sql))
+    assert loop_side[held - 1] == "PRAGMA busy_timeout=0"
+    assert loop_side[held + 1] == f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}"
+    assert rows == [3]
