@@ -16,9 +16,10 @@ import asyncio
 import sqlite3
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import closing
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -216,12 +217,50 @@ def test_a_statement_for_the_loop_waits_while_the_thread_holds_the_connection(
 _HOLDER = """\
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN IMMEDIATE")
-db.execute("INSERT INTO t (x) VALUES (1)")
+db.execute(f"BEGIN {sys.argv[2]}")
+db.execute("INSERT INTO t (x) VALUES (?)", (int(sys.argv[3]),))
 print("held", flush=True)
 sys.stdin.readline()
 db.execute("COMMIT")
+db.close()
 """
+
+
+@asynccontextmanager
+async def _held(path: Path, begin: str, value: int) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Another process holding ``path`` in a ``BEGIN <begin>`` transaction that inserts
+    ``value``. The block gets a call that commits it and waits for that process to end."""
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _HOLDER,
+        str(path),
+        begin,
+        str(value),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdin, stdout = holder.stdin, holder.stdout
+        assert stdin is not None and stdout is not None
+        assert await stdout.readline() == b"held\n"
+
+        async def release() -> None:
+            stdin.write(b"commit\n")
+            await stdin.drain()
+            assert await holder.wait() == 0
+
+        yield release
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
+
+
+async def _waits_while_the_loop_turns(task: asyncio.Task[Any]) -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not task.done()
 
 
 def test_a_transaction_waiting_for_another_process_lock_leaves_the_loop_running(
@@ -233,50 +272,22 @@ def test_a_transaction_waiting_for_another_process_lock_leaves_the_loop_running(
 
     async def go() -> list[int]:
         backend = await _open(tmp_path)
-        holder = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            _HOLDER,
-            str(tmp_path / "store.db"),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
         try:
-            assert holder.stdout is not None and holder.stdin is not None
-            assert await holder.stdout.readline() == b"held\n"
+            async with _held(tmp_path / "store.db", "IMMEDIATE", 1) as release:
 
-            async def write() -> None:
-                async with backend.transaction() as db:
-                    await db.execute("INSERT INTO t (x) VALUES (2)")
+                async def write() -> None:
+                    async with backend.transaction() as db:
+                        await db.execute("INSERT INTO t (x) VALUES (2)")
 
-            writer = asyncio.create_task(write())
-            for _ in range(20):  # the loop turns while the writer waits for the lock
-                await asyncio.sleep(0)
-            assert not writer.done()
-            holder.stdin.write(b"commit\n")
-            await holder.stdin.drain()
-            await writer
-            assert await holder.wait() == 0
+                writer = asyncio.create_task(write())
+                await _waits_while_the_loop_turns(writer)
+                await release()
+                await writer
             return [r[0] for r in await backend.reader.execute_fetchall("SELECT x FROM t")]
         finally:
-            if holder.returncode is None:
-                holder.kill()
-                await holder.wait()
             await backend.close()
 
     assert asyncio.run(go()) == [1, 2]
-
-
-_EXCLUSIVE = """\
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN EXCLUSIVE")
-db.execute("INSERT INTO t (x) VALUES (3)")
-print("held", flush=True)
-sys.stdin.readline()
-db.execute("COMMIT")
-db.close()
-"""
 
 
 def test_a_point_read_runs_on_the_loop_unless_sqlite_would_wait_for_another_process(
@@ -294,34 +305,17 @@ def test_a_point_read_runs_on_the_loop_unless_sqlite_would_wait_for_another_proc
     async def go() -> tuple[Traced, list[int]]:
         backend = await _open(tmp_path)
         traced = Traced(backend)
-        await backend.reader.execute("ATTACH DATABASE ? AS other", (str(other),))
-        holder = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            _EXCLUSIVE,
-            str(other),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
         try:
+            await backend.reader.execute("ATTACH DATABASE ? AS other", (str(other),))
             await backend.point_reader.execute_fetchall("SELECT x FROM other.t -- free")
-            assert holder.stdout is not None and holder.stdin is not None
-            assert await holder.stdout.readline() == b"held\n"
-            reader = asyncio.create_task(
-                backend.point_reader.execute_fetchall("SELECT x FROM other.t -- held")
-            )
-            for _ in range(20):  # the loop turns while the read waits for the lock
-                await asyncio.sleep(0)
-            assert not reader.done()
-            holder.stdin.write(b"release\n")
-            await holder.stdin.drain()
-            rows = [r[0] for r in await reader]
-            assert await holder.wait() == 0
-            return traced, rows
+            async with _held(other, "EXCLUSIVE", 3) as release:
+                reader = asyncio.create_task(
+                    backend.point_reader.execute_fetchall("SELECT x FROM other.t -- held")
+                )
+                await _waits_while_the_loop_turns(reader)
+                await release()
+                return traced, [r[0] for r in await reader]
         finally:
-            if holder.returncode is None:
-                holder.kill()
-                await holder.wait()
             await backend.close()
 
     traced, rows = asyncio.run(go())
