@@ -82,8 +82,7 @@ class Backend(Protocol):
     """What :mod:`store_sqlite` and :mod:`store_postgres` each provide."""
 
     reader: Handle
-    #: For a read of a few rows by key (a credential, a Fleet's settings): where the backend
-    #: can, it answers without a trip to another thread.
+    #: For a read of a few rows by key: where it can, answered without a trip to a thread.
     point_reader: Handle
 
     async def close(self) -> None: ...
