@@ -36,11 +36,6 @@ async def _rows(store: Store, sql: str, args: Sequence[Any] = ()) -> list[Any]:
     return list(await store.reader.execute_fetchall(sql, tuple(args)))
 
 
-async def _by_key(store: Store, sql: str, args: Sequence[Any]) -> list[Any]:
-    """The rows of ``sql``, a read of a few rows by key (:attr:`StoreDb.point_reader`)."""
-    return list(await store.point_reader.execute_fetchall(sql, tuple(args)))
-
-
 async def _lives(store: Store, sql: str) -> dict[str, CredentialLife]:
     """``sql`` selects (key, issued, expires, revoked) a row: each credential's life by key."""
     return {
@@ -274,8 +269,8 @@ async def credential_lives(store: Store) -> dict[str, CredentialLife]:
 
 async def authenticate_user(store: Store, token_hash: str, now: int) -> User:
     """The user a token belongs to; :class:`AuthError` for an unknown, expired or revoked one."""
-    rows = await _by_key(
-        store,
+    # A row by key, on every call: the point reader (StoreDb.point_reader).
+    rows = await store.point_reader.execute_fetchall(
         "SELECT name, role, created_at_ms, expires_at_ms, revoked_at_ms FROM users "
         "WHERE token_hash = ?",
         (token_hash,),

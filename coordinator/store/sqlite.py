@@ -15,17 +15,17 @@ Rules:
   run on the event loop itself: the file's write lock is already ours, so none of them waits on
   anything, and a trip to a thread and back for each (a queue, a future, a wake-up of the loop)
   cost more than the statement. What is proportional to a request's size still goes to the
-  thread, as every
-  such step does (docs/security.md): a batch of many rows (:data:`INLINE_ROWS`), bound values
-  of more than :data:`INLINE_BYTES`, and a read naming a column that can hold megabytes
-  (:data:`LARGE_COLUMNS`, the JobSpec).
+  thread, as every such step does (docs/security.md): a batch of many rows
+  (:data:`INLINE_ROWS`), bound values of more than :data:`INLINE_BYTES`, and a read naming a
+  column that can hold megabytes (:data:`LARGE_COLUMNS`, the JobSpec).
 - A read of a few rows by key through ``point_reader`` (a credential on every call, a Fleet's
   settings) runs on the loop too, with SQLite's busy wait off: when SQLite would wait for
   another process's lock, it refuses at once and the read goes to the thread, wait back on.
 - The connection is used by one thread at a time: a statement for the loop that finds the
   connection busy in the thread waits for it without blocking the loop. Only data crosses
   between the threads: each call closes the cursor it opened (a cursor dropped later, in the
-  other thread, would reset its statement while that thread runs the next one).
+  other thread, would reset its statement while that thread runs the next one). The one
+  exception, :meth:`SqliteBackend.batches`, uses and closes its cursor in the thread only.
 - Rows are :class:`sqlite3.Row` (by index and by name). Integrity errors become
   :class:`IntegrityViolation`.
 - Heavy reads (:meth:`SqliteBackend.snapshot`) run in a worker thread on a read-only connection
@@ -188,33 +188,33 @@ class SqliteHandle:
                 "holding it (a long `sqlite3` session?), end it, and try again."
             ) from exc
 
-    async def _run(self, rows: Sequence[Sequence[Any]] | None, call: Callable[[], T]) -> T:
-        """``call`` on the loop when in a transaction and its bound ``rows`` are small (None:
-        not small, whatever they are), else in the worker thread."""
-        if self._in_transaction and rows is not None and _small(rows):
+    async def _run(self, small: bool, call: Callable[[], T], read: bool = False) -> T:
+        """``call`` on the loop when ``small`` and this handle runs such calls there (a
+        ``point`` handle only reads), else in the worker thread."""
+        if small and self._in_transaction:
             return await self._link.inline(call)
+        if small and self._point and read:
+            return await self._link.inline_unwaiting(call)
         return await self._link.threaded(call)
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> Result:
         conn, values = self._link.conn, tuple(args)
         with self._mapped():
-            return await self._run((values,), lambda: _changed(conn.execute(sql, values)))
+            return await self._run(_small((values,)), lambda: _changed(conn.execute(sql, values)))
 
     async def execute_fetchall(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         conn, values = self._link.conn, tuple(args)
+        # What a read returns cannot be sized beforehand: its columns say.
+        small = not any(c in sql for c in LARGE_COLUMNS) and _small((values,))
         with self._mapped():
-            # What a read returns cannot be sized beforehand: its columns say.
-            small = None if any(c in sql for c in LARGE_COLUMNS) else (values,)
-            if self._point and small is not None and _small(small):
-                return await self._link.inline_unwaiting(lambda: _read(conn.execute(sql, values)))
-            return await self._run(small, lambda: _read(conn.execute(sql, values)))
+            return await self._run(small, lambda: _read(conn.execute(sql, values)), read=True)
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
         conn = self._link.conn
         # A generator is read by sqlite3 where the statement runs: never on the loop.
-        few = rows if isinstance(rows, list | tuple) and len(rows) <= INLINE_ROWS else None
+        small = isinstance(rows, list | tuple) and len(rows) <= INLINE_ROWS and _small(rows)
         with self._mapped():
-            return await self._run(few, lambda: _changed(conn.executemany(sql, rows)))
+            return await self._run(small, lambda: _changed(conn.executemany(sql, rows)))
 
     async def fetchone(self, sql: str, args: Sequence[Any] = ()) -> Row | None:
         rows = await self.execute_fetchall(sql, args)
@@ -268,7 +268,7 @@ async def _into_wal(link: _Link) -> None:
         try:
             await link.threaded(_pragma(link, "PRAGMA journal_mode=WAL"))
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or anyio.current_time() > deadline:
+            if not _waits(exc) or anyio.current_time() > deadline:
                 raise
             await anyio.sleep(0.02)
         else:
@@ -281,7 +281,6 @@ class SqliteBackend:
     def __init__(self, link: _Link, path: Path, what: str, on_loop: bool) -> None:
         self._link = link
         self.path = path
-        self._what = what
         self.reader: Handle = SqliteHandle(link, what, in_transaction=False)
         self._writer = SqliteHandle(link, what, in_transaction=on_loop)
         self.point_reader: Handle = SqliteHandle(link, what, in_transaction=False, point=on_loop)
