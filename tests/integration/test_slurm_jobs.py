@@ -331,17 +331,52 @@ def slurm_job_id(coord: CoordinatorProcess, run_id: str) -> str:
 def start_requeued_now(cluster: SlurmCluster, job_id: str, second: Path) -> None:
     """Start a requeued job now, and wait for its second run's line in ``second``: Slurm holds
     a requeued job until its BeginTime (minutes away); once it is pending (the first run's
-    processes gone), it may start at once."""
+    processes gone), it may start at once. The BeginTime is set again whenever Slurm still
+    gives it as the reason the job waits (its requeue may still be settling), and a timeout
+    says what Slurm shows of the job, its node and its daemons."""
     wait_until(
         f"Slurm job {job_id} to be pending",
         lambda: cluster.client("squeue", "-h", "-j", job_id, "-o", "%T").strip() == "PENDING",
         JOB_TIMEOUT_S,
     )
-    cluster.client("scontrol", "update", f"JobId={job_id}", "StartTime=now")
     log = second / "stdout.log"
-    wait_until("the second run's line",
-               lambda: log.exists() and log.read_text() == "run 2 says hello\n",
-               JOB_TIMEOUT_S)  # fmt: skip
+
+    def started() -> bool:
+        if log.exists() and log.read_text() == "run 2 says hello\n":
+            return True
+        if cluster.client("squeue", "-h", "-j", job_id, "-o", "%T %r").split() == [
+            "PENDING",
+            "BeginTime",
+        ]:
+            cluster.client("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        return False
+
+    try:
+        wait_until("the second run's line", started, JOB_TIMEOUT_S)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{slurm_view(cluster, job_id, second)}") from None
+
+
+def slurm_view(cluster: SlurmCluster, job_id: str, member_dir: Path) -> str:
+    """What Slurm shows of ``job_id`` and its node, its daemons' logs, and the files of the
+    Job's member folders (``member_dir``'s Job folder): what a stuck Slurm test reports."""
+
+    def shown(*args: str) -> str:
+        try:
+            return cluster.client(*args)
+        except AssertionError as exc:  # a daemon that stopped says so in its log, below
+            return str(exc)
+
+    job_folder = member_dir.parent.parent
+    files = sorted(str(p.relative_to(job_folder)) for p in job_folder.rglob("*"))
+    return "\n".join(
+        [
+            shown("scontrol", "show", "job", job_id),
+            shown("sinfo", "-N", "-o", "%N %T %E"),
+            f"files under {job_folder}: {files}",
+            cluster.logs(),
+        ]
+    )
 
 
 def test_a_job_slurm_requeues_after_it_ran_goes_back_to_reserved_and_runs_again(
