@@ -82,8 +82,6 @@ class Backend(Protocol):
     """What :mod:`store_sqlite` and :mod:`store_postgres` each provide."""
 
     reader: Handle
-    #: For a read of a few rows by key: where it can, answered without a trip to a thread.
-    point_reader: Handle
 
     async def close(self) -> None: ...
 
@@ -141,8 +139,6 @@ class StoreDb:
     def __init__(self, backend: Backend, where: Where) -> None:
         self._backend = backend
         self.reader: Handle = backend.reader
-        #: For reads of a few rows by key (:attr:`Backend.point_reader`); never for a scan.
-        self.point_reader: Handle = backend.point_reader
         self.where = where
         self._lock = anyio.Lock()
         self._inflight: set[asyncio.Task[Any]] = set()

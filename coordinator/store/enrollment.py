@@ -86,7 +86,7 @@ class Enrollment(StoreBase):
 
     async def slurm_settings(self, fleet: str) -> SlurmSettings | None:
         """How the Fleet ``fleet`` reaches its Slurm cluster; None unless it is of kind slurm."""
-        rows = await self.point_reader.execute_fetchall(
+        rows = await self.reader.execute_fetchall(
             "SELECT slurmrestd_url, token_file, partition_name, shared_dir, python, spool_dir, "
             "image_root, registries_file FROM slurm_fleets WHERE fleet = ?",
             (fleet,),
@@ -95,7 +95,7 @@ class Enrollment(StoreBase):
         if not found:
             return None
         url, token_file, partition, shared_dir, python, spool_dir, image_root, registries = found[0]
-        mapped = await self.point_reader.execute_fetchall(
+        mapped = await self.reader.execute_fetchall(
             "SELECT series, gres_type, node_constraint FROM slurm_fleet_series WHERE fleet = ? "
             "ORDER BY series",
             (fleet,),
@@ -108,7 +108,7 @@ class Enrollment(StoreBase):
 
     async def fleet_names(self) -> list[str]:
         # A site has a handful of Fleets: read like a row by key.
-        rows = await self.point_reader.execute_fetchall("SELECT name FROM fleets ORDER BY name")
+        rows = await self.reader.execute_fetchall("SELECT name FROM fleets ORDER BY name")
         return [str(r[0]) for r in rows]
 
     async def create_join_token(

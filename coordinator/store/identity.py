@@ -269,8 +269,7 @@ async def credential_lives(store: Store) -> dict[str, CredentialLife]:
 
 async def authenticate_user(store: Store, token_hash: str, now: int) -> User:
     """The user a token belongs to; :class:`AuthError` for an unknown, expired or revoked one."""
-    # A row by key, on every call: the point reader (StoreDb.point_reader).
-    rows = await store.point_reader.execute_fetchall(
+    rows = await store.reader.execute_fetchall(
         "SELECT name, role, created_at_ms, expires_at_ms, revoked_at_ms FROM users "
         "WHERE token_hash = ?",
         (token_hash,),

@@ -269,7 +269,6 @@ class PostgresBackend:
         self._mapper = _Mapper(what)
         self._lock_key = write_lock_key(schema)
         self.reader: Handle = PgPoolHandle(pool, self._mapper)
-        self.point_reader: Handle = self.reader  # every read is a round trip to the server
         #: What every write transaction must still find in the lease (None: no fencing, as for
         #: the admin CLI and a coordinator's opening migrations); set by :meth:`fence`.
         self.lease_fence: LeaseFence | None = None

@@ -9,18 +9,22 @@ Rules:
   :class:`StoreUnavailable`.
 - Where a statement runs (:class:`_Link`): whatever can wait on another process or on the disk
   runs in a worker thread: ``BEGIN IMMEDIATE`` (the busy wait), ``COMMIT`` (the fsync),
-  ``ROLLBACK``, opening, closing, and every read outside a transaction (a read can be long: a
-  Job list, a metric series). In a store that asks for it (``on_loop``: the main store, whose
-  transactions touch a Job's or a Node's few rows), the statements *inside* a write transaction
-  run on the event loop itself: the file's write lock is already ours, so none of them waits on
-  anything, and a trip to a thread and back for each (a queue, a future, a wake-up of the loop)
-  cost more than the statement. What is proportional to a request's size still goes to the
-  thread, as every such step does (docs/security.md): a batch of many rows
+  ``ROLLBACK``, opening, closing, and a read outside a transaction that turns out long (a Job
+  list, a metric series: below, how it is told). In a store that asks for it (``on_loop``: the
+  main store, whose transactions touch a Job's or a Node's few rows), the statements *inside* a
+  write transaction run on the event loop itself: the file's write lock is already ours, so
+  none of them waits on anything, and a trip to a thread and back for each (a queue, a future,
+  a wake-up of the loop) cost more than the statement. What is proportional to a request's size
+  still goes to the thread, as every such step does (docs/security.md): a batch of many rows
   (:data:`INLINE_ROWS`), bound values of more than :data:`INLINE_BYTES`, and a read naming a
   column that can hold megabytes (:data:`LARGE_COLUMNS`, the JobSpec).
-- A read of a few rows by key through ``point_reader`` (a credential on every call, a Fleet's
-  settings) runs on the loop too, with SQLite's busy wait off: when SQLite would wait for
-  another process's lock, it refuses at once and the read goes to the thread, wait back on.
+- A read outside a transaction (a ``SELECT`` through ``reader``) in such a store is tried on the
+  loop, bounded: SQLite's busy wait off, at most :data:`INLINE_READ_OPS` of its virtual-machine
+  instructions (a progress handler interrupts it past them) and :data:`INLINE_ROWS` rows. A read
+  past a bound, or one SQLite would make wait for another process's lock, is dropped (a read
+  changed nothing) and runs again in the thread, wait back on: the loop never holds for more
+  than the bound, and a credential, a Fleet's settings or a scheduling pass's few rows cost no
+  trip to the thread.
 - The connection is used by one thread at a time: a statement for the loop that finds the
   connection busy in the thread waits for it without blocking the loop. Only data crosses
   between the threads: each call closes the cursor it opened (a cursor dropped later, in the
@@ -36,6 +40,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import sqlite3
 import threading
@@ -67,6 +72,11 @@ INLINE_BYTES = 64 * 1024
 #: capsule made from it): a read naming one runs in the worker thread, since what it returns
 #: cannot be sized beforehand. A write is sized by its bound values.
 LARGE_COLUMNS = ("resolved_json", "capsule_json")
+#: The most virtual-machine instructions a read outside a transaction runs on the event loop
+#: (a fraction of a millisecond); past them SQLite interrupts it and it runs in the thread.
+INLINE_READ_OPS = 20_000
+#: Instructions between two calls of the connection's progress handler.
+PROGRESS_GRAIN = 1_000
 T = TypeVar("T")
 
 
@@ -89,6 +99,7 @@ class _Link:
         # Each counter has one writer (the loop, the worker thread), so neither needs a lock.
         self._queued = 0
         self._done = 0
+        self._observer: tuple[Callable[[], int], int] | None = None
         self._thread = threading.Thread(target=self._serve, name="store-sqlite", daemon=True)
         self._thread.start()
 
@@ -108,25 +119,46 @@ class _Link:
             item.deliver(*outcome)
             del item, outcome  # keep nothing of a call alive while waiting for the next
 
+    @property
+    def idle(self) -> bool:
+        """Whether nothing is queued for the thread or running there: the connection is the
+        loop's to use now."""
+        return self._done == self._queued
+
     async def inline(self, call: Callable[[], T]) -> T:
-        if self._done == self._queued:
+        if self.idle:
             return call()
         return await self.threaded(call)
 
-    async def inline_unwaiting(self, call: Callable[[], T]) -> T:
-        """``call``, a read outside a transaction, on the loop with SQLite's busy wait off when
-        the connection is free; in the thread, with the wait on, when it is busy or when SQLite
-        would wait for another process (a checkpoint an on-call started, a recovery)."""
-        if self._done == self._queued:
-            _read(self.conn.execute("PRAGMA busy_timeout=0"))
-            try:
-                return call()
-            except sqlite3.OperationalError as exc:
-                if not _waits(exc):
-                    raise
-            finally:
-                _read(self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}"))
-        return await self.threaded(call)
+    def set_progress_handler(self, handler: Callable[[], int] | None, grain: int) -> None:
+        """The connection's progress handler (a test counts instructions): read_bounded's too."""
+        self._observer = None if handler is None else (handler, grain)
+        self.conn.set_progress_handler(handler, grain)
+
+    def read_bounded(self, sql: str, values: tuple[Any, ...]) -> list[Row] | None:
+        """``sql``'s rows, read here within the module's bounds while the connection is free;
+        None past one, or where SQLite would wait for another process (a read: nothing changed)."""
+        observer, grain = self._observer or (None, PROGRESS_GRAIN)
+        calls, limit = itertools.count(1), max(1, INLINE_READ_OPS // grain)
+
+        def progress() -> int:  # non-zero: SQLite interrupts the statement
+            if observer is not None:
+                observer()
+            return int(next(calls) > limit)
+
+        _read(self.conn.execute("PRAGMA busy_timeout=0"))
+        self.conn.set_progress_handler(progress, grain)
+        try:
+            with closing(self.conn.execute(sql, values)) as cursor:
+                rows = cursor.fetchmany(INLINE_ROWS + 1)
+            return list(rows) if len(rows) <= INLINE_ROWS else None
+        except sqlite3.OperationalError as exc:
+            if "interrupted" in str(exc) or _waits(exc):
+                return None
+            raise
+        finally:
+            self.conn.set_progress_handler(observer, grain)
+            _read(self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}"))
 
     async def close(self) -> None:
         await self.threaded(self.conn.close)
@@ -163,15 +195,17 @@ def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | 
 
 class SqliteHandle:
     """A :class:`~tuneplane.coordinator.store.handle.Handle` on the store's one connection.
-    ``in_transaction``: its small statements run on the event loop; ``point``: its small reads
-    do, with SQLite's busy wait off (:meth:`_Link.inline_unwaiting`); else everything runs in
-    the worker thread."""
+    ``in_transaction``: its small statements run on the event loop; ``bounded_reads``: its
+    ``SELECT`` s are tried there, within bounds (:meth:`_Link.read_bounded`); everything else runs
+    in the worker thread."""
 
-    def __init__(self, link: _Link, what: str, in_transaction: bool, point: bool = False) -> None:
+    def __init__(
+        self, link: _Link, what: str, in_transaction: bool, bounded_reads: bool = False
+    ) -> None:
         self._link = link
         self._what = what
         self._in_transaction = in_transaction
-        self._point = point
+        self._bounded_reads = bounded_reads
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
@@ -188,13 +222,11 @@ class SqliteHandle:
                 "holding it (a long `sqlite3` session?), end it, and try again."
             ) from exc
 
-    async def _run(self, small: bool, call: Callable[[], T], read: bool = False) -> T:
-        """``call`` on the loop when ``small`` and this handle runs such calls there (a
-        ``point`` handle only reads), else in the worker thread."""
+    async def _run(self, small: bool, call: Callable[[], T]) -> T:
+        """``call`` on the loop when ``small`` and this handle runs such calls there, else in
+        the worker thread."""
         if small and self._in_transaction:
             return await self._link.inline(call)
-        if small and self._point and read:
-            return await self._link.inline_unwaiting(call)
         return await self._link.threaded(call)
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> Result:
@@ -207,7 +239,11 @@ class SqliteHandle:
         # What a read returns cannot be sized beforehand: its columns say.
         small = not any(c in sql for c in LARGE_COLUMNS) and _small((values,))
         with self._mapped():
-            return await self._run(small, lambda: _read(conn.execute(sql, values)), read=True)
+            if small and self._bounded_reads and self._link.idle and _selects(sql):
+                rows = self._link.read_bounded(sql, values)
+                if rows is not None:
+                    return rows
+            return await self._run(small, lambda: _read(conn.execute(sql, values)))
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
         conn = self._link.conn
@@ -229,6 +265,12 @@ def _small(rows: Sequence[Sequence[Any]]) -> bool:
             if isinstance(value, str | bytes):
                 size += len(value)
     return size <= INLINE_BYTES
+
+
+def _selects(sql: str) -> bool:
+    """Whether ``sql`` is a ``SELECT`` (outside a transaction, anything else may write, and a
+    write commits with an fsync)."""
+    return sql.lstrip()[:6].upper() == "SELECT"
 
 
 def _waits(exc: sqlite3.OperationalError) -> bool:
@@ -281,9 +323,8 @@ class SqliteBackend:
     def __init__(self, link: _Link, path: Path, what: str, on_loop: bool) -> None:
         self._link = link
         self.path = path
-        self.reader: Handle = SqliteHandle(link, what, in_transaction=False)
+        self.reader: Handle = SqliteHandle(link, what, in_transaction=False, bounded_reads=on_loop)
         self._writer = SqliteHandle(link, what, in_transaction=on_loop)
-        self.point_reader: Handle = SqliteHandle(link, what, in_transaction=False, point=on_loop)
 
     @classmethod
     async def open(

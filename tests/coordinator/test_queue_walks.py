@@ -64,11 +64,11 @@ async def _counted(store: Store, counter: Counter, work: Awaitable[object]) -> i
     assert isinstance(backend, SqliteBackend)
     before = counter.calls
     # Set while the store's thread is idle (nothing is awaited here): it runs in no other.
-    backend._link.conn.set_progress_handler(counter, GRAIN)
+    backend._link.set_progress_handler(counter, GRAIN)
     try:
         await work
     finally:
-        backend._link.conn.set_progress_handler(None, GRAIN)
+        backend._link.set_progress_handler(None, GRAIN)
     return counter.calls - before
 
 

@@ -3,11 +3,11 @@
 Statements inside a write transaction run on the event loop: the file's write lock is already
 held, so none of them waits, and a trip to a thread for each cost more than the statement (issue
 13, goal 2). What can wait runs in the store's one worker thread: ``BEGIN IMMEDIATE`` (another
-process's lock), ``COMMIT`` (the fsync), reads outside a transaction (but a ``point_reader``'s
-read by key, which goes there only when SQLite would wait), batches of many rows. The
-connection is never used by two threads at once. SQLite's own trace callback says which thread
-ran each statement; a SQL function that blocks holds the worker thread for as long as a test
-needs.
+process's lock), ``COMMIT`` (the fsync), batches of many rows, and a ``SELECT`` outside a
+transaction once it goes past its bounds on the loop (SQLite's instructions, rows) or SQLite
+would make it wait. The connection is never used by two threads at once. SQLite's own trace
+callback says which thread ran each statement; a SQL function that blocks holds the worker
+thread for as long as a test needs.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tuneplane.coordinator.store.logs import LogStore
 from tuneplane.coordinator.store.sqlite import (
     BUSY_TIMEOUT_MS,
     INLINE_BYTES,
+    INLINE_READ_OPS,
     INLINE_ROWS,
     LARGE_COLUMNS,
     SqliteBackend,
@@ -114,7 +115,7 @@ def test_a_transaction_runs_its_statements_on_the_loop_and_only_waits_in_the_thr
     assert traced.threads("-- few") == {LOOP}
     assert traced.threads("-- many") == {WORKER}  # more than INLINE_ROWS rows
     assert traced.threads("-- generator") == {WORKER}  # read where it runs: not on the loop
-    assert traced.threads("-- outside") == {WORKER}
+    assert traced.threads("-- outside") == {LOOP}  # a small read, within its bounds
 
 
 def test_what_a_request_makes_large_stays_off_the_loop_inside_a_transaction(
@@ -188,7 +189,10 @@ def test_a_statement_for_the_loop_waits_while_the_thread_holds_the_connection(
         traced = Traced(backend)
         try:
             async with backend.transaction() as db:
-                reader = asyncio.create_task(backend.reader.execute_fetchall("SELECT hold()"))
+                # Naming a column that can hold megabytes sends the read to the thread.
+                reader = asyncio.create_task(
+                    backend.reader.execute_fetchall("SELECT hold() AS resolved_json")
+                )
                 assert await asyncio.to_thread(traced.held.wait, 30)
                 if reader_cancelled:
                     reader.cancel()
@@ -290,11 +294,11 @@ def test_a_transaction_waiting_for_another_process_lock_leaves_the_loop_running(
     assert asyncio.run(go()) == [1, 2]
 
 
-def test_a_point_read_runs_on_the_loop_unless_sqlite_would_wait_for_another_process(
+def test_a_read_outside_a_transaction_runs_on_the_loop_unless_sqlite_would_wait(
     tmp_path: Path,
 ) -> None:
-    """A read of a few rows by key (``point_reader``: a credential, a Fleet's settings) runs on
-    the loop with SQLite's busy wait off. When another process holds a lock the read needs,
+    """A small read outside a transaction (a credential, a Fleet's settings) runs on the loop
+    with SQLite's busy wait off. When another process holds a lock the read needs,
     SQLite refuses it at once there; it then waits for the lock in the thread, with the wait
     back on, while the loop goes on. (A store in WAL mode hardly ever makes a reader wait, so
     the lock is held on a second file in rollback-journal mode, attached to the connection.)"""
@@ -307,10 +311,10 @@ def test_a_point_read_runs_on_the_loop_unless_sqlite_would_wait_for_another_proc
         traced = Traced(backend)
         try:
             await backend.reader.execute("ATTACH DATABASE ? AS other", (str(other),))
-            await backend.point_reader.execute_fetchall("SELECT x FROM other.t -- free")
+            await backend.reader.execute_fetchall("SELECT x FROM other.t -- free")
             async with _held(other, "EXCLUSIVE", 3) as release:
                 reader = asyncio.create_task(
-                    backend.point_reader.execute_fetchall("SELECT x FROM other.t -- held")
+                    backend.reader.execute_fetchall("SELECT x FROM other.t -- held")
                 )
                 await _waits_while_the_loop_turns(reader)
                 await release()
@@ -327,3 +331,109 @@ def test_a_point_read_runs_on_the_loop_unless_sqlite_would_wait_for_another_proc
     assert loop_side[held - 1] == "PRAGMA busy_timeout=0"
     assert loop_side[held + 1] == f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}"
     assert rows == [3]
+
+
+class Ticks:
+    """The connection's progress handler as a test sets it (:meth:`_Link.set_progress_handler`):
+    which thread SQLite called it on, once every ``GRAIN`` instructions."""
+
+    GRAIN = 100
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def __call__(self) -> int:
+        self.threads.append(threading.current_thread().name)
+        return 0  # go on
+
+
+#: A read of one row that costs SQLite far more instructions than a read on the loop may.
+LONG_READ = (
+    "SELECT (WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 100000) "
+    "SELECT COUNT(*) FROM c) -- long"
+)
+
+
+def test_a_read_past_its_bounds_on_the_loop_is_dropped_there_and_read_whole_in_the_thread(
+    tmp_path: Path,
+) -> None:
+    """A read outside a transaction that goes past INLINE_READ_OPS of SQLite's instructions
+    (one row, from a long walk) or INLINE_ROWS rows is stopped on the loop at that bound and
+    read again in the thread, whole; the progress handler a test set stays the connection's."""
+    ticks = Ticks()
+
+    async def go() -> tuple[Traced, int, list[int], list[str]]:
+        backend = await _open(tmp_path)
+        traced = Traced(backend)
+        try:
+            backend._link.set_progress_handler(ticks, Ticks.GRAIN)
+            [count] = await backend.reader.execute_fetchall(LONG_READ)
+            long_read = list(ticks.threads)
+            async with backend.transaction() as db:
+                await db.executemany("INSERT INTO t (x) VALUES (?)", list(_rows(0, INLINE_ROWS)))
+            few = await backend.reader.execute_fetchall("SELECT x FROM t -- few rows")
+            async with backend.transaction() as db:
+                await db.execute("INSERT INTO t (x) VALUES (?)", (INLINE_ROWS,))
+            many = await backend.reader.execute_fetchall("SELECT x FROM t -- many rows")
+            assert len(few) == INLINE_ROWS
+            return traced, count[0], [r[0] for r in many], long_read
+        finally:
+            await backend.close()
+
+    traced, count, many, long_read = asyncio.run(go())
+    assert count == 100_000
+    assert traced.threads("-- long") == {LOOP, WORKER}
+    # On the loop SQLite was stopped at the bound; the thread walked the rest.
+    on_loop = long_read.count(LOOP)
+    assert INLINE_READ_OPS // Ticks.GRAIN <= on_loop <= INLINE_READ_OPS // Ticks.GRAIN + 1
+    assert long_read.count(WORKER) > 10 * on_loop
+    assert len(ticks.threads) > len(long_read)  # still the connection's handler afterwards
+    assert traced.threads("-- few rows") == {LOOP}
+    assert traced.threads("-- many rows") == {LOOP, WORKER}
+    assert many == list(range(INLINE_ROWS + 1))
+
+
+def test_a_read_stopped_on_the_loop_leaves_an_open_transaction_as_it_was(tmp_path: Path) -> None:
+    """The store has one connection: a read outside a transaction that runs while another
+    task's transaction is open, and is stopped at its bound, must not end that transaction
+    (SQLite rolls back a whole transaction only for an interrupted write)."""
+
+    async def go() -> list[int]:
+        backend = await _open(tmp_path)
+        try:
+            async with backend.transaction() as db:
+                await db.execute("INSERT INTO t (x) VALUES (1)")
+                [count] = await backend.reader.execute_fetchall(LONG_READ)
+                assert count[0] == 100_000
+                assert backend._link.conn.in_transaction
+                await db.execute("INSERT INTO t (x) VALUES (2)")
+            return [r[0] for r in await backend.reader.execute_fetchall("SELECT x FROM t")]
+        finally:
+            await backend.close()
+
+    assert asyncio.run(go()) == [1, 2]
+
+
+def test_a_read_that_may_write_never_runs_on_the_loop_outside_a_transaction(
+    tmp_path: Path,
+) -> None:
+    """Outside a transaction a statement commits on its own, with an fsync: only a ``SELECT``
+    is tried on the loop, never a ``RETURNING`` write or a pragma read through the same call."""
+
+    async def go() -> Traced:
+        backend = await _open(tmp_path)
+        traced = Traced(backend)
+        try:
+            await backend.reader.execute_fetchall(
+                "INSERT INTO t (x) VALUES (5) RETURNING x -- returning"
+            )
+            await backend.reader.execute_fetchall("PRAGMA user_version -- pragma")
+            await backend.reader.execute_fetchall("  select x from t -- lower case select")
+            return traced
+        finally:
+            await backend.close()
+
+    traced = asyncio.run(go())
+    assert traced.threads("-- returning") == {WORKER}
+    assert traced.threads("-- pragma") == {WORKER}
+    assert traced.threads("-- lower case select") == {LOOP}
