@@ -19,6 +19,9 @@ Rules:
   across passes), and the new Jobs come after them in queue order. Anything that can free GPUs
   or change a Node (a release, a Node connecting, a cordon) calls :meth:`Scheduler.wake`, which
   asks for a pass over the whole queue.
+- A pass over new Jobs leaves the expired launches and the drained Nodes to the whole passes
+  (at least one every tick, as when no Job is admitted): both follow the clock, and an admission
+  changes neither, so it need not pay their two reads.
 - At least every tick a pass looks at the whole queue's inputs, whatever woke it (a wake that
   was missed must not leave a Job waiting). It reads the queue itself only if those inputs
   changed since the last whole pass: the connected Nodes of the queue's Fleets with their free
@@ -168,18 +171,19 @@ class Scheduler:
                 log.warning("scheduling pass failed; the next pass tries again reason=%s", exc)
 
     async def step(self, only: set[str] | None = None, tick: bool = False) -> None:
-        """One pass: abort expired launches, mark drained Nodes, then plan the whole queue, or
-        only the Jobs ``only`` names (admitted since the last pass; see the module's rules).
+        """One pass: abort expired launches, mark drained Nodes, then plan the whole queue; or
+        plan only the Jobs ``only`` names (admitted since the last pass; see the module's rules).
         ``tick``: a whole pass no one asked for, which reads no queue when its inputs are as the
         last whole pass left them."""
         self._passes += 1
         if only is not None:
             self._partial += 1
-        aborts = await self._store.abort_expired_prepares(now_ms())
-        if aborts:
-            crashpoint("after-abort-decided")
-        self._registry.dispatch(aborts)
-        await mark_drained(self._store, now_ms())
+        if only is None:
+            aborts = await self._store.abort_expired_prepares(now_ms())
+            if aborts:
+                crashpoint("after-abort-decided")
+            self._registry.dispatch(aborts)
+            await mark_drained(self._store, now_ms())
         settled, self._settled = self._settled, None
         if tick and settled is not None and await self._inputs(settled.fleets) == settled:
             self._skipped += 1

@@ -17,9 +17,12 @@ import anyio
 from tests.support.store_backend import current, write_lock
 from tuneplane.coordinator.catalogue import Catalogue
 from tuneplane.coordinator.gateways.sessions import SessionRegistry
+from tuneplane.coordinator.lifecycle import ABORT
+from tuneplane.coordinator.placement import MemberPlacement, Placement
 from tuneplane.coordinator.server.scheduler import Scheduler
 from tuneplane.coordinator.store.core import Store, db_path
 from tuneplane.coordinator.values.jobs import Preview, PreviewSummary
+from tuneplane.coordinator.values.orders import Gpu, Inventory
 
 WAITING_SINCE_ADMISSION = "admitted; waiting for free GPUs"
 
@@ -365,3 +368,39 @@ def test_a_job_gone_behind_the_schedulers_back_after_an_admission_makes_the_tick
 
     _, second, skipped = _after_an_admission(tmp_path, cancel_first, ticks=1)
     assert (second.startswith("waiting: needs 1 h200 GPU(s)"), skipped) == (True, 0)
+
+
+def test_an_expired_launch_is_aborted_by_the_whole_pass_not_by_an_admissions_pass(
+    tmp_path: Path,
+) -> None:
+    """A launch whose Prepare deadline passed is aborted by the next whole pass (one runs at
+    least every tick); a pass over newly admitted Jobs leaves it to that pass, as it leaves the
+    drained Nodes: an admission changes neither, and it does not pay their reads."""
+
+    async def go() -> tuple[str | None, str | None]:
+        store = await Store.open(current().where(db_path(tmp_path)))
+        try:
+            now = time.time_ns() // 1_000_000
+            first = await _admit_one(store)
+            inventory = Inventory("node-a", (Gpu(0, "h200", True, "GPU-a-0"),), "simulated")
+            await store.create_join_token("join-a", "default", now, now + 60_000)
+            await store.enroll("join-a", "node-a", inventory, "cred-a", now)
+            await store.node_connected("node-a", inventory, [], now)
+            job = await store.queued_job(first)
+            assert job is not None
+            placement = Placement((MemberPlacement(0, "node-a", (0,)),))
+            # Reserved with its Prepare deadline already behind it.
+            orders = await store.reserve_launch(job, placement, lambda _: {}, now - 1, now)
+            assert orders is not None
+            attempt = orders[0].member.attempt
+            scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60)
+            await scheduler.step({await _admit(store, 2)})
+            after_admission = await store.attempt_facts(store.reader, first, attempt)
+            await scheduler.step()
+            after_whole = await store.attempt_facts(store.reader, first, attempt)
+            assert after_admission is not None and after_whole is not None
+            return after_admission.decision, after_whole.decision
+        finally:
+            await store.close()
+
+    assert asyncio.run(go()) == (None, ABORT)
