@@ -7,15 +7,17 @@ Rules:
   writers in every process are serialised by SQLite itself and never conflict; nothing here is
   ever re-run. A lock still held by another process after ``busy_timeout`` is
   :class:`StoreUnavailable`.
-- Where a statement runs (:class:`_Link`): whatever can wait on another process or on the disk
-  runs in a worker thread: ``BEGIN IMMEDIATE`` (the busy wait), ``COMMIT`` (the fsync),
-  ``ROLLBACK``, opening, closing, and a read outside a transaction that turns out long (a Job
-  list, a metric series: below, how it is told). In a store that asks for it (``on_loop``: the
-  main store, whose transactions touch a Job's or a Node's few rows), the statements *inside* a
-  write transaction run on the event loop itself: the file's write lock is already ours, so
-  none of them waits on anything, and a trip to a thread and back for each (a queue, a future,
-  a wake-up of the loop) cost more than the statement. What is proportional to a request's size
-  still goes to the thread, as every such step does (docs/security.md): a batch of many rows
+- Where a statement runs (:mod:`.sqlite_link`): whatever can wait on another process or on the
+  disk runs in a worker thread: ``BEGIN IMMEDIATE`` that finds the write lock taken (the busy
+  wait), ``COMMIT`` (the fsync), ``ROLLBACK``, opening, closing, and a read outside a
+  transaction that turns out long (a Job list, a metric series: below, how it is told). In a
+  store that asks for it (``on_loop``: the main store, whose transactions touch a Job's or a
+  Node's few rows), ``BEGIN IMMEDIATE`` is first tried on the event loop with SQLite's busy wait
+  off (it refuses at once when another process holds the lock), and the statements *inside* a
+  write transaction run there: the file's write lock is already ours, so none of them waits on
+  anything, and a trip to a thread and back for each (a queue, a future, a wake-up of the loop)
+  cost more than the statement. What is proportional to a request's size still goes to the
+  thread, as every such step does (docs/security.md): a batch of many rows
   (:data:`INLINE_ROWS`), bound values of more than :data:`INLINE_BYTES`, and a read naming a
   column that can hold megabytes (:data:`LARGE_COLUMNS`, the JobSpec).
 - A read outside a transaction (a ``SELECT`` through ``reader``) in such a store is tried on the
@@ -39,18 +41,13 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import queue
 import sqlite3
-import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, closing, contextmanager
 from pathlib import Path
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, TypeVar
 
 import anyio
-import attrs
 
 from .handle import (
     Handle,
@@ -61,146 +58,25 @@ from .handle import (
     StoreUnavailable,
     integrity_sentence,
 )
+from .sqlite_link import BUSY_TIMEOUT_MS, INLINE_ROWS, SqliteLink, read_rows, waits
 
-BUSY_TIMEOUT_MS = 10_000
-#: The most rows an ``executemany`` inside a transaction writes on the event loop; a larger
-#: batch (a Hello storm, a metric batch, a copied table) goes to the worker thread.
-INLINE_ROWS = 64
 #: The most bytes of bound values (strings and blobs) a statement writes on the event loop.
 INLINE_BYTES = 64 * 1024
 #: Columns whose value can be megabytes (a resolved JobSpec of 8 MiB of experiment files, the
 #: capsule made from it): a read naming one runs in the worker thread, since what it returns
 #: cannot be sized beforehand. A write is sized by its bound values.
 LARGE_COLUMNS = ("resolved_json", "capsule_json")
-#: The most virtual-machine instructions a read outside a transaction runs on the event loop
-#: (a fraction of a millisecond); past them SQLite interrupts it and it runs in the thread.
-INLINE_READ_OPS = 20_000
-#: Instructions between two calls of the connection's progress handler.
-PROGRESS_GRAIN = 1_000
 T = TypeVar("T")
-
-
-class _Link:
-    """The store's one :class:`sqlite3.Connection` and the one worker thread that runs its
-    slow calls, in the order they came.
-
-    :meth:`threaded` queues a call for that thread. :meth:`inline` runs one on the event loop
-    when nothing is queued or running there, else queues it behind the rest: the connection is
-    never used by two threads at once, and one caller's calls keep their order.
-
-    The thread is this class's own rather than an executor's: a call handed to it is one queue
-    put and one wake-up of the loop, and the thread reads the queue again at once when
-    several are waiting.
-    """
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-        self._calls: queue.SimpleQueue[_Call[Any] | None] = queue.SimpleQueue()
-        # Each counter has one writer (the loop, the worker thread), so neither needs a lock.
-        self._queued = 0
-        self._done = 0
-        self._observer: tuple[Callable[[], int], int] | None = None
-        self._thread = threading.Thread(target=self._serve, name="store-sqlite", daemon=True)
-        self._thread.start()
-
-    async def threaded(self, call: Callable[[], T]) -> T:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._queued += 1
-        self._calls.put(_Call(call, future, loop))
-        # A cancelled caller leaves the call to run: the count says when the thread is done.
-        return await future
-
-    def _serve(self) -> None:
-        while (item := self._calls.get()) is not None:
-            outcome = item.outcome()
-            # Counted before the caller hears: by then the connection is free for the loop.
-            self._done += 1
-            item.deliver(*outcome)
-            del item, outcome  # keep nothing of a call alive while waiting for the next
-
-    @property
-    def idle(self) -> bool:
-        """Whether nothing is queued for the thread or running there: the connection is the
-        loop's to use now."""
-        return self._done == self._queued
-
-    async def inline(self, call: Callable[[], T]) -> T:
-        if self.idle:
-            return call()
-        return await self.threaded(call)
-
-    def set_progress_handler(self, handler: Callable[[], int] | None, grain: int) -> None:
-        """The connection's progress handler (a test counts instructions): read_bounded's too."""
-        self._observer = None if handler is None else (handler, grain)
-        self.conn.set_progress_handler(handler, grain)
-
-    def read_bounded(self, sql: str, values: tuple[Any, ...]) -> list[Row] | None:
-        """``sql``'s rows, read here within the module's bounds while the connection is free;
-        None past one, or where SQLite would wait for another process (a read: nothing changed)."""
-        observer, grain = self._observer or (None, PROGRESS_GRAIN)
-        calls, limit = itertools.count(1), max(1, INLINE_READ_OPS // grain)
-
-        def progress() -> int:  # non-zero: SQLite interrupts the statement
-            if observer is not None:
-                observer()
-            return int(next(calls) > limit)
-
-        _read(self.conn.execute("PRAGMA busy_timeout=0"))
-        self.conn.set_progress_handler(progress, grain)
-        try:
-            with closing(self.conn.execute(sql, values)) as cursor:
-                rows = cursor.fetchmany(INLINE_ROWS + 1)
-            return list(rows) if len(rows) <= INLINE_ROWS else None
-        except sqlite3.OperationalError as exc:
-            if "interrupted" in str(exc) or _waits(exc):
-                return None
-            raise
-        finally:
-            self.conn.set_progress_handler(observer, grain)
-            _read(self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}"))
-
-    async def close(self) -> None:
-        await self.threaded(self.conn.close)
-        self._calls.put(None)
-
-
-@attrs.frozen
-class _Call(Generic[T]):
-    """One call for the worker thread and the future on the loop that gets its outcome."""
-
-    call: Callable[[], T]
-    future: asyncio.Future[T]
-    loop: asyncio.AbstractEventLoop
-
-    def outcome(self) -> tuple[T | None, BaseException | None]:
-        try:
-            return self.call(), None
-        except BaseException as exc:  # handed to the caller on the loop, raised there
-            return None, exc
-
-    def deliver(self, result: T | None, error: BaseException | None) -> None:
-        if not self.loop.is_closed():  # a closed loop has nobody left to tell
-            self.loop.call_soon_threadsafe(_settle, self.future, result, error)
-
-
-def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(cast(T, result))
 
 
 class SqliteHandle:
     """A :class:`~tuneplane.coordinator.store.handle.Handle` on the store's one connection.
     ``in_transaction``: its small statements run on the event loop; ``bounded_reads``: its
-    ``SELECT`` s are tried there, within bounds (:meth:`_Link.read_bounded`); everything else runs
-    in the worker thread."""
+    ``SELECT`` s are tried there, within bounds (:meth:`SqliteLink.read_bounded`); everything
+    else runs in the worker thread."""
 
     def __init__(
-        self, link: _Link, what: str, in_transaction: bool, bounded_reads: bool = False
+        self, link: SqliteLink, what: str, in_transaction: bool, bounded_reads: bool = False
     ) -> None:
         self._link = link
         self._what = what
@@ -214,7 +90,7 @@ class SqliteHandle:
         except sqlite3.IntegrityError as exc:
             raise IntegrityViolation(integrity_sentence(self._what, str(exc))) from exc
         except sqlite3.OperationalError as exc:
-            if not _waits(exc):
+            if not waits(exc):
                 raise
             raise StoreUnavailable(
                 f"the {self._what} stayed locked by another process for "
@@ -243,7 +119,7 @@ class SqliteHandle:
                 rows = self._link.read_bounded(sql, values)
                 if rows is not None:
                     return rows
-            return await self._run(small, lambda: _read(conn.execute(sql, values)))
+            return await self._run(small, lambda: read_rows(conn.execute(sql, values)))
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
         conn = self._link.conn
@@ -273,11 +149,6 @@ def _selects(sql: str) -> bool:
     return sql.lstrip()[:6].upper() == "SELECT"
 
 
-def _waits(exc: sqlite3.OperationalError) -> bool:
-    """Whether SQLite refused because another connection holds a lock it would wait for."""
-    return "locked" in str(exc) or "busy" in str(exc)
-
-
 def _changed(cursor: sqlite3.Cursor) -> Result:
     """What a statement changed, its cursor closed: a statement left open would make the next
     ``COMMIT`` fail with "SQL statements in progress"."""
@@ -285,23 +156,22 @@ def _changed(cursor: sqlite3.Cursor) -> Result:
         return Result(int(cursor.rowcount))
 
 
-def _read(cursor: sqlite3.Cursor) -> list[Row]:
-    with closing(cursor):
-        return list(cursor.fetchall())
+def _begin(link: SqliteLink) -> Result:
+    return _changed(link.conn.execute("BEGIN IMMEDIATE"))
 
 
-def _pragma(link: _Link, sql: str) -> Callable[[], list[Row]]:
-    return lambda: _read(link.conn.execute(sql))
+def _pragma(link: SqliteLink, sql: str) -> Callable[[], list[Row]]:
+    return lambda: read_rows(link.conn.execute(sql))
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    # Used from the loop and from worker threads, one at a time (:class:`_Link`).
+    # Used from the loop and from worker threads, one at a time (:class:`SqliteLink`).
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     return conn
 
 
-async def _into_wal(link: _Link) -> None:
+async def _into_wal(link: SqliteLink) -> None:
     """Switch the file to WAL. The switch needs the file to itself and SQLite answers "locked"
     at once, without its busy handler, while another connection opens it too (two processes
     starting together): try again until the busy timeout has passed."""
@@ -310,7 +180,7 @@ async def _into_wal(link: _Link) -> None:
         try:
             await link.threaded(_pragma(link, "PRAGMA journal_mode=WAL"))
         except sqlite3.OperationalError as exc:
-            if not _waits(exc) or anyio.current_time() > deadline:
+            if not waits(exc) or anyio.current_time() > deadline:
                 raise
             await anyio.sleep(0.02)
         else:
@@ -320,8 +190,9 @@ async def _into_wal(link: _Link) -> None:
 class SqliteBackend:
     """One store's SQLite file. Open with :meth:`open`."""
 
-    def __init__(self, link: _Link, path: Path, what: str, on_loop: bool) -> None:
+    def __init__(self, link: SqliteLink, path: Path, what: str, on_loop: bool) -> None:
         self._link = link
+        self._on_loop = on_loop
         self.path = path
         self.reader: Handle = SqliteHandle(link, what, in_transaction=False, bounded_reads=on_loop)
         self._writer = SqliteHandle(link, what, in_transaction=on_loop)
@@ -332,7 +203,7 @@ class SqliteBackend:
     ) -> SqliteBackend:
         """Open ``path``; ``on_loop``: whether a write transaction's small statements run on the
         event loop (module rules) or, like everything else, in the worker thread."""
-        link = _Link(await anyio.to_thread.run_sync(_connect, path))
+        link = SqliteLink(await anyio.to_thread.run_sync(_connect, path))
         try:
             await link.threaded(_pragma(link, "PRAGMA synchronous=FULL"))
             await link.threaded(_pragma(link, f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}"))
@@ -353,7 +224,10 @@ class SqliteBackend:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Handle]:
-        await self.reader.execute("BEGIN IMMEDIATE")
+        link = self._link
+        begun = self._on_loop and link.idle and link.unwaiting(lambda: _begin(link)) is not None
+        if not begun:  # another process holds the write lock: wait for it in the thread
+            await self.reader.execute("BEGIN IMMEDIATE")
         try:
             yield self._writer
         except BaseException:

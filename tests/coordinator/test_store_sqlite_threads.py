@@ -26,14 +26,8 @@ import pytest
 from tuneplane.coordinator.store.core import Store
 from tuneplane.coordinator.store.db import StoreDb
 from tuneplane.coordinator.store.logs import LogStore
-from tuneplane.coordinator.store.sqlite import (
-    BUSY_TIMEOUT_MS,
-    INLINE_BYTES,
-    INLINE_READ_OPS,
-    INLINE_ROWS,
-    LARGE_COLUMNS,
-    SqliteBackend,
-)
+from tuneplane.coordinator.store.sqlite import INLINE_BYTES, LARGE_COLUMNS, SqliteBackend
+from tuneplane.coordinator.store.sqlite_link import BUSY_TIMEOUT_MS, INLINE_READ_OPS, INLINE_ROWS
 from tuneplane.coordinator.store.telemetry import TelemetryStore
 
 pytestmark = [
@@ -108,7 +102,7 @@ def test_a_transaction_runs_its_statements_on_the_loop_and_only_waits_in_the_thr
             await backend.close()
 
     traced = asyncio.run(go())
-    assert traced.threads("BEGIN IMMEDIATE") == {WORKER}  # may wait for another process
+    assert traced.threads("BEGIN IMMEDIATE") == {LOOP}  # no other process held the lock
     assert traced.threads("COMMIT") == {WORKER}  # the fsync
     assert traced.threads("-- one") == {LOOP}
     assert traced.threads("-- inside") == {LOOP}
@@ -271,11 +265,13 @@ def test_a_transaction_waiting_for_another_process_lock_leaves_the_loop_running(
     tmp_path: Path,
 ) -> None:
     """Another process (an on-call's ``sqlite3``, the admin CLI) holds the file's write lock:
-    this store's ``BEGIN IMMEDIATE`` waits for it in the thread, and the loop goes on serving
-    everything else meanwhile."""
+    this store's ``BEGIN IMMEDIATE``, refused at once on the loop (SQLite's busy wait off
+    there), waits for it in the thread, and the loop goes on serving everything else meanwhile;
+    the busy wait is back on afterwards."""
 
-    async def go() -> list[int]:
+    async def go() -> tuple[Traced, list[int]]:
         backend = await _open(tmp_path)
+        traced = Traced(backend)
         try:
             async with _held(tmp_path / "store.db", "IMMEDIATE", 1) as release:
 
@@ -287,11 +283,20 @@ def test_a_transaction_waiting_for_another_process_lock_leaves_the_loop_running(
                 await _waits_while_the_loop_turns(writer)
                 await release()
                 await writer
-            return [r[0] for r in await backend.reader.execute_fetchall("SELECT x FROM t")]
+            rows = await backend.reader.execute_fetchall("SELECT x FROM t")
+            return traced, [r[0] for r in rows]
         finally:
             await backend.close()
 
-    assert asyncio.run(go()) == [1, 2]
+    traced, rows = asyncio.run(go())
+    assert rows == [1, 2]
+    assert traced.threads("BEGIN IMMEDIATE") == {LOOP, WORKER}  # refused, then waited for
+    loop_side = [sql for sql, thread in traced.seen if thread == LOOP]
+    assert loop_side[:3] == [
+        "PRAGMA busy_timeout=0",
+        "BEGIN IMMEDIATE",
+        f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
+    ]
 
 
 def test_a_read_outside_a_transaction_runs_on_the_loop_unless_sqlite_would_wait(
@@ -334,8 +339,9 @@ def test_a_read_outside_a_transaction_runs_on_the_loop_unless_sqlite_would_wait(
 
 
 class Ticks:
-    """The connection's progress handler as a test sets it (:meth:`_Link.set_progress_handler`):
-    which thread SQLite called it on, once every ``GRAIN`` instructions."""
+    """The connection's progress handler as a test sets it
+    (:meth:`SqliteLink.set_progress_handler`): which thread SQLite called it on, once every
+    ``GRAIN`` instructions."""
 
     GRAIN = 100
 
