@@ -115,7 +115,7 @@ class SqliteHandle:
         # What a read returns cannot be sized beforehand: its columns say.
         small = not any(c in sql for c in LARGE_COLUMNS) and _small((values,))
         with self._mapped():
-            if small and self._bounded_reads and self._link.idle and _selects(sql):
+            if small and self._bounded_reads and _selects(sql):
                 rows = self._link.read_bounded(sql, values)
                 if rows is not None:
                     return rows
@@ -225,7 +225,7 @@ class SqliteBackend:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Handle]:
         link = self._link
-        begun = self._on_loop and link.idle and link.unwaiting(lambda: _begin(link)) is not None
+        begun = self._on_loop and link.unwaiting(lambda: _begin(link)) is not None
         if not begun:  # another process holds the write lock: wait for it in the thread
             await self.reader.execute("BEGIN IMMEDIATE")
         try:

@@ -87,8 +87,11 @@ class SqliteLink:
         self.conn.set_progress_handler(handler, grain)
 
     def unwaiting(self, call: Callable[[], T]) -> T | None:
-        """``call`` here (the connection free) with SQLite's busy wait off; None where SQLite
-        would have waited for another process's lock, or stopped a read at its bound."""
+        """``call`` here with SQLite's busy wait off; None, without running it, while the thread
+        has the connection, and None where SQLite would have waited for another process's lock
+        or stopped a read at its bound."""
+        if not self.idle:
+            return None
         read_rows(self.conn.execute("PRAGMA busy_timeout=0"))
         try:
             return call()
@@ -110,15 +113,15 @@ class SqliteLink:
             return int(next(calls) > limit)
 
         def read() -> list[Row] | None:
-            with closing(self.conn.execute(sql, values)) as cursor:
-                rows = cursor.fetchmany(INLINE_ROWS + 1)
-            return list(rows) if len(rows) <= INLINE_ROWS else None
+            self.conn.set_progress_handler(progress, grain)
+            try:
+                with closing(self.conn.execute(sql, values)) as cursor:
+                    rows = cursor.fetchmany(INLINE_ROWS + 1)
+            finally:
+                self.conn.set_progress_handler(observer, grain)
+            return rows if len(rows) <= INLINE_ROWS else None
 
-        self.conn.set_progress_handler(progress, grain)
-        try:
-            return self.unwaiting(read)
-        finally:
-            self.conn.set_progress_handler(observer, grain)
+        return self.unwaiting(read)
 
     async def close(self) -> None:
         await self.threaded(self.conn.close)

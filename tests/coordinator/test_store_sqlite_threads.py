@@ -175,8 +175,8 @@ def test_a_statement_for_the_loop_waits_while_the_thread_holds_the_connection(
     tmp_path: Path, reader_cancelled: bool
 ) -> None:
     """A read outside the transaction holds the thread (its caller may even have given up on
-    it): the transaction's next statement goes behind it instead of using the connection from
-    a second thread at the same time."""
+    it): the transaction's next statement, and a small read the loop would run itself, go
+    behind it instead of using the connection from a second thread at the same time."""
 
     async def go() -> Traced:
         backend = await _open(tmp_path)
@@ -193,11 +193,14 @@ def test_a_statement_for_the_loop_waits_while_the_thread_holds_the_connection(
                     with pytest.raises(asyncio.CancelledError):
                         await reader
                 insert = asyncio.create_task(db.execute("INSERT INTO t (x) VALUES (7)"))
-                await asyncio.sleep(0)  # one turn of the loop: an insert run inline is done now
-                assert not insert.done()
-                assert not traced.threads("INSERT")
+                # A small read, which the loop runs itself when the connection is free.
+                small = asyncio.create_task(backend.reader.execute_fetchall("SELECT 1 -- small"))
+                await asyncio.sleep(0)  # one turn of the loop: a call run inline is done now
+                assert not insert.done() and not small.done()
+                assert not traced.threads("INSERT") and not traced.threads("-- small")
                 traced.release.set()
                 assert (await insert).rowcount == 1
+                assert [tuple(r) for r in await small] == [(1,)]
                 if not reader_cancelled:
                     assert [tuple(r) for r in await reader] == [(1,)]
             row = await backend.reader.fetchone("SELECT x FROM t")
@@ -210,6 +213,7 @@ def test_a_statement_for_the_loop_waits_while_the_thread_holds_the_connection(
     traced = asyncio.run(go())
     assert traced.position("hold() ended") < traced.position("INSERT")
     assert traced.threads("INSERT") == {WORKER}
+    assert traced.threads("-- small") == {WORKER}
 
 
 _HOLDER = """\
