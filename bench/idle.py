@@ -9,7 +9,8 @@ period has passed, the agent's CPU time is read over the window and its RSS samp
 seconds in it. The runner and collector templates, children of the agent, are printed on their
 own lines while they live (each ends after its idle time). With Slurm installed, the same number
 of ``srun -n1 true`` runs go through a throwaway cluster first, and ``slurmd`` is measured over
-the same window.
+the same window. Last, fresh interpreters that only import show what the agent's RSS is made of
+(``bench/_import_floor.py``).
 
 Knobs (env): ``TUNEPLANE_BENCH_IDLE_S`` (default 600, the goal's 10 minutes),
 ``TUNEPLANE_BENCH_IDLE_SETTLE_S`` (default 30) and ``TUNEPLANE_BENCH_IDLE_JOBS`` (default 100).
@@ -34,6 +35,7 @@ from tuneplane.coordinator.cli.connection import resolve_connection
 from tuneplane.coordinator.demo import accounts
 from tuneplane.coordinator.demo.cluster import LocalCluster
 
+from ._import_floor import import_floors
 from ._slurm import SlurmCluster, slurm_cluster
 from .agent import ACCOUNTS_PER_AGENT, Size, _one_job, _wait_free
 
@@ -203,6 +205,9 @@ def run(window_s: float, settle_s: float, jobs: int) -> int:
     )
     if "slurmd" in figures:
         print(f"  agent / slurmd   RSS {rss / figures['slurmd'].rss_mib:6.2f}x")
+    print("fresh interpreters that only import (median of 3 each):")
+    for imported in import_floors():
+        print(f"  {imported.what:<58} RSS {imported.rss_mib:6.1f} MiB ({imported.modules} modules)")
     return 0
 
 
