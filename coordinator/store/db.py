@@ -9,11 +9,12 @@ Rules:
   :meth:`StoreDb.transaction` for writes and :attr:`StoreDb.reader` for reads.
 - A write is a zero-argument async callable run by :meth:`StoreDb.shielded`: one transaction
   (``async with self.transaction() as db``), one at a time in this process, serialised across
-  processes by the backend. It runs to the end even when the caller's deadline passes, and
-  :meth:`StoreDb.close` waits for it. When the database aborts it to resolve a conflict
-  (serialisation failure, deadlock) it is run again whole, at most :data:`MAX_ATTEMPTS` times:
-  each re-run is a :class:`StoreRetry`, logged and handed to the store's retry observers
-  (``serve`` counts them in its Prometheus registry).
+  processes by the backend (on SQLite, blocks queued behind one another share one ``COMMIT``:
+  :mod:`.sqlite_group`), and acknowledged only once on disk. It runs to the end even when the
+  caller's deadline passes, and :meth:`StoreDb.close` waits for it. When the database aborts it
+  to resolve a conflict (serialisation failure, deadlock) it is run again whole, at most
+  :data:`MAX_ATTEMPTS` times: each re-run is a :class:`StoreRetry`, logged and handed to the
+  store's retry observers (``serve`` counts them in its Prometheus registry).
 - Store code names what a transaction changed with :meth:`StoreDb.changed` (a Job's run id);
   the names go to the store's commit observers only once that transaction committed (never for
   one rolled back), so whoever is woken by them and reads sees the change (WatchJob).
@@ -36,7 +37,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
-import anyio
 import attrs
 
 from ..store_location import PostgresUrl, Where
@@ -140,7 +140,6 @@ class StoreDb:
         self._backend = backend
         self.reader: Handle = backend.reader
         self.where = where
-        self._lock = anyio.Lock()
         self._inflight: set[asyncio.Task[Any]] = set()
         #: Called with each :class:`StoreRetry` (serve counts them for Prometheus).
         self.retry_observers: list[Callable[[StoreRetry], None]] = []
@@ -274,7 +273,7 @@ class StoreDb:
         changed: set[str] = set()
         token = _changed.set(changed)
         try:
-            async with self._lock, self._backend.transaction() as db:
+            async with self._backend.transaction() as db:
                 yield db
         finally:
             _changed.reset(token)

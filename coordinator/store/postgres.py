@@ -268,6 +268,9 @@ class PostgresBackend:
         self.schema = schema
         self._mapper = _Mapper(what)
         self._lock_key = write_lock_key(schema)
+        # This process's writers one at a time, each on one pooled connection, before the
+        # database's advisory lock serialises them with other processes'.
+        self._writers = anyio.Lock()
         self.reader: Handle = PgPoolHandle(pool, self._mapper)
         #: What every write transaction must still find in the lease (None: no fencing, as for
         #: the admin CLI and a coordinator's opening migrations); set by :meth:`fence`.
@@ -307,7 +310,11 @@ class PostgresBackend:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Handle]:
         with self._mapper.mapped():
-            async with self._pool.acquire() as conn, conn.transaction(isolation="read_committed"):
+            async with (
+                self._writers,
+                self._pool.acquire() as conn,
+                conn.transaction(isolation="read_committed"),
+            ):
                 if self.lease_fence is None:
                     await conn.execute("SELECT pg_advisory_xact_lock($1)", self._lock_key)
                 else:

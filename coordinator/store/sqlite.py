@@ -6,7 +6,8 @@ Rules:
 - A transaction is ``BEGIN IMMEDIATE`` ... ``COMMIT``: it takes the file's write lock first, so
   writers in every process are serialised by SQLite itself and never conflict; nothing here is
   ever re-run. A lock still held by another process after ``busy_timeout`` is
-  :class:`StoreUnavailable`.
+  :class:`StoreUnavailable`. This process's write blocks queued behind one another share one
+  such transaction, each in a savepoint, and its one ``COMMIT`` (:mod:`.sqlite_group`).
 - Where a statement runs (:mod:`.sqlite_link`): whatever can wait on another process or on the
   disk runs in a worker thread: ``BEGIN IMMEDIATE`` that finds the write lock taken (the busy
   wait), ``COMMIT`` (the fsync), ``ROLLBACK``, opening, closing, and a read outside a
@@ -42,8 +43,8 @@ Rules:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager, closing, contextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager, closing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,14 +52,12 @@ import anyio
 
 from .handle import (
     Handle,
-    IntegrityViolation,
     Result,
     Row,
     SnapshotReader,
-    StoreUnavailable,
-    integrity_sentence,
 )
-from .sqlite_link import BUSY_TIMEOUT_MS, INLINE_ROWS, SqliteLink, read_rows, waits
+from .sqlite_group import CommitGroups
+from .sqlite_link import BUSY_TIMEOUT_MS, INLINE_ROWS, SqliteLink, mapped_errors, read_rows, waits
 
 #: The most bytes of bound values (strings and blobs) a statement writes on the event loop.
 INLINE_BYTES = 64 * 1024
@@ -83,20 +82,8 @@ class SqliteHandle:
         self._in_transaction = in_transaction
         self._bounded_reads = bounded_reads
 
-    @contextmanager
-    def _mapped(self) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.IntegrityError as exc:
-            raise IntegrityViolation(integrity_sentence(self._what, str(exc))) from exc
-        except sqlite3.OperationalError as exc:
-            if not waits(exc):
-                raise
-            raise StoreUnavailable(
-                f"the {self._what} stayed locked by another process for "
-                f"{BUSY_TIMEOUT_MS // 1000} s ({exc}); nothing was changed. Find the process "
-                "holding it (a long `sqlite3` session?), end it, and try again."
-            ) from exc
+    def _mapped(self) -> AbstractContextManager[None]:
+        return mapped_errors(self._what)
 
     async def _run(self, small: bool, call: Callable[[], T]) -> T:
         """``call`` on the loop when ``small`` and this handle runs such calls there, else in
@@ -196,6 +183,7 @@ class SqliteBackend:
         self.path = path
         self.reader: Handle = SqliteHandle(link, what, in_transaction=False, bounded_reads=on_loop)
         self._writer = SqliteHandle(link, what, in_transaction=on_loop)
+        self.groups = CommitGroups(link, what, self._begin, self._writer.execute)
 
     @classmethod
     async def open(
@@ -224,16 +212,16 @@ class SqliteBackend:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Handle]:
+        """One write block, in a group of those queued behind one another (:mod:`.sqlite_group`):
+        on disk when the block's ``async with`` ends."""
+        async with self.groups.member():
+            yield self._writer
+
+    async def _begin(self) -> None:
         link = self._link
         begun = self._on_loop and link.unwaiting(lambda: _begin(link)) is not None
         if not begun:  # another process holds the write lock: wait for it in the thread
             await self.reader.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._writer
-        except BaseException:
-            await self._link.threaded(_pragma(self._link, "ROLLBACK"))
-            raise
-        await self.reader.execute("COMMIT")
 
     def migration_sql(self, sql: str) -> str:
         """Migrations are written in SQLite's dialect: as they are."""

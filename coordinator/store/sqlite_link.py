@@ -11,13 +11,13 @@ import itertools
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
-from contextlib import closing
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from typing import Any, Generic, TypeVar, cast
 
 import attrs
 
-from .handle import Row
+from .handle import IntegrityViolation, Row, StoreUnavailable, integrity_sentence
 
 BUSY_TIMEOUT_MS = 10_000
 #: The most rows an ``executemany`` inside a transaction writes on the event loop (a larger
@@ -55,12 +55,16 @@ class SqliteLink:
         self._thread.start()
 
     async def threaded(self, call: Callable[[], T]) -> T:
+        # A cancelled caller leaves the call to run: the count says when the thread is done.
+        return await self.submit(call)
+
+    def submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        """Queue ``call`` for the thread, after every call queued before it: its outcome."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queued += 1
         self._calls.put(_Call(call, future, loop))
-        # A cancelled caller leaves the call to run: the count says when the thread is done.
-        return await future
+        return future
 
     def _serve(self) -> None:
         while (item := self._calls.get()) is not None:
@@ -154,6 +158,24 @@ def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | 
         future.set_exception(error)
     else:
         future.set_result(cast(T, result))
+
+
+@contextmanager
+def mapped_errors(what: str) -> Iterator[None]:
+    """SQLite's errors as the store's: a broken constraint, a lock still held past the busy
+    wait. ``what``: the store and its file, for the message."""
+    try:
+        yield
+    except sqlite3.IntegrityError as exc:
+        raise IntegrityViolation(integrity_sentence(what, str(exc))) from exc
+    except sqlite3.OperationalError as exc:
+        if not waits(exc):
+            raise
+        raise StoreUnavailable(
+            f"the {what} stayed locked by another process for "
+            f"{BUSY_TIMEOUT_MS // 1000} s ({exc}); nothing was changed. Find the process "
+            "holding it (a long `sqlite3` session?), end it, and try again."
+        ) from exc
 
 
 def waits(exc: sqlite3.OperationalError) -> bool:
