@@ -29,6 +29,10 @@ Rules:
   were, the last whole pass's decisions and reasons stand (the same pure function of the same
   inputs), and a long queue costs a tick nothing. A whole pass that launched something leaves
   no such record: its launches change the inputs anyway.
+- A tick that finds Jobs admitted since the last pass plans them first, as a pass over new Jobs,
+  then makes its check: while admissions keep coming, one is nearly always waiting when a tick
+  comes, and planned inside the whole pass it would move the mark and make every tick read the
+  whole queue.
 - A pass over new Jobs does not count the queue either (a count walks the whole queue's index
   range): it adds the Jobs it planned to the record's mark. Anything else that joined or left
   the queue meanwhile makes the real mark differ from that sum, and the next tick reads.
@@ -161,7 +165,10 @@ class Scheduler:
             admitted, self._admitted, self._full = self._admitted, set(), False
             try:
                 with SCHEDULING_PASS.time():
-                    await self.step(None if full else admitted, tick=full and not asked)
+                    if full and not asked:
+                        await self.tick(admitted)
+                    else:
+                        await self.step(None if full else admitted)
                 if full:
                     self._full_at = started
             except StoreUnavailable as exc:
@@ -169,6 +176,16 @@ class Scheduler:
                 self._settled = None
                 self._full = True  # whatever this pass missed, the next one reads
                 log.warning("scheduling pass failed; the next pass tries again reason=%s", exc)
+
+    async def tick(self, admitted: set[str]) -> None:
+        """The pass every tick, which no wake asked for: the Jobs ``admitted`` since the last pass
+        first, as a pass of their own, then the whole pass, which finds its record standing
+        with them in it (and reads no queue) when nothing else changed. Planned in one whole
+        pass instead, they would move the queue's mark and make every tick read the whole queue
+        while admissions keep coming."""
+        if admitted:
+            await self.step(admitted)
+        await self.step(None, tick=True)
 
     async def step(self, only: set[str] | None = None, tick: bool = False) -> None:
         """One pass: abort expired launches, mark drained Nodes, then plan the whole queue; or

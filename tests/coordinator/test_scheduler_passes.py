@@ -204,37 +204,49 @@ def test_an_admission_plans_the_new_job_without_walking_the_queue(tmp_path: Path
     assert (partial, passes) == (1, 3)
 
 
-def test_admissions_that_never_stop_still_get_the_whole_queue_each_tick(tmp_path: Path) -> None:
+def test_admissions_that_never_stop_still_get_a_whole_pass_each_tick(tmp_path: Path) -> None:
     """A pass over the whole queue runs at least every tick, even when admissions keep the
-    scheduler awake: an older Job's changed reason is written afresh."""
+    scheduler awake (each tick plans the new Jobs first, then makes the whole pass): a launch
+    whose Prepare deadline passed is aborted, which only a whole pass does."""
 
-    async def go() -> str:
+    async def go() -> str | None:
         where = current().where(db_path(tmp_path))
         store = await Store.open(where)
         try:
+            now = time.time_ns() // 1_000_000
             first = await _admit_one(store)
+            inventory = Inventory("node-a", (Gpu(0, "h200", True, "GPU-a-0"),), "simulated")
+            await store.create_join_token("join-a", "default", now, now + 60_000)
+            await store.enroll("join-a", "node-a", inventory, "cred-a", now)
+            await store.node_connected("node-a", inventory, [], now)
             scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, tick_s=0.2)
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(scheduler.run)
-                    await _wait_until("the first pass", lambda: scheduler.passes >= 1)
-                    # Its end: the reason it writes, so the mark below comes after it.
+                    # The first pass (asked for at the start) is over: from now on only ticks
+                    # make whole passes, since admissions ask for none.
                     await _reason_other_than(store, first, WAITING_SINCE_ADMISSION)
-                    async with store.transaction() as db:
-                        await db.execute(
-                            "UPDATE jobs SET state_reason = 'marked' WHERE run_id = ?", (first,)
-                        )
+                    job = await store.queued_job(first)
+                    assert job is not None
+                    placement = Placement((MemberPlacement(0, "node-a", (0,)),))
+                    # Reserved behind the scheduler's back, its Prepare deadline already past.
+                    orders = await store.reserve_launch(job, placement, lambda _: {}, now - 1, now)
+                    assert orders is not None
+                    attempt = orders[0].member.attempt
                     n = 2
-                    while await _reason(store, first) == "marked":
-                        scheduler.admitted(await _admit(store, n))
+                    while (facts := await store.attempt_facts(store.reader, first, attempt)) and (
+                        facts.decision is None
+                    ):
                         n += 1
+                        scheduler.admitted(await _admit(store, n))
                         await anyio.sleep(0.01)
                     tg.cancel_scope.cancel()
-            return await _reason(store, first)
+            assert scheduler.partial_passes >= 1
+            return facts.decision if facts is not None else None
         finally:
             await store.close()
 
-    assert asyncio.run(go()).startswith("waiting: needs 1 h200 GPU(s)")
+    assert asyncio.run(go()) == ABORT
 
 
 async def _mark(store: Store, run_id: str) -> None:
@@ -352,6 +364,35 @@ def test_ticks_after_an_admissions_pass_still_read_no_queue(tmp_path: Path) -> N
     first, planned, skipped = _after_an_admission(tmp_path, mark_first, ticks=2)
     assert planned.startswith("waiting: needs 1 h200 GPU(s)")
     assert (first, skipped) == ("marked", 2)
+
+
+def test_a_tick_that_finds_a_job_admitted_since_the_last_pass_plans_it_and_reads_no_queue(
+    tmp_path: Path,
+) -> None:
+    """While admissions keep coming, a tick nearly always finds one admitted since the last pass
+    and not planned yet. The tick plans it as a pass of its own first, and then finds the whole
+    pass's record standing: the new Job gets its reason, and an older Job's reason changed
+    behind the scheduler's back stays as it is (no queue was read). Planned inside the whole
+    pass instead, the new Job would move the queue's mark and make every such tick read the
+    whole queue."""
+
+    async def go() -> tuple[str, str, int, int]:
+        store = await Store.open(current().where(db_path(tmp_path)))
+        try:
+            first = await _admit_one(store)
+            scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, 3600)
+            await scheduler.step()
+            await _mark(store, first)
+            second = await _admit(store, 2)
+            await scheduler.tick({second})
+            reasons = await _reason(store, first), await _reason(store, second)
+            return *reasons, scheduler.partial_passes, scheduler.skipped_passes
+        finally:
+            await store.close()
+
+    first, second, partial, skipped = asyncio.run(go())
+    assert second.startswith("waiting: needs 1 h200 GPU(s)")
+    assert (first, partial, skipped) == ("marked", 1, 1)
 
 
 def test_a_job_gone_behind_the_schedulers_back_after_an_admission_makes_the_tick_read(
