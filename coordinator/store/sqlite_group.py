@@ -13,7 +13,12 @@ Rules:
 - A ``COMMIT`` that fails fails every block of its group (none of them was kept), and so does an
   error to which SQLite answered by rolling the whole transaction back.
 - A writer cancelled while it waits for the lock, or for its group's ``COMMIT``, leaves the group
-  to the others: a block that ran commits or fails with them.
+  to the others: a block that ran commits or fails with them. One cancelled inside its block is
+  taken back as a failed one, by a task of its own that no cancel scope reaches, before the next
+  writer comes in.
+- This groups whole transactions of any kind at the SQLite file. Writes of one kind that arrive
+  together (Hellos, disconnections) are also batched into one transaction, on either backend,
+  by :mod:`.group_writes`; such a batch is one block here.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class CommitGroups:
         self._lock = asyncio.Lock()
         self._waiting = 0
         self._open: _Group | None = None
+        self._undoing: set[asyncio.Task[None]] = set()
         #: Blocks that committed, and the COMMITs that made them durable.
         self.committed_blocks = 0
         self.commits = 0
@@ -76,18 +82,28 @@ class CommitGroups:
             self._settle()  # nobody else may be coming to commit what the group holds
             raise
         self._waiting -= 1
+        releases = True
         try:
             group = await self._join()
             try:
                 yield
                 await self._statement(f"RELEASE {SAVEPOINT}")
             except BaseException as exc:
-                await self._undo(group, exc)
+                # Taken back by a task of its own, which lets the next writer in only once it is
+                # done: a writer cancelled here (again at each await, under a cancel scope) must
+                # neither leave its block half taken back nor hand the lock to a writer that
+                # would join a transaction SQLite has ended.
+                releases = False
+                undo = asyncio.ensure_future(self._undo(group, exc))
+                self._undoing.add(undo)
+                undo.add_done_callback(self._undoing.discard)
+                await asyncio.shield(undo)
                 raise
             group.members += 1
         finally:
-            self._lock.release()
-            self._settle()
+            if releases:
+                self._lock.release()
+                self._settle()
         # Shielded: one writer's deadline must not cancel the outcome the others wait for.
         with mapped_errors(self._what):
             await asyncio.shield(group.done)
@@ -103,17 +119,24 @@ class CommitGroups:
         return group
 
     async def _undo(self, group: _Group, exc: BaseException) -> None:
-        """Take back the failed block; where SQLite ended the whole transaction, or taking it
-        back fails, the group is lost."""
+        """Take back the failed block, then let the next writer in. Where SQLite ended the
+        whole transaction, or taking the block back fails, the group is lost: its blocks hear
+        so before anything else can happen to it."""
         try:
-            kept = await self._link.threaded(lambda: _roll_back_member(self._link.conn))
-        except BaseException as undo_exc:
-            kept, exc = False, undo_exc
-        if kept:
-            return
+            try:
+                kept = await self._link.threaded(lambda: _roll_back_member(self._link.conn))
+            except Exception as undo_exc:
+                kept, exc = False, undo_exc
+            if not kept:
+                self._lose(group, exc)
+                await self._link.threaded(lambda: _abandon(self._link.conn))
+        finally:
+            self._lock.release()
+            self._settle()
+
+    def _lose(self, group: _Group, exc: BaseException) -> None:
         if self._open is group:
             self._open = None
-        await self._link.threaded(lambda: _abandon(self._link.conn))
         if not group.done.done():
             group.done.set_exception(
                 StoreUnavailable(

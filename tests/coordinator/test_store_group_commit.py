@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from tuneplane.coordinator.store.handle import Handle, StoreUnavailable
@@ -202,6 +204,43 @@ def test_a_writer_cancelled_while_it_waits_leaves_the_group_to_commit(tmp_path: 
     heard, cancelled = asyncio.run(go())
     assert heard == [0] and cancelled
     assert _committed(path) == [0]
+
+
+def test_a_block_cancelled_under_a_cancel_scope_is_taken_back_and_its_group_commits(
+    tmp_path: Path,
+) -> None:
+    """A cancel scope cancels its writer again at every await, including the ones that take its
+    block back: the others of its group must still commit and hear, and the cancelled block
+    leave nothing."""
+    path = tmp_path / "store.db"
+
+    async def go() -> tuple[list[int], bool]:
+        backend, _ = await _open(path)
+        heard: list[int] = []
+        cancelled = False
+
+        async def cancelled_inside() -> None:
+            nonlocal cancelled
+            with anyio.CancelScope() as scope:
+                async with backend.transaction() as db:
+                    await db.execute("INSERT INTO t (x) VALUES (?)", (1,))
+                    scope.cancel()
+                    await anyio.lowlevel.checkpoint()
+            cancelled = scope.cancelled_caught
+
+        try:
+            await asyncio.gather(
+                _writer(backend, path, 0, heard, first=True)(),
+                cancelled_inside(),
+                _writer(backend, path, 2, heard)(),
+            )
+            return heard, cancelled
+        finally:
+            await backend.close()
+
+    heard, cancelled = anyio.run(go, backend="asyncio")
+    assert cancelled and sorted(heard) == [0, 2]
+    assert _committed(path) == [0, 2]
 
 
 def test_a_full_store_that_sqlite_rolls_back_whole_fails_every_block_of_the_group(
