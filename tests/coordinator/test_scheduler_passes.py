@@ -159,6 +159,24 @@ async def _reason_other_than(store: Store, run_id: str, old: str, timeout: float
     return reason
 
 
+async def _node_a(store: Store, now: int) -> None:
+    """Enroll and connect ``node-a`` with one h200 GPU."""
+    inventory = Inventory("node-a", (Gpu(0, "h200", True, "GPU-a-0"),), "simulated")
+    await store.create_join_token("join-a", "default", now, now + 60_000)
+    await store.enroll("join-a", "node-a", inventory, "cred-a", now)
+    await store.node_connected("node-a", inventory, [], now)
+
+
+async def _expired_launch(store: Store, run_id: str, now: int) -> int:
+    """Reserve ``run_id`` on ``node-a`` with its Prepare deadline already past; its attempt."""
+    job = await store.queued_job(run_id)
+    assert job is not None
+    placement = Placement((MemberPlacement(0, "node-a", (0,)),))
+    orders = await store.reserve_launch(job, placement, lambda _: {}, now - 1, now)
+    assert orders is not None
+    return orders[0].member.attempt
+
+
 def test_an_admission_plans_the_new_job_without_walking_the_queue(tmp_path: Path) -> None:
     """After a pass over the whole queue, a pass woken by an admission reads only the new Job:
     an older Job's reason, changed behind the scheduler's back, is left as it is until a wake
@@ -215,10 +233,7 @@ def test_admissions_that_never_stop_still_get_a_whole_pass_each_tick(tmp_path: P
         try:
             now = time.time_ns() // 1_000_000
             first = await _admit_one(store)
-            inventory = Inventory("node-a", (Gpu(0, "h200", True, "GPU-a-0"),), "simulated")
-            await store.create_join_token("join-a", "default", now, now + 60_000)
-            await store.enroll("join-a", "node-a", inventory, "cred-a", now)
-            await store.node_connected("node-a", inventory, [], now)
+            await _node_a(store, now)
             scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60, tick_s=0.2)
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
@@ -226,13 +241,8 @@ def test_admissions_that_never_stop_still_get_a_whole_pass_each_tick(tmp_path: P
                     # The first pass (asked for at the start) is over: from now on only ticks
                     # make whole passes, since admissions ask for none.
                     await _reason_other_than(store, first, WAITING_SINCE_ADMISSION)
-                    job = await store.queued_job(first)
-                    assert job is not None
-                    placement = Placement((MemberPlacement(0, "node-a", (0,)),))
-                    # Reserved behind the scheduler's back, its Prepare deadline already past.
-                    orders = await store.reserve_launch(job, placement, lambda _: {}, now - 1, now)
-                    assert orders is not None
-                    attempt = orders[0].member.attempt
+                    # Reserved behind the scheduler's back.
+                    attempt = await _expired_launch(store, first, now)
                     n = 2
                     while (facts := await store.attempt_facts(store.reader, first, attempt)) and (
                         facts.decision is None
@@ -423,17 +433,8 @@ def test_an_expired_launch_is_aborted_by_the_whole_pass_not_by_an_admissions_pas
         try:
             now = time.time_ns() // 1_000_000
             first = await _admit_one(store)
-            inventory = Inventory("node-a", (Gpu(0, "h200", True, "GPU-a-0"),), "simulated")
-            await store.create_join_token("join-a", "default", now, now + 60_000)
-            await store.enroll("join-a", "node-a", inventory, "cred-a", now)
-            await store.node_connected("node-a", inventory, [], now)
-            job = await store.queued_job(first)
-            assert job is not None
-            placement = Placement((MemberPlacement(0, "node-a", (0,)),))
-            # Reserved with its Prepare deadline already behind it.
-            orders = await store.reserve_launch(job, placement, lambda _: {}, now - 1, now)
-            assert orders is not None
-            attempt = orders[0].member.attempt
+            await _node_a(store, now)
+            attempt = await _expired_launch(store, first, now)
             scheduler = Scheduler(store, SessionRegistry(), Catalogue.bundled(), 60)
             await scheduler.step({await _admit(store, 2)})
             after_admission = await store.attempt_facts(store.reader, first, attempt)
